@@ -1,0 +1,355 @@
+// Checks the causal attention kernels of llmc/attention.cuh against the CPU backend (model_cpu.h)
+// and times them. Needs a CUDA GPU (sm_80 or newer).
+//
+// For several shapes (GQA and not, T = 1, partial tiles, T = 2048, head widths the simple kernels
+// alone cover) it feeds both implementations and the CPU the same bf16-rounded random inputs and
+// compares, per tensor, with |gpu - cpu| <= atol + rtol |cpu| per element (test/testing.h prints the
+// worst element of each) and the relative RMS error of the whole tensor:
+//   forward:  out, lse and the four row statistics;
+//   backward: dq, dk, dv (the CPU backward gets the out and lse the GPU backward reads, so that
+//             the check sees the backward kernels alone), the untouched query/key part of dqkv,
+//             and the same bits on a second run.
+// Then times the forward (with and without statistics) and the backward at T = 2048.
+// Prints PASS/FAIL lines; exit status 1 if any check fails.
+//
+// Build (from the repository root), all on one line:
+//   nvcc -std=c++17 -O3 -I. -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+//        -Xcompiler -fopenmp dev/cuda/attention.cu -o build/dev_attention -lopenblas -lgomp
+// ./build/dev_attention
+#include <cstring>
+#include <string>
+#include <vector>
+#include "llmc/model_cpu.h"
+#include "llmc/attention.cuh"
+#include "llmc/rand.h"
+#include "test/testing.h"
+
+struct Shape {
+    int B, T, H, Hkv, D;
+    float q_gain;  // scales the queries: larger gives sharper attention
+};
+
+static std::string shape_name(const Shape& s) {
+    char buf[128];
+    snprintf(buf, sizeof buf, "B%d T%d H%d:%d D%d%s", s.B, s.T, s.H, s.Hkv, s.D, s.q_gain > 1.0f ? " sharp" : "");
+    return buf;
+}
+
+static const char* impl_name(AttentionImpl impl) { return impl == ATTENTION_MMA ? "mma" : "simple"; }
+
+// ---------------------------------------------------------------------------------------------
+// Host-side helpers
+
+// Random values of either sign, never zero (at least 0.05 in magnitude, also after bf16 rounding).
+static std::vector<bf16> random_bf16(size_t n, float gain, Rng& rng) {
+    std::vector<bf16> v(n);
+    for (size_t i = 0; i < n; i++) {
+        float x = rng_normal(rng);
+        if (fabsf(x) < 0.05f) x = x < 0 ? -0.05f : 0.05f;
+        v[i] = __float2bfloat16(x * gain);
+    }
+    return v;
+}
+
+static std::vector<float> to_float(const std::vector<bf16>& v) {
+    std::vector<float> f(v.size());
+    for (size_t i = 0; i < v.size(); i++) f[i] = __bfloat162float(v[i]);
+    return f;
+}
+
+// Heads head0 .. head0 + count - 1 of each of N tokens whose rows are `stride` elements apart:
+// [N, count, D], the layout of a gradient's query, key or value part on its own.
+static std::vector<float> gather_heads(const std::vector<float>& src, size_t N, size_t stride, int head0, int count, int D) {
+    std::vector<float> out(N * count * D);
+    for (size_t n = 0; n < N; n++)
+        for (int i = 0; i < count * D; i++) out[n * count * D + i] = src[n * stride + (size_t)head0 * D + i];
+    return out;
+}
+
+static double max_abs(const std::vector<float>& v) {
+    double m = 0;
+    for (float x : v) m = fmax(m, fabs((double)x));
+    return m;
+}
+
+// A bf16 tensor: element-wise |got - want| <= 0.01 max|want| + 0.079 |want|, and a relative RMS
+// error ||got - want|| / ||want|| of at most 1e-2 (bf16 rounding alone gives about 2e-3), which
+// catches small systematic errors (a key too many in a long row) that the element-wise bound lets by.
+static void check_bf16_tensor(const std::string& name, const std::vector<float>& got, const std::vector<float>& want) {
+    check_close(name, got.data(), want.data(), got.size(), 0.079, 0.01 * max_abs(want));
+    double err2 = 0, ref2 = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+        double d = (double)got[i] - want[i];
+        err2 += d * d;
+        ref2 += (double)want[i] * want[i];
+    }
+    double rel_rms = ref2 > 0 ? sqrt(err2 / ref2) : sqrt(err2);
+    char why[128];
+    snprintf(why, sizeof why, "relative RMS error %.3g (limit 1e-2)", rel_rms);
+    report(rel_rms <= 1e-2, name + " rms", why);
+}
+
+template <typename T>
+static T* device_alloc(size_t n) {
+    T* p = nullptr;
+    cudaCheck(cudaMalloc(&p, n * sizeof(T)));
+    return p;
+}
+
+template <typename T>
+static T* device_copy(const std::vector<T>& v) {
+    T* p = device_alloc<T>(v.size());
+    cudaCheck(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return p;
+}
+
+template <typename T>
+static std::vector<T> host_copy(const T* p, size_t n) {
+    std::vector<T> v(n);
+    cudaCheck(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+}
+
+// Fills with all-ones bytes: NaN in bf16 and in float, so an element a kernel forgot to write
+// shows up as a non-finite value.
+template <typename T>
+static void poison(T* p, size_t n) {
+    cudaCheck(cudaMemset(p, 0xFF, n * sizeof(T)));
+}
+
+template <typename T>
+static bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+    return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// The inputs of one shape on the host (bf16 and the same values as float) and on the device.
+struct Problem {
+    Shape s;
+    size_t N, qk_size, qkv_size, out_size, rows;
+    std::vector<bf16> qk, qkv, dout;
+    bf16 *d_qk, *d_qkv, *d_dout, *d_out, *d_dqk, *d_dqkv;
+    float *d_lse, *d_stats, *d_delta;
+};
+
+static Problem make_problem(const Shape& s, uint64_t seed) {
+    Problem p;
+    p.s = s;
+    p.N = (size_t)s.B * s.T;
+    p.qk_size = p.N * (s.H + s.Hkv) * s.D;
+    p.qkv_size = p.N * (s.H + 2 * s.Hkv) * s.D;
+    p.out_size = p.N * s.H * s.D;
+    p.rows = (size_t)s.B * s.H * s.T;
+    Rng rng{seed};
+    p.qk = random_bf16(p.qk_size, 1.0f, rng);
+    for (size_t n = 0; n < p.N; n++)  // queries only: sharper or flatter attention
+        for (int i = 0; i < s.H * s.D; i++) {
+            bf16& x = p.qk[n * (s.H + s.Hkv) * s.D + i];
+            x = __float2bfloat16(__bfloat162float(x) * s.q_gain);
+        }
+    p.qkv = random_bf16(p.qkv_size, 1.0f, rng);
+    p.dout = random_bf16(p.out_size, 1.0f, rng);
+    p.d_qk = device_copy(p.qk);
+    p.d_qkv = device_copy(p.qkv);
+    p.d_dout = device_copy(p.dout);
+    p.d_out = device_alloc<bf16>(p.out_size);
+    p.d_dqk = device_alloc<bf16>(p.qk_size);
+    p.d_dqkv = device_alloc<bf16>(p.qkv_size);
+    p.d_lse = device_alloc<float>(p.rows);
+    p.d_stats = device_alloc<float>(ATTN_NUM_ROW_STATS * p.rows);
+    p.d_delta = device_alloc<float>(p.rows);
+    return p;
+}
+
+static void free_problem(Problem& p) {
+    for (void* ptr : {(void*)p.d_qk, (void*)p.d_qkv, (void*)p.d_dout, (void*)p.d_out, (void*)p.d_dqk, (void*)p.d_dqkv,
+                      (void*)p.d_lse, (void*)p.d_stats, (void*)p.d_delta})
+        cudaCheck(cudaFree(ptr));
+}
+
+static ModelConfig attention_config(const Shape& s) {
+    ModelConfig c;
+    c.n_head = s.H;
+    c.n_kv_head = s.Hkv;
+    c.head_dim = s.D;
+    c.d_model = s.H * s.D;
+    return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation of one shape: both implementations against the CPU.
+
+struct CpuForward {
+    std::vector<float> out, lse;
+    AttnRowStats stats;
+};
+
+static CpuForward cpu_forward_reference(const Problem& p) {
+    const Shape& s = p.s;
+    CpuForward r;
+    r.out.assign(p.out_size, 0.0f);
+    r.lse.assign(p.rows, 0.0f);
+    r.stats.entropy.assign(p.rows, 0.0);
+    r.stats.sink.assign(p.rows, 0.0);
+    r.stats.maxp.assign(p.rows, 0.0);
+    r.stats.logit_max.assign(p.rows, 0.0f);
+    std::vector<float> qk = to_float(p.qk), qkv = to_float(p.qkv);
+    attention_forward(r.out.data(), r.lse.data(), qk.data(), qkv.data(), s.B, s.T, attention_config(s), &r.stats);
+    return r;
+}
+
+static void validate(const Problem& p, const CpuForward& ref, AttentionImpl impl) {
+    const Shape& s = p.s;
+    const std::string prefix = std::string(impl_name(impl)) + " " + shape_name(s) + " ";
+
+    // Forward with statistics, against the CPU.
+    poison(p.d_out, p.out_size);
+    poison(p.d_lse, p.rows);
+    poison(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
+    attention_forward(p.d_out, p.d_lse, p.d_stats, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0, impl);
+    cudaCheck(cudaDeviceSynchronize());
+    std::vector<bf16> out = host_copy(p.d_out, p.out_size);
+    std::vector<float> lse = host_copy(p.d_lse, p.rows);
+    std::vector<float> stats = host_copy(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
+    check_bf16_tensor(prefix + "out", to_float(out), ref.out);
+    // lse and the statistics are float32 from the same bf16 inputs: only summation order differs.
+    check_close(prefix + "lse", lse.data(), ref.lse.data(), p.rows, 1e-4, 1e-4);
+    check_close(prefix + "entropy", stats.data() + ATTN_STAT_ENTROPY * p.rows, ref.stats.entropy.data(), p.rows, 1e-3, 1e-4);
+    check_close(prefix + "p_t0", stats.data() + ATTN_STAT_SINK * p.rows, ref.stats.sink.data(), p.rows, 1e-3, 1e-6);
+    check_close(prefix + "max p", stats.data() + ATTN_STAT_MAXP * p.rows, ref.stats.maxp.data(), p.rows, 1e-3, 1e-6);
+    check_close(prefix + "max logit", stats.data() + ATTN_STAT_LOGIT_MAX * p.rows, ref.stats.logit_max.data(), p.rows,
+                1e-4, 1e-4);
+
+    // Without statistics: the same out and lse, bit for bit.
+    poison(p.d_out, p.out_size);
+    poison(p.d_lse, p.rows);
+    attention_forward(p.d_out, p.d_lse, nullptr, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0, impl);
+    cudaCheck(cudaDeviceSynchronize());
+    bool same = same_bits(out, host_copy(p.d_out, p.out_size)) && same_bits(lse, host_copy(p.d_lse, p.rows));
+    report(same, prefix + "forward without statistics gives the same bits", same ? "" : "out or lse differ");
+
+    // Backward, twice. dqkv starts as NaN: its query/key part must stay so, its value part be written.
+    std::vector<bf16> dqk[2], dqkv[2];
+    for (int run = 0; run < 2; run++) {
+        poison(p.d_dqk, p.qk_size);
+        poison(p.d_dqkv, p.qkv_size);
+        poison(p.d_delta, p.rows);
+        attention_backward(p.d_dqk, p.d_dqkv, p.d_delta, p.d_dout, p.d_out, p.d_lse, p.d_qk, p.d_qkv, s.B, s.T, s.H,
+                           s.Hkv, s.D, 0, impl);
+        cudaCheck(cudaDeviceSynchronize());
+        dqk[run] = host_copy(p.d_dqk, p.qk_size);
+        dqkv[run] = host_copy(p.d_dqkv, p.qkv_size);
+    }
+    same = same_bits(dqk[0], dqk[1]) && same_bits(dqkv[0], dqkv[1]);
+    report(same, prefix + "backward deterministic", same ? "two runs gave the same bits" : "two runs differ");
+
+    // The CPU backward from the out and lse the GPU backward read.
+    std::vector<float> cpu_dqk(p.qk_size, 0.0f), cpu_dqkv(p.qkv_size, 0.0f);
+    std::vector<float> qk = to_float(p.qk), qkv = to_float(p.qkv), dout = to_float(p.dout), outf = to_float(out);
+    attention_backward(cpu_dqk.data(), cpu_dqkv.data(), dout.data(), outf.data(), lse.data(), qk.data(), qkv.data(), s.B,
+                       s.T, attention_config(s));
+    std::vector<float> gpu_dqk = to_float(dqk[0]), gpu_dqkv = to_float(dqkv[0]);
+    size_t qk_stride = (size_t)(s.H + s.Hkv) * s.D, qkv_stride = (size_t)(s.H + 2 * s.Hkv) * s.D;
+    check_bf16_tensor(prefix + "dq", gather_heads(gpu_dqk, p.N, qk_stride, 0, s.H, s.D),
+                      gather_heads(cpu_dqk, p.N, qk_stride, 0, s.H, s.D));
+    check_bf16_tensor(prefix + "dk", gather_heads(gpu_dqk, p.N, qk_stride, s.H, s.Hkv, s.D),
+                      gather_heads(cpu_dqk, p.N, qk_stride, s.H, s.Hkv, s.D));
+    check_bf16_tensor(prefix + "dv", gather_heads(gpu_dqkv, p.N, qkv_stride, s.H + s.Hkv, s.Hkv, s.D),
+                      gather_heads(cpu_dqkv, p.N, qkv_stride, s.H + s.Hkv, s.Hkv, s.D));
+    size_t touched = 0;
+    for (size_t n = 0; n < p.N; n++)
+        for (size_t i = 0; i < (size_t)(s.H + s.Hkv) * s.D; i++)
+            if (__bfloat16_as_ushort(dqkv[0][n * qkv_stride + i]) != 0xFFFF) touched++;
+    report(touched == 0, prefix + "dqkv query/key part untouched",
+           touched ? std::to_string(touched) + " elements written" : "");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timing
+
+// Milliseconds per call of fn, averaged over `reps` calls after two warm-up calls.
+template <typename F>
+static float time_ms(F fn, int reps) {
+    for (int i = 0; i < 2; i++) fn();
+    cudaEvent_t start, stop;
+    cudaCheck(cudaEventCreate(&start));
+    cudaCheck(cudaEventCreate(&stop));
+    cudaCheck(cudaEventRecord(start));
+    for (int i = 0; i < reps; i++) fn();
+    cudaCheck(cudaEventRecord(stop));
+    cudaCheck(cudaEventSynchronize(stop));
+    float ms = 0;
+    cudaCheck(cudaEventElapsedTime(&ms, start, stop));
+    cudaCheck(cudaEventDestroy(start));
+    cudaCheck(cudaEventDestroy(stop));
+    return ms / reps;
+}
+
+// Causal attention FLOPs: the forward is two products of T x T x D halved by the mask; the
+// backward is counted as five such products (S and dP recomputed, dV, dK, dQ), its usual count.
+static void benchmark(const Shape& s) {
+    Problem p = make_problem(s, 7);
+    double fwd_flops = 2.0 * 2.0 * s.B * s.H * (double)s.T * s.T * s.D / 2.0, bwd_flops = 2.5 * fwd_flops;
+    printf("\ntiming %s (forward %.1f GFLOP, backward %.1f GFLOP)\n", shape_name(s).c_str(), fwd_flops * 1e-9,
+           bwd_flops * 1e-9);
+    printf("%-8s %-24s %10s %10s\n", "impl", "pass", "ms", "TFLOP/s");
+    for (AttentionImpl impl : {ATTENTION_MMA, ATTENTION_SIMPLE}) {
+        if (impl == ATTENTION_MMA && !attention_mma_supports(s.D)) continue;
+        int reps = impl == ATTENTION_MMA ? 20 : 3;
+        float fwd = time_ms([&] { attention_forward(p.d_out, p.d_lse, nullptr, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0, impl); }, reps);
+        float fwd_stats = time_ms([&] { attention_forward(p.d_out, p.d_lse, p.d_stats, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0, impl); }, reps);
+        float bwd = time_ms([&] {
+            attention_backward(p.d_dqk, p.d_dqkv, p.d_delta, p.d_dout, p.d_out, p.d_lse, p.d_qk, p.d_qkv, s.B, s.T, s.H,
+                               s.Hkv, s.D, 0, impl);
+        }, reps);
+        printf("%-8s %-24s %10.3f %10.1f\n", impl_name(impl), "forward", fwd, fwd_flops / (fwd * 1e-3) * 1e-12);
+        printf("%-8s %-24s %10.3f %10.1f\n", impl_name(impl), "forward + statistics", fwd_stats,
+               fwd_flops / (fwd_stats * 1e-3) * 1e-12);
+        printf("%-8s %-24s %10.3f %10.1f\n", impl_name(impl), "backward", bwd, bwd_flops / (bwd * 1e-3) * 1e-12);
+    }
+    cudaCheck(cudaDeviceSynchronize());
+    free_problem(p);
+}
+
+int main() {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+        fprintf(stderr, "error: no CUDA device: dev/cuda/attention needs a GPU\n");
+        return 1;
+    }
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+
+    const Shape shapes[] = {
+        {2, 1, 4, 2, 64, 1.0f},     // a single position
+        {2, 17, 8, 2, 64, 1.0f},    // GQA 8:2, one partial tile
+        {1, 200, 4, 4, 64, 1.0f},   // H == Hkv, partial last tile
+        {3, 64, 2, 1, 64, 1.0f},    // exactly one tile
+        {1, 333, 4, 1, 64, 4.0f},   // all query heads on one key head, sharp attention
+        {1, 2048, 8, 8, 64, 1.0f},  // the d22 layer at its full length
+        {2, 100, 4, 2, 128, 1.0f},  // simple only from here: D = 128
+        {1, 50, 2, 1, 32, 1.0f},    // D = 32
+        {1, 40, 2, 2, 34, 1.0f},    // D = 34: lanes with no pair, and a partial 64-wide group
+        {1, 70, 2, 1, 192, 1.0f},   // D = 192: the widest lane layout
+    };
+    uint64_t seed = 1;
+    for (const Shape& s : shapes) {
+        printf("\n%s\n", shape_name(s).c_str());
+        Problem p = make_problem(s, seed++);
+        CpuForward ref = cpu_forward_reference(p);
+        for (AttentionImpl impl : {ATTENTION_SIMPLE, ATTENTION_MMA}) {
+            if (impl == ATTENTION_MMA && !attention_mma_supports(s.D)) {
+                printf("(mma does not take D = %d: simple only)\n", s.D);
+                continue;
+            }
+            validate(p, ref, impl);
+        }
+        free_problem(p);
+    }
+
+    benchmark({4, 2048, 8, 8, 64, 1.0f});  // the d22 model's attention layer
+    benchmark({4, 2048, 8, 2, 64, 1.0f});  // the same with GQA 8:2
+
+    printf("\n%d passed, %d failed\n", g_passed, g_failed);
+    return test_exit_code();
+}

@@ -1,0 +1,784 @@
+// Causal self-attention on the GPU, forward and backward:
+//   s_tj = q_t . k_j / sqrt(D) for j <= t,   p_t = softmax(s_t),   y_t = sum_j p_tj v_j,
+// bf16 tensors in and out, softmax and every sum in float32. No T x T matrix is ever stored: the
+// forward pass runs each row's softmax "online" over the keys (keeping its running maximum m and
+// l = sum_j e^(s_tj - m)) and saves the row's log-sum-exp; the backward pass rebuilds p from it
+// (the FlashAttention-2 scheme). Two implementations of the same math:
+//   simple: one warp per row, plain float FMAs, any even D up to 256. Short enough to check line by
+//           line; the fallback for head widths the fast path does not cover.
+//   mma:    64 x 64 tiles of queries and keys through the tensor cores (mma.sync m16n8k16, bf16
+//           operands, float32 accumulators), D = 64.
+// attention_forward / attention_backward pick mma where it applies. Both backward passes are
+// deterministic: each output element is summed by one thread in a fixed order, with no atomics.
+//
+// Layouts, row-major; B batch, T sequence, H query heads, Hkv key/value heads (H % Hkv == 0, query
+// head h reads key/value head h / (H / Hkv)), D head width:
+//   qk   [B, T, H + Hkv, D]       queries, then keys, of each token, after RoPE
+//   qkv  [B, T, (H + 2 Hkv) D]    the projections; value head g is head H + Hkv + g of a token
+//   out  [B, T, H D]              heads side by side
+//   lse  [B, H, T]                ln sum_j e^(s_tj) of each row
+//   row_stats (optional)          4 arrays [B, H, T], in AttentionRowStat order
+// Gradients: dqk like qk (post-RoPE queries and keys); the value gradients go into the value
+// heads of dqkv, whose query and key heads are left untouched; dout like out.
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <cuda_bf16.h>
+#include "cuda_common.cuh"
+#include "math.h"
+
+// The per-row statistics of telemetry.md, each an array [B, H, T] of row_stats.
+enum AttentionRowStat {
+    ATTN_STAT_ENTROPY = 0,    // -sum_j p_tj ln p_tj, in nats
+    ATTN_STAT_SINK = 1,       // p_t0, the probability on the first position
+    ATTN_STAT_MAXP = 2,       // max_j p_tj
+    ATTN_STAT_LOGIT_MAX = 3,  // max_j s_tj
+    ATTN_NUM_ROW_STATS = 4,
+};
+
+// ---------------------------------------------------------------------------------------------
+// Pieces shared by both implementations
+
+// The online softmax of a row keeps, relative to its largest score so far m, l = sum e^(s - m) and
+// (for the entropy) a = sum e^(s - m)(s - m). A larger maximum m_new re-expresses both (math.h)
+// and returns the factor that the row's running sum of values must be multiplied by. Before the
+// first score m is -inf and there is nothing to rescale (math.h's formula would form 0 * -inf).
+__device__ __forceinline__ float online_softmax_raise_max(float m_old, float m_new, float* l, float* a) {
+    if (m_old == -INFINITY) return 0.0f;
+    softmax_stats_rescale(m_old, m_new, l, a);
+    return expf(m_old - m_new);
+}
+
+// What the forward pass keeps of a finished row: its log-sum-exp and, on statistics steps, the
+// four statistics. s_first is the row's score at key 0; `rows` = B * H * T.
+template <bool WITH_STATS>
+__device__ __forceinline__ void store_row_results(float* lse, float* row_stats, size_t row, size_t rows, float m,
+                                                  float l, float a, float s_first) {
+    lse[row] = m + logf(l);
+    if (WITH_STATS) {
+        float inv_l = 1.0f / l;
+        row_stats[ATTN_STAT_ENTROPY * rows + row] = softmax_row_entropy(l, a);
+        row_stats[ATTN_STAT_SINK * rows + row] = expf(s_first - m) * inv_l;
+        row_stats[ATTN_STAT_MAXP * rows + row] = inv_l;  // the largest term is e^(m - m) = 1
+        row_stats[ATTN_STAT_LOGIT_MAX * rows + row] = m;
+    }
+}
+
+// Delta_t = dout_t . out_t for every row (b, h, t), stored at (b * H + h) * T + t: the part of
+// ds_tj = p_tj (dout_t . v_j - Delta_t) that sums over the whole row (Delta_t = sum_j p_tj dout_t . v_j).
+// One warp per row.
+__global__ void __launch_bounds__(128) attention_delta_kernel(float* delta, const bf16* dout, const bf16* out,
+                                                              int B, int T, int H, int D) {
+    size_t rows = (size_t)B * H * T;
+    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= rows) return;  // the whole warp leaves together
+    int t = (int)(row % T), h = (int)(row / T % H), b = (int)(row / T / H);
+    size_t offset = ((size_t)b * T + t) * H * D + (size_t)h * D;
+    float sum = 0.0f;
+    for (int d = 2 * lane; d < D; d += 64) {
+        float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(dout + offset + d));
+        float2 y = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(out + offset + d));
+        sum += x.x * y.x + x.y * y.y;
+    }
+    sum = warp_sum(sum);
+    if (lane == 0) delta[row] = sum;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Simple implementation: one warp per row. A D-vector is spread over the 32 lanes in pairs: lane i
+// holds elements 64 p + 2 i and 64 p + 2 i + 1 for p = 0 .. PAIRS-1, so each p is one contiguous
+// 128-byte read by the warp. Elements at or beyond D (D is even: a pair is all in or all out) are
+// never read or written and are held as zeros.
+
+template <int PAIRS>
+__device__ __forceinline__ void lane_load(float (&v)[2 * PAIRS], const bf16* src, int D, int lane) {
+#pragma unroll
+    for (int p = 0; p < PAIRS; p++) {
+        int d = 64 * p + 2 * lane;
+        float2 x = make_float2(0.0f, 0.0f);
+        if (d < D) x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(src + d));
+        v[2 * p] = x.x;
+        v[2 * p + 1] = x.y;
+    }
+}
+
+template <int PAIRS>
+__device__ __forceinline__ void lane_store(bf16* dst, const float (&v)[2 * PAIRS], float scale, int D, int lane) {
+#pragma unroll
+    for (int p = 0; p < PAIRS; p++) {
+        int d = 64 * p + 2 * lane;
+        if (d < D) *reinterpret_cast<__nv_bfloat162*>(dst + d) = __floats2bfloat162_rn(v[2 * p] * scale, v[2 * p + 1] * scale);
+    }
+}
+
+// Dot product of two lane-spread vectors; every lane gets the same bits (warp_sum is a butterfly),
+// so decisions taken on the result are uniform across the warp.
+template <int PAIRS>
+__device__ __forceinline__ float warp_dot(const float (&x)[2 * PAIRS], const float (&y)[2 * PAIRS]) {
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 2 * PAIRS; i++) s += x[i] * y[i];
+    return warp_sum(s);
+}
+
+// Forward: one warp per query row (b, h, t), at row index (b * H + h) * T + t. The warp walks the
+// keys j = 0 .. t in order, keeping the online softmax state (the same in every lane) and its
+// lanes' share of sum_j e^(s_tj - m) v_j.
+template <int PAIRS, bool WITH_STATS>
+__global__ void __launch_bounds__(128) attention_forward_simple_kernel(bf16* out, float* lse, float* row_stats,
+                                                                       const bf16* qk, const bf16* qkv, int B,
+                                                                       int T, int H, int Hkv, int D) {
+    size_t rows = (size_t)B * H * T;
+    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= rows) return;  // the whole warp leaves together
+    int t = (int)(row % T), h = (int)(row / T % H), b = (int)(row / T / H);
+    int kv_head = h / (H / Hkv);
+    size_t qk_stride = (size_t)(H + Hkv) * D, qkv_stride = (size_t)(H + 2 * Hkv) * D;  // between tokens
+    const bf16* keys = qk + (size_t)b * T * qk_stride + (size_t)(H + kv_head) * D;            // key j at j * qk_stride
+    const bf16* values = qkv + (size_t)b * T * qkv_stride + (size_t)(H + Hkv + kv_head) * D;  // value j at j * qkv_stride
+    const float scale = 1.0f / sqrtf((float)D);
+
+    float q[2 * PAIRS], kv[2 * PAIRS], acc[2 * PAIRS];
+    lane_load<PAIRS>(q, qk + ((size_t)b * T + t) * qk_stride + (size_t)h * D, D, lane);
+#pragma unroll
+    for (int i = 0; i < 2 * PAIRS; i++) acc[i] = 0.0f;
+    float m = -INFINITY, l = 0.0f, a = 0.0f, s_first = 0.0f;
+    for (int j = 0; j <= t; j++) {
+        lane_load<PAIRS>(kv, keys + (size_t)j * qk_stride, D, lane);
+        float s = warp_dot<PAIRS>(q, kv) * scale;
+        if (j == 0) s_first = s;
+        if (s > m) {
+            float r = online_softmax_raise_max(m, s, &l, &a);
+#pragma unroll
+            for (int i = 0; i < 2 * PAIRS; i++) acc[i] *= r;
+            m = s;
+        }
+        float e = expf(s - m);
+        l += e;
+        a += e * (s - m);
+        lane_load<PAIRS>(kv, values + (size_t)j * qkv_stride, D, lane);
+#pragma unroll
+        for (int i = 0; i < 2 * PAIRS; i++) acc[i] += e * kv[i];
+    }
+    lane_store<PAIRS>(out + ((size_t)b * T + t) * H * D + (size_t)h * D, acc, 1.0f / l, D, lane);
+    if (lane == 0) store_row_results<WITH_STATS>(lse, row_stats, row, rows, m, l, a, s_first);
+}
+
+// Backward, keys and values: one warp per key row (b, g, j), at row index (b * Hkv + g) * T + j.
+// For each query head h of the group of g, in order, and each query t = j .. T-1 that sees key j,
+// in order, it rebuilds p_tj = e^(s_tj - lse_t) and adds
+//   dv_j += p_tj dout_t,   dk_j += p_tj (dout_t . v_j - Delta_t) q_t   (times 1/sqrt(D) at the end).
+template <int PAIRS>
+__global__ void __launch_bounds__(128) attention_backward_dkdv_simple_kernel(bf16* dqk, bf16* dqkv, const bf16* dout,
+                                                                             const float* lse, const float* delta,
+                                                                             const bf16* qk, const bf16* qkv, int B,
+                                                                             int T, int H, int Hkv, int D) {
+    size_t rows = (size_t)B * Hkv * T;
+    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= rows) return;  // the whole warp leaves together
+    int j = (int)(row % T), kv_head = (int)(row / T % Hkv), b = (int)(row / T / Hkv);
+    int group = H / Hkv;
+    size_t qk_stride = (size_t)(H + Hkv) * D, qkv_stride = (size_t)(H + 2 * Hkv) * D, out_stride = (size_t)H * D;
+    size_t k_offset = ((size_t)b * T + j) * qk_stride + (size_t)(H + kv_head) * D;
+    size_t v_offset = ((size_t)b * T + j) * qkv_stride + (size_t)(H + Hkv + kv_head) * D;
+    const float scale = 1.0f / sqrtf((float)D);
+
+    float k[2 * PAIRS], v[2 * PAIRS], q[2 * PAIRS], dy[2 * PAIRS], dk[2 * PAIRS], dv[2 * PAIRS];
+    lane_load<PAIRS>(k, qk + k_offset, D, lane);
+    lane_load<PAIRS>(v, qkv + v_offset, D, lane);
+#pragma unroll
+    for (int i = 0; i < 2 * PAIRS; i++) dk[i] = dv[i] = 0.0f;
+    for (int h = kv_head * group; h < (kv_head + 1) * group; h++) {
+        const bf16* queries = qk + (size_t)b * T * qk_stride + (size_t)h * D;  // query t at t * qk_stride
+        const bf16* douts = dout + (size_t)b * T * out_stride + (size_t)h * D;  // dout t at t * out_stride
+        const float* row_lse = lse + ((size_t)b * H + h) * T;
+        const float* row_delta = delta + ((size_t)b * H + h) * T;
+        for (int t = j; t < T; t++) {
+            lane_load<PAIRS>(q, queries + (size_t)t * qk_stride, D, lane);
+            lane_load<PAIRS>(dy, douts + (size_t)t * out_stride, D, lane);
+            float p = expf(warp_dot<PAIRS>(q, k) * scale - row_lse[t]);
+            float ds = p * (warp_dot<PAIRS>(dy, v) - row_delta[t]);
+#pragma unroll
+            for (int i = 0; i < 2 * PAIRS; i++) {
+                dv[i] += p * dy[i];
+                dk[i] += ds * q[i];
+            }
+        }
+    }
+    lane_store<PAIRS>(dqk + k_offset, dk, scale, D, lane);
+    lane_store<PAIRS>(dqkv + v_offset, dv, 1.0f, D, lane);
+}
+
+// Backward, queries: one warp per query row (b, h, t), at row index (b * H + h) * T + t. Over the
+// keys j = 0 .. t, in order: dq_t += p_tj (dout_t . v_j - Delta_t) k_j (times 1/sqrt(D) at the end).
+template <int PAIRS>
+__global__ void __launch_bounds__(128) attention_backward_dq_simple_kernel(bf16* dqk, const bf16* dout, const float* lse,
+                                                                           const float* delta, const bf16* qk,
+                                                                           const bf16* qkv, int B, int T, int H,
+                                                                           int Hkv, int D) {
+    size_t rows = (size_t)B * H * T;
+    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= rows) return;  // the whole warp leaves together
+    int t = (int)(row % T), h = (int)(row / T % H), b = (int)(row / T / H);
+    int kv_head = h / (H / Hkv);
+    size_t qk_stride = (size_t)(H + Hkv) * D, qkv_stride = (size_t)(H + 2 * Hkv) * D;
+    size_t q_offset = ((size_t)b * T + t) * qk_stride + (size_t)h * D;
+    const bf16* keys = qk + (size_t)b * T * qk_stride + (size_t)(H + kv_head) * D;
+    const bf16* values = qkv + (size_t)b * T * qkv_stride + (size_t)(H + Hkv + kv_head) * D;
+    const float scale = 1.0f / sqrtf((float)D);
+    const float row_lse = lse[row], row_delta = delta[row];
+
+    float q[2 * PAIRS], dy[2 * PAIRS], k[2 * PAIRS], v[2 * PAIRS], dq[2 * PAIRS];
+    lane_load<PAIRS>(q, qk + q_offset, D, lane);
+    lane_load<PAIRS>(dy, dout + ((size_t)b * T + t) * H * D + (size_t)h * D, D, lane);
+#pragma unroll
+    for (int i = 0; i < 2 * PAIRS; i++) dq[i] = 0.0f;
+    for (int j = 0; j <= t; j++) {
+        lane_load<PAIRS>(k, keys + (size_t)j * qk_stride, D, lane);
+        lane_load<PAIRS>(v, values + (size_t)j * qkv_stride, D, lane);
+        float p = expf(warp_dot<PAIRS>(q, k) * scale - row_lse);
+        float ds = p * (warp_dot<PAIRS>(dy, v) - row_delta);
+#pragma unroll
+        for (int i = 0; i < 2 * PAIRS; i++) dq[i] += ds * k[i];
+    }
+    lane_store<PAIRS>(dqk + q_offset, dq, scale, D, lane);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core implementation. A block of 4 warps takes a tile of 64 rows (queries, or keys in the
+// dK/dV kernel), 16 rows per warp, and walks tiles of 64 of the other side through shared memory.
+//
+// mma.sync.m16n8k16 (PTX ISA, "Matrix fragments for mma.m16n8k16"), with g = lane / 4 and
+// c = lane % 4; each 32-bit register holds two bf16, the lower column (or row, for B) in the low half:
+//   A, 16 x 16:  a0 = A[g][2c, 2c+1]   a1 = A[g+8][2c, 2c+1]   a2 = A[g][2c+8, 2c+9]   a3 = A[g+8][2c+8, 2c+9]
+//   B, 16 x 8:   b0 = B[2c, 2c+1][g]   b1 = B[2c+8, 2c+9][g]
+//   C, 16 x 8 (float):  c0, c1 = C[g][2c, 2c+1]   c2, c3 = C[g+8][2c, 2c+1]
+// The accumulators of two neighbouring 16 x 8 blocks therefore hold, element for element, the A
+// operand of the 16 x 16 block they form: scores turn into the left operand of the next product
+// without leaving registers. A lane owns two rows of its warp's 16, g and g + 8 (index r = 0, 1
+// below; accumulator element e belongs to row r = e / 2 and column 2c + e % 2 of its 8-wide block).
+
+constexpr int kMmaTile = 64;      // rows per tile, on both sides
+constexpr int kMmaThreads = 128;  // 4 warps x 16 rows
+
+// Shared tiles are [64][D + 8] bf16: the 16 bytes of padding keep rows 16-byte aligned and move
+// each row 4 banks along, so that the 8 rows a fragment load touches fall in different banks.
+constexpr int kMmaTilePad = 8;
+
+__device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ uint32_t load_bf16x2(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+__device__ __forceinline__ uint32_t pack_bf16x2(bf16 lo, bf16 hi) {
+    return (uint32_t)__bfloat16_as_ushort(lo) | ((uint32_t)__bfloat16_as_ushort(hi) << 16);
+}
+
+__device__ __forceinline__ uint32_t pack_floats_bf16x2(float lo, float hi) {
+    return pack_bf16x2(__float2bfloat16(lo), __float2bfloat16(hi));
+}
+
+// A operand: the 16 x 16 block of a shared tile at rows row0.., columns col0..
+template <int LD>
+__device__ __forceinline__ void load_a_fragment(uint32_t (&a)[4], const bf16* tile, int row0, int col0, int g, int c) {
+    const bf16* p = tile + (row0 + g) * LD + col0 + 2 * c;
+    a[0] = load_bf16x2(p);
+    a[1] = load_bf16x2(p + 8 * LD);
+    a[2] = load_bf16x2(p + 8);
+    a[3] = load_bf16x2(p + 8 * LD + 8);
+}
+
+// B operand B[k][n] = tile[n0 + n][k0 + k]: for X tile^T, the tile's rows are the n index
+// (Q K^T: keys are the columns of the scores).
+template <int LD>
+__device__ __forceinline__ void load_b_fragment_rows_n(uint32_t (&b)[2], const bf16* tile, int n0, int k0, int g, int c) {
+    const bf16* p = tile + (n0 + g) * LD + k0 + 2 * c;
+    b[0] = load_bf16x2(p);
+    b[1] = load_bf16x2(p + 8);
+}
+
+// B operand B[k][n] = tile[k0 + k][n0 + n]: for X tile, the tile's rows are the k index
+// (P V: the sum runs over the keys, the rows of V).
+template <int LD>
+__device__ __forceinline__ void load_b_fragment_rows_k(uint32_t (&b)[2], const bf16* tile, int k0, int n0, int g, int c) {
+    const bf16* p = tile + (k0 + 2 * c) * LD + n0 + g;
+    b[0] = pack_bf16x2(p[0], p[LD]);
+    b[1] = pack_bf16x2(p[8 * LD], p[9 * LD]);
+}
+
+// The A operand of a 16 x 16 block from the accumulators of its left and right 16 x 8 halves.
+__device__ __forceinline__ void accumulators_to_a_fragment(uint32_t (&a)[4], const float (&left)[4], const float (&right)[4]) {
+    a[0] = pack_floats_bf16x2(left[0], left[1]);
+    a[1] = pack_floats_bf16x2(left[2], left[3]);
+    a[2] = pack_floats_bf16x2(right[0], right[1]);
+    a[3] = pack_floats_bf16x2(right[2], right[3]);
+}
+
+// Copies rows row0 .. row0 + 63 of a sequence (row r of D bf16 at src + r * stride) into a shared
+// tile with row pitch LD, zeros for rows at or beyond T. 16-byte copies: src and stride are
+// multiples of 8 elements (D = 64, 16-byte aligned base pointers, checked on the host).
+template <int D, int LD>
+__device__ __forceinline__ void load_tile(bf16* tile, const bf16* src, size_t stride, int row0, int T) {
+    constexpr int kChunks = D / 8;  // 16-byte pieces per row
+    for (int i = threadIdx.x; i < kMmaTile * kChunks; i += kMmaThreads) {
+        int r = i / kChunks, chunk = i % kChunks;
+        uint4 piece = make_uint4(0u, 0u, 0u, 0u);
+        if (row0 + r < T) piece = *reinterpret_cast<const uint4*>(src + (size_t)(row0 + r) * stride + chunk * 8);
+        *reinterpret_cast<uint4*>(tile + r * LD + chunk * 8) = piece;
+    }
+}
+
+// Forward: block (query tile, h, b); grid.x = number of query tiles, taken last first so that the
+// longest rows start first. Each warp keeps its 16 queries as A fragments and, over key tiles
+// 0 .. its own (the diagonal one), computes S = Q K^T (16 x 64), masks and scales it, updates the
+// online softmax per row and adds P V into its 16 x D output accumulators.
+template <int D, bool WITH_STATS>
+__global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(bf16* out, float* lse, float* row_stats,
+                                                                           const bf16* qk, const bf16* qkv, int B,
+                                                                           int T, int H, int Hkv) {
+    static_assert(D % 16 == 0, "D must be a multiple of 16");
+    constexpr int LD = D + kMmaTilePad;
+    __shared__ __align__(16) bf16 k_tile[kMmaTile * LD];
+    __shared__ __align__(16) bf16 v_tile[kMmaTile * LD];
+    const int q_tile = (int)gridDim.x - 1 - (int)blockIdx.x;
+    const int h = blockIdx.y, b = blockIdx.z, kv_head = h / (H / Hkv);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+    const size_t qk_stride = (size_t)(H + Hkv) * D, qkv_stride = (size_t)(H + 2 * Hkv) * D;
+    const bf16* queries = qk + (size_t)b * T * qk_stride + (size_t)h * D;
+    const bf16* keys = qk + (size_t)b * T * qk_stride + (size_t)(H + kv_head) * D;
+    const bf16* values = qkv + (size_t)b * T * qkv_stride + (size_t)(H + Hkv + kv_head) * D;
+    const float scale = 1.0f / sqrtf((float)D);
+
+    // The warp's queries, as the A operands of S = Q K^T (passing through k_tile on the way).
+    uint32_t q_frag[D / 16][4];
+    load_tile<D, LD>(k_tile, queries, qk_stride, q_tile * kMmaTile, T);
+    __syncthreads();
+#pragma unroll
+    for (int kc = 0; kc < D / 16; kc++) load_a_fragment<LD>(q_frag[kc], k_tile, warp * 16, kc * 16, g, c);
+    __syncthreads();
+
+    const int t_row[2] = {q_tile * kMmaTile + warp * 16 + g, q_tile * kMmaTile + warp * 16 + g + 8};
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, a[2] = {0.0f, 0.0f}, s_first[2] = {0.0f, 0.0f};
+    float o[D / 8][4] = {};  // sum_j e^(s_tj - m) v_j: 16 rows x D as 16 x 8 blocks
+    for (int k_tile_index = 0; k_tile_index <= q_tile; k_tile_index++) {
+        const int j0 = k_tile_index * kMmaTile;
+        load_tile<D, LD>(k_tile, keys, qk_stride, j0, T);
+        load_tile<D, LD>(v_tile, values, qkv_stride, j0, T);
+        __syncthreads();
+
+        float s[kMmaTile / 8][4] = {};  // scores: 16 rows x 64 keys as 16 x 8 blocks
+#pragma unroll
+        for (int nb = 0; nb < kMmaTile / 8; nb++) {
+#pragma unroll
+            for (int kc = 0; kc < D / 16; kc++) {
+                uint32_t k_frag[2];
+                load_b_fragment_rows_n<LD>(k_frag, k_tile, nb * 8, kc * 16, g, c);
+                mma_bf16_16x8x16(s[nb], q_frag[kc], k_frag);
+            }
+        }
+        // Scale; keys in the future or beyond T become -inf. Every row sees at least key j0 of
+        // this tile (j0 <= its t, j0 < T), so each row's maximum over the quad is finite.
+        float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nb = 0; nb < kMmaTile / 8; nb++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int j = j0 + nb * 8 + 2 * c + e % 2, r = e / 2;
+                s[nb][e] = (j <= t_row[r] && j < T) ? s[nb][e] * scale : -INFINITY;
+                tile_max[r] = fmaxf(tile_max[r], s[nb][e]);
+            }
+        }
+        if (WITH_STATS && k_tile_index == 0) {  // key 0 sits in element 0 (row g) and 2 (row g + 8) of lane c == 0
+            s_first[0] = s[0][0];
+            s_first[1] = s[0][2];
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            // the four lanes of a quad (same g) hold the 64 columns of the same two rows
+            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+            float m_new = fmaxf(m[r], tile_max[r]);
+            float rescale = online_softmax_raise_max(m[r], m_new, &l[r], &a[r]);
+            m[r] = m_new;
+#pragma unroll
+            for (int nd = 0; nd < D / 8; nd++) {
+                o[nd][2 * r] *= rescale;
+                o[nd][2 * r + 1] *= rescale;
+            }
+        }
+        // Unnormalised probabilities e^(s - m) in place of the scores; this lane's share of l and a.
+#pragma unroll
+        for (int nb = 0; nb < kMmaTile / 8; nb++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int r = e / 2;
+                float p = 0.0f;
+                if (s[nb][e] != -INFINITY) {  // masked entries contribute nothing (and 0 * -inf is NaN)
+                    p = expf(s[nb][e] - m[r]);
+                    l[r] += p;
+                    a[r] += p * (s[nb][e] - m[r]);
+                }
+                s[nb][e] = p;
+            }
+        }
+        // o += P V, the sum running over this tile's 64 keys in 16-key steps.
+#pragma unroll
+        for (int kk = 0; kk < kMmaTile / 16; kk++) {
+            uint32_t p_frag[4];
+            accumulators_to_a_fragment(p_frag, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+            for (int nd = 0; nd < D / 8; nd++) {
+                uint32_t v_frag[2];
+                load_b_fragment_rows_k<LD>(v_frag, v_tile, kk * 16, nd * 8, g, c);
+                mma_bf16_16x8x16(o[nd], p_frag, v_frag);
+            }
+        }
+        __syncthreads();  // every warp is done with k_tile and v_tile before they are refilled
+    }
+
+    const size_t rows = (size_t)B * H * T;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        // each lane summed its own 16 columns of each tile: add up the quad's shares
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        a[r] += __shfl_xor_sync(0xffffffffu, a[r], 1);
+        a[r] += __shfl_xor_sync(0xffffffffu, a[r], 2);
+        const int t = t_row[r];
+        if (t < T) {
+            float inv_l = 1.0f / l[r];
+            bf16* y = out + ((size_t)b * T + t) * H * D + (size_t)h * D + 2 * c;
+#pragma unroll
+            for (int nd = 0; nd < D / 8; nd++)
+                *reinterpret_cast<__nv_bfloat162*>(y + nd * 8) =
+                    __floats2bfloat162_rn(o[nd][2 * r] * inv_l, o[nd][2 * r + 1] * inv_l);
+            if (c == 0)
+                store_row_results<WITH_STATS>(lse, row_stats, ((size_t)b * H + h) * T + t, rows, m[r], l[r], a[r], s_first[r]);
+        }
+    }
+}
+
+// Backward, keys and values: block (key tile, key/value head g, b). Each warp keeps its 16 keys and
+// values as A fragments and its 16 x D sums dK, dV in registers, and walks, in order, the query
+// heads of the group and, for each, the query tiles from the diagonal one to the last:
+//   S^T = K Q^T, P^T = e^(S^T / sqrt(D) - lse) (0 where the query is before the key or beyond T),
+//   dP^T = V dO^T, dS^T = P^T (dP^T - Delta), dV += P^T dO, dK += dS^T Q.
+// The shared tiles hold K and V first, then each query tile's Q and dO.
+template <int D>
+__global__ void __launch_bounds__(kMmaThreads) attention_backward_dkdv_mma_kernel(bf16* dqk, bf16* dqkv, const bf16* dout,
+                                                                                 const float* lse, const float* delta,
+                                                                                 const bf16* qk, const bf16* qkv,
+                                                                                 int T, int H, int Hkv) {
+    static_assert(D % 16 == 0, "D must be a multiple of 16");
+    constexpr int LD = D + kMmaTilePad;
+    __shared__ __align__(16) bf16 q_tile[kMmaTile * LD];
+    __shared__ __align__(16) bf16 dout_tile[kMmaTile * LD];
+    __shared__ float lse_tile[kMmaTile], delta_tile[kMmaTile];
+    const int k_tile_index = blockIdx.x, tiles = gridDim.x;
+    const int kv_head = blockIdx.y, b = blockIdx.z, group = H / Hkv;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+    const size_t qk_stride = (size_t)(H + Hkv) * D, qkv_stride = (size_t)(H + 2 * Hkv) * D, out_stride = (size_t)H * D;
+    const bf16* keys = qk + (size_t)b * T * qk_stride + (size_t)(H + kv_head) * D;
+    const bf16* values = qkv + (size_t)b * T * qkv_stride + (size_t)(H + Hkv + kv_head) * D;
+    const float scale = 1.0f / sqrtf((float)D);
+
+    uint32_t k_frag[D / 16][4], v_frag[D / 16][4];
+    load_tile<D, LD>(q_tile, keys, qk_stride, k_tile_index * kMmaTile, T);
+    load_tile<D, LD>(dout_tile, values, qkv_stride, k_tile_index * kMmaTile, T);
+    __syncthreads();
+#pragma unroll
+    for (int kc = 0; kc < D / 16; kc++) {
+        load_a_fragment<LD>(k_frag[kc], q_tile, warp * 16, kc * 16, g, c);
+        load_a_fragment<LD>(v_frag[kc], dout_tile, warp * 16, kc * 16, g, c);
+    }
+    __syncthreads();
+
+    const int j_row[2] = {k_tile_index * kMmaTile + warp * 16 + g, k_tile_index * kMmaTile + warp * 16 + g + 8};
+    float dk[D / 8][4] = {}, dv[D / 8][4] = {};
+    for (int h = kv_head * group; h < (kv_head + 1) * group; h++) {
+        const bf16* queries = qk + (size_t)b * T * qk_stride + (size_t)h * D;
+        const bf16* douts = dout + (size_t)b * T * out_stride + (size_t)h * D;
+        const float* row_lse = lse + ((size_t)b * H + h) * T;
+        const float* row_delta = delta + ((size_t)b * H + h) * T;
+        for (int q_tile_index = k_tile_index; q_tile_index < tiles; q_tile_index++) {
+            const int t0 = q_tile_index * kMmaTile;
+            load_tile<D, LD>(q_tile, queries, qk_stride, t0, T);
+            load_tile<D, LD>(dout_tile, douts, out_stride, t0, T);
+            for (int i = threadIdx.x; i < kMmaTile; i += kMmaThreads) {
+                lse_tile[i] = t0 + i < T ? row_lse[t0 + i] : 0.0f;
+                delta_tile[i] = t0 + i < T ? row_delta[t0 + i] : 0.0f;
+            }
+            __syncthreads();
+
+            float st[kMmaTile / 8][4] = {}, dpt[kMmaTile / 8][4] = {};  // S^T, dP^T: 16 keys x 64 queries
+#pragma unroll
+            for (int nb = 0; nb < kMmaTile / 8; nb++) {
+#pragma unroll
+                for (int kc = 0; kc < D / 16; kc++) {
+                    uint32_t frag[2];
+                    load_b_fragment_rows_n<LD>(frag, q_tile, nb * 8, kc * 16, g, c);
+                    mma_bf16_16x8x16(st[nb], k_frag[kc], frag);
+                    load_b_fragment_rows_n<LD>(frag, dout_tile, nb * 8, kc * 16, g, c);
+                    mma_bf16_16x8x16(dpt[nb], v_frag[kc], frag);
+                }
+            }
+            // P^T into st, dS^T (still without the 1/sqrt(D)) into dpt.
+#pragma unroll
+            for (int nb = 0; nb < kMmaTile / 8; nb++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int i = nb * 8 + 2 * c + e % 2, t = t0 + i, r = e / 2;
+                    float p = (j_row[r] <= t && t < T) ? expf(st[nb][e] * scale - lse_tile[i]) : 0.0f;
+                    st[nb][e] = p;
+                    dpt[nb][e] = p * (dpt[nb][e] - delta_tile[i]);
+                }
+            }
+            // dV += P^T dO and dK += dS^T Q, the sums running over the 64 queries in 16-query steps.
+#pragma unroll
+            for (int kk = 0; kk < kMmaTile / 16; kk++) {
+                uint32_t p_frag[4], ds_frag[4];
+                accumulators_to_a_fragment(p_frag, st[2 * kk], st[2 * kk + 1]);
+                accumulators_to_a_fragment(ds_frag, dpt[2 * kk], dpt[2 * kk + 1]);
+#pragma unroll
+                for (int nd = 0; nd < D / 8; nd++) {
+                    uint32_t frag[2];
+                    load_b_fragment_rows_k<LD>(frag, dout_tile, kk * 16, nd * 8, g, c);
+                    mma_bf16_16x8x16(dv[nd], p_frag, frag);
+                    load_b_fragment_rows_k<LD>(frag, q_tile, kk * 16, nd * 8, g, c);
+                    mma_bf16_16x8x16(dk[nd], ds_frag, frag);
+                }
+            }
+            __syncthreads();  // every warp is done with the tiles before they are refilled
+        }
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int j = j_row[r];
+        if (j < T) {
+            bf16* dk_row = dqk + ((size_t)b * T + j) * qk_stride + (size_t)(H + kv_head) * D + 2 * c;
+            bf16* dv_row = dqkv + ((size_t)b * T + j) * qkv_stride + (size_t)(H + Hkv + kv_head) * D + 2 * c;
+#pragma unroll
+            for (int nd = 0; nd < D / 8; nd++) {
+                *reinterpret_cast<__nv_bfloat162*>(dk_row + nd * 8) =
+                    __floats2bfloat162_rn(dk[nd][2 * r] * scale, dk[nd][2 * r + 1] * scale);
+                *reinterpret_cast<__nv_bfloat162*>(dv_row + nd * 8) = __floats2bfloat162_rn(dv[nd][2 * r], dv[nd][2 * r + 1]);
+            }
+        }
+    }
+}
+
+// Backward, queries: block (query tile, h, b), tiles taken last first. Each warp keeps its 16
+// queries and their dout as A fragments and its 16 x D sum dQ in registers, and over key tiles
+// 0 .. the diagonal: S = Q K^T, P = e^(S / sqrt(D) - lse) (0 for future keys and keys beyond T),
+// dP = dO V^T, dS = P (dP - Delta), dQ += dS K.
+template <int D>
+__global__ void __launch_bounds__(kMmaThreads) attention_backward_dq_mma_kernel(bf16* dqk, const bf16* dout, const float* lse,
+                                                                               const float* delta, const bf16* qk,
+                                                                               const bf16* qkv, int T, int H, int Hkv) {
+    static_assert(D % 16 == 0, "D must be a multiple of 16");
+    constexpr int LD = D + kMmaTilePad;
+    __shared__ __align__(16) bf16 k_tile[kMmaTile * LD];
+    __shared__ __align__(16) bf16 v_tile[kMmaTile * LD];
+    const int q_tile_index = (int)gridDim.x - 1 - (int)blockIdx.x;
+    const int h = blockIdx.y, b = blockIdx.z, kv_head = h / (H / Hkv);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+    const size_t qk_stride = (size_t)(H + Hkv) * D, qkv_stride = (size_t)(H + 2 * Hkv) * D, out_stride = (size_t)H * D;
+    const bf16* queries = qk + (size_t)b * T * qk_stride + (size_t)h * D;
+    const bf16* douts = dout + (size_t)b * T * out_stride + (size_t)h * D;
+    const bf16* keys = qk + (size_t)b * T * qk_stride + (size_t)(H + kv_head) * D;
+    const bf16* values = qkv + (size_t)b * T * qkv_stride + (size_t)(H + Hkv + kv_head) * D;
+    const float scale = 1.0f / sqrtf((float)D);
+
+    // The warp's queries and output gradients as A operands (passing through the shared tiles).
+    uint32_t q_frag[D / 16][4], dout_frag[D / 16][4];
+    load_tile<D, LD>(k_tile, queries, qk_stride, q_tile_index * kMmaTile, T);
+    load_tile<D, LD>(v_tile, douts, out_stride, q_tile_index * kMmaTile, T);
+    __syncthreads();
+#pragma unroll
+    for (int kc = 0; kc < D / 16; kc++) {
+        load_a_fragment<LD>(q_frag[kc], k_tile, warp * 16, kc * 16, g, c);
+        load_a_fragment<LD>(dout_frag[kc], v_tile, warp * 16, kc * 16, g, c);
+    }
+    __syncthreads();
+
+    const int t_row[2] = {q_tile_index * kMmaTile + warp * 16 + g, q_tile_index * kMmaTile + warp * 16 + g + 8};
+    float row_lse[2], row_delta[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        size_t row = ((size_t)b * H + h) * T + t_row[r];
+        row_lse[r] = t_row[r] < T ? lse[row] : 0.0f;
+        row_delta[r] = t_row[r] < T ? delta[row] : 0.0f;
+    }
+    float dq[D / 8][4] = {};
+    for (int k_tile_index = 0; k_tile_index <= q_tile_index; k_tile_index++) {
+        const int j0 = k_tile_index * kMmaTile;
+        load_tile<D, LD>(k_tile, keys, qk_stride, j0, T);
+        load_tile<D, LD>(v_tile, values, qkv_stride, j0, T);
+        __syncthreads();
+
+        float s[kMmaTile / 8][4] = {}, dp[kMmaTile / 8][4] = {};  // S, dP: 16 queries x 64 keys
+#pragma unroll
+        for (int nb = 0; nb < kMmaTile / 8; nb++) {
+#pragma unroll
+            for (int kc = 0; kc < D / 16; kc++) {
+                uint32_t frag[2];
+                load_b_fragment_rows_n<LD>(frag, k_tile, nb * 8, kc * 16, g, c);
+                mma_bf16_16x8x16(s[nb], q_frag[kc], frag);
+                load_b_fragment_rows_n<LD>(frag, v_tile, nb * 8, kc * 16, g, c);
+                mma_bf16_16x8x16(dp[nb], dout_frag[kc], frag);
+            }
+        }
+        // dS (still without the 1/sqrt(D)) in place of the scores.
+#pragma unroll
+        for (int nb = 0; nb < kMmaTile / 8; nb++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int j = j0 + nb * 8 + 2 * c + e % 2, r = e / 2;
+                float p = (j <= t_row[r] && j < T) ? expf(s[nb][e] * scale - row_lse[r]) : 0.0f;
+                s[nb][e] = p * (dp[nb][e] - row_delta[r]);
+            }
+        }
+        // dQ += dS K, the sum running over the 64 keys in 16-key steps.
+#pragma unroll
+        for (int kk = 0; kk < kMmaTile / 16; kk++) {
+            uint32_t ds_frag[4];
+            accumulators_to_a_fragment(ds_frag, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+            for (int nd = 0; nd < D / 8; nd++) {
+                uint32_t frag[2];
+                load_b_fragment_rows_k<LD>(frag, k_tile, kk * 16, nd * 8, g, c);
+                mma_bf16_16x8x16(dq[nd], ds_frag, frag);
+            }
+        }
+        __syncthreads();  // every warp is done with the tiles before they are refilled
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int t = t_row[r];
+        if (t < T) {
+            bf16* dq_row = dqk + ((size_t)b * T + t) * qk_stride + (size_t)h * D + 2 * c;
+#pragma unroll
+            for (int nd = 0; nd < D / 8; nd++)
+                *reinterpret_cast<__nv_bfloat162*>(dq_row + nd * 8) =
+                    __floats2bfloat162_rn(dq[nd][2 * r] * scale, dq[nd][2 * r + 1] * scale);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host API. Shapes or pointers the kernels cannot take are fatal errors (utils.h's fail(): one
+// "error: ..." line, exit status 1); so is any CUDA error (cuda_common.cuh).
+
+enum AttentionImpl {
+    ATTENTION_AUTO,    // mma where it applies (D = 64), simple otherwise
+    ATTENTION_SIMPLE,  // any even D up to 256
+    ATTENTION_MMA,     // D = 64 only
+};
+
+inline bool attention_mma_supports(int D) { return D == 64; }
+
+inline bool attention_aligned(const void* p, size_t bytes) { return p && (uintptr_t)p % bytes == 0; }
+
+// Checks the shape and the tensors, and turns ATTENTION_AUTO into the implementation that runs.
+// bf16 tensors must be 16-byte aligned for mma (whole-row 16-byte copies), 4-byte for simple
+// (bf16 pairs); float arrays must be non-null.
+inline AttentionImpl attention_prepare(AttentionImpl impl, int B, int T, int H, int Hkv, int D,
+                                       std::initializer_list<const bf16*> bf16_tensors,
+                                       std::initializer_list<const float*> float_tensors) {
+    if (B < 1 || T < 1 || H < 1 || Hkv < 1 || H % Hkv != 0)
+        fail("attention: bad shape B=%d T=%d H=%d Hkv=%d (all at least 1, H a multiple of Hkv)", B, T, H, Hkv);
+    if (D < 2 || D > 256 || D % 2 != 0) fail("attention: head_dim %d not supported (even, 2 to 256)", D);
+    if ((long long)B * H * T > (1LL << 26)) fail("attention: B*H*T = %lld rows is more than 2^26", (long long)B * H * T);
+    if (B > 65535 || H > 65535) fail("attention: B=%d or H=%d above 65535 (grid limit)", B, H);
+    if (impl == ATTENTION_AUTO) impl = attention_mma_supports(D) ? ATTENTION_MMA : ATTENTION_SIMPLE;
+    if (impl == ATTENTION_MMA && !attention_mma_supports(D))
+        fail("attention: the mma kernels need head_dim 64, got %d", D);
+    size_t alignment = impl == ATTENTION_MMA ? 16 : 4;
+    for (const bf16* p : bf16_tensors)
+        if (!attention_aligned(p, alignment)) fail("attention: a bf16 tensor is null or not %zu-byte aligned", alignment);
+    for (const float* p : float_tensors)
+        if (!attention_aligned(p, sizeof(float))) fail("attention: a float tensor is null or misaligned");
+    return impl;
+}
+
+// Rows (warps) to blocks of 128 threads for the simple kernels.
+inline int attention_simple_blocks(long long rows) { return ceil_div(rows * 32, 128); }
+
+template <int PAIRS>
+inline void attention_forward_simple(bf16* out, float* lse, float* row_stats, const bf16* qk, const bf16* qkv, int B,
+                                     int T, int H, int Hkv, int D, cudaStream_t stream) {
+    int blocks = attention_simple_blocks((long long)B * H * T);
+    if (row_stats)
+        attention_forward_simple_kernel<PAIRS, true><<<blocks, 128, 0, stream>>>(out, lse, row_stats, qk, qkv, B, T, H, Hkv, D);
+    else
+        attention_forward_simple_kernel<PAIRS, false><<<blocks, 128, 0, stream>>>(out, lse, row_stats, qk, qkv, B, T, H, Hkv, D);
+    cuda_check_launch();
+}
+
+template <int PAIRS>
+inline void attention_backward_simple(bf16* dqk, bf16* dqkv, const float* delta, const bf16* dout, const float* lse,
+                                      const bf16* qk, const bf16* qkv, int B, int T, int H, int Hkv, int D,
+                                      cudaStream_t stream) {
+    attention_backward_dkdv_simple_kernel<PAIRS><<<attention_simple_blocks((long long)B * Hkv * T), 128, 0, stream>>>(
+        dqk, dqkv, dout, lse, delta, qk, qkv, B, T, H, Hkv, D);
+    cuda_check_launch();
+    attention_backward_dq_simple_kernel<PAIRS><<<attention_simple_blocks((long long)B * H * T), 128, 0, stream>>>(
+        dqk, dout, lse, delta, qk, qkv, B, T, H, Hkv, D);
+    cuda_check_launch();
+}
+
+// out, lse (and row_stats when non-null, else no statistics are computed) from qk and qkv.
+inline void attention_forward(bf16* out, float* lse, float* row_stats, const bf16* qk, const bf16* qkv, int B, int T,
+                              int H, int Hkv, int D, cudaStream_t stream, AttentionImpl impl = ATTENTION_AUTO) {
+    impl = attention_prepare(impl, B, T, H, Hkv, D, {out, qk, qkv}, {lse});
+    if (impl == ATTENTION_MMA) {
+        dim3 grid(ceil_div(T, kMmaTile), H, B);
+        if (row_stats)
+            attention_forward_mma_kernel<64, true><<<grid, kMmaThreads, 0, stream>>>(out, lse, row_stats, qk, qkv, B, T, H, Hkv);
+        else
+            attention_forward_mma_kernel<64, false><<<grid, kMmaThreads, 0, stream>>>(out, lse, row_stats, qk, qkv, B, T, H, Hkv);
+        cuda_check_launch();
+    } else if (D <= 64) {
+        attention_forward_simple<1>(out, lse, row_stats, qk, qkv, B, T, H, Hkv, D, stream);
+    } else if (D <= 128) {
+        attention_forward_simple<2>(out, lse, row_stats, qk, qkv, B, T, H, Hkv, D, stream);
+    } else {
+        attention_forward_simple<4>(out, lse, row_stats, qk, qkv, B, T, H, Hkv, D, stream);
+    }
+}
+
+// dqk (all of it) and the value heads of dqkv from dout and the forward pass's inputs, out and lse.
+// delta_scratch: B * H * T floats of workspace.
+inline void attention_backward(bf16* dqk, bf16* dqkv, float* delta_scratch, const bf16* dout, const bf16* out,
+                               const float* lse, const bf16* qk, const bf16* qkv, int B, int T, int H, int Hkv, int D,
+                               cudaStream_t stream, AttentionImpl impl = ATTENTION_AUTO) {
+    impl = attention_prepare(impl, B, T, H, Hkv, D, {dqk, dqkv, dout, out, qk, qkv}, {delta_scratch, lse});
+    attention_delta_kernel<<<attention_simple_blocks((long long)B * H * T), 128, 0, stream>>>(delta_scratch, dout, out,
+                                                                                             B, T, H, D);
+    cuda_check_launch();
+    if (impl == ATTENTION_MMA) {
+        attention_backward_dkdv_mma_kernel<64><<<dim3(ceil_div(T, kMmaTile), Hkv, B), kMmaThreads, 0, stream>>>(
+            dqk, dqkv, dout, lse, delta_scratch, qk, qkv, T, H, Hkv);
+        cuda_check_launch();
+        attention_backward_dq_mma_kernel<64><<<dim3(ceil_div(T, kMmaTile), H, B), kMmaThreads, 0, stream>>>(
+            dqk, dout, lse, delta_scratch, qk, qkv, T, H, Hkv);
+        cuda_check_launch();
+    } else if (D <= 64) {
+        attention_backward_simple<1>(dqk, dqkv, delta_scratch, dout, lse, qk, qkv, B, T, H, Hkv, D, stream);
+    } else if (D <= 128) {
+        attention_backward_simple<2>(dqk, dqkv, delta_scratch, dout, lse, qk, qkv, B, T, H, Hkv, D, stream);
+    } else {
+        attention_backward_simple<4>(dqk, dqkv, delta_scratch, dout, lse, qk, qkv, B, T, H, Hkv, D, stream);
+    }
+}

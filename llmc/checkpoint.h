@@ -1,0 +1,137 @@
+// The checkpoint file: a fixed 256-byte header with the full model configuration, then the
+// parameters as float32 in the order of config.h, optionally followed by the AdamW moments.
+// Layout (little-endian), documented for other readers in docs/checkpoint_format.md:
+//   0  char[8]  magic "ATTNCKPT"       8  u32 version (1)          12 u32 header bytes (256)
+//   16 i32 x 8  vocab_size, n_layer, n_head, n_kv_head, head_dim, d_model, d_ff, max_seq_len
+//   48 f32 x 2  rope_theta, norm_eps   56 i64 step (optimiser steps taken)
+//   64 u32 flags (bit 0: AdamW m and v follow the parameters)   68 u32 dtype (0 = float32)
+//   72 i64 number of parameters P       80 i64 data position (training batches consumed)
+//   88 u32 CRC-32 of the payload        92 u32 CRC-32 of header bytes [0, 92)
+//   96..255 zero
+//   256 payload: params[P] (then m[P], v[P] when flag bit 0)
+// Files are written to "<path>.tmp" and renamed, so a crash never leaves a half-written checkpoint
+// under the real name.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+#include "config.h"
+#include "utils.h"
+
+static const char kCheckpointMagic[8] = {'A', 'T', 'T', 'N', 'C', 'K', 'P', 'T'};
+static const uint32_t kCheckpointVersion = 1;
+static const int kCheckpointHeaderBytes = 256;
+
+struct CheckpointInfo {
+    ModelConfig config;
+    int64_t step = 0;
+    int64_t data_position = 0;
+    bool has_optimizer_state = false;
+};
+
+inline void checkpoint_write(const std::string& path, const CheckpointInfo& info, const float* params,
+                             const float* adam_m, const float* adam_v) {
+    const ModelConfig& c = info.config;
+    int64_t P = (int64_t)num_parameters(c);
+    uint8_t h[kCheckpointHeaderBytes] = {0};
+    auto put32 = [&](int off, uint32_t v) { memcpy(h + off, &v, 4); };
+    auto put64 = [&](int off, int64_t v) { memcpy(h + off, &v, 8); };
+    memcpy(h, kCheckpointMagic, 8);
+    put32(8, kCheckpointVersion);
+    put32(12, kCheckpointHeaderBytes);
+    int32_t ints[8] = {c.vocab_size, c.n_layer, c.n_head, c.n_kv_head, c.head_dim, c.d_model, c.d_ff, c.max_seq_len};
+    memcpy(h + 16, ints, sizeof ints);
+    memcpy(h + 48, &c.rope_theta, 4);
+    memcpy(h + 52, &c.norm_eps, 4);
+    put64(56, info.step);
+    bool opt = info.has_optimizer_state && adam_m && adam_v;
+    put32(64, opt ? 1u : 0u);
+    put32(68, 0);
+    put64(72, P);
+    put64(80, info.data_position);
+    uint32_t crc = crc32_of(params, P * sizeof(float));
+    if (opt) {
+        crc = crc32_update(crc, adam_m, P * sizeof(float));
+        crc = crc32_update(crc, adam_v, P * sizeof(float));
+    }
+    put32(88, crc);
+    put32(92, crc32_of(h, 92));
+    AtomicFile f = atomic_open(path);
+    atomic_write(f, h, sizeof h);
+    atomic_write(f, params, P * sizeof(float));
+    if (opt) {
+        atomic_write(f, adam_m, P * sizeof(float));
+        atomic_write(f, adam_v, P * sizeof(float));
+    }
+    atomic_commit(f);
+}
+
+// Reads and checks the header only (magic, version, header checksum, a possible configuration,
+// file size). Fails with one line naming the file for anything wrong.
+inline CheckpointInfo checkpoint_read_header(const std::string& path) {
+    FILE* f = open_or_fail(path.c_str(), "rb");
+    uint8_t h[kCheckpointHeaderBytes];
+    if (fread(h, 1, sizeof h, f) != sizeof h) fail("%s: not a checkpoint (shorter than its 256-byte header)", path.c_str());
+    fclose(f);
+    if (memcmp(h, kCheckpointMagic, 8) != 0) fail("%s: not a checkpoint (bad magic)", path.c_str());
+    uint32_t version, hbytes, flags, dtype, crc_payload, crc_header;
+    memcpy(&version, h + 8, 4);
+    memcpy(&hbytes, h + 12, 4);
+    if (version > kCheckpointVersion)
+        fail("%s: checkpoint format version %u is newer than this program reads (%u)", path.c_str(), version, kCheckpointVersion);
+    memcpy(&crc_header, h + 92, 4);
+    if (hbytes != kCheckpointHeaderBytes || crc32_of(h, 92) != crc_header)
+        fail("%s: checkpoint header is damaged (checksum mismatch)", path.c_str());
+    CheckpointInfo info;
+    ModelConfig& c = info.config;
+    int32_t ints[8];
+    memcpy(ints, h + 16, sizeof ints);
+    c.vocab_size = ints[0]; c.n_layer = ints[1]; c.n_head = ints[2]; c.n_kv_head = ints[3];
+    c.head_dim = ints[4]; c.d_model = ints[5]; c.d_ff = ints[6]; c.max_seq_len = ints[7];
+    memcpy(&c.rope_theta, h + 48, 4);
+    memcpy(&c.norm_eps, h + 52, 4);
+    memcpy(&info.step, h + 56, 8);
+    memcpy(&flags, h + 64, 4);
+    memcpy(&dtype, h + 68, 4);
+    int64_t P;
+    memcpy(&P, h + 72, 8);
+    memcpy(&info.data_position, h + 80, 8);
+    memcpy(&crc_payload, h + 88, 4);
+    info.has_optimizer_state = flags & 1u;
+    std::string err = config_error(c);
+    if (!err.empty()) fail("%s: checkpoint holds an impossible configuration: %s", path.c_str(), err.c_str());
+    if (dtype != 0) fail("%s: checkpoint dtype %u is not float32", path.c_str(), dtype);
+    if (P != (int64_t)num_parameters(c)) fail("%s: checkpoint parameter count does not match its configuration", path.c_str());
+    long long want = kCheckpointHeaderBytes + (long long)P * 4 * (info.has_optimizer_state ? 3 : 1);
+    long long have = file_size_or_fail(path.c_str());
+    if (have != want) fail("%s: checkpoint is %s (%lld bytes, expected %lld)", path.c_str(), have < want ? "truncated" : "too long", have, want);
+    return info;
+}
+
+// Reads the parameters (and, when present and wanted, the AdamW moments), checking the payload's
+// checksum. The caller has sized the arrays from checkpoint_read_header's configuration.
+inline CheckpointInfo checkpoint_read(const std::string& path, float* params, float* adam_m, float* adam_v) {
+    CheckpointInfo info = checkpoint_read_header(path);
+    size_t P = num_parameters(info.config);
+    FILE* f = open_or_fail(path.c_str(), "rb");
+    uint8_t h[kCheckpointHeaderBytes];
+    read_or_fail(f, h, sizeof h, path.c_str(), "the header");
+    uint32_t crc_want;
+    memcpy(&crc_want, h + 88, 4);
+    std::vector<float> scratch;
+    read_or_fail(f, params, P * sizeof(float), path.c_str(), "the parameters");
+    uint32_t crc = crc32_of(params, P * sizeof(float));
+    if (info.has_optimizer_state) {
+        if (!adam_m || !adam_v) {
+            scratch.resize(P);
+            adam_m = adam_v = scratch.data();
+        }
+        read_or_fail(f, adam_m, P * sizeof(float), path.c_str(), "the AdamW first moments");
+        crc = crc32_update(crc, adam_m, P * sizeof(float));
+        read_or_fail(f, adam_v, P * sizeof(float), path.c_str(), "the AdamW second moments");
+        crc = crc32_update(crc, adam_v, P * sizeof(float));
+    }
+    fclose(f);
+    if (crc != crc_want) fail("%s: checkpoint data is damaged (checksum mismatch)", path.c_str());
+    return info;
+}

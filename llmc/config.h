@@ -1,0 +1,166 @@
+// The model's configuration (docs/model.md), its named presets, and the
+// parameter layout: where every tensor lives in the one flat parameter buffer. The same layout is
+// used by the CPU backend, the CUDA backend, the checkpoint file and the PyTorch reference.
+#pragma once
+#include <cstdarg>
+#include <cstddef>
+#include <cstdio>
+#include <cstring>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include "rand.h"
+
+struct ModelConfig {
+    int vocab_size = 8192;  // V
+    int n_layer = 6;        // L
+    int n_head = 4;         // H, query heads
+    int n_kv_head = 2;      // Hkv, key/value heads; H % Hkv == 0 (GQA when Hkv < H)
+    int head_dim = 64;      // D
+    int d_model = 256;      // C = H * D
+    int d_ff = 768;         // F, SwiGLU hidden width
+    int max_seq_len = 256;  // longest sequence the model is trained for
+    float rope_theta = 10000.0f;
+    float norm_eps = 1e-5f;
+
+    int qkv_dim() const { return (n_head + 2 * n_kv_head) * head_dim; }  // rows of [Wq; Wk; Wv]
+    int group_size() const { return n_head / n_kv_head; }  // query heads per key/value head
+};
+
+struct Preset {
+    const char* name;
+    const char* what;
+    int n_layer, n_head, n_kv_head, d_ff, max_seq_len;
+};
+
+// Every preset keeps head_dim = 64, so that a key right after k_norm has norm sqrt(64) = 8 at
+// initialisation, the level the research reports measure against.
+static const Preset kPresets[] = {
+    {"d6", "default: 6 layers, C=256, GQA 4:2, trains in minutes on 2 CPU cores", 6, 4, 2, 768, 256},
+    {"d12", "12 layers, C=512, GQA 8:4, T=1024", 12, 8, 4, 1536, 1024},
+    {"d22", "the research reports' model: 22 layers, C=512, 8 heads, T=2048", 22, 8, 8, 1536, 2048},
+};
+
+inline const Preset* find_preset(const char* name) {
+    for (const Preset& p : kPresets)
+        if (strcmp(p.name, name) == 0) return &p;
+    return nullptr;
+}
+
+inline void apply_preset(ModelConfig& c, const Preset& p) {
+    c.n_layer = p.n_layer;
+    c.n_head = p.n_head;
+    c.n_kv_head = p.n_kv_head;
+    c.head_dim = 64;
+    c.d_model = p.n_head * 64;
+    c.d_ff = p.d_ff;
+    c.max_seq_len = p.max_seq_len;
+}
+
+// Returns an empty string when the configuration is possible, else one sentence saying which
+// field is wrong and why (the caller adds the option or file name).
+inline std::string strprintf(const char* fmt, ...) {
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    return buf;
+}
+
+inline std::string config_error(const ModelConfig& c) {
+    if (c.vocab_size < 2) return strprintf("vocab_size %d must be at least 2", c.vocab_size);
+    if (c.n_layer < 1) return strprintf("n_layer %d must be at least 1", c.n_layer);
+    if (c.n_head < 1 || c.n_kv_head < 1)
+        return strprintf("n_head %d and n_kv_head %d must be at least 1", c.n_head, c.n_kv_head);
+    if (c.n_head % c.n_kv_head != 0)
+        return strprintf("n_head %d is not a multiple of n_kv_head %d", c.n_head, c.n_kv_head);
+    if (c.head_dim < 2 || c.head_dim % 2 != 0) return strprintf("head_dim %d must be even and at least 2", c.head_dim);
+    if (c.d_model != c.n_head * c.head_dim)
+        return strprintf("d_model %d must equal n_head * head_dim = %d", c.d_model, c.n_head * c.head_dim);
+    if (c.d_ff < 1) return strprintf("d_ff %d must be at least 1", c.d_ff);
+    if (c.max_seq_len < 1) return strprintf("max_seq_len %d must be at least 1", c.max_seq_len);
+    if (!(c.rope_theta > 1.0f)) return "rope_theta must be greater than 1";
+    if (!(c.norm_eps > 0.0f)) return "norm_eps must be positive";
+    return "";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parameter layout. One flat float buffer holds every parameter in this order (the checkpoint
+// stores them in the same order):
+//   wte [V, C]
+//   for each layer l = 0..L-1:
+//     attn_norm [C], wq [H*D, C], wk [Hkv*D, C], wv [Hkv*D, C], q_norm [D], k_norm [D],
+//     wo [C, H*D], mlp_norm [C], w1 [F, C], w3 [F, C], w2 [C, F]
+//   final_norm [C]
+// Within a layer wq, wk, wv follow each other, so together they are one [(H+2Hkv)*D, C] matrix
+// and the three projections are one matrix product; w1 and w3 likewise form one [2F, C] matrix.
+
+enum ParamKind {
+    P_WTE, P_ATTN_NORM, P_WQ, P_WK, P_WV, P_Q_NORM, P_K_NORM, P_WO, P_MLP_NORM, P_W1, P_W3, P_W2,
+    P_FINAL_NORM, P_NUM_KINDS
+};
+
+static const char* const kParamNames[P_NUM_KINDS] = {
+    "wte", "attn_norm", "wq", "wk", "wv", "q_norm", "k_norm", "wo", "mlp_norm", "w1", "w3", "w2",
+    "final_norm"};
+
+inline bool param_is_per_layer(int kind) { return kind != P_WTE && kind != P_FINAL_NORM; }
+// Matrices take weight decay; gains (every *_norm) do not.
+inline bool param_is_matrix(int kind) {
+    return kind == P_WTE || kind == P_WQ || kind == P_WK || kind == P_WV || kind == P_WO ||
+           kind == P_W1 || kind == P_W3 || kind == P_W2;
+}
+
+// Number of floats in one tensor of this kind (one layer's worth for per-layer kinds).
+inline size_t param_numel(const ModelConfig& c, int kind) {
+    size_t V = c.vocab_size, C = c.d_model, D = c.head_dim, F = c.d_ff;
+    size_t HD = (size_t)c.n_head * D, KD = (size_t)c.n_kv_head * D;
+    switch (kind) {
+        case P_WTE: return V * C;
+        case P_ATTN_NORM: case P_MLP_NORM: case P_FINAL_NORM: return C;
+        case P_WQ: return HD * C;
+        case P_WK: case P_WV: return KD * C;
+        case P_Q_NORM: case P_K_NORM: return D;
+        case P_WO: return C * HD;
+        case P_W1: case P_W3: return F * C;
+        case P_W2: return C * F;
+    }
+    return 0;
+}
+
+inline size_t layer_numel(const ModelConfig& c) {
+    size_t n = 0;
+    for (int k = P_ATTN_NORM; k <= P_W2; k++) n += param_numel(c, k);
+    return n;
+}
+
+inline size_t num_parameters(const ModelConfig& c) {
+    return param_numel(c, P_WTE) + (size_t)c.n_layer * layer_numel(c) + param_numel(c, P_FINAL_NORM);
+}
+
+// Offset (in floats) of the tensor of this kind, of layer l for per-layer kinds.
+inline size_t param_offset(const ModelConfig& c, int kind, int l = 0) {
+    size_t wte = param_numel(c, P_WTE);
+    if (kind == P_WTE) return 0;
+    if (kind == P_FINAL_NORM) return wte + (size_t)c.n_layer * layer_numel(c);
+    size_t off = wte + (size_t)l * layer_numel(c);
+    for (int k = P_ATTN_NORM; k < kind; k++) off += param_numel(c, k);
+    return off;
+}
+
+// Initialisation of model.md: matrices ~ N(0, 0.02), the output projections wo and w2 with the
+// standard deviation divided by sqrt(2L) (each residual branch adds to the stream, 2L branches in
+// all), every gain 1. Deterministic for a seed on every platform.
+inline void init_parameters(const ModelConfig& c, float* params, uint64_t seed) {
+    Rng rng{seed};
+    for (int kind = 0; kind < P_NUM_KINDS; kind++) {
+        int layers = param_is_per_layer(kind) ? c.n_layer : 1;
+        float std = (kind == P_WO || kind == P_W2) ? 0.02f / sqrtf(2.0f * c.n_layer) : 0.02f;
+        for (int l = 0; l < layers; l++) {
+            float* p = params + param_offset(c, kind, l);
+            size_t n = param_numel(c, kind);
+            for (size_t i = 0; i < n; i++) p[i] = param_is_matrix(kind) ? std * rng_normal(rng) : 1.0f;
+        }
+    }
+}

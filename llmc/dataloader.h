@@ -1,0 +1,309 @@
+// Token shards and the batch loader that feeds training and validation.
+//
+// A shard is one file: a header of 256 little-endian int32, then the tokens.
+//   header[0] = 20240520 (magic), header[1] = version, header[2] = number of tokens, rest zero.
+//   version 1: uint16 tokens, exactly llm.c's format, so shards written by llm.c load as they are;
+//   version 2: uint32 tokens, for vocabularies larger than 65536.
+//
+// A batch is B*T+1 consecutive tokens of one shard: inputs are the first B*T, targets the same
+// tokens shifted by one. The windows of a shard are the non-overlapping offsets 0, B*T, 2*B*T, ...
+// that fit. The loader walks shards and windows either in order or in a seeded random order that
+// changes every epoch, forever. Only one shard is held in memory at a time.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <glob.h>
+#include <string>
+#include <vector>
+
+#include "rand.h"
+#include "utils.h"
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "shards are little-endian and read with memcpy");
+
+constexpr int kShardMagic = 20240520;
+constexpr int kShardHeaderInts = 256;
+constexpr long long kShardHeaderBytes = kShardHeaderInts * 4;
+
+inline int shard_token_bytes(int version) { return version == 1 ? 2 : 4; }
+
+// ---------------------------------------------------------------------------------------------
+// Writing shards. A ShardWriter streams tokens into "<path>.tmp" and renames it to <path> when
+// closed, so a crash never leaves a half-written shard under the real name.
+
+struct ShardWriter {
+    AtomicFile file;
+    int version = 1;
+    long long num_tokens = 0;
+};
+
+inline void shard_writer_open(ShardWriter* w, const std::string& path, int version) {
+    if (version != 1 && version != 2) fail("%s: unknown shard version %d (1 = uint16, 2 = uint32)", path.c_str(), version);
+    w->file = atomic_open(path);
+    w->version = version;
+    w->num_tokens = 0;
+    int32_t header[kShardHeaderInts] = {0};  // the real header is written by shard_writer_close
+    atomic_write(w->file, header, sizeof header);
+}
+
+inline void shard_writer_append(ShardWriter* w, const uint32_t* tokens, size_t n) {
+    if (w->num_tokens + (long long)n > INT32_MAX)
+        fail("%s: more than %d tokens do not fit in one shard", w->file.path.c_str(), INT32_MAX);
+    if (w->version == 1) {
+        std::vector<uint16_t> narrow(n);
+        for (size_t i = 0; i < n; i++) {
+            if (tokens[i] > 65535)
+                fail("%s: token id %u does not fit in a version 1 (uint16) shard", w->file.path.c_str(), tokens[i]);
+            narrow[i] = (uint16_t)tokens[i];
+        }
+        atomic_write(w->file, narrow.data(), n * 2);
+    } else {
+        atomic_write(w->file, tokens, n * 4);
+    }
+    w->num_tokens += (long long)n;
+}
+
+inline void shard_writer_close(ShardWriter* w) {
+    int32_t header[kShardHeaderInts] = {0};
+    header[0] = kShardMagic;
+    header[1] = w->version;
+    header[2] = (int32_t)w->num_tokens;
+    if (fseek(w->file.f, 0, SEEK_SET) != 0) fail("%s: cannot seek to the header (%s)", w->file.path.c_str(), strerror(errno));
+    atomic_write(w->file, header, sizeof header);
+    atomic_commit(w->file);
+}
+
+// Writes a whole shard at once. version 0 picks the smallest format: uint16 when every id fits.
+inline void write_shard(const std::string& path, const std::vector<uint32_t>& tokens, int version_or_0_for_auto = 0) {
+    int version = version_or_0_for_auto;
+    if (version == 0) {
+        uint32_t max_id = tokens.empty() ? 0 : *std::max_element(tokens.begin(), tokens.end());
+        version = max_id < 65536 ? 1 : 2;
+    }
+    ShardWriter w;
+    shard_writer_open(&w, path, version);
+    shard_writer_append(&w, tokens.data(), tokens.size());
+    shard_writer_close(&w);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shuffling with the project's seeded generator (rand.h). std::shuffle differs between standard
+// libraries; this gives the same order on every platform.
+
+// Uniform in [0, n): draws past the last whole multiple of n are redrawn, so no value is favoured.
+inline uint64_t rng_below(Rng& r, uint64_t n) {
+    uint64_t limit = UINT64_MAX - UINT64_MAX % n;
+    uint64_t x;
+    do x = rng_next(r);
+    while (x >= limit);
+    return x % n;
+}
+
+// One independent stream of numbers per (seed, epoch, stream) triple.
+inline Rng rng_for(uint64_t seed, uint64_t epoch, uint64_t stream) {
+    Rng r{seed};
+    r.state = rng_next(r) ^ epoch;
+    r.state = rng_next(r) ^ stream;
+    return r;
+}
+
+// Fisher-Yates shuffle.
+template <typename T>
+inline void rng_shuffle(Rng& r, std::vector<T>& v) {
+    for (size_t i = v.size(); i > 1; i--) std::swap(v[i - 1], v[rng_below(r, i)]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The loader.
+
+struct DataLoader {
+    // settings
+    int B = 0, T = 0;
+    int vocab_size = 0;
+    bool shuffle = false;
+    uint64_t seed = 0;
+    int rank = 0, world = 1;  // this process takes windows rank, rank + world, ... of every shard
+
+    // the shards, sorted by file name, with what their headers say
+    std::vector<std::string> files;
+    std::vector<long long> file_tokens;
+    std::vector<int> file_versions;
+    long long total_tokens = 0;       // tokens in all shards together
+    long long batches_per_epoch = 0;  // batches this rank reads in one pass over every shard
+
+    // where the loader is: epoch, position in shard_order, position in windows
+    long long epoch = 0;
+    size_t shard_pos = 0, window_pos = 0;
+    std::vector<int> shard_order;     // shard indices in this epoch's reading order
+    std::vector<long long> windows;   // token offsets of this rank's windows of the current shard
+
+    // the shard in memory
+    int loaded_shard = -1;
+    std::vector<uint32_t> tokens;
+
+    // the current batch, B*T each
+    std::vector<int> inputs, targets;
+};
+
+inline long long batch_span(const DataLoader* L) { return (long long)L->B * L->T; }
+
+// Windows of shard s: how many fit, and how many of those this rank takes.
+inline long long shard_windows(const DataLoader* L, int s) { return (L->file_tokens[s] - 1) / batch_span(L); }
+
+inline long long rank_windows(const DataLoader* L, int s) {
+    long long n = shard_windows(L, s);
+    return n / L->world + (L->rank < n % L->world ? 1 : 0);
+}
+
+// Reads a shard's header and checks it against the file's size; returns the token count.
+inline long long check_shard_header(const char* path, int* version) {
+    long long size = file_size_or_fail(path);
+    if (size < kShardHeaderBytes)
+        fail("%s: truncated: %lld bytes, shorter than the %lld-byte shard header", path, size, kShardHeaderBytes);
+    int32_t header[kShardHeaderInts];
+    FILE* f = open_or_fail(path, "rb");
+    read_or_fail(f, header, sizeof header, path, "the shard header");
+    fclose(f);
+    if (header[0] != kShardMagic) fail("%s: not a token shard: magic number %d, expected %d", path, header[0], kShardMagic);
+    if (header[1] != 1 && header[1] != 2)
+        fail("%s: unknown shard version %d (1 = uint16 tokens, 2 = uint32 tokens)", path, header[1]);
+    if (header[2] < 0) fail("%s: negative token count %d in the header", path, header[2]);
+    long long expected = kShardHeaderBytes + (long long)header[2] * shard_token_bytes(header[1]);
+    if (size < expected)
+        fail("%s: truncated: the header says %d tokens (%lld bytes) but the file has %lld bytes", path, header[2], expected, size);
+    if (size > expected)
+        fail("%s: %lld bytes, but the header says %d tokens (%lld bytes): data after the last token", path, size, header[2], expected);
+    *version = header[1];
+    return header[2];
+}
+
+// Brings shard s into memory, checking every token id against the vocabulary.
+inline void load_shard(DataLoader* L, int s) {
+    if (L->loaded_shard == s) return;
+    const char* path = L->files[s].c_str();
+    long long n = L->file_tokens[s];
+    int width = shard_token_bytes(L->file_versions[s]);
+    FILE* f = open_or_fail(path, "rb");
+    if (fseek(f, kShardHeaderBytes, SEEK_SET) != 0) fail("%s: cannot seek past the header (%s)", path, strerror(errno));
+    L->tokens.resize(n);
+    std::vector<uint8_t> chunk;
+    const long long chunk_tokens = 1 << 20;  // read in pieces: no second copy of the whole shard
+    for (long long start = 0; start < n; start += chunk_tokens) {
+        long long count = std::min(chunk_tokens, n - start);
+        chunk.resize(count * width);
+        read_or_fail(f, chunk.data(), chunk.size(), path, "tokens");
+        for (long long i = 0; i < count; i++) {
+            uint32_t id;
+            if (width == 2) {
+                uint16_t narrow;
+                memcpy(&narrow, &chunk[i * 2], 2);
+                id = narrow;
+            } else {
+                memcpy(&id, &chunk[i * 4], 4);
+            }
+            if (id >= (uint32_t)L->vocab_size)
+                fail("%s: token id %u at position %lld is outside the vocabulary (vocab_size %d)", path, id, start + i, L->vocab_size);
+            L->tokens[start + i] = id;
+        }
+    }
+    fclose(f);
+    L->loaded_shard = s;
+}
+
+// Sets shard_order for the current epoch.
+inline void order_shards(DataLoader* L) {
+    L->shard_order.resize(L->files.size());
+    for (size_t i = 0; i < L->files.size(); i++) L->shard_order[i] = (int)i;
+    if (L->shuffle) {
+        Rng r = rng_for(L->seed, L->epoch, 0);
+        rng_shuffle(r, L->shard_order);
+    }
+}
+
+// Sets windows to this rank's windows of the shard at shard_pos, in reading order. Every rank
+// computes the same full order and keeps its own every world-th entry, so the ranks' windows are
+// disjoint and together cover the shard.
+inline void plan_windows(DataLoader* L) {
+    int s = L->shard_order[L->shard_pos];
+    std::vector<long long> all(shard_windows(L, s));
+    for (size_t i = 0; i < all.size(); i++) all[i] = (long long)i * batch_span(L);
+    if (L->shuffle) {
+        Rng r = rng_for(L->seed, L->epoch, 1 + (uint64_t)s);
+        rng_shuffle(r, all);
+    }
+    L->windows.clear();
+    for (size_t i = L->rank; i < all.size(); i += L->world) L->windows.push_back(all[i]);
+    L->window_pos = 0;
+}
+
+// Back to the first batch of the first epoch: the same batches as right after dataloader_init.
+inline void dataloader_reset(DataLoader* L) {
+    L->epoch = 0;
+    L->shard_pos = 0;
+    order_shards(L);
+    plan_windows(L);
+}
+
+// Finds the shards matching `pattern` (a glob such as "data/brown/train_*.bin") and checks every
+// header now, so that a bad file stops the program before any training starts.
+inline void dataloader_init(DataLoader* L, const char* pattern, int B, int T, int vocab_size, bool shuffle,
+                            uint64_t seed, int rank = 0, int world = 1) {
+    if (B < 1 || T < 1) fail("%s: batch size B=%d and sequence length T=%d must be at least 1", pattern, B, T);
+    if (world < 1 || rank < 0 || rank >= world) fail("%s: rank %d is not in 0..world-1 (world %d)", pattern, rank, world);
+    if (vocab_size < 1) fail("%s: vocab_size %d must be at least 1", pattern, vocab_size);
+    *L = DataLoader();
+    L->B = B;
+    L->T = T;
+    L->vocab_size = vocab_size;
+    L->shuffle = shuffle;
+    L->seed = seed;
+    L->rank = rank;
+    L->world = world;
+
+    glob_t g;
+    int rc = glob(pattern, 0, nullptr, &g);
+    if (rc == GLOB_NOMATCH) fail("%s: no shard matches", pattern);
+    if (rc != 0) fail("%s: cannot list the matching files", pattern);
+    for (size_t i = 0; i < g.gl_pathc; i++) L->files.push_back(g.gl_pathv[i]);
+    globfree(&g);
+    std::sort(L->files.begin(), L->files.end());  // byte order, whatever the locale
+
+    for (const std::string& path : L->files) {
+        int version;
+        long long n = check_shard_header(path.c_str(), &version);
+        if (n < batch_span(L) + 1)
+            fail("%s: %lld tokens, too few for one batch of B*T+1 = %lld tokens (B=%d, T=%d)", path.c_str(), n,
+                 batch_span(L) + 1, B, T);
+        L->file_tokens.push_back(n);
+        L->file_versions.push_back(version);
+        L->total_tokens += n;
+    }
+    for (size_t s = 0; s < L->files.size(); s++) L->batches_per_epoch += rank_windows(L, (int)s);
+    if (L->batches_per_epoch == 0)
+        fail("%s: no batch for rank %d: the shards hold fewer windows of B*T+1 tokens than there are processes (%d)",
+             pattern, rank, world);
+
+    L->inputs.resize(batch_span(L));
+    L->targets.resize(batch_span(L));
+    dataloader_reset(L);
+}
+
+// Fills inputs and targets with the next batch, moving on to the next shard and epoch as needed.
+inline void dataloader_next_batch(DataLoader* L) {
+    while (L->window_pos >= L->windows.size()) {  // this shard is done (or has no window for this rank)
+        if (++L->shard_pos >= L->shard_order.size()) {
+            L->epoch++;
+            L->shard_pos = 0;
+            order_shards(L);
+        }
+        plan_windows(L);
+    }
+    load_shard(L, L->shard_order[L->shard_pos]);
+    const uint32_t* window = L->tokens.data() + L->windows[L->window_pos++];
+    for (long long i = 0; i < batch_span(L); i++) {
+        L->inputs[i] = (int)window[i];
+        L->targets[i] = (int)window[i + 1];
+    }
+}
+
+inline void dataloader_free(DataLoader* L) { *L = DataLoader(); }

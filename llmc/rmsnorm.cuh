@@ -1,0 +1,85 @@
+// RMSNorm over rows of width C: out = x / sqrt(mean(x^2) + eps) * g. One warp per row; the
+// residual add that precedes each norm is fused into the matrix product before it (matmul.cuh).
+#pragma once
+#include "cuda_common.cuh"
+
+__global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, const bf16* x, const bf16* g, int N, int C, float eps) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= N) return;
+    const bf16* xr = x + (size_t)row * C;
+    float ss = 0.0f;
+    for (int i = lane; i < C; i += 32) {
+        float v = __bfloat162float(xr[i]);
+        ss += v * v;
+    }
+    float r = rsqrtf(warp_sum(ss) / C + eps);
+    if (lane == 0) rstd[row] = r;
+    bf16* o = out + (size_t)row * C;
+    for (int i = lane; i < C; i += 32) o[i] = __float2bfloat16(__bfloat162float(xr[i]) * r * __bfloat162float(g[i]));
+}
+
+inline void rmsnorm_forward(bf16* out, float* rstd, const bf16* x, const bf16* g, int N, int C, float eps, cudaStream_t s) {
+    const int warps = 8;
+    rmsnorm_forward_kernel<<<ceil_div(N, warps), warps * 32, 0, s>>>(out, rstd, x, g, N, C, eps);
+    cuda_check_launch();
+}
+
+// Backward, with xhat = x r: dx += r (g dy - xhat mean(g dy xhat)) (added: the residual stream's
+// gradient is a sum of branches), and the gain gradient sum_rows dy xhat. Each block handles
+// kRowsPerBlock rows; its warps keep their gain sums in shared memory and the block writes one
+// partial row of dg; column_sum_kernel adds the partial rows in block order. No atomics: the same
+// inputs give the same bits.
+static const int kNormRowsPerBlock = 32;
+
+__global__ void rmsnorm_backward_kernel(bf16* dx, float* dg_partial, const bf16* dy, const bf16* x, const float* rstd,
+                                        const bf16* g, int N, int C) {
+    extern __shared__ float warp_dg[];  // [warps][C]
+    int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float* my_dg = warp_dg + (size_t)warp * C;
+    for (int i = lane; i < C; i += 32) my_dg[i] = 0.0f;
+    int first = blockIdx.x * kNormRowsPerBlock;
+    for (int row = first + warp; row < min(N, first + kNormRowsPerBlock); row += warps) {
+        const bf16* xr = x + (size_t)row * C;
+        const bf16* dyr = dy + (size_t)row * C;
+        float r = rstd[row], dot = 0.0f;
+        for (int i = lane; i < C; i += 32)
+            dot += __bfloat162float(g[i]) * __bfloat162float(dyr[i]) * __bfloat162float(xr[i]) * r;
+        dot = warp_sum(dot) / C;
+        bf16* dxr = dx + (size_t)row * C;
+        for (int i = lane; i < C; i += 32) {
+            float xhat = __bfloat162float(xr[i]) * r, d = __bfloat162float(dyr[i]);
+            dxr[i] = __float2bfloat16(__bfloat162float(dxr[i]) + r * (__bfloat162float(g[i]) * d - xhat * dot));
+            my_dg[i] += d * xhat;
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < C; i += blockDim.x) {
+        float acc = 0.0f;
+        for (int w = 0; w < warps; w++) acc += warp_dg[(size_t)w * C + i];
+        dg_partial[(size_t)blockIdx.x * C + i] = acc;
+    }
+}
+
+// out[i] += sum over p of partial[p][i], p in order. One thread per column.
+__global__ void column_sum_kernel(float* out, const float* partial, int parts, int cols) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= cols) return;
+    float acc = 0.0f;
+    for (int p = 0; p < parts; p++) acc += partial[(size_t)p * cols + i];
+    out[i] += acc;
+}
+
+inline int rmsnorm_backward_blocks(int N) { return ceil_div(N, kNormRowsPerBlock); }
+
+// scratch: rmsnorm_backward_blocks(N) * C floats.
+inline void rmsnorm_backward(bf16* dx, float* dg, float* scratch, const bf16* dy, const bf16* x, const float* rstd,
+                             const bf16* g, int N, int C, cudaStream_t s) {
+    const int warps = 8, blocks = rmsnorm_backward_blocks(N);
+    size_t smem = (size_t)warps * C * sizeof(float);
+    if (smem > 48 * 1024)
+        cudaCheck(cudaFuncSetAttribute(rmsnorm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    rmsnorm_backward_kernel<<<blocks, warps * 32, smem, s>>>(dx, scratch, dy, x, rstd, g, N, C);
+    cuda_check_launch();
+    column_sum_kernel<<<ceil_div(C, 256), 256, 0, s>>>(dg, scratch, blocks, C);
+    cuda_check_launch();
+}

@@ -1,0 +1,177 @@
+// Telemetry kernels: on a stats step they reduce, per layer and head, the statistics of
+// telemetry.md from the post-k_norm (and post-q_norm) vectors the forward pass wrote and from the
+// per-row accumulators of the attention kernel. Every reduction runs in a fixed order (no
+// atomics), so a stats step gives the same bits every run. The results stay on the device until
+// the end of the forward pass, which copies the whole buffer to the host once.
+//
+// Device buffer layout (floats): each metric of telemetry.h in table order as [L][cols], then
+// the Gram matrices K^T K of every layer and key head, [L][Hkv][D][D]. The host turns the Gram
+// matrices into effective ranks (an eigenvalue problem of size D, eigen.h).
+#pragma once
+#include "config.h"
+#include "eigen.h"
+#include "cuda_common.cuh"
+#include "math.h"
+#include "matmul.cuh"
+#include "telemetry.h"
+
+struct TelemetryLayout {
+    size_t offset[M_NUM_METRICS];
+    size_t gram_offset, total;
+};
+
+inline TelemetryLayout telemetry_layout(const ModelConfig& c) {
+    TelemetryLayout t;
+    size_t off = 0;
+    for (int m = 0; m < M_NUM_METRICS; m++) {
+        t.offset[m] = off;
+        off += (size_t)c.n_layer * metric_cols(c, kMetrics[m].shape);
+    }
+    t.gram_offset = off;
+    t.total = off + (size_t)c.n_layer * c.n_kv_head * c.head_dim * c.head_dim;
+    return t;
+}
+
+static const int kStatRowsPerBlock = 256;
+static const int kStatWarps = 8;
+
+// Per head h and block of rows: sum of ||x||, of max|x_i|, of the participation ratio, and the sum
+// of unit vectors x / ||x||, written as partial[(h * chunks + chunk) * (3 + D) + ...].
+__global__ void head_row_stats_kernel(float* partial, const bf16* qk_normed, int N, int NH, int D) {
+    extern __shared__ float smem[];  // [warps][3 + D]
+    int h = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    float* mine = smem + (size_t)warp * (3 + D);
+    for (int i = lane; i < 3 + D; i += 32) mine[i] = 0.0f;
+    int first = chunk * kStatRowsPerBlock, last = min(N, first + kStatRowsPerBlock);
+    for (int n = first + warp; n < last; n += warps) {
+        const bf16* x = qk_normed + ((size_t)n * NH + h) * D;
+        float sq = 0.0f, quad = 0.0f, mx = 0.0f;
+        for (int i = lane; i < D; i += 32) {
+            float v = __bfloat162float(x[i]), v2 = v * v;
+            sq += v2;
+            quad += v2 * v2;
+            mx = fmaxf(mx, fabsf(v));
+        }
+        sq = warp_sum(sq);
+        quad = warp_sum(quad);
+        mx = warp_max(mx);
+        float norm = sqrtf(sq);
+        if (lane == 0) {
+            mine[0] += norm;
+            mine[1] += mx;
+            mine[2] += (float)participation_ratio(sq, quad);
+        }
+        if (norm > 0.0f)
+            for (int i = lane; i < D; i += 32) mine[3 + i] += __bfloat162float(x[i]) / norm;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < 3 + D; i += blockDim.x) {
+        float acc = 0.0f;
+        for (int w = 0; w < warps; w++) acc += smem[(size_t)w * (3 + D) + i];
+        partial[((size_t)h * chunks + chunk) * (3 + D) + i] = acc;
+    }
+}
+
+// One warp per head: adds the chunks in order (double) and writes q_norm for query heads, and
+// k_norm, k_maxabs, k_pr, k_cos for key heads, into the stats buffer for `layer`.
+__global__ void head_stats_finish_kernel(float* stats, TelemetryLayout lay, const float* partial, int chunks, int N,
+                                         int H, int Hkv, int D, int layer) {
+    int h = blockIdx.x, lane = threadIdx.x;
+    const float* p = partial + (size_t)h * chunks * (3 + D);
+    double unit_sq = 0.0;
+    for (int i = lane; i < D; i += 32) {
+        double s = 0.0;
+        for (int c = 0; c < chunks; c++) s += p[(size_t)c * (3 + D) + 3 + i];
+        unit_sq += s * s;
+    }
+    unit_sq = warp_sum_double(unit_sq);
+    if (lane != 0) return;
+    double sums[3] = {0.0, 0.0, 0.0};
+    for (int c = 0; c < chunks; c++)
+        for (int k = 0; k < 3; k++) sums[k] += p[(size_t)c * (3 + D) + k];
+    if (h < H) {
+        stats[lay.offset[M_Q_NORM] + (size_t)layer * H + h] = (float)(sums[0] / N);
+    } else {
+        size_t at = (size_t)layer * Hkv + (h - H);
+        stats[lay.offset[M_K_NORM] + at] = (float)(sums[0] / N);
+        stats[lay.offset[M_K_MAXABS] + at] = (float)(sums[1] / N);
+        stats[lay.offset[M_K_PR] + at] = (float)(sums[2] / N);
+        stats[lay.offset[M_K_COS] + at] = (float)mean_pairwise_cosine(unit_sq, (double)N);
+    }
+}
+
+// One block per query head: means over the B*T rows of the attention kernel's per-row
+// statistics (entropy, mass on position 0, largest probability) and the largest logit.
+// row_stats holds four [B, H, T] arrays.
+__global__ void attention_stats_finish_kernel(float* stats, TelemetryLayout lay, const float* row_stats, int B, int T,
+                                              int H, int layer) {
+    __shared__ float shared[32];
+    int h = blockIdx.x;
+    size_t rows = (size_t)B * H * T;
+    float ent = 0.0f, sink = 0.0f, maxp = 0.0f, lmax = -INFINITY;
+    for (int k = threadIdx.x; k < B * T; k += blockDim.x) {
+        int b = k / T, t = k % T;
+        size_t row = ((size_t)b * H + h) * T + t;
+        ent += row_stats[row];
+        sink += row_stats[rows + row];
+        maxp += row_stats[2 * rows + row];
+        lmax = fmaxf(lmax, row_stats[3 * rows + row]);
+    }
+    ent = block_sum(ent, shared);
+    sink = block_sum(sink, shared);
+    maxp = block_sum(maxp, shared);
+    lmax = block_max(lmax, shared);
+    if (threadIdx.x == 0) {
+        size_t at = (size_t)layer * H + h;
+        float n = (float)(B * T);
+        stats[lay.offset[M_ATTN_ENTROPY] + at] = ent / n;
+        stats[lay.offset[M_ATTN_SINK] + at] = sink / n;
+        stats[lay.offset[M_ATTN_MAXP] + at] = maxp / n;
+        stats[lay.offset[M_ATTN_LOGIT_MAX] + at] = lmax;
+    }
+}
+
+inline int telemetry_partial_floats(int N, const ModelConfig& c) {
+    return (c.n_head + c.n_kv_head) * ceil_div(N, kStatRowsPerBlock) * (3 + c.head_dim);
+}
+
+// Every statistic of one layer into the device stats buffer. qk_normed [N, NH, D] (post-norm,
+// pre-RoPE), row_stats from the attention forward pass, g_qk the float q_norm and k_norm gains.
+inline void telemetry_layer(float* stats, const TelemetryLayout& lay, float* partial, Matmul& mm, const bf16* qk_normed,
+                            const float* row_stats, const float* g_qk, int B, int T, const ModelConfig& c, int layer,
+                            cudaStream_t s) {
+    int N = B * T, H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, NH = H + Hkv;
+    int chunks = ceil_div(N, kStatRowsPerBlock);
+    size_t smem = (size_t)kStatWarps * (3 + D) * sizeof(float);
+    head_row_stats_kernel<<<dim3(NH, chunks), kStatWarps * 32, smem, s>>>(partial, qk_normed, N, NH, D);
+    cuda_check_launch();
+    head_stats_finish_kernel<<<NH, 32, 0, s>>>(stats, lay, partial, chunks, N, H, Hkv, D, layer);
+    cuda_check_launch();
+    attention_stats_finish_kernel<<<H, 256, 0, s>>>(stats, lay, row_stats, B, T, H, layer);
+    cuda_check_launch();
+    // Gram matrices K_h^T K_h of the key heads: K_h is [N, D] with rows NH * D apart; seen
+    // column-major it is [D, N] with leading dimension NH * D, so G = K^T K is A A^T.
+    const bf16* keys = qk_normed + (size_t)H * D;
+    matmul_lt(mm, stats + lay.gram_offset + (size_t)layer * Hkv * D * D, keys, keys, nullptr, D, D, N, false, true,
+              NH * D, NH * D, D, true, s, Hkv, D, D, (long long)D * D);
+    cudaCheck(cudaMemcpyAsync(stats + lay.offset[M_G_Q] + (size_t)layer * D, g_qk, D * sizeof(float), cudaMemcpyDeviceToDevice, s));
+    cudaCheck(cudaMemcpyAsync(stats + lay.offset[M_G_K] + (size_t)layer * D, g_qk + D, D * sizeof(float), cudaMemcpyDeviceToDevice, s));
+}
+
+// Host side: copies the metrics out of the buffer (already on the host) and turns each Gram
+// matrix into an effective rank.
+inline void telemetry_finish(Telemetry& tm, const float* host_stats, const TelemetryLayout& lay, const ModelConfig& c) {
+    tm.resize(c);
+    for (int m = 0; m < M_NUM_METRICS; m++)
+        if (m != M_K_ERANK) std::copy(host_stats + lay.offset[m], host_stats + lay.offset[m] + tm.values[m].size(), tm.values[m].begin());
+    int D = c.head_dim, heads = c.n_layer * c.n_kv_head;
+#pragma omp parallel for schedule(dynamic)
+    for (int k = 0; k < heads; k++) {
+        std::vector<double> gram((size_t)D * D), eig(D);
+        const float* g = host_stats + lay.gram_offset + (size_t)k * D * D;
+        for (size_t i = 0; i < gram.size(); i++) gram[i] = g[i];
+        tm.values[M_K_ERANK][k] = symmetric_eigenvalues(gram.data(), D, eig.data())
+                                      ? (float)effective_rank_from_gram_eigenvalues(eig.data(), D) : NAN;
+    }
+}

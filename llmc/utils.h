@@ -1,0 +1,106 @@
+// Small helpers shared by every program: one-line fatal errors, checked file I/O, CRC-32.
+// A user error never produces a stack trace or a partial file: it prints "error: ..." naming
+// the file or option, and the program exits with status 1.
+#pragma once
+#include <cerrno>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <sys/stat.h>
+#include <unistd.h>
+
+[[noreturn]] inline void fail(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(1);
+}
+
+inline FILE* open_or_fail(const char* path, const char* mode) {
+    FILE* f = fopen(path, mode);
+    if (!f) fail("%s: cannot open (%s)", path, strerror(errno));
+    return f;
+}
+
+// Reads exactly n bytes or fails naming the file: a short read means a truncated file.
+inline void read_or_fail(FILE* f, void* dst, size_t n, const char* path, const char* what) {
+    if (n && fread(dst, 1, n, f) != n) fail("%s: truncated or unreadable while reading %s", path, what);
+}
+
+inline void write_or_fail(FILE* f, const void* src, size_t n, const char* path) {
+    if (n && fwrite(src, 1, n, f) != n) fail("%s: write failed (%s)", path, strerror(errno));
+}
+
+inline bool file_exists(const std::string& path) {
+    struct stat st;
+    return stat(path.c_str(), &st) == 0;
+}
+
+inline long long file_size_or_fail(const char* path) {
+    struct stat st;
+    if (stat(path, &st) != 0) fail("%s: cannot open (%s)", path, strerror(errno));
+    return (long long)st.st_size;
+}
+
+// Writes a whole file atomically: into "<path>.tmp", flushed to disk, then renamed over <path>.
+// A crash or a full disk leaves the previous <path> untouched.
+struct AtomicFile {
+    std::string path, tmp;
+    FILE* f = nullptr;
+};
+
+inline AtomicFile atomic_open(const std::string& path) {
+    AtomicFile a;
+    a.path = path;
+    a.tmp = path + ".tmp";
+    a.f = fopen(a.tmp.c_str(), "wb");
+    if (!a.f) fail("%s: cannot write (%s)", path.c_str(), strerror(errno));
+    return a;
+}
+
+inline void atomic_write(AtomicFile& a, const void* src, size_t n) {
+    if (n && fwrite(src, 1, n, a.f) != n) {
+        int e = errno;
+        fclose(a.f);
+        remove(a.tmp.c_str());
+        fail("%s: write failed (%s); the previous file was left as it was", a.path.c_str(), strerror(e));
+    }
+}
+
+inline void atomic_commit(AtomicFile& a) {
+    bool ok = fflush(a.f) == 0 && fsync(fileno(a.f)) == 0;
+    int e = errno;
+    ok = (fclose(a.f) == 0) && ok;
+    if (!ok || rename(a.tmp.c_str(), a.path.c_str()) != 0) {
+        remove(a.tmp.c_str());
+        fail("%s: write failed (%s); the previous file was left as it was", a.path.c_str(), strerror(e ? e : errno));
+    }
+}
+
+// CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320), the checksum of zlib and Python's
+// zlib.crc32, so files written here can be checked with the standard library of any language.
+inline uint32_t crc32_update(uint32_t crc, const void* data, size_t n) {
+    struct Table {
+        uint32_t v[256];
+        Table() {
+            for (uint32_t i = 0; i < 256; i++) {
+                uint32_t c = i;
+                for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+                v[i] = c;
+            }
+        }
+    };
+    static const Table table;  // built once, thread-safe (C++11 static initialisation)
+    const uint8_t* p = (const uint8_t*)data;
+    crc = ~crc;
+    for (size_t i = 0; i < n; i++) crc = table.v[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
+    return ~crc;
+}
+
+inline uint32_t crc32_of(const void* data, size_t n) { return crc32_update(0, data, n); }

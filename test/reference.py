@@ -1,0 +1,352 @@
+"""The PyTorch reference of shared/spec/model.md and telemetry.md.
+
+Plain PyTorch, written to be obviously correct rather than fast: the attention matrix is
+materialised, the statistics are computed from their definitions in float64 (pairwise cosines
+from the full N x N matrix, the effective rank from an SVD). It runs on PyTorch 1.13 on the CPU.
+
+    python3 test/reference.py --out DIR
+
+builds a small configuration from a seed, writes its weights as a checkpoint (DIR/model.ckpt,
+the format of llmc/checkpoint.h) and a debug state (DIR/debug_state.bin, the format of
+test/tensorfile.h): the batch, the logits, the loss, every gradient, every statistic, and the
+losses and final parameters of a few AdamW steps. The C++ and CUDA tests compare against it.
+"""
+import argparse
+import math
+import os
+import struct
+import sys
+import zlib
+
+import numpy as np
+import torch
+
+# ------------------------------------------------------------------------------------------------
+# Configuration and parameter layout (llmc/config.h)
+
+CONFIG_FIELDS = ["vocab_size", "n_layer", "n_head", "n_kv_head", "head_dim", "d_model", "d_ff", "max_seq_len"]
+LAYER_TENSORS = ["attn_norm", "wq", "wk", "wv", "q_norm", "k_norm", "wo", "mlp_norm", "w1", "w3", "w2"]
+
+
+class Config:
+    def __init__(self, vocab_size, n_layer, n_head, n_kv_head, head_dim, d_ff, max_seq_len,
+                 rope_theta=10000.0, norm_eps=1e-5):
+        self.vocab_size, self.n_layer, self.n_head, self.n_kv_head = vocab_size, n_layer, n_head, n_kv_head
+        self.head_dim, self.d_model, self.d_ff, self.max_seq_len = head_dim, n_head * head_dim, d_ff, max_seq_len
+        self.rope_theta, self.norm_eps = rope_theta, norm_eps
+
+
+def tensor_shapes(c):
+    """(name, shape) of every parameter tensor in layout order."""
+    D, C, F = c.head_dim, c.d_model, c.d_ff
+    per_layer = {"attn_norm": (C,), "wq": (c.n_head * D, C), "wk": (c.n_kv_head * D, C),
+                 "wv": (c.n_kv_head * D, C), "q_norm": (D,), "k_norm": (D,), "wo": (C, c.n_head * D),
+                 "mlp_norm": (C,), "w1": (F, C), "w3": (F, C), "w2": (C, F)}
+    out = [("wte", (c.vocab_size, C))]
+    for l in range(c.n_layer):
+        out += [(f"layers.{l}.{name}", per_layer[name]) for name in LAYER_TENSORS]
+    out.append(("final_norm", (C,)))
+    return out
+
+
+def is_matrix(name):
+    return name.split(".")[-1] in ("wte", "wq", "wk", "wv", "wo", "w1", "w3", "w2")
+
+
+def init_params(c, seed):
+    """Initialisation of model.md: N(0, 0.02), output projections N(0, 0.02/sqrt(2L)), gains 1."""
+    g = torch.Generator().manual_seed(seed)
+    params = {}
+    for name, shape in tensor_shapes(c):
+        short = name.split(".")[-1]
+        if short.endswith("norm"):
+            params[name] = torch.ones(shape)
+        else:
+            std = 0.02 / math.sqrt(2 * c.n_layer) if short in ("wo", "w2") else 0.02
+            params[name] = torch.randn(shape, generator=g) * std
+    return params
+
+
+# ------------------------------------------------------------------------------------------------
+# The model
+
+def rmsnorm(x, gain, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gain
+
+
+def rope_tables(c, T, dtype):
+    """cos and sin of t * theta^(-2i/D), formed in float64 and rounded to float32 as the C++ does."""
+    half = c.head_dim // 2
+    inv_freq = torch.tensor([c.rope_theta ** (-2.0 * i / c.head_dim) for i in range(half)], dtype=torch.float64)
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return angle.cos().float().to(dtype), angle.sin().float().to(dtype)
+
+
+def rope(x, cos, sin):
+    """Rotate-half RoPE on x [B, T, heads, D]: (x_i, x_{i+D/2}) turns by angle[t, i]."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+
+
+def forward(p, c, tokens, targets, taps=None):
+    """Logits [B, T, V] and mean cross-entropy. taps, if a dict, receives per layer the queries and
+    keys after their norms (before RoPE) and after RoPE: the points where telemetry measures."""
+    B, T = tokens.shape
+    H, Hkv, D = c.n_head, c.n_kv_head, c.head_dim
+    cos, sin = rope_tables(c, T, p["wte"].dtype)
+    x = p["wte"][tokens]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    for l in range(c.n_layer):
+        w = lambda name: p[f"layers.{l}.{name}"]
+        h = rmsnorm(x, w("attn_norm"), c.norm_eps)
+        q = (h @ w("wq").T).view(B, T, H, D)
+        k = (h @ w("wk").T).view(B, T, Hkv, D)
+        v = (h @ w("wv").T).view(B, T, Hkv, D)
+        q = rmsnorm(q, w("q_norm"), c.norm_eps)
+        k = rmsnorm(k, w("k_norm"), c.norm_eps)
+        qr, kr = rope(q, cos, sin), rope(k, cos, sin)
+        if taps is not None:
+            taps[l] = {"q": q.detach(), "k": k.detach(), "qr": qr.detach(), "kr": kr.detach()}
+        group = H // Hkv
+        kr_h = kr.transpose(1, 2).repeat_interleave(group, dim=1)  # [B, H, T, D]: head h reads h // group
+        v_h = v.transpose(1, 2).repeat_interleave(group, dim=1)
+        s = (qr.transpose(1, 2) @ kr_h.transpose(-1, -2)) / math.sqrt(D)
+        s = s.masked_fill(~causal, float("-inf"))
+        att = torch.softmax(s, dim=-1)
+        y = (att @ v_h).transpose(1, 2).reshape(B, T, H * D)
+        x = x + y @ w("wo").T
+        h = rmsnorm(x, w("mlp_norm"), c.norm_eps)
+        x = x + (torch.nn.functional.silu(h @ w("w1").T) * (h @ w("w3").T)) @ w("w2").T
+    x = rmsnorm(x, p["final_norm"], c.norm_eps)
+    logits = x @ p["wte"].T
+    loss = torch.nn.functional.cross_entropy(logits.view(B * T, -1), targets.reshape(-1))
+    return logits, loss
+
+
+# ------------------------------------------------------------------------------------------------
+# Statistics, straight from telemetry.md's definitions, in float64
+
+def key_statistics(K):
+    """K: [N, D] keys of one head. Returns k_norm, k_maxabs, k_pr, k_cos, k_erank."""
+    K = K.double()
+    N = K.shape[0]
+    norms = K.norm(dim=1)
+    sq = K.pow(2).sum(1)
+    pr = sq.pow(2) / K.pow(4).sum(1)
+    U = K / norms[:, None]
+    cos = U @ U.T  # every pair, the diagonal excluded below
+    k_cos = (cos.sum() - cos.diagonal().sum()) / (N * (N - 1))
+    sv = torch.linalg.svdvals(K)
+    prob = sv / sv.sum()
+    prob = prob[prob > 0]
+    erank = torch.exp(-(prob * prob.log()).sum())
+    return [norms.mean().item(), K.abs().max(1).values.mean().item(), pr.mean().item(), k_cos.item(), erank.item()]
+
+
+def attention_statistics(qr, kr, c):
+    """qr [B, T, H, D], kr [B, T, Hkv, D] after RoPE. Per query head: entropy, sink, maxp, logit max,
+    from the full attention matrix in float64."""
+    B, T, H, D = qr.shape
+    group = H // c.n_kv_head
+    q = qr.double().transpose(1, 2)
+    k = kr.double().transpose(1, 2).repeat_interleave(group, dim=1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(D)  # [B, H, T, T]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    s_masked = s.masked_fill(~causal, float("-inf"))
+    p = torch.softmax(s_masked, dim=-1)
+    plogp = torch.where(p > 0, p * p.clamp_min(1e-300).log(), torch.zeros_like(p))
+    entropy = -plogp.sum(-1)  # [B, H, T]
+    out = []
+    for h in range(H):
+        logit_max = s[:, h][causal.expand(B, T, T)].max().item()
+        out.append([entropy[:, h].mean().item(), p[:, h, :, 0].mean().item(),
+                    p[:, h].max(-1).values.mean().item(), logit_max])
+    return out
+
+
+def telemetry(p, c, taps):
+    """Every statistic of telemetry.md as float64 arrays [L, cols]."""
+    L, H, Hkv = c.n_layer, c.n_head, c.n_kv_head
+    stats = {name: np.zeros((L, Hkv)) for name in ["k_norm", "k_maxabs", "k_pr", "k_cos", "k_erank"]}
+    stats.update({name: np.zeros((L, H)) for name in ["q_norm", "attn_entropy", "attn_sink", "attn_maxp", "attn_logit_max"]})
+    stats["g_q"] = np.zeros((L, c.head_dim))
+    stats["g_k"] = np.zeros((L, c.head_dim))
+    for l in range(L):
+        t = taps[l]
+        for h in range(Hkv):
+            K = t["k"][:, :, h, :].reshape(-1, c.head_dim)
+            for name, value in zip(["k_norm", "k_maxabs", "k_pr", "k_cos", "k_erank"], key_statistics(K)):
+                stats[name][l, h] = value
+        att = attention_statistics(t["qr"], t["kr"], c)
+        for h in range(H):
+            Q = t["q"][:, :, h, :].reshape(-1, c.head_dim).double()
+            stats["q_norm"][l, h] = Q.norm(dim=1).mean().item()
+            for name, value in zip(["attn_entropy", "attn_sink", "attn_maxp", "attn_logit_max"], att[h]):
+                stats[name][l, h] = value
+        stats["g_q"][l] = p[f"layers.{l}.q_norm"].detach().double().numpy()
+        stats["g_k"][l] = p[f"layers.{l}.k_norm"].detach().double().numpy()
+    return stats
+
+
+METRIC_ORDER = ["k_norm", "k_maxabs", "k_pr", "k_cos", "k_erank", "q_norm", "attn_entropy", "attn_sink",
+                "attn_maxp", "attn_logit_max", "g_q", "g_k"]
+
+# ------------------------------------------------------------------------------------------------
+# Optimiser (model.md): AdamW, decay on matrices only, clipping, warm-up + cosine schedule
+
+
+def lr_at_step(step, total, warmup, peak, floor):
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    if total <= warmup + 1:
+        return peak
+    progress = min(1.0, (step - warmup) / (total - 1 - warmup))
+    return floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * progress))
+
+
+def make_optimizer(p, weight_decay):
+    decay = [t for n, t in p.items() if is_matrix(n)]
+    no_decay = [t for n, t in p.items() if not is_matrix(n)]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=1.0, betas=(0.9, 0.95), eps=1e-8)
+
+
+# ------------------------------------------------------------------------------------------------
+# Files
+
+CKPT_MAGIC = b"ATTNCKPT"
+
+
+def write_checkpoint(path, c, params, step=0):
+    flat = np.concatenate([params[n].detach().float().numpy().reshape(-1) for n, _ in tensor_shapes(c)])
+    payload = flat.astype("<f4").tobytes()
+    head = bytearray(256)
+    head[0:8] = CKPT_MAGIC
+    struct.pack_into("<II", head, 8, 1, 256)
+    struct.pack_into("<8i", head, 16, *[getattr(c, f) for f in CONFIG_FIELDS])
+    struct.pack_into("<ff", head, 48, c.rope_theta, c.norm_eps)
+    struct.pack_into("<qIIqq", head, 56, step, 0, 0, flat.size, 0)
+    struct.pack_into("<I", head, 88, zlib.crc32(payload))
+    struct.pack_into("<I", head, 92, zlib.crc32(bytes(head[:92])))
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(head)
+        f.write(payload)
+    os.replace(tmp, path)
+
+
+def read_checkpoint(path):
+    """Config and parameters (float32 tensors by name) of a checkpoint file."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:8] != CKPT_MAGIC:
+        raise ValueError(f"{path}: not a checkpoint")
+    ints = struct.unpack_from("<8i", data, 16)
+    theta, eps = struct.unpack_from("<ff", data, 48)
+    c = Config(ints[0], ints[1], ints[2], ints[3], ints[4], ints[6], ints[7], theta, eps)
+    (P,) = struct.unpack_from("<q", data, 72)
+    flat = np.frombuffer(data, dtype="<f4", count=P, offset=256)
+    params, off = {}, 0
+    for name, shape in tensor_shapes(c):
+        n = int(np.prod(shape))
+        params[name] = torch.from_numpy(flat[off:off + n].copy()).view(shape)
+        off += n
+    return c, params
+
+
+TF_MAGIC = b"ATTNTNSR"
+TF_DTYPES = {np.dtype("<f4"): 0, np.dtype("<i4"): 1, np.dtype("<f8"): 2}
+
+
+def write_tensorfile(path, tensors):
+    """A list of named arrays: magic, u32 version, u32 count, then per tensor u16 name length, name,
+    u8 dtype (0 f32, 1 i32, 2 f64), u8 ndim, i64 dims, little-endian data."""
+    with open(path + ".tmp", "wb") as f:
+        f.write(TF_MAGIC + struct.pack("<II", 1, len(tensors)))
+        for name, arr in tensors:
+            arr = np.ascontiguousarray(arr)
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+            code = TF_DTYPES[arr.dtype]
+            enc = name.encode()
+            f.write(struct.pack("<H", len(enc)) + enc + struct.pack("<BB", code, arr.ndim))
+            f.write(struct.pack(f"<{arr.ndim}q", *arr.shape))
+            f.write(arr.tobytes())
+    os.replace(path + ".tmp", path)
+
+
+# ------------------------------------------------------------------------------------------------
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="directory for model.ckpt and debug_state.bin")
+    ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--steps", type=int, default=10, help="AdamW steps whose losses are recorded")
+    args = ap.parse_args()
+    torch.manual_seed(args.seed)
+    # Several layers, GQA on (4 query heads share 2 key/value heads), D = 64, a vocabulary that is
+    # not a multiple of 128, short sequences.
+    c = Config(vocab_size=320, n_layer=3, n_head=4, n_kv_head=2, head_dim=64, d_ff=192, max_seq_len=64)
+    B, T = 4, 64
+    lr, warmup, floor_frac, weight_decay, clip = 3e-3, 3, 0.1, 0.1, 1.0
+
+    params32 = init_params(c, args.seed)
+    # Tokens with structure (a repeating pattern plus noise) so attention has something to find.
+    g = torch.Generator().manual_seed(args.seed + 1)
+    pattern = torch.randint(0, c.vocab_size, (16,), generator=g)
+    seq = pattern.repeat(B * (T + 1) // 16 + 1)[: B * (T + 1)].view(B, T + 1).clone()
+    noise = torch.rand(B, T + 1, generator=g) < 0.3
+    seq[noise] = torch.randint(0, c.vocab_size, (int(noise.sum()),), generator=g)
+    tokens, targets = seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+
+    os.makedirs(args.out, exist_ok=True)
+    write_checkpoint(os.path.join(args.out, "model.ckpt"), c, params32)
+
+    # One forward/backward in float64 from the float32 weights: the exact answer the float32
+    # backends approximate.
+    p = {n: t.double().requires_grad_(True) for n, t in params32.items()}
+    taps = {}
+    logits, loss = forward(p, c, tokens, targets, taps)
+    loss.backward()
+    grads = np.concatenate([p[n].grad.numpy().reshape(-1) for n, _ in tensor_shapes(c)])
+    stats = telemetry(p, c, taps)
+
+    # AdamW steps, float64 master weights.
+    opt = make_optimizer(p, weight_decay)
+    losses, norms = [], []
+    for step in range(args.steps):
+        opt.zero_grad(set_to_none=True)
+        _, step_loss = forward(p, c, tokens, targets)
+        step_loss.backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(list(p.values()), clip).item())
+        for group in opt.param_groups:
+            group["lr"] = lr_at_step(step, args.steps, warmup, lr, lr * floor_frac)
+        opt.step()
+        losses.append(step_loss.item())
+
+    final = np.concatenate([p[n].detach().numpy().reshape(-1) for n, _ in tensor_shapes(c)])
+    tensors = [
+        ("config", np.array([getattr(c, f) for f in CONFIG_FIELDS], dtype="<i4")),
+        ("hyper", np.array([args.steps, warmup, lr, floor_frac, weight_decay, clip], dtype="<f8")),
+        ("tokens", tokens.numpy().astype("<i4")),
+        ("targets", targets.numpy().astype("<i4")),
+        ("logits", logits.detach().numpy().astype("<f8")),
+        ("loss", np.array([loss.item()], dtype="<f8")),
+        ("grads", grads.astype("<f8")),
+        ("step_losses", np.array(losses, dtype="<f8")),
+        ("step_grad_norms", np.array(norms, dtype="<f8")),
+        ("final_params", final.astype("<f8")),
+    ]
+    tensors += [("stat." + name, stats[name].astype("<f8")) for name in METRIC_ORDER]
+    write_tensorfile(os.path.join(args.out, "debug_state.bin"), tensors)
+    print(f"reference: {num_params(c)} parameters, loss {loss.item():.6f}, "
+          f"{args.steps} AdamW steps to loss {losses[-1]:.6f}; wrote {args.out}/model.ckpt and debug_state.bin")
+
+
+def num_params(c):
+    return sum(int(np.prod(s)) for _, s in tensor_shapes(c))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,451 @@
+"""Tests of scripts/attnlog.py on logs written by the C++ writer (test/test_runlog.cpp): every value
+read back, and every kind of damage recognised and reported.
+
+    TEST_RUNLOG_BIN=build/test_runlog /usr/bin/python3 -m pytest -q test/test_attnlog.py
+"""
+import csv
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import attnlog  # noqa: E402
+
+WRITER = os.environ.get("TEST_RUNLOG_BIN", str(ROOT / "build" / "test_runlog"))
+SCRIPT = ROOT / "scripts" / "attnlog.py"
+
+# -- what test_runlog writes -------------------------------------------------------------------------
+
+CONFIG = {"vocab_size": 96, "n_layer": 3, "n_head": 4, "n_kv_head": 2, "head_dim": 8, "d_model": 32,
+          "d_ff": 80, "max_seq_len": 16, "rope_theta": 500000.0, "norm_eps": 1e-06}
+OPTIONS = {"data": 'C:\\runs\\"best".bin', "lr": "0.003", "comment": "tab\there\nnew line, ünïcode ✓",
+           "control": "\x01\x1f", "bytes": "\ufffd ok"}
+SCALARS = ["loss", "lr", "grad_norm", "tokens_per_s", "ms"]
+METRICS = [("k_norm", "kv_head"), ("k_maxabs", "kv_head"), ("k_pr", "kv_head"), ("k_cos", "kv_head"),
+           ("k_erank", "kv_head"), ("q_norm", "q_head"), ("attn_entropy", "q_head"), ("attn_sink", "q_head"),
+           ("attn_maxp", "q_head"), ("attn_logit_max", "q_head"), ("g_q", "dim"), ("g_k", "dim")]
+COLUMNS = {"kv_head": 2, "q_head": 4, "dim": 8}
+TELEMETRY_BYTES = 4 * 3 * sum(COLUMNS[dim] for _, dim in METRICS)
+STEP, VAL, TELEMETRY, NOTE = 1, 2, 3, 4
+
+
+def scalar_value(name, step, segment):
+    seg = 100 * segment
+    return {"loss": seg + 8 - step / 8, "lr": seg + (step + 1) / 1024, "grad_norm": seg + 1 + step / 16,
+            "tokens_per_s": seg + 1000 * (step + 1), "ms": seg + 2 * step + 0.5}[name]
+
+
+def val_value(step, segment):
+    return 100 * segment + 7 - step / 8
+
+
+def metric_value(m, step, segment):
+    layers = np.arange(3)[:, None]
+    cols = np.arange(COLUMNS[METRICS[m][1]])[None, :]
+    return segment * 1e6 + step * 1e5 + m * 1000 + layers * 100 + cols + 0.5
+
+
+def note_text(step, segment):
+    return f'segment {segment}, step {step}: "quoted" \\ ünïcode ✓ \ufffd'
+
+
+def has_val(step):
+    return step % 5 == 0 or step == 9
+
+
+def has_telemetry(step):
+    return step % 3 == 0
+
+
+def check_values(log, steps, missing=(), segment_of=lambda step: 0):
+    """Every value of every record equals its formula. steps: those written; missing: (type, step)
+    pairs expected to be lost."""
+    step_steps = [s for s in steps if (STEP, s) not in missing]
+    for name in SCALARS:
+        got_steps, values = log.scalars(name)
+        assert got_steps.tolist() == step_steps
+        assert values.dtype == np.float32
+        np.testing.assert_array_equal(values, np.float32([scalar_value(name, s, segment_of(s)) for s in step_steps]))
+    val_steps = [s for s in steps if has_val(s) and (VAL, s) not in missing]
+    got_steps, values = log.val_loss()
+    assert got_steps.tolist() == val_steps
+    np.testing.assert_array_equal(values, np.float32([val_value(s, segment_of(s)) for s in val_steps]))
+    tel_steps = [s for s in steps if has_telemetry(s) and (TELEMETRY, s) not in missing]
+    assert log.metric_names() == [name for name, _ in METRICS]
+    for m, (name, dim) in enumerate(METRICS):
+        got_steps, values = log.metric(name)
+        assert got_steps.tolist() == tel_steps
+        assert values.shape == (len(tel_steps), 3, COLUMNS[dim]) and values.dtype == np.float32
+        for i, s in enumerate(tel_steps):
+            np.testing.assert_array_equal(values[i], np.float32(metric_value(m, s, segment_of(s))))
+
+
+def frames(data):
+    """(offset, type, flags, step, payload length) of every record, read strictly as
+    docs/log_format.md lays them out."""
+    pos = 20 + struct.unpack_from("<I", data, 12)[0]
+    out = []
+    while pos < len(data):
+        assert data[pos:pos + 4] == b"\xffREC"
+        rtype, flags, length, step = struct.unpack_from("<HHIq", data, pos + 4)
+        assert zlib.crc32(data[pos + 4:pos + 20 + length]) == struct.unpack_from("<I", data, pos + 20 + length)[0]
+        out.append((pos, rtype, flags, step, length))
+        pos += 24 + length
+    return out
+
+
+def make_record(rtype, step, payload):
+    body = struct.pack("<HHIq", rtype, 0, len(payload), step) + payload
+    return b"\xffREC" + body + struct.pack("<I", zlib.crc32(body))
+
+
+def with_header(data, header_text, version=1):
+    """The log with another header text (and preamble version), checksum made to match."""
+    old_end = 20 + struct.unpack_from("<I", data, 12)[0]
+    return (b"ATTNLOG\0" + struct.pack("<III", version, len(header_text), zlib.crc32(header_text))
+            + header_text + data[old_end:])
+
+
+def run_writer(mode, path):
+    if not os.path.exists(WRITER):
+        pytest.fail(f"{WRITER} not found: build it with "
+                    "g++ -std=c++17 -O2 -Wall -Wextra -I. test/test_runlog.cpp -o build/test_runlog")
+    result = subprocess.run([WRITER, mode, str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True)
+
+
+def assert_one_line_error(result, *parts):
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: "), result.stderr
+    assert result.stdout == ""
+    for part in parts:
+        assert part in result.stderr
+
+
+@pytest.fixture(scope="module")
+def log_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("written") / "run.attnlog"
+    run_writer("write", path)
+    return path
+
+
+@pytest.fixture
+def data(log_path):
+    return log_path.read_bytes()
+
+
+def saved(tmp_path, data, name="copy.attnlog"):
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+# -- round trip --------------------------------------------------------------------------------------
+
+
+def test_preamble(data):
+    assert data[:8] == b"ATTNLOG\0"
+    version, length, crc = struct.unpack_from("<III", data, 8)
+    assert version == 1
+    assert zlib.crc32(data[20:20 + length]) == crc
+
+
+def test_header_fields(log_path):
+    log = attnlog.open_log(log_path)
+    h = log.header
+    assert log.version == 1 and h["format"] == "attnlog" and h["version"] == 1
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", h["created"])
+    assert log.config == CONFIG and list(log.config) == list(CONFIG)
+    assert all(type(log.config[k]) is int for k in CONFIG if k not in ("rope_theta", "norm_eps"))
+    assert h["options"] == OPTIONS and list(h["options"]) == list(OPTIONS)
+    assert h["seed"] == 2**64 - 1
+    assert (h["backend"], h["device"], h["num_processes"]) == ("cpu", 'test device "x" \\ 2 cores', 1)
+    table = h["records"]
+    assert [(t["type"], t["name"]) for t in table] == [(1, "step"), (2, "val"), (3, "telemetry"), (4, "note")]
+    assert [f["name"] for f in table[0]["fields"]] == SCALARS
+    assert [f["name"] for f in table[1]["fields"]] == ["val_loss"]
+    for t in table[:2]:
+        assert all(f["dtype"] == "float32" and f["shape"] == [] and f["meaning"] for f in t["fields"])
+    assert [(f["name"], f["dtype"], f["shape"], f["dims"]) for f in table[2]["fields"]] == [
+        (name, "float32", [3, COLUMNS[dim]], ["layer", dim]) for name, dim in METRICS]
+    assert [(f["name"], f["dtype"], f["shape"]) for f in table[3]["fields"]] == [("text", "utf8", [-1])]
+
+
+def test_record_frames(data):
+    expected = []
+    for s in range(10):
+        if s in (0, 7):
+            expected.append((NOTE, s, len(note_text(s, 0).encode())))
+        expected.append((STEP, s, 20))
+        if has_val(s):
+            expected.append((VAL, s, 4))
+        if has_telemetry(s):
+            expected.append((TELEMETRY, s, TELEMETRY_BYTES))
+    got = frames(data)
+    assert [(t, s, n) for _, t, _, s, n in got] == expected
+    assert all(flags == 0 for _, _, flags, _, _ in got)
+
+
+def test_round_trip(log_path):
+    log = attnlog.open_log(log_path)
+    check_values(log, range(10))
+    assert log.notes() == [(0, note_text(0, 0)), (7, note_text(7, 0))]
+    assert log.record_counts() == {"step": 10, "val": 3, "telemetry": 4, "note": 2}
+    assert log.step_range() == (0, 9)
+    assert log.problems == []
+
+
+def test_resumed_run_later_records_win(tmp_path, data):
+    path = saved(tmp_path, data)
+    run_writer("append", path)  # re-does steps 6..11 with values of segment 1
+    log = attnlog.open_log(path)
+    check_values(log, range(12), segment_of=lambda step: 1 if step >= 6 else 0)
+    notes = log.notes()
+    assert [step for step, _ in notes] == [0, 7, 9, 7]
+    assert notes[3][1] == note_text(7, 1)
+    assert notes[2][1].startswith("resumed at ") and '"seed": 18446744073709551615' in notes[2][1]
+    assert "torn" not in notes[2][1]
+    assert log.problems == [
+        "4 step records repeat steps 6..9 (a resumed run re-did them); the later records are used",
+        "1 val records repeat step 9 (a resumed run re-did them); the later records are used",
+        "2 telemetry records repeat steps 6..9 (a resumed run re-did them); the later records are used"]
+
+
+def test_resume_removes_torn_tail(tmp_path, data):
+    path = saved(tmp_path, data[:-10])
+    run_writer("append", path)
+    log = attnlog.open_log(path)
+    check_values(log, range(12), segment_of=lambda step: 1 if step >= 6 else 0)
+    assert f"removed a torn tail of {TELEMETRY_BYTES + 24 - 10} bytes" in log.notes()[2][1]
+    assert not any("torn" in p or "checksum" in p for p in log.problems)
+
+
+# -- damage ------------------------------------------------------------------------------------------
+
+
+def test_torn_tail_at_every_byte(tmp_path, data):
+    last = frames(data)[-1]
+    start = last[0]
+    assert (last[1], last[3]) == (TELEMETRY, 9)
+    path = tmp_path / "cut.attnlog"
+    for cut in range(start, len(data)):
+        path.write_bytes(data[:cut])
+        log = attnlog.open_log(path)
+        check_values(log, range(10), missing={(TELEMETRY, 9)})
+        expected = [] if cut == start else [f"torn tail: {cut - start} bytes at offset {start} ignored"]
+        assert log.problems == expected, cut
+
+
+def test_torn_tail_in_info(tmp_path, data):
+    start = frames(data)[-1][0]
+    result = run_cli("info", saved(tmp_path, data[:start + 30]))
+    assert result.returncode == 0
+    assert f"  torn tail: 30 bytes at offset {start} ignored\n" in result.stdout
+
+
+@pytest.mark.parametrize("rtype, step", [(TELEMETRY, 3), (STEP, 4), (VAL, 5), (NOTE, 7)])
+def test_checksum_mismatch_skips_one_record(tmp_path, data, rtype, step):
+    offset, _, _, _, length = next(f for f in frames(data) if f[1] == rtype and f[3] == step)
+    damaged = bytearray(data)
+    damaged[offset + 20 + length // 2] ^= 0x10
+    log = attnlog.open_log(saved(tmp_path, bytes(damaged)))
+    name = {STEP: "step", VAL: "val", TELEMETRY: "telemetry", NOTE: "note"}[rtype]
+    assert log.problems == [f"checksum mismatch in the {name} record at offset {offset} (step {step}): "
+                            f"{24 + length} bytes skipped"]
+    check_values(log, range(10), missing={(rtype, step)})
+    assert len(log.notes()) == (1 if rtype == NOTE else 2)
+
+
+@pytest.mark.parametrize("where", ["marker", "length"])
+def test_damaged_frame_resynchronises(tmp_path, data, where):
+    offset, _, _, _, length = next(f for f in frames(data) if f[1] == TELEMETRY and f[3] == 3)
+    damaged = bytearray(data)
+    if where == "marker":
+        damaged[offset] ^= 0xFF
+    else:
+        struct.pack_into("<I", damaged, offset + 8, 10**9)
+    log = attnlog.open_log(saved(tmp_path, bytes(damaged)))
+    assert log.problems == [f"damaged bytes: {24 + length} bytes at offset {offset} skipped"]
+    check_values(log, range(10), missing={(TELEMETRY, 3)})
+
+
+def test_unknown_record_type_skipped(tmp_path, data):
+    records = frames(data)
+    second, last = records[1][0], records[-1][0]
+    future = make_record(77, 4, b"a record type of a newer writer")
+    log = attnlog.open_log(saved(tmp_path, data[:second] + future + data[second:last] + future + data[last:]))
+    assert log.problems == ["2 records of unknown type 77 skipped (not in the header's record table)"]
+    check_values(log, range(10))
+    assert log.record_counts() == {"step": 10, "val": 3, "telemetry": 4, "note": 2}
+
+
+def test_wrong_payload_length_skipped(tmp_path, data):
+    offset = next(f[0] for f in frames(data) if f[1] == STEP and f[3] == 2)
+    wrong = make_record(STEP, 2, b"\0" * 24)
+    log = attnlog.open_log(saved(tmp_path, data[:offset] + wrong + data[offset + 44:]))
+    assert log.problems == ["1 step records skipped: their payload is not the 20 bytes of the record table "
+                            f"(the first at offset {offset})"]
+    check_values(log, range(10), missing={(STEP, 2)})
+
+
+# -- headers it cannot use -----------------------------------------------------------------------------
+
+
+def expect_log_error(path, *parts):
+    with pytest.raises(attnlog.LogError) as error:
+        attnlog.open_log(path)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(str(path))
+    for part in parts:
+        assert part in message
+    assert_one_line_error(run_cli("info", path), *parts)
+    return error.value
+
+
+def test_damaged_header_checksum(tmp_path, data):
+    damaged = bytearray(data)
+    damaged[200] ^= 0x01
+    expect_log_error(saved(tmp_path, bytes(damaged)), "damaged header: checksum mismatch",
+                     "19 intact records follow")
+
+
+def test_header_not_json(tmp_path, data):
+    text = data[20:20 + struct.unpack_from("<I", data, 12)[0]]
+    expect_log_error(saved(tmp_path, with_header(data, text[:-5])), "damaged header: its text is not valid JSON",
+                     "19 intact records follow")
+    expect_log_error(saved(tmp_path, with_header(data, b"[1, 2]"), "array.attnlog"), "not valid JSON")
+
+
+def test_header_versions_disagree(tmp_path, data):
+    header = json.loads(data[20:20 + struct.unpack_from("<I", data, 12)[0]])
+    header["version"] = 2
+    expect_log_error(saved(tmp_path, with_header(data, json.dumps(header).encode())),
+                     "the preamble says version 1, the text says format 'attnlog' version 2")
+
+
+def test_malformed_record_table(tmp_path, data):
+    header = json.loads(data[20:20 + struct.unpack_from("<I", data, 12)[0]])
+    header["records"][2]["fields"][0]["dtype"] = "float17"
+    expect_log_error(saved(tmp_path, with_header(data, json.dumps(header).encode())),
+                     "damaged header: its record table is malformed")
+
+
+@pytest.mark.parametrize("cut", [0, 5, 12, 19, 20, 1000, "header - 1"])
+def test_truncated_header(tmp_path, data, cut):
+    if cut == "header - 1":
+        cut = 20 + struct.unpack_from("<I", data, 12)[0] - 1
+    expect_log_error(saved(tmp_path, data[:cut]), "truncated header", "nothing can be read")
+
+
+def test_newer_version(tmp_path, data):
+    header = json.loads(data[20:20 + struct.unpack_from("<I", data, 12)[0]])
+    header["version"] = 2
+    header["compression"] = "something new"
+    error = expect_log_error(saved(tmp_path, with_header(data, json.dumps(header).encode(), version=2)),
+                             "format version 2 is newer than this reader's (1)",
+                             f"created {header['created']}", "n_layer=3", "records not read")
+    assert error.header["config"] == CONFIG and error.header["options"] == OPTIONS
+    assert "compression" not in error.header
+
+
+def test_newer_version_damaged_header(tmp_path, data):
+    newer = bytearray(data)
+    newer[8] = 2
+    newer[200] ^= 0x01
+    error = expect_log_error(saved(tmp_path, bytes(newer)), "format version 2 is newer", "unreadable too")
+    assert error.header is None
+
+
+def test_not_a_log(tmp_path):
+    expect_log_error(saved(tmp_path, b"step,loss\n0,8.0\n"), "not a run log")
+    expect_log_error(tmp_path / "absent.attnlog", "cannot open")
+
+
+# -- command line ------------------------------------------------------------------------------------
+
+
+def test_cli_info(log_path):
+    result = run_cli("info", log_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.startswith(f"{log_path}: attnlog format version 1, created ")
+    assert "records: 10 step, 3 val, 4 telemetry, 2 note; steps 0..9\n" in out
+    assert "model: vocab_size=96 n_layer=3 n_head=4 n_kv_head=2 head_dim=8" in out
+    assert '  data = "C:\\\\runs\\\\\\"best\\".bin"\n' in out
+    assert "k_norm [layer x kv_head]" in out and "g_k [layer x dim]" in out
+    assert out.endswith("problems: none\n")
+
+
+def test_cli_dump_metric_at_step(log_path):
+    result = run_cli("dump", log_path, "--metric", "q_norm", "--step", 6)
+    assert result.returncode == 0, result.stderr
+    rows = [" ".join(str(v) for v in np.float32(metric_value(5, 6, 0))[layer]) for layer in range(3)]
+    assert result.stdout == ("step 6\n  q_norm [layer x q_head]\n"
+                             + "".join(f"    layer {layer}: {row}\n" for layer, row in enumerate(rows)))
+
+
+def test_cli_dump_step(log_path):
+    result = run_cli("dump", log_path, "--step", 0)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[:4] == ["step 0", "  loss 8.0, lr 0.0009765625, grad_norm 1.0, tokens_per_s 1000.0, ms 0.5",
+                         "  val_loss 7.0", f"  note: {note_text(0, 0)}"]
+    assert lines[4] == "  k_norm [layer x kv_head]" and len(lines) == 4 + 12 + 3 * 12
+
+
+def test_cli_dump_errors(log_path):
+    assert_one_line_error(run_cli("dump", log_path, "--step", 42), "nothing recorded at step 42")
+    assert_one_line_error(run_cli("dump", log_path, "--metric", "k_nrom"), "no metric named 'k_nrom'")
+
+
+@pytest.mark.parametrize("m", range(len(METRICS)))
+def test_cli_csv_metric(tmp_path, log_path, m):
+    out = tmp_path / "metric.csv"
+    result = run_cli("csv", log_path, "--metric", METRICS[m][0], "-o", out)
+    assert result.returncode == 0 and result.stdout == "", result.stderr
+    with open(out, newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["step", "layer", "head_or_dim", "value"]
+    expected = [[s, layer, col, metric_value(m, s, 0)[layer, col]]
+                for s in (0, 3, 6, 9) for layer in range(3) for col in range(COLUMNS[METRICS[m][1]])]
+    assert [[int(a), int(b), int(c), float(v)] for a, b, c, v in rows[1:]] == expected
+
+
+def test_cli_csv_scalars_and_val(log_path):
+    result = run_cli("csv", log_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == run_cli("csv", log_path, "--scalars").stdout
+    rows = list(csv.DictReader(result.stdout.splitlines()))
+    assert list(rows[0]) == ["step"] + SCALARS
+    assert [int(r["step"]) for r in rows] == list(range(10))
+    for r in rows:
+        s = int(r["step"])
+        assert [np.float32(r[n]) for n in SCALARS] == [np.float32(scalar_value(n, s, 0)) for n in SCALARS]
+    result = run_cli("csv", log_path, "--val")
+    assert result.stdout == "step,val_loss\n0,7.0\n5,6.375\n9,5.875\n"
+
+
+def test_cli_csv_unwritable_output(tmp_path, log_path):
+    assert_one_line_error(run_cli("csv", log_path, "-o", tmp_path / "no" / "such" / "dir.csv"), "cannot write")
+
+
+def test_library_names_errors(log_path):
+    log = attnlog.open_log(log_path)
+    with pytest.raises(attnlog.LogError, match="no telemetry field named 'k_nrom'"):
+        log.metric("k_nrom")
+    with pytest.raises(attnlog.LogError, match="no step field named 'los' .it has loss, lr"):
+        log.scalars("los")

@@ -1,0 +1,307 @@
+// Checks of the CPU building blocks against values derived by hand: the eigenvalue solver behind
+// the effective rank, the statistics on inputs whose answer is known in closed form, the online
+// softmax accumulators, the learning-rate schedule, the random numbers, and the checkpoint file
+// (round trip and every kind of damage).
+#include <sys/wait.h>
+#include <functional>
+#include <string>
+#include <vector>
+#include "../llmc/checkpoint.h"
+#include "../llmc/model_cpu.h"
+#include "testing.h"
+
+// Runs fn in a child process and reports whether it exited non-zero with a one-line message on
+// stderr that contains `expect`.
+static void expect_failure(const std::string& name, const std::function<void()>& fn, const std::string& expect) {
+    int pipefd[2];
+    if (pipe(pipefd) != 0) fail("pipe failed");
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(pipefd[1], 2);
+        close(pipefd[0]);
+        fn();
+        _exit(0);
+    }
+    close(pipefd[1]);
+    std::string err;
+    char buf[512];
+    ssize_t n;
+    while ((n = read(pipefd[0], buf, sizeof buf)) > 0) err.append(buf, n);
+    close(pipefd[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    bool exited_nonzero = WIFEXITED(status) && WEXITSTATUS(status) != 0;
+    bool one_line = !err.empty() && err.find('\n') == err.size() - 1;
+    bool ok = exited_nonzero && one_line && err.find(expect) != std::string::npos;
+    if (!err.empty() && err.back() == '\n') err.pop_back();
+    report(ok, name, "stderr: " + err);
+}
+
+static ModelConfig small_config() {
+    ModelConfig c;
+    c.vocab_size = 50;
+    c.n_layer = 2;
+    c.n_head = 4;
+    c.n_kv_head = 2;
+    c.head_dim = 8;
+    c.d_model = 32;
+    c.d_ff = 24;
+    c.max_seq_len = 16;
+    return c;
+}
+
+static void test_eigenvalues() {
+    // A = Q diag(lambda) Q^T with Q a Householder reflection: the eigenvalues are known exactly.
+    const int n = 12;
+    std::vector<double> lambda(n), v(n), a(n * n), eig(n);
+    Rng rng{7};
+    double vv = 0;
+    for (int i = 0; i < n; i++) {
+        lambda[i] = (i % 3 == 0) ? 0.0 : 1.0 + i * 0.75;  // repeated zeros: a rank-deficient matrix
+        v[i] = rng_normal(rng);
+        vv += v[i] * v[i];
+    }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            double s = 0;
+            for (int k = 0; k < n; k++) {
+                double qik = (i == k) - 2 * v[i] * v[k] / vv, qjk = (j == k) - 2 * v[j] * v[k] / vv;
+                s += qik * lambda[k] * qjk;
+            }
+            a[i * n + j] = s;
+        }
+    bool converged = symmetric_eigenvalues(a.data(), n, eig.data());
+    std::sort(eig.begin(), eig.end());
+    std::sort(lambda.begin(), lambda.end());
+    report(converged, "eigenvalues converge");
+    check_close("eigenvalues of Q diag Q^T", eig.data(), lambda.data(), n, 1e-10, 1e-10);
+}
+
+static void test_effective_rank() {
+    // Singular values all equal: erank = D. One non-zero: erank = 1. Two equal: 2.
+    double all[4] = {4, 4, 4, 4}, one[4] = {9, 0, 0, 0}, two[4] = {0, 5, 5, 0};
+    double got[3] = {effective_rank_from_gram_eigenvalues(all, 4), effective_rank_from_gram_eigenvalues(one, 4),
+                     effective_rank_from_gram_eigenvalues(two, 4)};
+    double want[3] = {4, 1, 2};
+    check_close("effective rank of equal / one / two singular values", got, want, 3, 1e-12, 1e-12);
+}
+
+// Fills a layer's normalised keys and runs key_statistics on it.
+static Telemetry key_stats_of(const ModelConfig& c, int N, const std::function<void(int n, int h, float* k)>& fill) {
+    int NH = c.n_head + c.n_kv_head, D = c.head_dim;
+    std::vector<float> qk((size_t)N * NH * D, 0.0f);
+    for (int n = 0; n < N; n++)
+        for (int h = 0; h < c.n_kv_head; h++) fill(n, h, &qk[((size_t)n * NH + c.n_head + h) * D]);
+    Telemetry tm;
+    tm.resize(c);
+    key_statistics(tm, 0, qk.data(), N, c);
+    return tm;
+}
+
+static void test_key_statistics() {
+    ModelConfig c = small_config();
+    int D = c.head_dim, N = 40;
+    // Head 0: one-hot keys of magnitude 3 on varying axes; head 1: every component +-1 with random signs.
+    Rng rng{3};
+    Telemetry tm = key_stats_of(c, N, [&](int n, int h, float* k) {
+        if (h == 0) k[n % D] = 3.0f;
+        else for (int i = 0; i < D; i++) k[i] = rng_uniform(rng) < 0.5f ? -1.0f : 1.0f;
+    });
+    double got[6] = {tm.values[M_K_NORM][0], tm.values[M_K_MAXABS][0], tm.values[M_K_PR][0],
+                     tm.values[M_K_NORM][1], tm.values[M_K_MAXABS][1], tm.values[M_K_PR][1]};
+    double want[6] = {3, 3, 1, sqrt((double)D), 1, (double)D};
+    check_close("k_norm, k_maxabs, k_pr of one-hot and of +-1 keys", got, want, 6, 1e-6, 0);
+    // One-hot keys spread evenly over the D axes: K^T K = (9 N / D) I, so erank = D; and the mean
+    // cosine of distinct pairs is (number of same-axis pairs) / (all pairs).
+    double per_axis = (double)N / D, same_pairs = D * per_axis * (per_axis - 1);
+    double want_cos = same_pairs / ((double)N * (N - 1));
+    double got2[2] = {tm.values[M_K_ERANK][0], tm.values[M_K_COS][0]}, want2[2] = {(double)D, want_cos};
+    check_close("k_erank and k_cos of evenly spread one-hot keys", got2, want2, 2, 1e-6, 1e-9);
+    // Identical keys: cosine 1, effective rank 1.
+    Telemetry same = key_stats_of(c, N, [&](int, int, float* k) {
+        for (int i = 0; i < D; i++) k[i] = 0.5f + i;
+    });
+    double got3[2] = {same.values[M_K_COS][0], same.values[M_K_ERANK][0]}, want3[2] = {1, 1};
+    check_close("k_cos and k_erank of identical keys", got3, want3, 2, 1e-5, 1e-5);
+}
+
+static void test_attention_statistics() {
+    // Zero queries make every score 0: each row t is uniform over t + 1 keys, so its entropy is
+    // ln(t + 1), its largest probability and its mass on position 0 are 1 / (t + 1).
+    ModelConfig c = small_config();
+    int B = 2, T = 16, N = B * T, NH = c.n_head + c.n_kv_head, D = c.head_dim;
+    std::vector<float> qk_rope((size_t)N * NH * D, 0.0f), qkv((size_t)N * c.qkv_dim(), 0.0f);
+    Rng rng{5};
+    for (int n = 0; n < N; n++)
+        for (int i = c.n_head * D; i < NH * D; i++) qk_rope[(size_t)n * NH * D + i] = rng_normal(rng);
+    std::vector<float> atty((size_t)N * c.d_model), lse((size_t)N * c.n_head);
+    AttnRowStats rs;
+    size_t rows = (size_t)B * c.n_head * T;
+    rs.entropy.resize(rows);
+    rs.sink.resize(rows);
+    rs.maxp.resize(rows);
+    rs.logit_max.resize(rows);
+    attention_forward(atty.data(), lse.data(), qk_rope.data(), qkv.data(), B, T, c, &rs);
+    Telemetry tm;
+    tm.resize(c);
+    query_attention_statistics(tm, 0, qk_rope.data(), rs, B, T, c);
+    double ent = 0, inv = 0;
+    for (int t = 0; t < T; t++) {
+        ent += log(t + 1.0) / T;
+        inv += 1.0 / (t + 1) / T;
+    }
+    double got[4] = {tm.values[M_ATTN_ENTROPY][1], tm.values[M_ATTN_MAXP][2], tm.values[M_ATTN_SINK][3],
+                     tm.values[M_ATTN_LOGIT_MAX][0]};
+    double want[4] = {ent, inv, inv, 0};
+    check_close("uniform attention: entropy ln(t+1), maxp and sink 1/(t+1), logit max 0", got, want, 4, 1e-5, 1e-6);
+}
+
+static void test_online_entropy() {
+    // The online accumulators, fed a row in chunks with rescaling, give the entropy of the whole row.
+    Rng rng{11};
+    std::vector<float> s(200);
+    for (float& x : s) x = 6.0f * rng_normal(rng);
+    double m = -1e30, l = 0, direct = 0;
+    for (float x : s) m = std::max(m, (double)x);
+    for (float x : s) l += exp(x - m);
+    for (float x : s) {
+        double p = exp(x - m) / l;
+        direct -= p * log(p);
+    }
+    float om = -INFINITY, ol = 0, oa = 0;
+    for (size_t start = 0; start < s.size(); start += 37) {
+        float cm = om;
+        for (size_t j = start; j < std::min(s.size(), start + 37); j++) cm = fmaxf(cm, s[j]);
+        if (om != -INFINITY) softmax_stats_rescale(om, cm, &ol, &oa);
+        om = cm;
+        for (size_t j = start; j < std::min(s.size(), start + 37); j++) {
+            float e = expf(s[j] - om);
+            ol += e;
+            oa += e * (s[j] - om);
+        }
+    }
+    float got = softmax_row_entropy(ol, oa);
+    check_close("online softmax entropy equals the direct entropy", &got, &direct, 1, 1e-5, 1e-6);
+}
+
+static void test_lr_schedule() {
+    float peak = 1.0f, floor = 0.1f;
+    double got[5] = {lr_at_step(0, 100, 10, peak, floor), lr_at_step(9, 100, 10, peak, floor),
+                     lr_at_step(10, 100, 10, peak, floor), lr_at_step(99, 100, 10, peak, floor),
+                     lr_at_step(54, 100, 10, peak, floor)};
+    double mid = floor + 0.5 * (peak - floor) * (1 + cos(M_PI * 44.0 / 89.0));
+    double want[5] = {0.1, 1.0, 1.0, 0.1, mid};
+    check_close("learning rate: warm-up, peak, floor at the last step, cosine midway", got, want, 5, 1e-6, 1e-7);
+}
+
+static void test_rng() {
+    Rng a{42}, b{42}, d{43};
+    bool same = true, differs = false;
+    for (int i = 0; i < 100; i++) {
+        uint64_t x = rng_next(a);
+        same &= x == rng_next(b);
+        differs |= x != rng_next(d);
+    }
+    report(same && differs, "rng: a seed gives one sequence, another seed another");
+    double sum = 0, sq = 0;
+    const int n = 400000;
+    for (int i = 0; i < n; i++) {
+        double x = rng_normal(a);
+        sum += x;
+        sq += x * x;
+    }
+    double got[2] = {sum / n, sq / n}, want[2] = {0, 1};
+    check_close("rng_normal: mean 0 and variance 1 (400k samples)", got, want, 2, 0, 0.01);
+}
+
+static void test_init() {
+    ModelConfig c = small_config();
+    std::vector<float> p(num_parameters(c));
+    init_parameters(c, p.data(), 1);
+    auto stddev = [&](int kind, int l) {
+        const float* x = &p[param_offset(c, kind, l)];
+        size_t n = param_numel(c, kind);
+        double s = 0;
+        for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+        return sqrt(s / n);
+    };
+    double got[3] = {stddev(P_WTE, 0), stddev(P_W2, 1), p[param_offset(c, P_K_NORM, 1) + 3]};
+    double want[3] = {0.02, 0.02 / sqrt(2.0 * c.n_layer), 1.0};
+    check_close("init: wte std 0.02, w2 std 0.02/sqrt(2L), gains 1", got, want, 3, 0.05, 0);
+}
+
+static void test_checkpoint() {
+    ModelConfig c = small_config();
+    size_t P = num_parameters(c);
+    std::vector<float> params(P), m(P), v(P);
+    Rng rng{9};
+    for (size_t i = 0; i < P; i++) {
+        params[i] = rng_normal(rng);
+        m[i] = rng_normal(rng);
+        v[i] = rng_uniform(rng);
+    }
+    char dir[] = "/tmp/ckpt_test_XXXXXX";
+    if (!mkdtemp(dir)) fail("mkdtemp failed");
+    std::string path = std::string(dir) + "/model.ckpt";
+    CheckpointInfo info;
+    info.config = c;
+    info.step = 17;
+    info.data_position = 123;
+    info.has_optimizer_state = true;
+    checkpoint_write(path, info, params.data(), m.data(), v.data());
+    std::vector<float> p2(P), m2(P), v2(P);
+    CheckpointInfo back = checkpoint_read(path, p2.data(), m2.data(), v2.data());
+    bool same = back.step == 17 && back.data_position == 123 && back.has_optimizer_state &&
+                memcmp(&back.config, &c, sizeof c) == 0 && p2 == params && m2 == m && v2 == v;
+    report(same, "checkpoint round trip: configuration, step, position, parameters, AdamW state");
+
+    std::vector<char> bytes;
+    {
+        FILE* f = open_or_fail(path.c_str(), "rb");
+        bytes.resize(file_size_or_fail(path.c_str()));
+        read_or_fail(f, bytes.data(), bytes.size(), path.c_str(), "all");
+        fclose(f);
+    }
+    auto write_variant = [&](const std::string& name, std::vector<char> b) {
+        std::string p = std::string(dir) + "/" + name;
+        FILE* f = open_or_fail(p.c_str(), "wb");
+        write_or_fail(f, b.data(), b.size(), p.c_str());
+        fclose(f);
+        return p;
+    };
+    std::vector<float> sink(P);
+    std::string truncated = write_variant("truncated.ckpt", std::vector<char>(bytes.begin(), bytes.end() - 100));
+    expect_failure("checkpoint: truncated file", [&] { checkpoint_read(truncated, sink.data(), nullptr, nullptr); }, "truncated.ckpt: checkpoint is truncated");
+    std::vector<char> b = bytes;
+    b[0] = 'X';
+    std::string magic = write_variant("magic.ckpt", b);
+    expect_failure("checkpoint: bad magic", [&] { checkpoint_read(magic, sink.data(), nullptr, nullptr); }, "magic.ckpt: not a checkpoint");
+    b = bytes;
+    b[20] ^= 1;  // n_layer
+    std::string header = write_variant("header.ckpt", b);
+    expect_failure("checkpoint: damaged header", [&] { checkpoint_read(header, sink.data(), nullptr, nullptr); }, "header.ckpt: checkpoint header is damaged");
+    b = bytes;
+    b[kCheckpointHeaderBytes + 1000] ^= 4;
+    std::string payload = write_variant("payload.ckpt", b);
+    expect_failure("checkpoint: damaged data", [&] { checkpoint_read(payload, sink.data(), nullptr, nullptr); }, "payload.ckpt: checkpoint data is damaged");
+    expect_failure("checkpoint: missing file", [&] { checkpoint_read(std::string(dir) + "/none.ckpt", sink.data(), nullptr, nullptr); }, "none.ckpt: cannot open");
+    // A failed write (the directory is gone) leaves the existing checkpoint untouched.
+    std::string readonly_target = std::string(dir) + "/missing_dir/model.ckpt";
+    expect_failure("checkpoint: unwritable path fails cleanly", [&] { checkpoint_write(readonly_target, info, params.data(), nullptr, nullptr); }, "missing_dir/model.ckpt: cannot write");
+    std::string cmd = std::string("rm -rf ") + dir;
+    if (system(cmd.c_str()) != 0) fail("cleanup failed");
+}
+
+int main() {
+    test_eigenvalues();
+    test_effective_rank();
+    test_key_statistics();
+    test_attention_statistics();
+    test_online_entropy();
+    test_lr_schedule();
+    test_rng();
+    test_init();
+    test_checkpoint();
+    return test_exit_code();
+}

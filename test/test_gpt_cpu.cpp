@@ -1,0 +1,89 @@
+// Parity of the CPU backend with the PyTorch reference (test/reference.py): logits, loss, every
+// parameter gradient, every telemetry statistic, and the losses and final weights of AdamW
+// steps. The reference ran in float64; this backend runs in float32.
+//   test_gpt_cpu REFERENCE_DIR   (holding model.ckpt and debug_state.bin)
+#include <string>
+#include <vector>
+#include "../llmc/checkpoint.h"
+#include "../llmc/model_cpu.h"
+#include "tensorfile.h"
+#include "testing.h"
+
+// Element-wise |got - want| <= atol + rtol |want|, with atol a small fraction of the tensor's
+// largest magnitude, so that elements that are tiny by cancellation do not dominate.
+static const double kRtol = 1e-4;
+static bool compare(const std::string& name, const float* got, const double* want, size_t n, double rtol = kRtol) {
+    double maxabs = 0;
+    for (size_t i = 0; i < n; i++) maxabs = std::fmax(maxabs, std::fabs(want[i]));
+    return check_close(name, got, want, n, rtol, rtol * 1e-2 * maxabs);
+}
+
+int main(int argc, char** argv) {
+    if (argc != 2) fail("usage: test_gpt_cpu REFERENCE_DIR");
+    std::string dir = argv[1], ckpt = dir + "/model.ckpt", dbg = dir + "/debug_state.bin";
+    auto ref = read_tensorfile(dbg);
+    CheckpointInfo info = checkpoint_read_header(ckpt);
+    const ModelConfig& c = info.config;
+    const NamedTensor& tokens_t = tensor_or_fail(ref, "tokens", dbg);
+    int B = (int)tokens_t.shape[0], T = (int)tokens_t.shape[1], N = B * T;
+    std::vector<int> tokens(N), targets(N);
+    for (int i = 0; i < N; i++) {
+        tokens[i] = (int)tokens_t.values[i];
+        targets[i] = (int)tensor_or_fail(ref, "targets", dbg).values[i];
+    }
+    CpuModel m;
+    cpu_model_init(m, c, B, T);
+    checkpoint_read(ckpt, m.params.data(), nullptr, nullptr);
+
+    // Forward with statistics, then backward.
+    Telemetry stats;
+    float loss = cpu_forward(m, tokens.data(), targets.data(), B, T, &stats);
+    compare("logits", m.acts.logits.data(), tensor_or_fail(ref, "logits", dbg).values.data(), (size_t)N * c.vocab_size);
+    double want_loss = tensor_or_fail(ref, "loss", dbg).values[0];
+    compare("loss", &loss, &want_loss, 1);
+    for (int k = 0; k < M_NUM_METRICS; k++) {
+        const NamedTensor& want = tensor_or_fail(ref, std::string("stat.") + kMetrics[k].name, dbg);
+        if (want.numel() != stats.values[k].size()) {
+            report(false, std::string("stat ") + kMetrics[k].name, "shape differs from the reference");
+            continue;
+        }
+        compare(std::string("stat ") + kMetrics[k].name, stats.values[k].data(), want.values.data(), want.numel());
+    }
+    cpu_zero_grad(m);
+    cpu_backward(m, tokens.data(), targets.data(), 1.0f);
+    const std::vector<double>& grads = tensor_or_fail(ref, "grads", dbg).values;
+    if (grads.size() != m.grads.size()) fail("%s: gradient count differs from the model's", dbg.c_str());
+    for (int kind = 0; kind < P_NUM_KINDS; kind++) {
+        int layers = param_is_per_layer(kind) ? c.n_layer : 1;
+        for (int l = 0; l < layers; l++) {
+            size_t off = param_offset(c, kind, l);
+            std::string name = std::string("grad ") + (param_is_per_layer(kind) ? "layers." + std::to_string(l) + "." : "") +
+                               kParamNames[kind];
+            compare(name, &m.grads[off], &grads[off], param_numel(c, kind));
+        }
+    }
+
+    // AdamW steps on the same batch with the reference's hyperparameters.
+    const std::vector<double>& hyper = tensor_or_fail(ref, "hyper", dbg).values;
+    int steps = (int)hyper[0], warmup = (int)hyper[1];
+    float peak = (float)hyper[2], floor = (float)(hyper[2] * hyper[3]), clip = (float)hyper[5];
+    AdamWSettings opt;
+    opt.weight_decay = (float)hyper[4];
+    std::vector<float> losses(steps), norms(steps);
+    for (int step = 0; step < steps; step++) {
+        losses[step] = cpu_forward(m, tokens.data(), targets.data(), B, T, nullptr);
+        cpu_zero_grad(m);
+        cpu_backward(m, tokens.data(), targets.data(), 1.0f);
+        norms[step] = cpu_grad_norm(m);
+        opt.lr = lr_at_step(step, steps, warmup, peak, floor);
+        cpu_adamw_step(m, opt, step + 1, clip_scale(norms[step], clip));
+    }
+    compare("adamw step losses", losses.data(), tensor_or_fail(ref, "step_losses", dbg).values.data(), steps);
+    compare("adamw step grad norms", norms.data(), tensor_or_fail(ref, "step_grad_norms", dbg).values.data(), steps);
+    // AdamW divides by sqrt(v): where a gradient is float32 rounding noise, its sign (and so a
+    // step of up to lr) can differ. atol is 1% of one step's largest move, lr: a wrong bias
+    // correction, weight decay or clipping moves weights by a good fraction of lr and fails.
+    const std::vector<double>& final_params = tensor_or_fail(ref, "final_params", dbg).values;
+    check_close("adamw final parameters", m.params.data(), final_params.data(), m.params.size(), kRtol, 0.01 * peak);
+    return test_exit_code();
+}

@@ -1,0 +1,436 @@
+// Tests of the run log writer, llmc/runlog.h.
+//   test_runlog              checks the writer itself: it never overwrites, resuming keeps earlier
+//                            records, removes a torn tail and checks the model, the header's JSON
+//                            is escaped correctly, a full disk leaves a readable file
+//   test_runlog write PATH   writes a log of known values, for test/test_attnlog.py
+//   test_runlog append PATH  resumes that log and re-does steps 6..11 with other values
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <functional>
+#include "llmc/runlog.h"
+#include "testing.h"
+
+// ---------------------------------------------------------------------------------------------
+// The logged run: a small model with n_head != n_kv_head and every dimension different, so that
+// a transposed or misplaced array shows up as wrong values.
+
+static ModelConfig test_config() {
+    ModelConfig c;
+    c.vocab_size = 96;
+    c.n_layer = 3;
+    c.n_head = 4;
+    c.n_kv_head = 2;
+    c.head_dim = 8;
+    c.d_model = 32;
+    c.d_ff = 80;
+    c.max_seq_len = 16;
+    c.rope_theta = 500000.0f;
+    c.norm_eps = 1e-6f;
+    return c;
+}
+
+// Options that need every kind of JSON escaping, and a byte that is not UTF-8.
+static RunInfo test_info() {
+    RunInfo info;
+    info.config = test_config();
+    info.options = {{"data", "C:\\runs\\\"best\".bin"},
+                    {"lr", "0.003"},
+                    {"comment", "tab\there\nnew line, ünïcode ✓"},
+                    {"control", "\x01\x1f"},
+                    {"bytes", "\xff ok"}};
+    info.seed = 18446744073709551615ull;
+    info.backend = "cpu";
+    info.device = "test device \"x\" \\ 2 cores";
+    info.num_processes = 1;
+    return info;
+}
+
+// Writes steps first..last of one segment (0: the first run, 1: the resumed one). Every value is
+// a formula of (segment, step, metric, layer, column), exact in float32, that test_attnlog.py
+// recomputes.
+static void write_segment(RunLog& log, int segment, int first, int last) {
+    ModelConfig c = test_config();
+    Telemetry t;
+    t.resize(c);
+    float seg = 100.0f * segment;
+    for (int s = first; s <= last; s++) {
+        if (s == 0 || s == 7)
+            runlog_note(log, s, strprintf("segment %d, step %d: \"quoted\" \\ ünïcode ✓ \xff",
+                                          segment, s));
+        runlog_step(log, s, seg + 8 - s / 8.0f, seg + (s + 1) / 1024.0f, seg + 1 + s / 16.0f, seg + 1000.0f * (s + 1),
+                    seg + 2 * s + 0.5f);
+        if (s % 5 == 0 || s == 9) runlog_val(log, s, seg + 7 - s / 8.0f);
+        if (s % 3 == 0) {
+            for (int m = 0; m < M_NUM_METRICS; m++)
+                for (int l = 0; l < c.n_layer; l++)
+                    for (int col = 0; col < metric_cols(c, kMetrics[m].shape); col++)
+                        t.row(m, l, c)[col] = segment * 1e6f + s * 1e5f + m * 1000 + l * 100 + col + 0.5f;
+            runlog_telemetry(log, s, t, c);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+static std::string g_dir;  // a fresh temporary directory for the files of the checks
+
+static std::string temp_path(const char* name) { return g_dir + "/" + name; }
+
+static std::string read_text(const std::string& path) {
+    std::string s;
+    FILE* f = fopen(path.c_str(), "rb");
+    if (!f) return s;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, n);
+    fclose(f);
+    return s;
+}
+
+static void write_text(const std::string& path, const std::string& text) {
+    FILE* f = open_or_fail(path.c_str(), "wb");
+    write_or_fail(f, text.data(), text.size(), path.c_str());
+    fclose(f);
+}
+
+static bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// A user error is one line on stderr.
+static bool one_line(const std::string& s) { return !s.empty() && s.find('\n') == s.size() - 1; }
+
+struct ChildResult {
+    int status;       // exit status, -1 when killed by a signal
+    std::string err;  // what it wrote to stderr, without the last newline
+};
+
+// Runs fn in a child process (fail() ends the process it runs in) and collects its stderr.
+static ChildResult run_in_child(const std::function<void()>& fn) {
+    int fds[2];
+    if (pipe(fds) != 0) fail("pipe: %s", strerror(errno));
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]);
+        fn();
+        exit(0);
+    }
+    close(fds[1]);
+    ChildResult r;
+    char buf[512];
+    ssize_t n;
+    while ((n = read(fds[0], buf, sizeof buf)) > 0) r.err.append(buf, (size_t)n);
+    close(fds[0]);
+    int status;
+    waitpid(pid, &status, 0);
+    r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return r;
+}
+
+// Reports a check of a command that must fail: exit status 1 and one line naming the file and
+// containing `expected`.
+static void check_user_error(const std::string& name, const ChildResult& r, const std::string& path,
+                             const std::string& expected) {
+    bool ok = r.status == 1 && one_line(r.err) && contains(r.err, path) && contains(r.err, expected);
+    report(ok, name, strprintf("exit %d, stderr: ", r.status) + r.err.substr(0, r.err.find_last_not_of('\n') + 1));
+}
+
+struct Record {
+    size_t offset;
+    uint16_t type;
+    int64_t step;
+    std::string payload;
+};
+
+struct LogFile {
+    bool header_ok = false;
+    std::string header;
+    std::vector<Record> records;
+    size_t trailing = 0;  // bytes after the last record that checks out
+};
+
+// Reads a log strictly as docs/log_format.md lays it out, without runlog.h's reading code: the
+// preamble, the header, then records one after another while each one checks out.
+static LogFile read_log(const std::string& path) {
+    std::string d = read_text(path);
+    LogFile f;
+    uint32_t version = 0, header_bytes = 0, header_crc = 0;
+    if (d.size() >= 20) {
+        memcpy(&version, &d[8], 4);
+        memcpy(&header_bytes, &d[12], 4);
+        memcpy(&header_crc, &d[16], 4);
+    }
+    f.header_ok = d.size() >= 20 && d.compare(0, 8, std::string("ATTNLOG\0", 8)) == 0 && version == 1 &&
+                  20 + (size_t)header_bytes <= d.size() && crc32_of(&d[20], header_bytes) == header_crc;
+    if (!f.header_ok) return f;
+    f.header = d.substr(20, header_bytes);
+    size_t pos = 20 + header_bytes;
+    while (pos + 24 <= d.size() && d.compare(pos, 4, "\xffREC") == 0) {
+        Record r;
+        uint32_t payload_bytes, crc;
+        memcpy(&r.type, &d[pos + 4], 2);
+        memcpy(&payload_bytes, &d[pos + 8], 4);
+        memcpy(&r.step, &d[pos + 12], 8);
+        if (pos + 24 + payload_bytes > d.size()) break;
+        memcpy(&crc, &d[pos + 20 + payload_bytes], 4);
+        if (crc32_of(&d[pos + 4], 16 + payload_bytes) != crc) break;
+        r.offset = pos;
+        r.payload = d.substr(pos + 20, payload_bytes);
+        f.records.push_back(r);
+        pos += 24 + payload_bytes;
+    }
+    f.trailing = d.size() - pos;
+    return f;
+}
+
+static float payload_float(const Record& r, size_t i) {
+    float v = 0;
+    if (r.payload.size() >= 4 * (i + 1)) memcpy(&v, &r.payload[4 * i], 4);
+    return v;
+}
+
+// A log of three step records, steps 0..2 with loss = step.
+static void write_three_steps(const std::string& path) {
+    RunLog log = runlog_create(path, test_info());
+    for (int s = 0; s < 3; s++) runlog_step(log, s, (float)s, 1e-3f, 1.0f, 100.0f, 5.0f);
+    runlog_close(log);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checks
+
+static void test_create_refuses_existing() {
+    std::string path = temp_path("existing.log");
+    write_text(path, "precious");
+    ChildResult r = run_in_child([&] { runlog_create(path, test_info()); });
+    check_user_error("create_refuses_existing", r, path, "already exists");
+    report(read_text(path) == "precious", "create_leaves_existing_file_unchanged");
+}
+
+static void test_header() {
+    std::string path = temp_path("header.log");
+    RunLog log = runlog_create(path, test_info());
+    runlog_close(log);
+    LogFile f = read_log(path);
+    report(f.header_ok && f.records.empty() && f.trailing == 0, "header_preamble_and_crc");
+
+    // Each line is exactly how the header must spell one value.
+    const char* expected[] = {
+        R"("format": "attnlog")",
+        R"("version": 1)",
+        R"("data": "C:\\runs\\\"best\".bin")",
+        "\"comment\": \"tab\\there\\nnew line, ünïcode ✓\"",
+        R"("control": "\u0001\u001f")",
+        "\"bytes\": \"\xef\xbf\xbd ok\"",
+        R"("device": "test device \"x\" \\ 2 cores")",
+        R"("seed": 18446744073709551615)",
+        R"("backend": "cpu")",
+        R"("num_processes": 1)",
+        R"("config": {"vocab_size": 96, "n_layer": 3, "n_head": 4, "n_kv_head": 2, "head_dim": 8, "d_model": 32, "d_ff": 80, "max_seq_len": 16, "rope_theta": 500000.0, "norm_eps": 1e-06})",
+        R"({"name": "k_norm", "dtype": "float32", "shape": [3, 2], "dims": ["layer", "kv_head"])",
+        R"({"name": "q_norm", "dtype": "float32", "shape": [3, 4], "dims": ["layer", "q_head"])",
+        R"({"name": "g_k", "dtype": "float32", "shape": [3, 8], "dims": ["layer", "dim"])",
+        R"({"name": "text", "dtype": "utf8", "shape": [-1], "dims": ["byte"])",
+    };
+    std::string missing;
+    for (const char* e : expected)
+        if (missing.empty() && !contains(f.header, e)) missing = e;
+    report(missing.empty(), "header_json_escaping_and_fields", missing.empty() ? "" : "missing " + missing);
+
+    std::vector<std::pair<std::string, std::string>> members;
+    bool parsed = json_members(f.header, members);
+    report(parsed && members.size() == 10 && members[0].first == "format" && members.back().first == "records" &&
+               runlog_config_difference(f.header, test_config()).empty(),
+           "header_json_structure", strprintf("%zu top-level members", members.size()));
+}
+
+static void test_append_removes_torn_tail() {
+    std::string path = temp_path("torn.log");
+    write_three_steps(path);
+    LogFile before = read_log(path);
+    long long size = file_size_or_fail(path.c_str());
+    if (truncate(path.c_str(), size - 7) != 0) fail("%s: truncate: %s", path.c_str(), strerror(errno));
+    RunLog log = runlog_open_append(path, test_info());
+    runlog_step(log, 3, 3.0f, 1e-3f, 1.0f, 100.0f, 5.0f);
+    runlog_close(log);
+    LogFile after = read_log(path);
+
+    bool kept = before.records.size() == 3 && after.records.size() == 4;
+    for (int i = 0; kept && i < 2; i++)
+        kept = after.records[i].offset == before.records[i].offset &&
+               after.records[i].payload == before.records[i].payload && after.records[i].step == i;
+    report(kept && after.trailing == 0, "append_keeps_intact_records", strprintf("%zu records", after.records.size()));
+    if (after.records.size() != 4) return;
+    const Record& note = after.records[2];
+    report(note.type == REC_NOTE && note.step == 1 && note.payload.rfind("resumed at 20", 0) == 0 &&
+               contains(note.payload, "removed a torn tail of 37 bytes") &&
+               contains(note.payload, R"("seed": 18446744073709551615)"),
+           "append_note_after_torn_tail", note.payload.substr(0, 80));
+    const Record& resumed = after.records[3];
+    report(resumed.type == REC_STEP && resumed.step == 3 && payload_float(resumed, 0) == 3.0f &&
+               resumed.offset == note.offset + 24 + note.payload.size(),
+           "append_writes_after_the_note");
+}
+
+static void test_append_keeps_damaged_middle_record() {
+    // A damaged record followed by intact ones is not a torn tail: nothing may be cut off.
+    std::string path = temp_path("damaged.log");
+    write_three_steps(path);
+    LogFile before = read_log(path);
+    std::string bytes = read_text(path);
+    bytes[before.records[1].offset + 20] ^= 0x40;
+    write_text(path, bytes);
+    RunLog log = runlog_open_append(path, test_info());
+    runlog_close(log);
+    std::string after = read_text(path);
+    LogFile f = read_log(path);  // stops at the damaged record
+    report(after.compare(0, bytes.size(), bytes) == 0 && f.records.size() == 1 &&
+               f.trailing == after.size() - before.records[1].offset,
+           "append_keeps_damaged_middle_record", strprintf("%zu -> %zu bytes", bytes.size(), after.size()));
+}
+
+static void test_append_removes_damaged_last_record() {
+    // Bytes after the last intact record are a torn tail, even when they frame a whole record.
+    std::string path = temp_path("last.log");
+    write_three_steps(path);
+    LogFile before = read_log(path);
+    std::string bytes = read_text(path);
+    bytes[before.records[2].offset + 22] ^= 0x40;
+    write_text(path, bytes);
+    RunLog log = runlog_open_append(path, test_info());
+    runlog_close(log);
+    LogFile f = read_log(path);
+    report(f.records.size() == 3 && f.trailing == 0 && f.records[2].offset == before.records[2].offset &&
+               f.records[2].step == 1 && contains(f.records[2].payload, "removed a torn tail of 44 bytes"),
+           "append_removes_damaged_last_record");
+}
+
+static void test_append_clean_log() {
+    std::string path = temp_path("clean.log");
+    write_three_steps(path);
+    std::string bytes = read_text(path);
+    RunLog log = runlog_open_append(path, test_info());
+    runlog_close(log);
+    LogFile f = read_log(path);
+    bool ok = read_text(path).compare(0, bytes.size(), bytes) == 0 && f.records.size() == 4 && f.trailing == 0 &&
+              f.records[3].type == REC_NOTE && f.records[3].step == 2 && !contains(f.records[3].payload, "torn");
+    report(ok, "append_to_clean_log_adds_only_a_note");
+}
+
+static void test_append_refusals() {
+    std::string path = temp_path("refusals.log");
+    write_three_steps(path);
+    std::string bytes = read_text(path);
+
+    RunInfo other = test_info();
+    other.config.n_layer = 4;
+    ChildResult r = run_in_child([&] { runlog_open_append(path, other); });
+    check_user_error("append_refuses_other_n_layer", r, path, "n_layer is 3 in the log, 4 in this run");
+    other = test_info();
+    other.config.norm_eps = 1e-5f;
+    r = run_in_child([&] { runlog_open_append(path, other); });
+    check_user_error("append_refuses_other_norm_eps", r, path, "norm_eps is 1e-06 in the log, 1e-05 in this run");
+    report(read_text(path) == bytes, "refused_append_leaves_file_unchanged");
+
+    std::string damaged = bytes;
+    damaged[40] ^= 1;  // inside the header text
+    write_text(path, damaged);
+    r = run_in_child([&] { runlog_open_append(path, test_info()); });
+    check_user_error("append_refuses_damaged_header", r, path, "header is damaged");
+
+    std::string newer = bytes;
+    newer[8] = 2;
+    write_text(path, newer);
+    r = run_in_child([&] { runlog_open_append(path, test_info()); });
+    check_user_error("append_refuses_newer_version", r, path, "format version 2");
+
+    write_text(path, bytes.substr(0, 30));
+    r = run_in_child([&] { runlog_open_append(path, test_info()); });
+    check_user_error("append_refuses_truncated_header", r, path, "truncated header");
+
+    write_text(path, "step,loss\n0,8\n");
+    r = run_in_child([&] { runlog_open_append(path, test_info()); });
+    check_user_error("append_refuses_other_files", r, path, "not a run log");
+
+    std::string absent = temp_path("absent.log");
+    r = run_in_child([&] { runlog_open_append(absent, test_info()); });
+    check_user_error("append_refuses_missing_file", r, absent, "cannot open");
+}
+
+static void test_disk_full() {
+    // The file size limit makes the disk "full" after 10 step records (44 bytes each) and 13
+    // bytes of the 11th.
+    std::string path = temp_path("full.log");
+    ChildResult r = run_in_child([&] {
+        RunLog log = runlog_create(path, test_info());
+        struct rlimit limit;
+        limit.rlim_cur = limit.rlim_max = (rlim_t)file_size_or_fail(path.c_str()) + 10 * 44 + 13;
+        signal(SIGXFSZ, SIG_IGN);  // so that write(2) fails with EFBIG instead
+        if (setrlimit(RLIMIT_FSIZE, &limit) != 0) fail("setrlimit: %s", strerror(errno));
+        for (int s = 0;; s++) runlog_step(log, s, (float)s, 1e-3f, 1.0f, 100.0f, 5.0f);
+    });
+    check_user_error("full_disk_is_one_line_error", r, path, "write failed");
+    LogFile f = read_log(path);
+    bool intact = f.records.size() == 10 && f.trailing == 13;
+    for (size_t i = 0; intact && i < f.records.size(); i++) intact = payload_float(f.records[i], 0) == (float)i;
+    report(intact, "full_disk_keeps_written_records",
+           strprintf("%zu records, %zu trailing bytes", f.records.size(), f.trailing));
+    RunLog log = runlog_open_append(path, test_info());
+    runlog_close(log);
+    f = read_log(path);
+    report(f.records.size() == 11 && f.trailing == 0 && f.records[10].step == 9 &&
+               contains(f.records[10].payload, "removed a torn tail of 13 bytes"),
+           "full_disk_log_can_be_resumed");
+}
+
+static void test_telemetry_size_check() {
+    std::string path = temp_path("sizes.log");
+    ChildResult r = run_in_child([&] {
+        RunLog log = runlog_create(path, test_info());
+        ModelConfig bigger = test_config();
+        bigger.n_layer = 4;
+        Telemetry t;
+        t.resize(bigger);
+        runlog_telemetry(log, 0, t, test_config());
+    });
+    check_user_error("telemetry_of_other_size_is_refused", r, path, "k_norm holds 8 values, the model has 6");
+    report(read_log(path).records.empty(), "refused_telemetry_writes_nothing");
+}
+
+int main(int argc, char** argv) {
+    if (argc == 3 && strcmp(argv[1], "write") == 0) {
+        RunLog log = runlog_create(argv[2], test_info());
+        write_segment(log, 0, 0, 9);
+        runlog_close(log);
+        return 0;
+    }
+    if (argc == 3 && strcmp(argv[1], "append") == 0) {
+        RunLog log = runlog_open_append(argv[2], test_info());
+        write_segment(log, 1, 6, 11);
+        runlog_close(log);
+        return 0;
+    }
+    if (argc != 1) {
+        fprintf(stderr, "usage: %s [write PATH | append PATH]\n", argv[0]);
+        return 1;
+    }
+    char dir[] = "/tmp/test_runlog.XXXXXX";
+    if (!mkdtemp(dir)) fail("cannot create a temporary directory (%s)", strerror(errno));
+    g_dir = dir;
+    test_create_refuses_existing();
+    test_header();
+    test_append_removes_torn_tail();
+    test_append_keeps_damaged_middle_record();
+    test_append_removes_damaged_last_record();
+    test_append_clean_log();
+    test_append_refusals();
+    test_disk_full();
+    test_telemetry_size_check();
+    for (const char* name : {"existing.log", "header.log", "torn.log", "damaged.log", "last.log", "clean.log", "refusals.log",
+                             "full.log", "sizes.log"})
+        remove(temp_path(name).c_str());
+    rmdir(dir);
+    return test_exit_code();
+}
