@@ -65,6 +65,19 @@ build/ref/debug_state.bin: test/reference.py | $(TEST_DEPS_STAMP)
 
 TEST_BINS = build/test_gpt_cpu build/test_data build/test_runlog build/test_cpu_units prepare_data train
 
+# The CUDA tests and kernel checks: built (so CI compiles them) whenever nvcc exists; they run
+# only where there is a GPU.
+ifneq ($(NVCC),)
+DEV_CUDA = $(patsubst dev/cuda/%.cu,build/dev_%,$(wildcard dev/cuda/*.cu))
+TEST_BINS += build/test_gpt_cuda $(DEV_CUDA)
+
+build/test_gpt_cuda: test/test_gpt_cuda.cu train_gpt.cu test/tensorfile.h test/testing.h $(HEADERS) | $(DEPS_STAMP)
+	$(NVCC) $(NVCCFLAGS) $< -o $@ $(NVLDLIBS)
+
+build/dev_%: dev/cuda/%.cu dev/cuda/common.h $(HEADERS) | $(DEPS_STAMP)
+	$(NVCC) $(NVCCFLAGS) $< -o $@ $(NVLDLIBS)
+endif
+
 test: $(TEST_DEPS_STAMP) $(TEST_BINS) build/ref/debug_state.bin
 	@$(PYTHON) test/run_tests.py
 

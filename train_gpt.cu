@@ -709,6 +709,7 @@ static void save_checkpoint(Trainer& tr, const std::string& path, int step, long
     checkpoint_write(path, info, tr.cpu.params.data(), tr.cpu.adam_m.data(), tr.cpu.adam_v.data());
 }
 
+#ifndef TESTING
 int main(int argc, char** argv) {
     Options o = parse_options(argc, argv);
     int threads = o.threads ? o.threads : omp_get_num_procs();
@@ -869,3 +870,4 @@ int main(int argc, char** argv) {
     if (have_val) dataloader_free(&val);
     return 0;
 }
+#endif  // TESTING

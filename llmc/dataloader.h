@@ -46,14 +46,24 @@ inline void shard_writer_open(ShardWriter* w, const std::string& path, int versi
     atomic_write(w->file, header, sizeof header);
 }
 
+// Gives up on a shard being written: its temporary file goes, the real name is never touched.
+inline void shard_writer_discard(ShardWriter* w) {
+    fclose(w->file.f);
+    remove(w->file.tmp.c_str());
+}
+
 inline void shard_writer_append(ShardWriter* w, const uint32_t* tokens, size_t n) {
-    if (w->num_tokens + (long long)n > INT32_MAX)
+    if (w->num_tokens + (long long)n > INT32_MAX) {
+        shard_writer_discard(w);
         fail("%s: more than %d tokens do not fit in one shard", w->file.path.c_str(), INT32_MAX);
+    }
     if (w->version == 1) {
         std::vector<uint16_t> narrow(n);
         for (size_t i = 0; i < n; i++) {
-            if (tokens[i] > 65535)
+            if (tokens[i] > 65535) {
+                shard_writer_discard(w);
                 fail("%s: token id %u does not fit in a version 1 (uint16) shard", w->file.path.c_str(), tokens[i]);
+            }
             narrow[i] = (uint16_t)tokens[i];
         }
         atomic_write(w->file, narrow.data(), n * 2);

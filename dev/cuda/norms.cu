@@ -1,0 +1,94 @@
+// Checks and times the normalisation kernels against the CPU backend: RMSNorm forward and backward
+// (llmc/rmsnorm.cuh) and the per-head QK-norm with RoPE, forward and backward (llmc/qknorm_rope.cuh).
+// Build: make build/dev_norms (nvcc); run: ./build/dev_norms. Exit status 1 if a check fails.
+#include "dev/cuda/common.h"
+#include "llmc/model_cpu.h"
+#include "llmc/qknorm_rope.cuh"
+#include "llmc/rmsnorm.cuh"
+
+static void check_rmsnorm(int N, int C) {
+    Rng rng{(uint64_t)N * 31 + C};
+    std::vector<float> x = random_values((size_t)N * C, 1.5f, rng), g = random_values(C, 1.0f, rng);
+    std::vector<float> dy = random_values((size_t)N * C, 0.1f, rng), dx0 = random_values((size_t)N * C, 0.1f, rng);
+    // CPU reference
+    std::vector<float> out((size_t)N * C), rstd(N), dx = dx0, dg(C, 0.0f);
+    rmsnorm_forward(out.data(), rstd.data(), x.data(), g.data(), N, C, 1e-5f);
+    rmsnorm_backward(dx.data(), dg.data(), dy.data(), x.data(), rstd.data(), g.data(), N, C);
+    // GPU
+    bf16 *d_x = upload_bf16(x), *d_g = upload_bf16(g), *d_dy = upload_bf16(dy), *d_dx = upload_bf16(dx0), *d_out;
+    float *d_rstd, *d_dg, *d_scratch;
+    cudaCheck(cudaMalloc(&d_out, (size_t)N * C * sizeof(bf16)));
+    cudaCheck(cudaMalloc(&d_rstd, N * sizeof(float)));
+    d_dg = upload(std::vector<float>(C, 0.0f));
+    cudaCheck(cudaMalloc(&d_scratch, (size_t)rmsnorm_backward_blocks(N) * C * sizeof(float)));
+    rmsnorm_forward(d_out, d_rstd, d_x, d_g, N, C, 1e-5f, 0);
+    rmsnorm_backward(d_dx, d_dg, d_scratch, d_dy, d_x, d_rstd, d_g, N, C, 0);
+    std::string tag = " N" + std::to_string(N) + " C" + std::to_string(C);
+    compare_to_reference("rmsnorm forward" + tag, download_bf16(d_out, out.size()), out);
+    compare_to_reference("rmsnorm rstd" + tag, download(d_rstd, N), rstd);
+    compare_to_reference("rmsnorm backward dx" + tag, download_bf16(d_dx, dx.size()), dx);
+    compare_to_reference("rmsnorm backward dgain" + tag, download(d_dg, C), dg);
+    float fwd = time_ms([&] { rmsnorm_forward(d_out, d_rstd, d_x, d_g, N, C, 1e-5f, 0); });
+    float bwd = time_ms([&] { rmsnorm_backward(d_dx, d_dg, d_scratch, d_dy, d_x, d_rstd, d_g, N, C, 0); });
+    double bytes = 2.0 * N * C * 2;
+    printf("   rmsnorm%s: forward %.3f ms (%.0f GB/s), backward %.3f ms\n", tag.c_str(), fwd, bytes / fwd / 1e6, bwd);
+    for (void* p : {(void*)d_x, (void*)d_g, (void*)d_dy, (void*)d_dx, (void*)d_out, (void*)d_rstd, (void*)d_dg, (void*)d_scratch})
+        cudaCheck(cudaFree(p));
+}
+
+static void check_qk_norm_rope(int B, int T, int H, int Hkv) {
+    ModelConfig c;
+    c.n_head = H;
+    c.n_kv_head = Hkv;
+    c.head_dim = 64;
+    c.d_model = H * 64;
+    c.max_seq_len = T;
+    int N = B * T, D = 64, NH = H + Hkv, QKV = c.qkv_dim(), half = D / 2;
+    Rng rng{(uint64_t)N * 7 + H};
+    std::vector<float> qkv = random_values((size_t)N * QKV, 2.0f, rng), gq = random_values(D, 1.0f, rng);
+    std::vector<float> gk = random_values(D, 1.0f, rng), dqk = random_values((size_t)N * NH * D, 0.1f, rng);
+    std::vector<float> cs((size_t)T * half), sn((size_t)T * half);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < half; i++) {
+            double a = rope_angle(t, i, D, c.rope_theta);
+            cs[t * half + i] = (float)cos(a);
+            sn[t * half + i] = (float)sin(a);
+        }
+    std::vector<float> normed((size_t)N * NH * D), rope((size_t)N * NH * D), rstd((size_t)N * NH);
+    qk_norm_rope_forward(normed.data(), rope.data(), rstd.data(), qkv.data(), gq.data(), gk.data(), cs.data(), sn.data(), B, T, c);
+    std::vector<float> dqkv = qkv, dg_q(D, 0.0f), dg_k(D, 0.0f);  // the value part stays as it was
+    qk_norm_rope_backward(dqkv.data(), dg_q.data(), dg_k.data(), dqk.data(), qkv.data(), rstd.data(), gq.data(), gk.data(),
+                          cs.data(), sn.data(), B, T, c);
+    bf16 *d_qkv = upload_bf16(qkv), *d_gq = upload_bf16(gq), *d_gk = upload_bf16(gk), *d_dqk = upload_bf16(dqk);
+    bf16 *d_rope, *d_normed, *d_dqkv = upload_bf16(qkv);
+    float *d_cs = upload(cs), *d_sn = upload(sn), *d_rstd, *d_dg = upload(std::vector<float>(2 * D, 0.0f)), *d_scratch;
+    cudaCheck(cudaMalloc(&d_rope, (size_t)N * NH * D * sizeof(bf16)));
+    cudaCheck(cudaMalloc(&d_normed, (size_t)N * NH * D * sizeof(bf16)));
+    cudaCheck(cudaMalloc(&d_rstd, (size_t)N * NH * sizeof(float)));
+    cudaCheck(cudaMalloc(&d_scratch, (size_t)qk_norm_rope_backward_blocks(N, NH) * 2 * D * sizeof(float)));
+    qk_norm_rope_forward(d_rope, d_normed, d_rstd, d_qkv, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 1e-5f, 0);
+    qk_norm_rope_backward(d_dqkv, d_dg, d_scratch, d_dqk, d_qkv, d_rstd, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 0);
+    std::string tag = " B" + std::to_string(B) + " T" + std::to_string(T) + " H" + std::to_string(H) + ":" + std::to_string(Hkv);
+    compare_to_reference("qk norm forward, before RoPE" + tag, download_bf16(d_normed, normed.size()), normed);
+    compare_to_reference("qk norm forward, after RoPE" + tag, download_bf16(d_rope, rope.size()), rope);
+    compare_to_reference("qk norm rstd" + tag, download(d_rstd, rstd.size()), rstd);
+    compare_to_reference("qk norm backward dqkv (values untouched)" + tag, download_bf16(d_dqkv, dqkv.size()), dqkv);
+    std::vector<float> dg_cpu(dg_q);
+    dg_cpu.insert(dg_cpu.end(), dg_k.begin(), dg_k.end());
+    compare_to_reference("qk norm backward gains" + tag, download(d_dg, 2 * D), dg_cpu);
+    float fwd = time_ms([&] { qk_norm_rope_forward(d_rope, nullptr, d_rstd, d_qkv, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 1e-5f, 0); });
+    float bwd = time_ms([&] { qk_norm_rope_backward(d_dqkv, d_dg, d_scratch, d_dqk, d_qkv, d_rstd, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 0); });
+    printf("   qk norm + rope%s: forward %.3f ms, backward %.3f ms\n", tag.c_str(), fwd, bwd);
+    for (void* p : {(void*)d_qkv, (void*)d_gq, (void*)d_gk, (void*)d_dqk, (void*)d_rope, (void*)d_normed, (void*)d_dqkv,
+                    (void*)d_cs, (void*)d_sn, (void*)d_rstd, (void*)d_dg, (void*)d_scratch})
+        cudaCheck(cudaFree(p));
+}
+
+int main() {
+    if (!require_gpu()) return 0;
+    check_rmsnorm(37, 96);
+    check_rmsnorm(8 * 2048, 512);
+    check_qk_norm_rope(2, 17, 4, 2);
+    check_qk_norm_rope(8, 2048, 8, 8);
+    return test_exit_code();
+}

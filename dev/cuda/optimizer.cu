@@ -1,0 +1,62 @@
+// Checks and times the optimiser kernels (llmc/adamw.cuh) against the CPU backend: the global
+// gradient norm (deterministic two-stage sum) and AdamW with clipping and per-segment weight
+// decay, including the refreshed bf16 copy of the weights. Build: make build/dev_optimizer.
+#include "dev/cuda/common.h"
+#include "llmc/adamw.cuh"
+#include "llmc/model_cpu.h"
+
+int main() {
+    if (!require_gpu()) return 0;
+    ModelConfig c;  // the d6 preset's shape
+    c.vocab_size = 8192;
+    size_t P = num_parameters(c);
+    Rng rng{17};
+    std::vector<float> params = random_values(P, 0.02f, rng), grads = random_values(P, 0.01f, rng);
+    std::vector<float> m = random_values(P, 0.001f, rng), v(P);
+    for (float& x : v) x = 1e-6f * rng_uniform(rng);
+    CpuModel cpu;
+    cpu_model_init(cpu, c, 0, 0);
+    cpu.params = params;
+    cpu.grads = grads;
+    cpu.adam_m = m;
+    cpu.adam_v = v;
+    float norm = cpu_grad_norm(cpu);
+    AdamWSettings opt;
+    opt.lr = 1e-3f;
+    float clip = 0.5f * norm;  // clipping is active
+    cpu_adamw_step(cpu, opt, 3, clip_scale(norm, clip));
+
+    float *d_params = upload(params), *d_grads = upload(grads), *d_m = upload(m), *d_v = upload(v), *d_norm;
+    double* d_partial;
+    bf16* d_bf16;
+    cudaCheck(cudaMalloc(&d_norm, sizeof(float)));
+    cudaCheck(cudaMalloc(&d_partial, kNormBlocks * sizeof(double)));
+    cudaCheck(cudaMalloc(&d_bf16, P * sizeof(bf16)));
+    std::vector<ParamSegment> segs;
+    for (int kind = 0; kind < P_NUM_KINDS; kind++)
+        for (int l = 0; l < (param_is_per_layer(kind) ? c.n_layer : 1); l++)
+            segs.push_back({(long long)param_offset(c, kind, l), (long long)param_numel(c, kind), param_is_matrix(kind) ? 1 : 0});
+    ParamSegment* d_segs = upload(segs);
+    global_norm(d_norm, d_partial, d_grads, (long long)P, 0);
+    float gpu_norm = download(d_norm, 1)[0];
+    check_close("global gradient norm", &gpu_norm, &norm, 1, 1e-5, 0);
+    global_norm(d_norm, d_partial, d_grads, (long long)P, 0);
+    report(download(d_norm, 1)[0] == gpu_norm, "global gradient norm gives the same bits twice");
+    adamw_step(d_params, d_bf16, d_grads, d_m, d_v, d_segs, (int)segs.size(), d_norm, clip, opt.lr, opt.beta1, opt.beta2,
+               opt.eps, opt.weight_decay, 3, 0);
+    std::vector<float> got = download(d_params, P);
+    check_close("adamw parameters", got.data(), cpu.params.data(), P, 1e-5, 1e-8);
+    check_close("adamw first moments", download(d_m, P).data(), cpu.adam_m.data(), P, 1e-5, 1e-10);
+    check_close("adamw second moments", download(d_v, P).data(), cpu.adam_v.data(), P, 1e-5, 1e-14);
+    std::vector<float> rounded(P);
+    for (size_t i = 0; i < P; i++) rounded[i] = __bfloat162float(__float2bfloat16(got[i]));
+    report(download_bf16(d_bf16, P) == rounded, "adamw refreshes the bf16 weights");
+    float norm_ms = time_ms([&] { global_norm(d_norm, d_partial, d_grads, (long long)P, 0); });
+    float adam_ms = time_ms([&] {
+        adamw_step(d_params, d_bf16, d_grads, d_m, d_v, d_segs, (int)segs.size(), d_norm, clip, opt.lr, opt.beta1, opt.beta2,
+                   opt.eps, opt.weight_decay, 3, 0);
+    });
+    printf("   %zu parameters: norm %.3f ms (%.0f GB/s), adamw %.3f ms (%.0f GB/s)\n", P, norm_ms, 4.0 * P / norm_ms / 1e6,
+           adam_ms, 18.0 * P / adam_ms / 1e6);
+    return test_exit_code();
+}

@@ -1,0 +1,77 @@
+// Checks and times the telemetry kernels (llmc/telemetry.cuh) against the CPU backend's
+// key_statistics and query_attention_statistics: every statistic of one layer from the same
+// post-norm queries and keys and the same per-row attention accumulators, the effective rank via
+// the Gram matrices, and the same bits on a second run. Build: make build/dev_telemetry.
+#include "dev/cuda/common.h"
+#include "llmc/model_cpu.h"
+#include "llmc/telemetry.cuh"
+
+static void check_layer(int B, int T, int H, int Hkv, int layer) {
+    ModelConfig c;
+    c.n_layer = layer + 1;
+    c.n_head = H;
+    c.n_kv_head = Hkv;
+    c.head_dim = 64;
+    c.d_model = H * 64;
+    int N = B * T, D = 64, NH = H + Hkv;
+    Rng rng{(uint64_t)N * 11 + H};
+    // Keys with a few dominant axes, as trained keys have, so that the statistics are not all alike.
+    std::vector<float> qk = random_values((size_t)N * NH * D, 1.0f, rng);
+    for (size_t i = 0; i < qk.size(); i++)
+        if (i % D < 3) qk[i] = __bfloat162float(__float2bfloat16(qk[i] * 6.0f + 2.0f));
+    AttnRowStats rs;
+    size_t rows = (size_t)B * H * T;
+    std::vector<float> row_stats(4 * rows);
+    rs.entropy.resize(rows);
+    rs.sink.resize(rows);
+    rs.maxp.resize(rows);
+    rs.logit_max.resize(rows);
+    for (size_t r = 0; r < rows; r++) {
+        row_stats[r] = (float)(rs.entropy[r] = 3.0 * rng_uniform(rng));
+        row_stats[rows + r] = (float)(rs.sink[r] = rng_uniform(rng));
+        row_stats[2 * rows + r] = (float)(rs.maxp[r] = rng_uniform(rng));
+        row_stats[3 * rows + r] = rs.logit_max[r] = 10.0f * rng_normal(rng);
+    }
+    std::vector<float> gains = random_values(2 * D, 1.0f, rng);
+    Telemetry want;
+    want.resize(c);
+    key_statistics(want, layer, qk.data(), N, c);
+    query_attention_statistics(want, layer, qk.data(), rs, B, T, c);
+    std::copy(gains.begin(), gains.begin() + D, want.row(M_G_Q, layer, c));
+    std::copy(gains.begin() + D, gains.end(), want.row(M_G_K, layer, c));
+
+    TelemetryLayout lay = telemetry_layout(c);
+    bf16* d_qk = upload_bf16(qk);
+    float *d_rows = upload(row_stats), *d_gains = upload(gains), *d_stats, *d_partial;
+    cudaCheck(cudaMalloc(&d_stats, lay.total * sizeof(float)));
+    cudaCheck(cudaMalloc(&d_partial, telemetry_partial_floats(N, c) * sizeof(float)));
+    Matmul mm;
+    matmul_init(mm);
+    telemetry_layer(d_stats, lay, d_partial, mm, d_qk, d_rows, d_gains, B, T, c, layer, 0);
+    std::vector<float> host = download(d_stats, lay.total);
+    Telemetry got;
+    telemetry_finish(got, host.data(), lay, c);
+    std::string tag = " B" + std::to_string(B) + " T" + std::to_string(T) + " H" + std::to_string(H) + ":" + std::to_string(Hkv);
+    for (int m = 0; m < M_NUM_METRICS; m++) {
+        const float* g = got.row(m, layer, c);
+        const float* w = want.row(m, layer, c);
+        int cols = metric_cols(c, kMetrics[m].shape);
+        check_close(std::string("telemetry ") + kMetrics[m].name + tag, g, w, cols, 1e-3, 1e-5);
+    }
+    telemetry_layer(d_stats, lay, d_partial, mm, d_qk, d_rows, d_gains, B, T, c, layer, 0);
+    report(download(d_stats, lay.total) == host, "telemetry gives the same bits twice" + tag);
+    float ms = time_ms([&] { telemetry_layer(d_stats, lay, d_partial, mm, d_qk, d_rows, d_gains, B, T, c, layer, 0); });
+    double t0 = omp_get_wtime();
+    telemetry_finish(got, host.data(), lay, c);
+    printf("   telemetry of one layer%s: %.3f ms on the GPU, %.3f ms for all layers' effective ranks on the host\n", tag.c_str(),
+           ms, (omp_get_wtime() - t0) * 1e3);
+    for (void* p : {(void*)d_qk, (void*)d_rows, (void*)d_gains, (void*)d_stats, (void*)d_partial}) cudaCheck(cudaFree(p));
+    matmul_free(mm);
+}
+
+int main() {
+    if (!require_gpu()) return 0;
+    check_layer(2, 33, 4, 2, 1);
+    check_layer(8, 2048, 8, 8, 0);
+    return test_exit_code();
+}
