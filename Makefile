@@ -18,8 +18,9 @@ OPENBLAS_DIR ?= /usr/lib/$(MULTIARCH)/openblas-openmp
 OPENBLAS_INC ?= /usr/include/$(MULTIARCH)/openblas-openmp
 LDLIBS = -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -lopenblas -lsentencepiece -lsentencepiece_train -lpthread
 NVCCFLAGS = -std=c++17 -O3 -I. -I$(OPENBLAS_INC) $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
-            -Xcompiler "-O3 -march=$(CPU_ARCH) -fopenmp -Wall" -diag-suppress 177
-NVLDLIBS = $(LDLIBS) -lcublas -lcublasLt -lgomp
+            -Xcompiler "-O3 -march=$(CPU_ARCH) -fopenmp -Wall -Wno-parentheses"
+NVLDLIBS = -L$(OPENBLAS_DIR) -Xlinker -rpath,$(OPENBLAS_DIR) -lopenblas -lsentencepiece -lsentencepiece_train -lpthread \
+           -lcublas -lcublasLt -lgomp
 
 HEADERS = $(wildcard llmc/*.h llmc/*.cuh)
 DEPS_STAMP = build/.deps-build
@@ -80,6 +81,10 @@ endif
 
 test: $(TEST_DEPS_STAMP) $(TEST_BINS) build/ref/debug_state.bin
 	@$(PYTHON) test/run_tests.py
+
+bench: train $(TEST_DEPS_STAMP)
+	$(PYTHON) scripts/bench.py cpu
+	@if nvidia-smi -L >/dev/null 2>&1; then $(PYTHON) scripts/bench.py gpu; else echo "GPU benchmark: skipped (no GPU)"; fi
 
 clean:
 	rm -rf build train prepare_data

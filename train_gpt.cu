@@ -333,7 +333,7 @@ struct Options {
     int batch = 8, seq_len = 0, total_batch = 0, steps = 250, warmup = 25;
     float lr = 3e-3f, lr_floor = 0.1f, weight_decay = 0.1f, clip = 1.0f, beta1 = 0.9f, beta2 = 0.95f;
     int val_every = 50, val_batches = 8, ckpt_every = 0, stats_every = 10, shuffle = 1;
-    int samples = 3, sample_tokens = 48, threads = 0;
+    int samples = 3, sample_tokens = 48, threads = 0, profile = 0;
     long long seed = 1337;
 };
 
@@ -391,6 +391,7 @@ static const OptSpec kOptions[] = {
     OPT("", "--samples", OPT_INT, samples, "lines of text sampled at the end"),
     OPT("", "--device", OPT_STR, device, "auto (GPU when there is one), cpu or cuda"),
     OPT("", "--threads", OPT_INT, threads, "CPU threads (default: all)"),
+    OPT("", "--profile", OPT_INT, profile, "1: time the phases of each step (forward, backward, optimiser) and print the means at the end"),
 };
 #undef OPT
 
@@ -485,6 +486,7 @@ static Options parse_options(int argc, char** argv) {
     need(o.sample_tokens >= 0, "-g (--sample-tokens)", "must not be negative");
     need(o.threads >= 0, "--threads", "must not be negative");
     need(o.shuffle == 0 || o.shuffle == 1, "--shuffle", "must be 0 or 1");
+    need(o.profile == 0 || o.profile == 1, "--profile", "must be 0 or 1");
     need(o.device == "auto" || o.device == "cpu" || o.device == "cuda", "--device", "must be auto, cpu or cuda");
     need(o.init_ckpt.empty() || o.resume_ckpt.empty(), "-e (--init)", "cannot be combined with -r (--resume)");
     return o;
@@ -819,17 +821,32 @@ int main(int argc, char** argv) {
     long long data_position = (long long)start_step * accum;
     float last_val = NAN;
     int width = (int)std::to_string(o.steps).size();
+    // --profile: seconds per phase, summed over the steps after the first (which warms up), split
+    // by whether the step measured statistics.
+    enum { PH_FORWARD, PH_BACKWARD, PH_OPTIMIZER, PH_STEP, NUM_PHASES };
+    double phase_sum[2][NUM_PHASES] = {{0}}, phase_steps[2] = {0, 0};
+    double phase_mark = 0;
+    auto phase = [&](int which, bool stats_step, int step) {
+        if (!o.profile) return;
+        model_wait(tr);
+        double now = now_seconds();
+        if (step > start_step) phase_sum[stats_step][which] += now - phase_mark;
+        phase_mark = now;
+    };
     for (int step = start_step; step < o.steps; step++) {
         bool last = step == o.steps - 1;
         bool stats_step = o.stats_every > 0 && (step % o.stats_every == 0 || last);
         double t0 = now_seconds();
+        phase_mark = t0;
         model_zero_grad(tr);
         double loss_sum = 0;
         for (int micro = 0; micro < accum; micro++) {
             dataloader_next_batch(&train);
             data_position++;
             loss_sum += model_forward(tr, train.inputs.data(), train.targets.data(), B, T, stats_step && micro == 0 ? &stats : nullptr);
+            phase(PH_FORWARD, stats_step, step);
             model_backward(tr, train.inputs.data(), train.targets.data(), 1.0f / accum);
+            phase(PH_BACKWARD, stats_step, step);
         }
         float loss = (float)(loss_sum / accum);
         float norm = model_grad_norm(tr);
@@ -842,7 +859,12 @@ int main(int argc, char** argv) {
         }
         model_adamw(tr, opt, step + 1, norm, o.clip);
         model_wait(tr);  // the step's time includes the update
+        phase(PH_OPTIMIZER, stats_step, step);
         double dt = now_seconds() - t0;
+        if (o.profile && step > start_step) {
+            phase_sum[stats_step][PH_STEP] += dt;
+            phase_steps[stats_step]++;
+        }
         step_seconds_avg = step == start_step ? dt : 0.9 * step_seconds_avg + 0.1 * dt;
         float tok_s = (float)(o.total_batch / dt);
         runlog_step(log, step, loss, opt.lr, norm, tok_s, (float)(dt * 1e3));
@@ -863,6 +885,13 @@ int main(int argc, char** argv) {
         }
     }
     runlog_close(log);
+    for (int k = 0; k < 2 && o.profile; k++) {
+        if (!phase_steps[k]) continue;
+        double n = phase_steps[k];
+        printf("profile, %s (%.0f steps): forward %.2f ms, backward %.2f ms, optimiser %.2f ms, step %.2f ms\n",
+               k ? "steps with statistics" : "steps without statistics", n, 1e3 * phase_sum[k][PH_FORWARD] / n,
+               1e3 * phase_sum[k][PH_BACKWARD] / n, 1e3 * phase_sum[k][PH_OPTIMIZER] / n, 1e3 * phase_sum[k][PH_STEP] / n);
+    }
     printf("done in %s; final val loss %.4f\n", format_duration(now_seconds() - run_start).c_str(), last_val);
     if (have_tokenizer) print_samples(tr, max_B, T, tok, o, (uint64_t)o.seed + 1);
     printf("report: %s scripts/report.py %s\n", "/usr/bin/python3", log_path.c_str());

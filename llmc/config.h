@@ -115,14 +115,14 @@ inline bool param_is_matrix(int kind) {
 // Number of floats in one tensor of this kind (one layer's worth for per-layer kinds).
 inline size_t param_numel(const ModelConfig& c, int kind) {
     size_t V = c.vocab_size, C = c.d_model, D = c.head_dim, F = c.d_ff;
-    size_t HD = (size_t)c.n_head * D, KD = (size_t)c.n_kv_head * D;
+    size_t q_width = (size_t)c.n_head * D, kv_width = (size_t)c.n_kv_head * D;
     switch (kind) {
         case P_WTE: return V * C;
         case P_ATTN_NORM: case P_MLP_NORM: case P_FINAL_NORM: return C;
-        case P_WQ: return HD * C;
-        case P_WK: case P_WV: return KD * C;
+        case P_WQ: return q_width * C;
+        case P_WK: case P_WV: return kv_width * C;
         case P_Q_NORM: case P_K_NORM: return D;
-        case P_WO: return C * HD;
+        case P_WO: return C * q_width;
         case P_W1: case P_W3: return F * C;
         case P_W2: return C * F;
     }

@@ -1,0 +1,134 @@
+"""Benchmarks, printed as figures (never asserted):
+
+    /usr/bin/python3 scripts/bench.py cpu   ./train against PyTorch on the same model, data,
+                                            machine and threads; and the cost of telemetry
+    /usr/bin/python3 scripts/bench.py gpu   the d22 model at T = 2048 on the GPU: tokens/s, ms/step,
+                                            MFU, a per-phase breakdown, telemetry every step vs never
+
+Each figure is the median over the timed steps (the first steps, which warm up, are left out), and
+every comparison is measured within the one invocation, on the same machine.
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, os.path.join(ROOT, "test"))
+import attnlog  # noqa: E402
+
+
+def run_train(args, out_dir, extra):
+    """Runs ./train; returns (median ms per step after warm-up, profile lines, log)."""
+    cmd = [os.path.join(ROOT, "train"), "-o", out_dir, "-g", "0", "-v", "0", "--val-batches", "1",
+           "--threads", str(args.threads)] + extra
+    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"error: ./train failed ({' '.join(cmd)}):\n{proc.stdout[-2000:]}")
+    log = attnlog.open_log(os.path.join(out_dir, "run.attnlog"))
+    steps, ms = log.scalars("ms")
+    timed = ms[args.warmup:]
+    profile = [line for line in proc.stdout.splitlines() if line.startswith("profile")]
+    return statistics.median(timed), profile, log
+
+
+def bench_torch(args, c, B, T):
+    """The PyTorch reference (test/reference.py) training the same model on the same shard."""
+    import numpy as np
+    import torch
+    import reference
+    torch.set_num_threads(args.threads)
+    shard = os.path.join(ROOT, args.data_dir, "train_000000.bin")
+    header = np.fromfile(shard, dtype="<i4", count=256)
+    tokens = np.fromfile(shard, dtype="<u2" if header[1] == 1 else "<u4", offset=1024).astype(np.int64)
+    p = {n: t.clone().requires_grad_(True) for n, t in reference.init_params(c, 1337).items()}
+    opt = reference.make_optimizer(p, 0.1)
+    times = []
+    for step in range(args.steps):
+        start = step * B * T
+        chunk = torch.from_numpy(tokens[start:start + B * T + 1])
+        x, y = chunk[:-1].view(B, T), chunk[1:].view(B, T)
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        _, loss = reference.forward(p, c, x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(p.values()), 1.0)
+        for group in opt.param_groups:
+            group["lr"] = 1e-3
+        opt.step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times[args.warmup:])
+
+
+def cpu(args):
+    import reference
+    B, T = 8, 256
+    with tempfile.TemporaryDirectory() as tmp:
+        run = lambda name, extra: run_train(args, os.path.join(tmp, name), ["-x", str(args.steps), "-b", str(B), "-t", str(T)] + extra)
+        ms_never, _, log = run("never", ["-s", "0"])
+        cfg = log.config
+        c = reference.Config(cfg["vocab_size"], cfg["n_layer"], cfg["n_head"], cfg["n_kv_head"], cfg["head_dim"],
+                             cfg["d_ff"], cfg["max_seq_len"])
+        ms_torch = bench_torch(args, c, B, T)
+        ms_every, _, _ = run("every", ["-s", "1"])
+        ms_ten, _, _ = run("ten", ["-s", "10"])
+    tok = B * T
+    device = log.header.get("device", "CPU")
+    print(f"CPU benchmark on {device}: d6 preset, batch {B} x {T} tokens, {args.steps} steps "
+          f"({args.warmup} warm-up steps left out), {args.threads} threads")
+    print(f"  ./train (no telemetry)   {ms_never:8.1f} ms/step  {tok / ms_never * 1e3:8.0f} tokens/s")
+    print(f"  PyTorch {__import__('torch').__version__:<16} {ms_torch:8.1f} ms/step  {tok / ms_torch * 1e3:8.0f} tokens/s")
+    print(f"  ./train is {ms_torch / ms_never:.2f}x the speed of PyTorch")
+    print("telemetry cost (ms/step, ratio to no telemetry):")
+    print(f"  never          {ms_never:8.1f}  1.000")
+    print(f"  every 10 steps {ms_ten:8.1f}  {ms_ten / ms_never:.3f}")
+    print(f"  every step     {ms_every:8.1f}  {ms_every / ms_never:.3f}")
+
+
+def gpu(args):
+    B, T = args.batch, 2048
+    extra = ["-m", "d22", "-x", str(args.steps), "-b", str(B), "-t", str(T), "--profile", "1"]
+    with tempfile.TemporaryDirectory() as tmp:
+        ms_never, prof_never, log = run_train(args, os.path.join(tmp, "never"), extra + ["-s", "0"])
+        ms_every, prof_every, _ = run_train(args, os.path.join(tmp, "every"), extra + ["-s", "1"])
+    cfg = log.config
+    L, H, D, C, F, V = cfg["n_layer"], cfg["n_head"], cfg["head_dim"], cfg["d_model"], cfg["d_ff"], cfg["vocab_size"]
+    Hkv = cfg["n_kv_head"]
+    n_params = V * C + L * (2 * C + (H + 2 * Hkv) * D * C + 2 * D + C * H * D + 3 * F * C) + C
+    flops_per_token = 6 * n_params + 12 * L * H * D * T  # verification.md
+    tok = B * T
+    tps = tok / ms_never * 1e3
+    mfu = flops_per_token * tps / 989e12
+    print(f"GPU benchmark on {log.header.get('device')}: d22, batch {B} x {T}, {args.steps} steps "
+          f"({args.warmup} warm-up left out)")
+    print(f"  {ms_never:.1f} ms/step, {tps:,.0f} tokens/s, MFU {100 * mfu:.1f}% "
+          f"({flops_per_token / 1e6:.0f} MFLOP/token, H100 dense bf16 peak 989 TFLOP/s)")
+    for line in prof_never + prof_every:
+        print("  " + line)
+    print(f"  telemetry every step: {ms_every:.1f} ms/step, {ms_every / ms_never:.3f}x the step without it")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["cpu", "gpu"])
+    ap.add_argument("--steps", type=int, default=None, help="timed steps per run (default: 12 on the CPU, 30 on the GPU)")
+    ap.add_argument("--warmup", type=int, default=2, help="first steps left out of the medians")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--batch", type=int, default=8, help="GPU micro-batch size")
+    ap.add_argument("--data-dir", default="data/brown", help="the prepared default corpus (./train prepares it)")
+    args = ap.parse_args()
+    if not os.path.exists(os.path.join(ROOT, "train")):
+        sys.exit("error: ./train is missing: run 'make train' first")
+    if args.steps is None:
+        args.steps = 12 if args.what == "cpu" else 30
+    if args.steps <= args.warmup:
+        sys.exit("error: --steps must be larger than --warmup")
+    cpu(args) if args.what == "cpu" else gpu(args)
+
+
+if __name__ == "__main__":
+    main()
