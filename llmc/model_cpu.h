@@ -1,4 +1,4 @@
-// The CPU backend: the whole model of shared/spec/model.md in float32, forward, backward and
+// The CPU backend: the whole model of docs/model.md in float32, forward, backward and
 // AdamW, over explicit named buffers. Matrix products go through BLAS (cblas_sgemm), everything
 // else is plain loops parallelised with OpenMP. The per-element formulas come from math.h and
 // are the ones the CUDA kernels use.

@@ -1,4 +1,4 @@
-// The telemetry of one stats step (shared/spec/telemetry.md): what is measured, its shape, and
+// The telemetry of one stats step (docs/telemetry.md): what is measured, its shape, and
 // the host-side container both backends fill. The table below is the single source of truth for
 // metric names and order: the binary log's header and telemetry records are written from it.
 #pragma once

@@ -1,4 +1,4 @@
-"""The PyTorch reference of shared/spec/model.md and telemetry.md.
+"""The PyTorch reference of docs/model.md and docs/telemetry.md.
 
 Plain PyTorch, written to be obviously correct rather than fast: the attention matrix is
 materialised, the statistics are computed from their definitions in float64 (pairwise cosines
