@@ -261,58 +261,70 @@ __global__ void __launch_bounds__(128) attention_backward_dq_simple_kernel(bf16*
 // operand of the 16 x 16 block they form: scores turn into the left operand of the next product
 // without leaving registers. A lane owns two rows of its warp's 16, g and g + 8 (index r = 0, 1
 // below; accumulator element e belongs to row r = e / 2 and column 2c + e % 2 of its 8-wide block).
+//
+// Operands come from shared memory through ldmatrix.x4: lanes 8i .. 8i+7 give the addresses of the
+// 8 rows (16 bytes each) of 8 x 8 matrix i, and register i of every lane receives elements
+// [g][2c, 2c+1] of matrix i, or, with .trans, elements [2c][g] and [2c+1][g]: in both cases one
+// fragment register of the layout above.
 
 constexpr int kMmaTile = 64;      // rows per tile, on both sides
 constexpr int kMmaThreads = 128;  // 4 warps x 16 rows
 
 // Shared tiles are [64][D + 8] bf16: the 16 bytes of padding keep rows 16-byte aligned and move
-// each row 4 banks along, so that the 8 rows a fragment load touches fall in different banks.
+// each row 4 banks along, so that the 8 rows an ldmatrix phase reads fall in different banks.
 constexpr int kMmaTilePad = 8;
 
-__device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+// d += A B for a 16 x 16 A and the 16 x 8 B of registers b0, b1.
+__device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ uint32_t load_bf16x2(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+// `row` is this lane's row address (see above).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* row) {
+    uint32_t address = (uint32_t)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address)
+                 : "memory");
+}
 
-__device__ __forceinline__ uint32_t pack_bf16x2(bf16 lo, bf16 hi) {
-    return (uint32_t)__bfloat16_as_ushort(lo) | ((uint32_t)__bfloat16_as_ushort(hi) << 16);
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* row) {
+    uint32_t address = (uint32_t)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address)
+                 : "memory");
+}
+
+// A operand: the 16 x 16 block of a shared tile at rows row0.., columns col0.. Matrices 0-3: rows
+// row0, row0 + 8, row0, row0 + 8 at columns col0, col0, col0 + 8, col0 + 8 (a0 .. a3).
+template <int LD>
+__device__ __forceinline__ void load_a_fragment(uint32_t (&a)[4], const bf16* tile, int row0, int col0, int lane) {
+    ldmatrix_x4(a, tile + (row0 + lane % 8 + (lane / 8) % 2 * 8) * LD + col0 + lane / 16 * 8);
+}
+
+// B operands of X tile^T, where B[k][n] = tile[n0 + n][k0 + k] (the tile's rows are the n index, as
+// the keys in Q K^T), for two consecutive 16-deep k steps: b[0], b[1] for k0 and b[2], b[3] for
+// k0 + 16. Matrices 0-3: rows n0 .. n0 + 7 at columns k0, k0 + 8, k0 + 16, k0 + 24.
+template <int LD>
+__device__ __forceinline__ void load_b_fragments_rows_n(uint32_t (&b)[4], const bf16* tile, int n0, int k0, int lane) {
+    ldmatrix_x4(b, tile + (n0 + lane % 8) * LD + k0 + lane / 8 * 8);
+}
+
+// B operands of X tile, where B[k][n] = tile[k0 + k][n0 + n] (the tile's rows are the k index, as
+// the keys in P V), for two neighbouring 8-wide n blocks: b[0], b[1] for n0 and b[2], b[3] for
+// n0 + 8. Transposed matrices 0-3: rows k0, k0 + 8, k0, k0 + 8 at columns n0, n0, n0 + 8, n0 + 8.
+template <int LD>
+__device__ __forceinline__ void load_b_fragments_rows_k(uint32_t (&b)[4], const bf16* tile, int k0, int n0, int lane) {
+    ldmatrix_x4_trans(b, tile + (k0 + lane % 8 + (lane / 8) % 2 * 8) * LD + n0 + lane / 16 * 8);
 }
 
 __device__ __forceinline__ uint32_t pack_floats_bf16x2(float lo, float hi) {
-    return pack_bf16x2(__float2bfloat16(lo), __float2bfloat16(hi));
-}
-
-// A operand: the 16 x 16 block of a shared tile at rows row0.., columns col0..
-template <int LD>
-__device__ __forceinline__ void load_a_fragment(uint32_t (&a)[4], const bf16* tile, int row0, int col0, int g, int c) {
-    const bf16* p = tile + (row0 + g) * LD + col0 + 2 * c;
-    a[0] = load_bf16x2(p);
-    a[1] = load_bf16x2(p + 8 * LD);
-    a[2] = load_bf16x2(p + 8);
-    a[3] = load_bf16x2(p + 8 * LD + 8);
-}
-
-// B operand B[k][n] = tile[n0 + n][k0 + k]: for X tile^T, the tile's rows are the n index
-// (Q K^T: keys are the columns of the scores).
-template <int LD>
-__device__ __forceinline__ void load_b_fragment_rows_n(uint32_t (&b)[2], const bf16* tile, int n0, int k0, int g, int c) {
-    const bf16* p = tile + (n0 + g) * LD + k0 + 2 * c;
-    b[0] = load_bf16x2(p);
-    b[1] = load_bf16x2(p + 8);
-}
-
-// B operand B[k][n] = tile[k0 + k][n0 + n]: for X tile, the tile's rows are the k index
-// (P V: the sum runs over the keys, the rows of V).
-template <int LD>
-__device__ __forceinline__ void load_b_fragment_rows_k(uint32_t (&b)[2], const bf16* tile, int k0, int n0, int g, int c) {
-    const bf16* p = tile + (k0 + 2 * c) * LD + n0 + g;
-    b[0] = pack_bf16x2(p[0], p[LD]);
-    b[1] = pack_bf16x2(p[8 * LD], p[9 * LD]);
+    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16(lo)) | ((uint32_t)__bfloat16_as_ushort(__float2bfloat16(hi)) << 16);
 }
 
 // The A operand of a 16 x 16 block from the accumulators of its left and right 16 x 8 halves.
@@ -323,32 +335,98 @@ __device__ __forceinline__ void accumulators_to_a_fragment(uint32_t (&a)[4], con
     a[3] = pack_floats_bf16x2(right[2], right[3]);
 }
 
-// Copies rows row0 .. row0 + 63 of a sequence (row r of D bf16 at src + r * stride) into a shared
-// tile with row pitch LD, zeros for rows at or beyond T. 16-byte copies: src and stride are
+// cp.async (sm_80+): global-to-shared copies that complete in the background, so that the next
+// tile loads while the current one is in use. A thread commits its copies in groups and waits
+// until at most `pending` of its groups are still in flight; a __syncthreads() after the wait makes
+// every thread's copies visible to the block. A copy with `valid` false reads nothing and writes
+// zeros (its source address must still be a valid one).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+    uint32_t address = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool valid) {
+    uint32_t address = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(address), "l"(src), "r"(valid ? 4 : 0) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+template <int pending>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");
+}
+
+// Starts copying rows row0 .. row0 + 63 of a sequence (row r of D bf16 at src + r * stride) into a
+// shared tile with row pitch LD, zeros for rows at or beyond T. 16-byte copies: src and stride are
 // multiples of 8 elements (D = 64, 16-byte aligned base pointers, checked on the host).
 template <int D, int LD>
-__device__ __forceinline__ void load_tile(bf16* tile, const bf16* src, size_t stride, int row0, int T) {
+__device__ __forceinline__ void load_tile_async(bf16* tile, const bf16* src, size_t stride, int row0, int T) {
     constexpr int kChunks = D / 8;  // 16-byte pieces per row
     for (int i = threadIdx.x; i < kMmaTile * kChunks; i += kMmaThreads) {
         int r = i / kChunks, chunk = i % kChunks;
-        uint4 piece = make_uint4(0u, 0u, 0u, 0u);
-        if (row0 + r < T) piece = *reinterpret_cast<const uint4*>(src + (size_t)(row0 + r) * stride + chunk * 8);
-        *reinterpret_cast<uint4*>(tile + r * LD + chunk * 8) = piece;
+        bool valid = row0 + r < T;
+        cp_async_16(tile + r * LD + chunk * 8, src + (size_t)(valid ? row0 + r : 0) * stride + chunk * 8, valid);
+    }
+}
+
+// Starts copying x[t0 .. t0 + 63] of one row of lse or Delta, zeros beyond T.
+__device__ __forceinline__ void load_row_values_async(float* dst, const float* x, int t0, int T) {
+    for (int i = threadIdx.x; i < kMmaTile; i += kMmaThreads) {
+        bool valid = t0 + i < T;
+        cp_async_4(dst + i, x + (valid ? t0 + i : 0), valid);
+    }
+}
+
+// C (16 x 64, 8 blocks) += A (16 x D, the A fragments of a warp's rows) tile^T, tile 64 x D: a
+// product over the head dimension with the tile's rows as C's columns (S = Q K^T, dP = dO V^T).
+template <int D, int LD>
+__device__ __forceinline__ void mma_rows_times_tile_transposed(float (&acc)[kMmaTile / 8][4], const uint32_t (&a)[D / 16][4],
+                                                               const bf16* tile, int lane) {
+#pragma unroll
+    for (int nb = 0; nb < kMmaTile / 8; nb++) {
+#pragma unroll
+        for (int kc = 0; kc < D / 16; kc += 2) {
+            uint32_t b[4];
+            load_b_fragments_rows_n<LD>(b, tile, nb * 8, kc * 16, lane);
+            mma_bf16_16x8x16(acc[nb], a[kc], b[0], b[1]);
+            mma_bf16_16x8x16(acc[nb], a[kc + 1], b[2], b[3]);
+        }
+    }
+}
+
+// C (16 x D) += A (16 x 64, from the accumulators `left` of a product above) tile, tile 64 x D: a
+// product over the tile's rows (O += P V, dQ += dS K, dV += P^T dO, dK += dS^T Q).
+template <int D, int LD>
+__device__ __forceinline__ void mma_scores_times_tile(float (&acc)[D / 8][4], const float (&left)[kMmaTile / 8][4],
+                                                      const bf16* tile, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < kMmaTile / 16; kk++) {
+        uint32_t a[4];
+        accumulators_to_a_fragment(a, left[2 * kk], left[2 * kk + 1]);
+#pragma unroll
+        for (int nd = 0; nd < D / 8; nd += 2) {
+            uint32_t b[4];
+            load_b_fragments_rows_k<LD>(b, tile, kk * 16, nd * 8, lane);
+            mma_bf16_16x8x16(acc[nd], a, b[0], b[1]);
+            mma_bf16_16x8x16(acc[nd + 1], a, b[2], b[3]);
+        }
     }
 }
 
 // Forward: block (query tile, h, b); grid.x = number of query tiles, taken last first so that the
 // longest rows start first. Each warp keeps its 16 queries as A fragments and, over key tiles
-// 0 .. its own (the diagonal one), computes S = Q K^T (16 x 64), masks and scales it, updates the
-// online softmax per row and adds P V into its 16 x D output accumulators.
+// 0 .. its own (the diagonal one), computes S = Q K^T (16 x 64), scales it (and masks it, on the
+// diagonal tile), updates the online softmax per row and adds P V into its 16 x D accumulators.
+// Key/value tiles are double-buffered: tile i + 1 is copied in while tile i is in use.
 template <int D, bool WITH_STATS>
 __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(bf16* out, float* lse, float* row_stats,
                                                                            const bf16* qk, const bf16* qkv, int B,
                                                                            int T, int H, int Hkv) {
-    static_assert(D % 16 == 0, "D must be a multiple of 16");
+    static_assert(D % 32 == 0, "D must be a multiple of 32");
     constexpr int LD = D + kMmaTilePad;
-    __shared__ __align__(16) bf16 k_tile[kMmaTile * LD];
-    __shared__ __align__(16) bf16 v_tile[kMmaTile * LD];
+    __shared__ __align__(16) bf16 k_tiles[2][kMmaTile * LD];
+    __shared__ __align__(16) bf16 v_tiles[2][kMmaTile * LD];
     const int q_tile = (int)gridDim.x - 1 - (int)blockIdx.x;
     const int h = blockIdx.y, b = blockIdx.z, kv_head = h / (H / Hkv);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
@@ -358,42 +436,52 @@ __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(bf16
     const bf16* values = qkv + (size_t)b * T * qkv_stride + (size_t)(H + Hkv + kv_head) * D;
     const float scale = 1.0f / sqrtf((float)D);
 
-    // The warp's queries, as the A operands of S = Q K^T (passing through k_tile on the way).
-    uint32_t q_frag[D / 16][4];
-    load_tile<D, LD>(k_tile, queries, qk_stride, q_tile * kMmaTile, T);
+    // Copy groups: the queries (through k_tiles[1], free until the loop prefetches into it), then
+    // key/value tile 0.
+    load_tile_async<D, LD>(k_tiles[1], queries, qk_stride, q_tile * kMmaTile, T);
+    cp_async_commit();
+    load_tile_async<D, LD>(k_tiles[0], keys, qk_stride, 0, T);
+    load_tile_async<D, LD>(v_tiles[0], values, qkv_stride, 0, T);
+    cp_async_commit();
+    // The warp's queries, as the A operands of S = Q K^T.
+    cp_async_wait<1>();
     __syncthreads();
+    uint32_t q_frag[D / 16][4];
 #pragma unroll
-    for (int kc = 0; kc < D / 16; kc++) load_a_fragment<LD>(q_frag[kc], k_tile, warp * 16, kc * 16, g, c);
+    for (int kc = 0; kc < D / 16; kc++) load_a_fragment<LD>(q_frag[kc], k_tiles[1], warp * 16, kc * 16, lane);
     __syncthreads();
 
     const int t_row[2] = {q_tile * kMmaTile + warp * 16 + g, q_tile * kMmaTile + warp * 16 + g + 8};
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, a[2] = {0.0f, 0.0f}, s_first[2] = {0.0f, 0.0f};
     float o[D / 8][4] = {};  // sum_j e^(s_tj - m) v_j: 16 rows x D as 16 x 8 blocks
     for (int k_tile_index = 0; k_tile_index <= q_tile; k_tile_index++) {
-        const int j0 = k_tile_index * kMmaTile;
-        load_tile<D, LD>(k_tile, keys, qk_stride, j0, T);
-        load_tile<D, LD>(v_tile, values, qkv_stride, j0, T);
+        const int j0 = k_tile_index * kMmaTile, buffer = k_tile_index % 2;
+        if (k_tile_index < q_tile) {  // prefetch the next tile into the other buffer
+            load_tile_async<D, LD>(k_tiles[1 - buffer], keys, qk_stride, j0 + kMmaTile, T);
+            load_tile_async<D, LD>(v_tiles[1 - buffer], values, qkv_stride, j0 + kMmaTile, T);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
         __syncthreads();
+        const bf16* k_tile = k_tiles[buffer];
+        const bf16* v_tile = v_tiles[buffer];
 
         float s[kMmaTile / 8][4] = {};  // scores: 16 rows x 64 keys as 16 x 8 blocks
-#pragma unroll
-        for (int nb = 0; nb < kMmaTile / 8; nb++) {
-#pragma unroll
-            for (int kc = 0; kc < D / 16; kc++) {
-                uint32_t k_frag[2];
-                load_b_fragment_rows_n<LD>(k_frag, k_tile, nb * 8, kc * 16, g, c);
-                mma_bf16_16x8x16(s[nb], q_frag[kc], k_frag);
-            }
-        }
-        // Scale; keys in the future or beyond T become -inf. Every row sees at least key j0 of
-        // this tile (j0 <= its t, j0 < T), so each row's maximum over the quad is finite.
+        mma_rows_times_tile_transposed<D, LD>(s, q_frag, k_tile, lane);
+        // Scale. Only the diagonal tile holds keys after a row's query or beyond T (an earlier tile
+        // ends at or before this tile's first query, which is < T): there they become -inf. Every
+        // row still sees key j0 (j0 <= its t, j0 < T), so each row's maximum over the quad is finite.
+        const bool diagonal = k_tile_index == q_tile;
         float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int nb = 0; nb < kMmaTile / 8; nb++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int j = j0 + nb * 8 + 2 * c + e % 2, r = e / 2;
-                s[nb][e] = (j <= t_row[r] && j < T) ? s[nb][e] * scale : -INFINITY;
+                s[nb][e] *= scale;
+                if (diagonal && (j > t_row[r] || j >= T)) s[nb][e] = -INFINITY;
                 tile_max[r] = fmaxf(tile_max[r], s[nb][e]);
             }
         }
@@ -415,34 +503,24 @@ __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(bf16
                 o[nd][2 * r + 1] *= rescale;
             }
         }
-        // Unnormalised probabilities e^(s - m) in place of the scores; this lane's share of l and a.
+        // Unnormalised probabilities e^(s - m) in place of the scores (0 where masked); this lane's
+        // share of l and a. A masked term is skipped in a: its 0 * (-inf) would be NaN. __expf
+        // (one ex2.approx) is within a few 1e-6 relative of expf for every term that matters (its
+        // error grows with |x|, and e^x is below 1e-9 beyond x = -20): far below bf16's 4e-3, at
+        // a third of expf's instructions. The backward kernels use it too.
 #pragma unroll
         for (int nb = 0; nb < kMmaTile / 8; nb++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int r = e / 2;
-                float p = 0.0f;
-                if (s[nb][e] != -INFINITY) {  // masked entries contribute nothing (and 0 * -inf is NaN)
-                    p = expf(s[nb][e] - m[r]);
-                    l[r] += p;
-                    a[r] += p * (s[nb][e] - m[r]);
-                }
+                float p = __expf(s[nb][e] - m[r]);
+                l[r] += p;
+                if (WITH_STATS && p > 0.0f) a[r] += p * (s[nb][e] - m[r]);
                 s[nb][e] = p;
             }
         }
-        // o += P V, the sum running over this tile's 64 keys in 16-key steps.
-#pragma unroll
-        for (int kk = 0; kk < kMmaTile / 16; kk++) {
-            uint32_t p_frag[4];
-            accumulators_to_a_fragment(p_frag, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-            for (int nd = 0; nd < D / 8; nd++) {
-                uint32_t v_frag[2];
-                load_b_fragment_rows_k<LD>(v_frag, v_tile, kk * 16, nd * 8, g, c);
-                mma_bf16_16x8x16(o[nd], p_frag, v_frag);
-            }
-        }
-        __syncthreads();  // every warp is done with k_tile and v_tile before they are refilled
+        mma_scores_times_tile<D, LD>(o, s, v_tile, lane);
+        __syncthreads();  // every warp is done with this buffer before the next iteration refills it
     }
 
     const size_t rows = (size_t)B * H * T;
@@ -467,22 +545,33 @@ __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(bf16
     }
 }
 
-// Backward, keys and values: block (key tile, key/value head g, b). Each warp keeps its 16 keys and
-// values as A fragments and its 16 x D sums dK, dV in registers, and walks, in order, the query
-// heads of the group and, for each, the query tiles from the diagonal one to the last:
+// Shared memory of the dK/dV kernel, in bytes: the block's key and value tiles, two buffers of
+// query and dout tiles, two buffers of lse and Delta values.
+template <int D>
+constexpr int attention_dkdv_mma_smem_bytes() {
+    return 6 * kMmaTile * (D + kMmaTilePad) * (int)sizeof(bf16) + 4 * kMmaTile * (int)sizeof(float);
+}
+
+// Backward, keys and values: block (key tile, key/value head g, b). The block's keys and values
+// stay in shared memory; each warp keeps its 16 x D sums dK, dV in registers and walks, in order,
+// the query heads of the group and, for each, the query tiles from the diagonal one to the last
+// ("steps"; the next step's tiles are copied in while the current ones are in use):
 //   S^T = K Q^T, P^T = e^(S^T / sqrt(D) - lse) (0 where the query is before the key or beyond T),
 //   dP^T = V dO^T, dS^T = P^T (dP^T - Delta), dV += P^T dO, dK += dS^T Q.
-// The shared tiles hold K and V first, then each query tile's Q and dO.
 template <int D>
 __global__ void __launch_bounds__(kMmaThreads) attention_backward_dkdv_mma_kernel(bf16* dqk, bf16* dqkv, const bf16* dout,
                                                                                  const float* lse, const float* delta,
                                                                                  const bf16* qk, const bf16* qkv,
                                                                                  int T, int H, int Hkv) {
-    static_assert(D % 16 == 0, "D must be a multiple of 16");
-    constexpr int LD = D + kMmaTilePad;
-    __shared__ __align__(16) bf16 q_tile[kMmaTile * LD];
-    __shared__ __align__(16) bf16 dout_tile[kMmaTile * LD];
-    __shared__ float lse_tile[kMmaTile], delta_tile[kMmaTile];
+    static_assert(D % 32 == 0, "D must be a multiple of 32");
+    constexpr int LD = D + kMmaTilePad, kTileElements = kMmaTile * LD;
+    extern __shared__ __align__(16) unsigned char dkdv_shared[];  // attention_dkdv_mma_smem_bytes<D>()
+    bf16* k_tile = reinterpret_cast<bf16*>(dkdv_shared);
+    bf16* v_tile = k_tile + kTileElements;
+    bf16* q_tiles = v_tile + kTileElements;        // 2 buffers
+    bf16* dout_tiles = q_tiles + 2 * kTileElements;  // 2 buffers
+    float* lse_tiles = reinterpret_cast<float*>(dout_tiles + 2 * kTileElements);  // 2 buffers of 64
+    float* delta_tiles = lse_tiles + 2 * kMmaTile;                                // 2 buffers of 64
     const int k_tile_index = blockIdx.x, tiles = gridDim.x;
     const int kv_head = blockIdx.y, b = blockIdx.z, group = H / Hkv;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
@@ -491,74 +580,66 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_dkdv_mma_kerne
     const bf16* values = qkv + (size_t)b * T * qkv_stride + (size_t)(H + Hkv + kv_head) * D;
     const float scale = 1.0f / sqrtf((float)D);
 
-    uint32_t k_frag[D / 16][4], v_frag[D / 16][4];
-    load_tile<D, LD>(q_tile, keys, qk_stride, k_tile_index * kMmaTile, T);
-    load_tile<D, LD>(dout_tile, values, qkv_stride, k_tile_index * kMmaTile, T);
-    __syncthreads();
-#pragma unroll
-    for (int kc = 0; kc < D / 16; kc++) {
-        load_a_fragment<LD>(k_frag[kc], q_tile, warp * 16, kc * 16, g, c);
-        load_a_fragment<LD>(v_frag[kc], dout_tile, warp * 16, kc * 16, g, c);
-    }
-    __syncthreads();
+    // Step i: query head h_first + i / q_tiles_per_head, query tile k_tile_index + i % q_tiles_per_head.
+    const int q_tiles_per_head = tiles - k_tile_index, steps = group * q_tiles_per_head, h_first = kv_head * group;
+    auto load_step_async = [&](int step, int buffer) {
+        const int h = h_first + step / q_tiles_per_head, t0 = (k_tile_index + step % q_tiles_per_head) * kMmaTile;
+        load_tile_async<D, LD>(q_tiles + buffer * kTileElements, qk + (size_t)b * T * qk_stride + (size_t)h * D, qk_stride, t0, T);
+        load_tile_async<D, LD>(dout_tiles + buffer * kTileElements, dout + (size_t)b * T * out_stride + (size_t)h * D,
+                               out_stride, t0, T);
+        load_row_values_async(lse_tiles + buffer * kMmaTile, lse + ((size_t)b * H + h) * T, t0, T);
+        load_row_values_async(delta_tiles + buffer * kMmaTile, delta + ((size_t)b * H + h) * T, t0, T);
+    };
+    load_tile_async<D, LD>(k_tile, keys, qk_stride, k_tile_index * kMmaTile, T);
+    load_tile_async<D, LD>(v_tile, values, qkv_stride, k_tile_index * kMmaTile, T);
+    load_step_async(0, 0);
+    cp_async_commit();
 
     const int j_row[2] = {k_tile_index * kMmaTile + warp * 16 + g, k_tile_index * kMmaTile + warp * 16 + g + 8};
     float dk[D / 8][4] = {}, dv[D / 8][4] = {};
-    for (int h = kv_head * group; h < (kv_head + 1) * group; h++) {
-        const bf16* queries = qk + (size_t)b * T * qk_stride + (size_t)h * D;
-        const bf16* douts = dout + (size_t)b * T * out_stride + (size_t)h * D;
-        const float* row_lse = lse + ((size_t)b * H + h) * T;
-        const float* row_delta = delta + ((size_t)b * H + h) * T;
-        for (int q_tile_index = k_tile_index; q_tile_index < tiles; q_tile_index++) {
-            const int t0 = q_tile_index * kMmaTile;
-            load_tile<D, LD>(q_tile, queries, qk_stride, t0, T);
-            load_tile<D, LD>(dout_tile, douts, out_stride, t0, T);
-            for (int i = threadIdx.x; i < kMmaTile; i += kMmaThreads) {
-                lse_tile[i] = t0 + i < T ? row_lse[t0 + i] : 0.0f;
-                delta_tile[i] = t0 + i < T ? row_delta[t0 + i] : 0.0f;
-            }
-            __syncthreads();
-
-            float st[kMmaTile / 8][4] = {}, dpt[kMmaTile / 8][4] = {};  // S^T, dP^T: 16 keys x 64 queries
-#pragma unroll
-            for (int nb = 0; nb < kMmaTile / 8; nb++) {
-#pragma unroll
-                for (int kc = 0; kc < D / 16; kc++) {
-                    uint32_t frag[2];
-                    load_b_fragment_rows_n<LD>(frag, q_tile, nb * 8, kc * 16, g, c);
-                    mma_bf16_16x8x16(st[nb], k_frag[kc], frag);
-                    load_b_fragment_rows_n<LD>(frag, dout_tile, nb * 8, kc * 16, g, c);
-                    mma_bf16_16x8x16(dpt[nb], v_frag[kc], frag);
-                }
-            }
-            // P^T into st, dS^T (still without the 1/sqrt(D)) into dpt.
-#pragma unroll
-            for (int nb = 0; nb < kMmaTile / 8; nb++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int i = nb * 8 + 2 * c + e % 2, t = t0 + i, r = e / 2;
-                    float p = (j_row[r] <= t && t < T) ? expf(st[nb][e] * scale - lse_tile[i]) : 0.0f;
-                    st[nb][e] = p;
-                    dpt[nb][e] = p * (dpt[nb][e] - delta_tile[i]);
-                }
-            }
-            // dV += P^T dO and dK += dS^T Q, the sums running over the 64 queries in 16-query steps.
-#pragma unroll
-            for (int kk = 0; kk < kMmaTile / 16; kk++) {
-                uint32_t p_frag[4], ds_frag[4];
-                accumulators_to_a_fragment(p_frag, st[2 * kk], st[2 * kk + 1]);
-                accumulators_to_a_fragment(ds_frag, dpt[2 * kk], dpt[2 * kk + 1]);
-#pragma unroll
-                for (int nd = 0; nd < D / 8; nd++) {
-                    uint32_t frag[2];
-                    load_b_fragment_rows_k<LD>(frag, dout_tile, kk * 16, nd * 8, g, c);
-                    mma_bf16_16x8x16(dv[nd], p_frag, frag);
-                    load_b_fragment_rows_k<LD>(frag, q_tile, kk * 16, nd * 8, g, c);
-                    mma_bf16_16x8x16(dk[nd], ds_frag, frag);
-                }
-            }
-            __syncthreads();  // every warp is done with the tiles before they are refilled
+    for (int step = 0; step < steps; step++) {
+        const int buffer = step % 2;
+        if (step + 1 < steps) {  // prefetch the next step's tiles into the other buffer
+            load_step_async(step + 1, 1 - buffer);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
         }
+        __syncthreads();
+        const int t0 = (k_tile_index + step % q_tiles_per_head) * kMmaTile;
+        const bf16* q_tile = q_tiles + buffer * kTileElements;
+        const bf16* dout_tile = dout_tiles + buffer * kTileElements;
+        const float* lse_tile = lse_tiles + buffer * kMmaTile;
+        const float* delta_tile = delta_tiles + buffer * kMmaTile;
+
+        // S^T, dP^T: 16 keys x 64 queries. The warp's keys and values as A operands, loaded here
+        // so that they hold registers only for their product.
+        float st[kMmaTile / 8][4] = {}, dpt[kMmaTile / 8][4] = {};
+        uint32_t kv_frag[D / 16][4];
+#pragma unroll
+        for (int kc = 0; kc < D / 16; kc++) load_a_fragment<LD>(kv_frag[kc], k_tile, warp * 16, kc * 16, lane);
+        mma_rows_times_tile_transposed<D, LD>(st, kv_frag, q_tile, lane);
+#pragma unroll
+        for (int kc = 0; kc < D / 16; kc++) load_a_fragment<LD>(kv_frag[kc], v_tile, warp * 16, kc * 16, lane);
+        mma_rows_times_tile_transposed<D, LD>(dpt, kv_frag, dout_tile, lane);
+        // P^T into st, dS^T (still without the 1/sqrt(D)) into dpt. Only the diagonal tile has
+        // queries before a key, and only a last, partial tile has queries beyond T.
+        const bool boundary = t0 == k_tile_index * kMmaTile || t0 + kMmaTile > T;
+#pragma unroll
+        for (int nb = 0; nb < kMmaTile / 8; nb++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = nb * 8 + 2 * c + e % 2, t = t0 + i, r = e / 2;
+                float p = __expf(st[nb][e] * scale - lse_tile[i]);
+                if (boundary && (t < j_row[r] || t >= T)) p = 0.0f;
+                st[nb][e] = p;
+                dpt[nb][e] = p * (dpt[nb][e] - delta_tile[i]);
+            }
+        }
+        mma_scores_times_tile<D, LD>(dv, st, dout_tile, lane);
+        mma_scores_times_tile<D, LD>(dk, dpt, q_tile, lane);
+        __syncthreads();  // every warp is done with this buffer before the next step refills it
     }
 
 #pragma unroll
@@ -580,15 +661,16 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_dkdv_mma_kerne
 // Backward, queries: block (query tile, h, b), tiles taken last first. Each warp keeps its 16
 // queries and their dout as A fragments and its 16 x D sum dQ in registers, and over key tiles
 // 0 .. the diagonal: S = Q K^T, P = e^(S / sqrt(D) - lse) (0 for future keys and keys beyond T),
-// dP = dO V^T, dS = P (dP - Delta), dQ += dS K.
+// dP = dO V^T, dS = P (dP - Delta), dQ += dS K. Key/value tiles are double-buffered as in the
+// forward pass.
 template <int D>
 __global__ void __launch_bounds__(kMmaThreads) attention_backward_dq_mma_kernel(bf16* dqk, const bf16* dout, const float* lse,
                                                                                const float* delta, const bf16* qk,
                                                                                const bf16* qkv, int T, int H, int Hkv) {
-    static_assert(D % 16 == 0, "D must be a multiple of 16");
+    static_assert(D % 32 == 0, "D must be a multiple of 32");
     constexpr int LD = D + kMmaTilePad;
-    __shared__ __align__(16) bf16 k_tile[kMmaTile * LD];
-    __shared__ __align__(16) bf16 v_tile[kMmaTile * LD];
+    __shared__ __align__(16) bf16 k_tiles[2][kMmaTile * LD];
+    __shared__ __align__(16) bf16 v_tiles[2][kMmaTile * LD];
     const int q_tile_index = (int)gridDim.x - 1 - (int)blockIdx.x;
     const int h = blockIdx.y, b = blockIdx.z, kv_head = h / (H / Hkv);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
@@ -599,15 +681,22 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_dq_mma_kernel(
     const bf16* values = qkv + (size_t)b * T * qkv_stride + (size_t)(H + Hkv + kv_head) * D;
     const float scale = 1.0f / sqrtf((float)D);
 
-    // The warp's queries and output gradients as A operands (passing through the shared tiles).
-    uint32_t q_frag[D / 16][4], dout_frag[D / 16][4];
-    load_tile<D, LD>(k_tile, queries, qk_stride, q_tile_index * kMmaTile, T);
-    load_tile<D, LD>(v_tile, douts, out_stride, q_tile_index * kMmaTile, T);
+    // Copy groups: the queries and output gradients (through the second buffers, free until the
+    // loop prefetches into them), then key/value tile 0.
+    load_tile_async<D, LD>(k_tiles[1], queries, qk_stride, q_tile_index * kMmaTile, T);
+    load_tile_async<D, LD>(v_tiles[1], douts, out_stride, q_tile_index * kMmaTile, T);
+    cp_async_commit();
+    load_tile_async<D, LD>(k_tiles[0], keys, qk_stride, 0, T);
+    load_tile_async<D, LD>(v_tiles[0], values, qkv_stride, 0, T);
+    cp_async_commit();
+    // The warp's queries and output gradients as A operands.
+    cp_async_wait<1>();
     __syncthreads();
+    uint32_t q_frag[D / 16][4], dout_frag[D / 16][4];
 #pragma unroll
     for (int kc = 0; kc < D / 16; kc++) {
-        load_a_fragment<LD>(q_frag[kc], k_tile, warp * 16, kc * 16, g, c);
-        load_a_fragment<LD>(dout_frag[kc], v_tile, warp * 16, kc * 16, g, c);
+        load_a_fragment<LD>(q_frag[kc], k_tiles[1], warp * 16, kc * 16, lane);
+        load_a_fragment<LD>(dout_frag[kc], v_tiles[1], warp * 16, kc * 16, lane);
     }
     __syncthreads();
 
@@ -621,46 +710,37 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_dq_mma_kernel(
     }
     float dq[D / 8][4] = {};
     for (int k_tile_index = 0; k_tile_index <= q_tile_index; k_tile_index++) {
-        const int j0 = k_tile_index * kMmaTile;
-        load_tile<D, LD>(k_tile, keys, qk_stride, j0, T);
-        load_tile<D, LD>(v_tile, values, qkv_stride, j0, T);
+        const int j0 = k_tile_index * kMmaTile, buffer = k_tile_index % 2;
+        if (k_tile_index < q_tile_index) {  // prefetch the next tile into the other buffer
+            load_tile_async<D, LD>(k_tiles[1 - buffer], keys, qk_stride, j0 + kMmaTile, T);
+            load_tile_async<D, LD>(v_tiles[1 - buffer], values, qkv_stride, j0 + kMmaTile, T);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
         __syncthreads();
+        const bf16* k_tile = k_tiles[buffer];
+        const bf16* v_tile = v_tiles[buffer];
 
         float s[kMmaTile / 8][4] = {}, dp[kMmaTile / 8][4] = {};  // S, dP: 16 queries x 64 keys
-#pragma unroll
-        for (int nb = 0; nb < kMmaTile / 8; nb++) {
-#pragma unroll
-            for (int kc = 0; kc < D / 16; kc++) {
-                uint32_t frag[2];
-                load_b_fragment_rows_n<LD>(frag, k_tile, nb * 8, kc * 16, g, c);
-                mma_bf16_16x8x16(s[nb], q_frag[kc], frag);
-                load_b_fragment_rows_n<LD>(frag, v_tile, nb * 8, kc * 16, g, c);
-                mma_bf16_16x8x16(dp[nb], dout_frag[kc], frag);
-            }
-        }
-        // dS (still without the 1/sqrt(D)) in place of the scores.
+        mma_rows_times_tile_transposed<D, LD>(s, q_frag, k_tile, lane);
+        mma_rows_times_tile_transposed<D, LD>(dp, dout_frag, v_tile, lane);
+        // dS (still without the 1/sqrt(D)) in place of the scores. As in the forward pass, only
+        // the diagonal tile has future keys or keys beyond T.
+        const bool diagonal = k_tile_index == q_tile_index;
 #pragma unroll
         for (int nb = 0; nb < kMmaTile / 8; nb++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int j = j0 + nb * 8 + 2 * c + e % 2, r = e / 2;
-                float p = (j <= t_row[r] && j < T) ? expf(s[nb][e] * scale - row_lse[r]) : 0.0f;
+                float p = __expf(s[nb][e] * scale - row_lse[r]);
+                if (diagonal && (j > t_row[r] || j >= T)) p = 0.0f;
                 s[nb][e] = p * (dp[nb][e] - row_delta[r]);
             }
         }
-        // dQ += dS K, the sum running over the 64 keys in 16-key steps.
-#pragma unroll
-        for (int kk = 0; kk < kMmaTile / 16; kk++) {
-            uint32_t ds_frag[4];
-            accumulators_to_a_fragment(ds_frag, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-            for (int nd = 0; nd < D / 8; nd++) {
-                uint32_t frag[2];
-                load_b_fragment_rows_k<LD>(frag, k_tile, kk * 16, nd * 8, g, c);
-                mma_bf16_16x8x16(dq[nd], ds_frag, frag);
-            }
-        }
-        __syncthreads();  // every warp is done with the tiles before they are refilled
+        mma_scores_times_tile<D, LD>(dq, s, k_tile, lane);
+        __syncthreads();  // every warp is done with this buffer before the next iteration refills it
     }
 
 #pragma unroll
@@ -768,7 +848,10 @@ inline void attention_backward(bf16* dqk, bf16* dqkv, float* delta_scratch, cons
                                                                                              B, T, H, D);
     cuda_check_launch();
     if (impl == ATTENTION_MMA) {
-        attention_backward_dkdv_mma_kernel<64><<<dim3(ceil_div(T, kMmaTile), Hkv, B), kMmaThreads, 0, stream>>>(
+        constexpr int dkdv_smem = attention_dkdv_mma_smem_bytes<64>();  // above the 48 KiB default: opt in
+        cudaCheck(cudaFuncSetAttribute(attention_backward_dkdv_mma_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       dkdv_smem));
+        attention_backward_dkdv_mma_kernel<64><<<dim3(ceil_div(T, kMmaTile), Hkv, B), kMmaThreads, dkdv_smem, stream>>>(
             dqk, dqkv, dout, lse, delta_scratch, qk, qkv, T, H, Hkv);
         cuda_check_launch();
         attention_backward_dq_mma_kernel<64><<<dim3(ceil_div(T, kMmaTile), H, B), kMmaThreads, 0, stream>>>(

@@ -19,7 +19,7 @@
 #include <cstring>
 #include <string>
 #include <vector>
-#include "llmc/model_cpu.h"
+#include "llmc/model_cpu.h"  // first: config.h names a variable HD, which math.h defines as a macro under nvcc
 #include "llmc/attention.cuh"
 #include "llmc/rand.h"
 #include "test/testing.h"
@@ -72,21 +72,24 @@ static double max_abs(const std::vector<float>& v) {
     return m;
 }
 
-// A bf16 tensor: element-wise |got - want| <= 0.01 max|want| + 0.079 |want|, and a relative RMS
-// error ||got - want|| / ||want|| of at most 1e-2 (bf16 rounding alone gives about 2e-3), which
-// catches small systematic errors (a key too many in a long row) that the element-wise bound lets by.
+// A bf16 tensor: element-wise |got - want| <= atol + 0.079 |want| with atol = 0.01 max|want| + 1e-4,
+// and an RMS error of at most 0.01 RMS(want) + 1e-4 (bf16 rounding alone gives about 0.002), which
+// catches small systematic errors (a key too many in a long row) that the element-wise bound lets
+// by. The 1e-4 floor, far below the bf16 resolution of the O(1) inputs, covers tensors that are
+// zero up to rounding (dq and dk at T = 1, where ds = p (dp - Delta) vanishes).
 static void check_bf16_tensor(const std::string& name, const std::vector<float>& got, const std::vector<float>& want) {
-    check_close(name, got.data(), want.data(), got.size(), 0.079, 0.01 * max_abs(want));
+    check_close(name, got.data(), want.data(), got.size(), 0.079, 0.01 * max_abs(want) + 1e-4);
     double err2 = 0, ref2 = 0;
     for (size_t i = 0; i < got.size(); i++) {
         double d = (double)got[i] - want[i];
         err2 += d * d;
         ref2 += (double)want[i] * want[i];
     }
-    double rel_rms = ref2 > 0 ? sqrt(err2 / ref2) : sqrt(err2);
-    char why[128];
-    snprintf(why, sizeof why, "relative RMS error %.3g (limit 1e-2)", rel_rms);
-    report(rel_rms <= 1e-2, name + " rms", why);
+    double rms_err = sqrt(err2 / got.size()), rms_ref = sqrt(ref2 / got.size()), limit = 0.01 * rms_ref + 1e-4;
+    char why[160];
+    snprintf(why, sizeof why, "RMS error %.3g, %.3g of the reference's RMS %.3g (limit %.3g)", rms_err,
+             rms_ref > 0 ? rms_err / rms_ref : 0.0, rms_ref, limit);
+    report(rms_err <= limit, name + " rms", why);
 }
 
 template <typename T>
@@ -183,6 +186,7 @@ struct CpuForward {
     AttnRowStats stats;
 };
 
+// model_cpu.h's attention_forward (the float overload) on the same bf16-rounded inputs.
 static CpuForward cpu_forward_reference(const Problem& p) {
     const Shape& s = p.s;
     CpuForward r;
@@ -242,7 +246,7 @@ static void validate(const Problem& p, const CpuForward& ref, AttentionImpl impl
     same = same_bits(dqk[0], dqk[1]) && same_bits(dqkv[0], dqkv[1]);
     report(same, prefix + "backward deterministic", same ? "two runs gave the same bits" : "two runs differ");
 
-    // The CPU backward from the out and lse the GPU backward read.
+    // The CPU backward (model_cpu.h's float overload) from the out and lse the GPU backward read.
     std::vector<float> cpu_dqk(p.qk_size, 0.0f), cpu_dqkv(p.qkv_size, 0.0f);
     std::vector<float> qk = to_float(p.qk), qkv = to_float(p.qkv), dout = to_float(p.dout), outf = to_float(out);
     attention_backward(cpu_dqk.data(), cpu_dqkv.data(), dout.data(), outf.data(), lse.data(), qk.data(), qkv.data(), s.B,
