@@ -74,11 +74,12 @@ inline void matmul_lt(Matmul& mm, void* d, const __nv_bfloat16* a, const __nv_bf
                                                          &mm.workspace_bytes, sizeof mm.workspace_bytes));
         cublasLtMatmulHeuristicResult_t result;
         int found = 0;
-        cublasCheck(cublasLtMatmulAlgoGetHeuristic(mm.handle, desc, la, lb, lc, ld, pref, 1, &result, &found));
+        cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(mm.handle, desc, la, lb, lc, ld, pref, 1, &result, &found);
         cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
-        if (found == 0)
-            fail("cuBLASLt has no algorithm for a %dx%dx%d product (lda %d, ldb %d, ldd %d); matrix widths must be multiples of 8",
-                 m, n, k, lda, ldb, ldd);
+        if (status != CUBLAS_STATUS_SUCCESS || found == 0)
+            fail("cuBLASLt has no algorithm (status %d) for m %d n %d k %d, op(A) %c op(B) %c, lda %d ldb %d ldd %d, "
+                 "%s output%s, batch %d", (int)status, m, n, k, trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', lda, ldb, ldd,
+                 d_fp32 ? "float" : "bf16", c ? " plus C" : "", batch);
         it = mm.algos.emplace(key, result).first;
     }
     float alpha = 1.0f, beta = c ? 1.0f : 0.0f;

@@ -19,6 +19,7 @@ static bool compare_bf16(const std::string& name, const float* got, const double
 
 int main(int argc, char** argv) {
     if (argc != 2) fail("usage: test_gpt_cuda REFERENCE_DIR");
+    setvbuf(stdout, nullptr, _IOLBF, 0);  // lines appear in order with errors on stderr
     std::string name;
     if (!cuda_device_present(&name)) {
         printf("no CUDA device: nothing to test\n");

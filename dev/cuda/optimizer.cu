@@ -46,8 +46,15 @@ int main() {
                opt.eps, opt.weight_decay, 3, 0);
     std::vector<float> got = download(d_params, P);
     check_close("adamw parameters", got.data(), cpu.params.data(), P, 1e-5, 1e-8);
-    check_close("adamw first moments", download(d_m, P).data(), cpu.adam_m.data(), P, 1e-5, 1e-10);
-    check_close("adamw second moments", download(d_v, P).data(), cpu.adam_v.data(), P, 1e-5, 1e-14);
+    // m = beta1 m + (1 - beta1) g cancels where the two terms nearly meet, so its tolerance has
+    // an absolute part scaled to the largest moment.
+    auto max_abs = [](const std::vector<float>& x) {
+        float mx = 0.0f;
+        for (float v : x) mx = fmaxf(mx, fabsf(v));
+        return (double)mx;
+    };
+    check_close("adamw first moments", download(d_m, P).data(), cpu.adam_m.data(), P, 1e-5, 1e-6 * max_abs(cpu.adam_m));
+    check_close("adamw second moments", download(d_v, P).data(), cpu.adam_v.data(), P, 1e-5, 1e-6 * max_abs(cpu.adam_v));
     std::vector<float> rounded(P);
     for (size_t i = 0; i < P; i++) rounded[i] = __bfloat162float(__float2bfloat16(got[i]));
     report(download_bf16(d_bf16, P) == rounded, "adamw refreshes the bf16 weights");

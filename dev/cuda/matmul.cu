@@ -1,0 +1,91 @@
+// Checks and times the cuBLASLt products of llmc/matmul.cuh against OpenBLAS on the CPU: the
+// forward product (with and without the fused residual), both backward products (the weight
+// gradient accumulates in float32), a padded output stride as the classifier uses, and the
+// batched Gram matrices of the telemetry. Shapes of the d22 model and of the parity test's model.
+// Build: make build/dev_matmul. Each shape is announced before it runs, so an unsupported one is
+// named by the last line printed.
+#include "dev/cuda/common.h"
+#include "llmc/matmul.cuh"
+#include "llmc/model_cpu.h"
+
+static void check_linear(Matmul& mm, int N, int IC, int OC, int ld_out, bool residual) {
+    std::string tag = "N" + std::to_string(N) + " IC" + std::to_string(IC) + " OC" + std::to_string(OC) +
+                      (ld_out != OC ? " ld" + std::to_string(ld_out) : "") + (residual ? " +residual" : "");
+    printf("   checking %s\n", tag.c_str());
+    Rng rng{(uint64_t)N * 131 + IC * 7 + OC};
+    std::vector<float> inp = random_values((size_t)N * IC, 1.0f, rng), W = random_values((size_t)OC * IC, 0.05f, rng);
+    std::vector<float> res = random_values((size_t)N * ld_out, 1.0f, rng), dout = random_values((size_t)N * ld_out, 0.1f, rng);
+    std::vector<float> dW0 = random_values((size_t)OC * IC, 0.01f, rng);
+    // CPU reference with the same strides.
+    std::vector<float> inp_c = inp, out((size_t)N * OC), dout_c((size_t)N * OC), dinp((size_t)N * IC), dW = dW0;
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) dout_c[(size_t)n * OC + o] = dout[(size_t)n * ld_out + o];
+    matmul_forward(out.data(), inp_c.data(), W.data(), N, IC, OC);
+    if (residual)
+        for (int n = 0; n < N; n++)
+            for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += res[(size_t)n * ld_out + o];
+    matmul_backward(dinp.data(), dW.data(), dout_c.data(), inp_c.data(), W.data(), N, IC, OC, false);
+    bf16 *d_inp = upload_bf16(inp), *d_W = upload_bf16(W), *d_res = upload_bf16(res), *d_dout = upload_bf16(dout), *d_out, *d_dinp;
+    float* d_dW = upload(dW0);
+    cudaCheck(cudaMalloc(&d_out, (size_t)N * ld_out * sizeof(bf16)));
+    cudaCheck(cudaMalloc(&d_dinp, (size_t)N * IC * sizeof(bf16)));
+    matmul_forward(mm, d_out, d_inp, d_W, residual ? d_res : nullptr, N, IC, OC, 0, ld_out);
+    matmul_backward(mm, d_dinp, d_dW, d_dout, d_inp, d_W, N, IC, OC, 0, ld_out);
+    std::vector<float> got = download_bf16(d_out, (size_t)N * ld_out), got_packed((size_t)N * OC);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) got_packed[(size_t)n * OC + o] = got[(size_t)n * ld_out + o];
+    compare_to_reference("matmul forward " + tag, got_packed, out);
+    compare_to_reference("matmul backward dinp " + tag, download_bf16(d_dinp, dinp.size()), dinp);
+    compare_to_reference("matmul backward dW (accumulated) " + tag, download(d_dW, dW.size()), dW);
+    float fwd = time_ms([&] { matmul_forward(mm, d_out, d_inp, d_W, residual ? d_res : nullptr, N, IC, OC, 0, ld_out); });
+    float bwd = time_ms([&] { matmul_backward(mm, d_dinp, d_dW, d_dout, d_inp, d_W, N, IC, OC, 0, ld_out); });
+    double flop = 2.0 * N * IC * OC;
+    printf("   %s: forward %.3f ms (%.0f TFLOP/s), backward %.3f ms (%.0f TFLOP/s)\n", tag.c_str(), fwd, flop / fwd / 1e9, bwd,
+           2 * flop / bwd / 1e9);
+    for (void* p : {(void*)d_inp, (void*)d_W, (void*)d_res, (void*)d_dout, (void*)d_out, (void*)d_dinp, (void*)d_dW}) cudaCheck(cudaFree(p));
+}
+
+// Gram matrices K_h^T K_h of Hkv key heads inside rows of NH heads, as telemetry_layer computes them.
+static void check_gram(Matmul& mm, int N, int H, int Hkv) {
+    int D = 64, NH = H + Hkv;
+    std::string tag = "gram N" + std::to_string(N) + " H" + std::to_string(H) + ":" + std::to_string(Hkv);
+    printf("   checking %s\n", tag.c_str());
+    Rng rng{(uint64_t)N + H};
+    std::vector<float> qk = random_values((size_t)N * NH * D, 1.0f, rng), want((size_t)Hkv * D * D, 0.0f);
+    for (int h = 0; h < Hkv; h++)
+        for (int n = 0; n < N; n++) {
+            const float* k = &qk[((size_t)n * NH + H + h) * D];
+            for (int i = 0; i < D; i++)
+                for (int j = 0; j < D; j++) want[((size_t)h * D + i) * D + j] += k[i] * k[j];
+        }
+    bf16* d_qk = upload_bf16(qk);
+    float* d_gram;
+    cudaCheck(cudaMalloc(&d_gram, want.size() * sizeof(float)));
+    const bf16* keys = d_qk + (size_t)H * D;
+    matmul_lt(mm, d_gram, keys, keys, nullptr, D, D, N, false, true, NH * D, NH * D, D, true, 0, Hkv, D, D, (long long)D * D);
+    compare_to_reference("matmul " + tag, download(d_gram, want.size()), want, 1e-4);
+    cudaCheck(cudaFree(d_qk));
+    cudaCheck(cudaFree(d_gram));
+}
+
+int main() {
+    if (!require_gpu()) return 0;
+    Matmul mm;
+    matmul_init(mm);
+    // d22 at B = 8, T = 2048: qkv, attention output, MLP up and down, classifier.
+    check_linear(mm, 16384, 512, 1536, 1536, false);
+    check_linear(mm, 16384, 512, 512, 512, true);
+    check_linear(mm, 16384, 512, 3072, 3072, false);
+    check_linear(mm, 16384, 1536, 512, 512, true);
+    check_linear(mm, 16384, 512, 8192, 8192, false);
+    check_gram(mm, 16384, 8, 8);
+    // The parity test's model (B = 4, T = 64): V = 320 padded to 384, GQA 4:2, d_ff 192.
+    check_gram(mm, 256, 4, 2);
+    check_linear(mm, 256, 256, 512, 512, false);
+    check_linear(mm, 256, 256, 256, 256, true);
+    check_linear(mm, 256, 256, 384, 384, false);
+    check_linear(mm, 256, 192, 256, 256, true);
+    check_linear(mm, 256, 256, 320, 384, false);
+    matmul_free(mm);
+    return test_exit_code();
+}
