@@ -8,7 +8,7 @@
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <map>
-#include <tuple>
+#include <array>
 #include "cuda_common.cuh"
 
 #define cublasCheck(x) cublas_check((x), __FILE__, __LINE__)
@@ -19,14 +19,25 @@ inline void cublas_check(cublasStatus_t status, const char* file, int line) {
     }
 }
 
+// Everything the choice of algorithm depends on: shape, operations, strides, types, pointer alignments.
+typedef std::array<int, 15> MatmulKey;
+
 struct Matmul {
     cublasLtHandle_t handle = nullptr;
     void* workspace = nullptr;
     size_t workspace_bytes = 32u << 20;
     // The heuristic's choice for each problem shape, asked once: the same shape then always runs
     // the same algorithm, which keeps results bit-identical from step to step.
-    std::map<std::tuple<int, int, int, int, int, int, int, int, int, int, int>, cublasLtMatmulHeuristicResult_t> algos;
+    std::map<MatmulKey, cublasLtMatmulHeuristicResult_t> algos;
 };
+
+// The largest power of two, up to 256, that divides the address.
+inline uint32_t pointer_alignment(const void* p) {
+    uintptr_t a = (uintptr_t)p;
+    uint32_t align = 256;
+    while (align > 1 && a % align != 0) align /= 2;
+    return align;
+}
 
 inline void matmul_init(Matmul& mm) {
     cublasCheck(cublasLtCreate(&mm.handle));
@@ -65,13 +76,24 @@ inline void matmul_lt(Matmul& mm, void* d, const __nv_bfloat16* a, const __nv_bf
                                                          &strides[i], sizeof strides[i]));
         }
     }
-    auto key = std::make_tuple(m, n, k, (int)trans_a, (int)trans_b, lda, ldb, ldd, (int)d_fp32, c != nullptr, batch);
+    // The heuristic assumes 256-byte aligned pointers unless told otherwise, and an algorithm chosen
+    // under that assumption refuses a less aligned pointer. So the key includes the alignments.
+    uint32_t align_a = pointer_alignment(a), align_b = pointer_alignment(b), align_d = pointer_alignment(d);
+    uint32_t align_c = c ? pointer_alignment(c) : align_d;
+    MatmulKey key = {m, n, k, (int)trans_a, (int)trans_b, lda, ldb, ldd, (int)d_fp32, c != nullptr, batch,
+                     (int)align_a, (int)align_b, (int)align_c, (int)align_d};
     auto it = mm.algos.find(key);
     if (it == mm.algos.end()) {
         cublasLtMatmulPreference_t pref;
         cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
         cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                          &mm.workspace_bytes, sizeof mm.workspace_bytes));
+        const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+        const uint32_t aligns[4] = {align_a, align_b, align_c, align_d};
+        for (int i = 0; i < 4; i++)
+            cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &aligns[i], sizeof aligns[i]));
         cublasLtMatmulHeuristicResult_t result;
         int found = 0;
         cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(mm.handle, desc, la, lb, lc, ld, pref, 1, &result, &found);

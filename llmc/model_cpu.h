@@ -19,6 +19,14 @@
 #include "telemetry.h"
 #include "utils.h"
 
+// glibc ships vectorised versions of expf (libmvec). GCC uses them in `omp simd` loops only when
+// told they exist, which -ffast-math does along with much else (it would also break NaN checks);
+// this declaration tells it just that. The softmax loops below run 5-10x faster with it.
+#if defined(__GLIBC__) && defined(__x86_64__)
+#pragma omp declare simd notinbranch
+extern "C" float expf(float) noexcept;
+#endif
+
 // ---------------------------------------------------------------------------------------------
 // Activations kept from the forward pass for the backward pass. Per-layer buffers hold all
 // layers back to back: buffer[l * per_layer_size + ...].
@@ -259,115 +267,103 @@ struct AttnRowStats {
     std::vector<float> logit_max;
 };
 
-// Causal attention, one query row at a time: scores s_j = q_t . k_j / sqrt(D) for j <= t, softmax,
-// y_t = sum_j p_j v_j. Saves each row's log-sum-exp so the backward pass can rebuild p without
-// storing any T x T matrix. Query head h reads key/value head h / (H / Hkv).
+// Causal attention for one (sequence, head) at a time, as three matrix products through BLAS:
+// S = Q K^T / sqrt(D) (a T x T scratch per thread, upper triangle ignored), the causal softmax of
+// each row in place, Y = P V. Saves each row's log-sum-exp so that the backward pass can rebuild P.
+// Query head h reads key/value head h / (H / Hkv). With stats, also keeps each row's entropy, mass
+// on position 0, largest probability and largest logit (telemetry.md).
 inline void attention_forward(float* atty, float* lse, const float* qk_rope, const float* qkv, int B, int T,
                               const ModelConfig& c, AttnRowStats* stats) {
-    int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, NH = H + Hkv, QKV = c.qkv_dim();
+    int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, NH = H + Hkv, QKV = c.qkv_dim(), C = c.d_model;
     int group = c.group_size();
     float scale = 1.0f / sqrtf((float)D);
 #pragma omp parallel
     {
-        std::vector<float> s(T);
+        std::vector<float> S((size_t)T * T);
 #pragma omp for collapse(2) schedule(dynamic)
         for (int b = 0; b < B; b++) {
             for (int h = 0; h < H; h++) {
                 int kvh = h / group;
+                const float* q = qk_rope + ((size_t)b * T * NH + h) * D;
+                const float* k = qk_rope + ((size_t)b * T * NH + H + kvh) * D;
+                const float* v = qkv + (size_t)b * T * QKV + (size_t)(H + Hkv + kvh) * D;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, D, scale, q, NH * D, k, NH * D, 0.0f, S.data(), T);
                 for (int t = 0; t < T; t++) {
-                    const float* q = qk_rope + (((size_t)b * T + t) * NH + h) * D;
+                    float* row = &S[(size_t)t * T];
                     float m = -INFINITY;
-                    for (int j = 0; j <= t; j++) {
-                        const float* k = qk_rope + (((size_t)b * T + j) * NH + H + kvh) * D;
-                        float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                        for (int i = 0; i < D; i++) dot += q[i] * k[i];
-                        s[j] = dot * scale;
-                        m = fmaxf(m, s[j]);
-                    }
+#pragma omp simd reduction(max : m)
+                    for (int j = 0; j <= t; j++) m = fmaxf(m, row[j]);
                     float l = 0.0f, a = 0.0f;
+#pragma omp simd reduction(+ : l, a)
                     for (int j = 0; j <= t; j++) {
-                        float e = expf(s[j] - m);
+                        float e = expf(row[j] - m);
                         l += e;
-                        a += e * (s[j] - m);
-                        s[j] = e;
+                        a += e * (row[j] - m);
+                        row[j] = e;
                     }
                     float inv_l = 1.0f / l;
-                    float* y = atty + ((size_t)b * T + t) * c.d_model + (size_t)h * D;
-                    for (int i = 0; i < D; i++) y[i] = 0.0f;
-                    for (int j = 0; j <= t; j++) {
-                        const float* v = qkv + ((size_t)b * T + j) * QKV + (size_t)(H + Hkv + kvh) * D;
-                        float p = s[j] * inv_l;
-#pragma omp simd
-                        for (int i = 0; i < D; i++) y[i] += p * v[i];
-                    }
-                    size_t row = ((size_t)b * H + h) * T + t;
-                    lse[row] = m + logf(l);
+                    for (int j = 0; j <= t; j++) row[j] *= inv_l;
+                    for (int j = t + 1; j < T; j++) row[j] = 0.0f;
+                    size_t r = ((size_t)b * H + h) * T + t;
+                    lse[r] = m + logf(l);
                     if (stats) {
-                        stats->entropy[row] = softmax_row_entropy(l, a);
-                        stats->sink[row] = s[0] * inv_l;
-                        stats->maxp[row] = inv_l;  // the largest term is e^(m - m) = 1
-                        stats->logit_max[row] = m;
+                        stats->entropy[r] = softmax_row_entropy(l, a);
+                        stats->sink[r] = row[0];
+                        stats->maxp[r] = inv_l;  // the largest term is e^(m - m) = 1
+                        stats->logit_max[r] = m;
                     }
                 }
+                float* y = atty + (size_t)b * T * C + (size_t)h * D;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, T, 1.0f, S.data(), T, v, QKV, 0.0f, y, C);
             }
         }
     }
 }
 
-// Backward of attention. With p the softmax row and dp_j = dy_t . v_j:
-//   ds_j = p_j (dp_j - sum_i p_i dp_i),  dq_t = sum_j ds_j k_j / sqrt(D),
-//   dk_j += ds_j q_t / sqrt(D),          dv_j += p_j dy_t.
-// sum_i p_i dp_i equals dy_t . y_t. Work is split by (b, key/value head) so each task owns the
-// dk and dv it accumulates: no two threads write the same element, and the summation order is
-// fixed, so results do not depend on the thread count.
+// Backward of attention, per (sequence, key/value head) so that each task owns the dK and dV it
+// accumulates over the query heads of its group (no two threads write the same element; the
+// order of the sums is fixed). For each query head, with P rebuilt from the saved log-sum-exp:
+//   dP = dY V^T,  dS = P (dP - rowsum(P dP)) / sqrt(D)   (rowsum(P dP) = dY . Y per row),
+//   dQ = dS K,    dK += dS^T Q,    dV += P^T dY.
 inline void attention_backward(float* dqk, float* dqkv, const float* datty, const float* atty, const float* lse,
                                const float* qk_rope, const float* qkv, int B, int T, const ModelConfig& c) {
-    int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, NH = H + Hkv, QKV = c.qkv_dim();
+    int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, NH = H + Hkv, QKV = c.qkv_dim(), C = c.d_model;
     int group = c.group_size();
     float scale = 1.0f / sqrtf((float)D);
 #pragma omp parallel
     {
-        std::vector<float> p(T);
+        std::vector<float> P((size_t)T * T), dS((size_t)T * T);
 #pragma omp for collapse(2) schedule(dynamic)
         for (int b = 0; b < B; b++) {
             for (int kvh = 0; kvh < Hkv; kvh++) {
-                for (int t = 0; t < T; t++) {  // clear this task's dk and dv
-                    float* dk = dqk + (((size_t)b * T + t) * NH + H + kvh) * D;
-                    float* dv = dqkv + ((size_t)b * T + t) * QKV + (size_t)(H + Hkv + kvh) * D;
-                    for (int i = 0; i < D; i++) dk[i] = dv[i] = 0.0f;
-                }
+                const float* k = qk_rope + ((size_t)b * T * NH + H + kvh) * D;
+                const float* v = qkv + (size_t)b * T * QKV + (size_t)(H + Hkv + kvh) * D;
+                float* dk = dqk + ((size_t)b * T * NH + H + kvh) * D;
+                float* dv = dqkv + (size_t)b * T * QKV + (size_t)(H + Hkv + kvh) * D;
                 for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+                    const float* q = qk_rope + ((size_t)b * T * NH + h) * D;
+                    const float* y = atty + (size_t)b * T * C + (size_t)h * D;
+                    const float* dy = datty + (size_t)b * T * C + (size_t)h * D;
+                    float* dq = dqk + ((size_t)b * T * NH + h) * D;
+                    const float* row_lse = lse + ((size_t)b * H + h) * T;
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, D, scale, q, NH * D, k, NH * D, 0.0f, P.data(), T);
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, D, 1.0f, dy, C, v, QKV, 0.0f, dS.data(), T);
                     for (int t = 0; t < T; t++) {
-                        const float* q = qk_rope + (((size_t)b * T + t) * NH + h) * D;
-                        const float* dy = datty + ((size_t)b * T + t) * c.d_model + (size_t)h * D;
-                        const float* y = atty + ((size_t)b * T + t) * c.d_model + (size_t)h * D;
-                        float row_lse = lse[((size_t)b * H + h) * T + t];
+                        float* p = &P[(size_t)t * T];
+                        float* ds = &dS[(size_t)t * T];
                         float dyy = 0.0f;
-                        for (int i = 0; i < D; i++) dyy += dy[i] * y[i];
-                        float* dq = dqk + (((size_t)b * T + t) * NH + h) * D;
-                        for (int i = 0; i < D; i++) dq[i] = 0.0f;
-                        for (int j = 0; j <= t; j++) {
-                            const float* k = qk_rope + (((size_t)b * T + j) * NH + H + kvh) * D;
-                            const float* v = qkv + ((size_t)b * T + j) * QKV + (size_t)(H + Hkv + kvh) * D;
-                            float qk = 0.0f, dp = 0.0f;
-#pragma omp simd reduction(+ : qk, dp)
-                            for (int i = 0; i < D; i++) {
-                                qk += q[i] * k[i];
-                                dp += dy[i] * v[i];
-                            }
-                            float pj = expf(qk * scale - row_lse);
-                            float ds = pj * (dp - dyy) * scale;
-                            float* dk = dqk + (((size_t)b * T + j) * NH + H + kvh) * D;
-                            float* dv = dqkv + ((size_t)b * T + j) * QKV + (size_t)(H + Hkv + kvh) * D;
+                        for (int i = 0; i < D; i++) dyy += dy[(size_t)t * C + i] * y[(size_t)t * C + i];
 #pragma omp simd
-                            for (int i = 0; i < D; i++) {
-                                dq[i] += ds * k[i];
-                                dk[i] += ds * q[i];
-                                dv[i] += pj * dy[i];
-                            }
+                        for (int j = 0; j <= t; j++) {
+                            p[j] = expf(p[j] - row_lse[t]);
+                            ds[j] = p[j] * (ds[j] - dyy) * scale;
                         }
+                        for (int j = t + 1; j < T; j++) p[j] = ds[j] = 0.0f;
                     }
+                    bool first = h == kvh * group;  // the first head of the group sets dK, dV; the others add
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, T, 1.0f, dS.data(), T, k, NH * D, 0.0f, dq, NH * D);
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, D, T, 1.0f, dS.data(), T, q, NH * D, first ? 0.0f : 1.0f, dk, NH * D);
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, D, T, 1.0f, P.data(), T, dy, C, first ? 0.0f : 1.0f, dv, QKV);
                 }
             }
         }
@@ -398,8 +394,10 @@ inline void crossentropy_forward(float* losses, float* row_lse, const float* log
     for (int n = 0; n < N; n++) {
         const float* z = logits + (size_t)n * V;
         float m = -INFINITY;
+#pragma omp simd reduction(max : m)
         for (int i = 0; i < V; i++) m = fmaxf(m, z[i]);
         float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
         for (int i = 0; i < V; i++) sum += expf(z[i] - m);
         row_lse[n] = m + logf(sum);
         losses[n] = row_lse[n] - z[targets[n]];
@@ -412,21 +410,26 @@ inline void crossentropy_backward_inplace(float* logits, const float* row_lse, c
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         float* z = logits + (size_t)n * V;
-        for (int i = 0; i < V; i++) z[i] = expf(z[i] - row_lse[n]) * dloss;
+        float lse = row_lse[n];
+#pragma omp simd
+        for (int i = 0; i < V; i++) z[i] = expf(z[i] - lse) * dloss;
         z[targets[n]] -= dloss;
     }
 }
 
 // ---------------------------------------------------------------------------------------------
-// Key statistics of one layer from the post-k_norm, pre-RoPE keys (telemetry.md). Sums are in
-// double precision: they run over N = B*T keys.
+// Key statistics of one layer from the post-k_norm, pre-RoPE keys (telemetry.md). The per-key
+// sums run in double precision over the N = B*T keys; the Gram matrix K^T K behind the effective
+// rank is one BLAS product (float, then widened for the eigenvalue solver). Heads in parallel.
 inline void key_statistics(Telemetry& tm, int layer, const float* qk_normed, int N, const ModelConfig& c) {
     int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, NH = H + Hkv;
+#pragma omp parallel for schedule(dynamic)
     for (int kvh = 0; kvh < Hkv; kvh++) {
+        const float* keys = qk_normed + (size_t)(H + kvh) * D;  // row n at keys + n * NH * D
         double sum_norm = 0, sum_maxabs = 0, sum_pr = 0;
-        std::vector<double> unit_sum(D, 0.0), gram((size_t)D * D, 0.0);
+        std::vector<double> unit_sum(D, 0.0), gram((size_t)D * D), eig(D);
         for (int n = 0; n < N; n++) {
-            const float* k = qk_normed + ((size_t)n * NH + H + kvh) * D;
+            const float* k = keys + (size_t)n * NH * D;
             double sq = 0, quad = 0, mx = 0;
             for (int i = 0; i < D; i++) {
                 double x = k[i], x2 = x * x;
@@ -441,22 +444,12 @@ inline void key_statistics(Telemetry& tm, int layer, const float* qk_normed, int
             if (norm > 0)
                 for (int i = 0; i < D; i++) unit_sum[i] += k[i] / norm;
         }
-        // Gram matrix K^T K, upper triangle, rows of keys in order (deterministic).
-#pragma omp parallel for schedule(dynamic)
-        for (int i = 0; i < D; i++) {
-            for (int n = 0; n < N; n++) {
-                const float* k = qk_normed + ((size_t)n * NH + H + kvh) * D;
-                double ki = k[i];
-                for (int j = i; j < D; j++) gram[(size_t)i * D + j] += ki * k[j];
-            }
-        }
-        for (int i = 0; i < D; i++)
-            for (int j = 0; j < i; j++) gram[(size_t)i * D + j] = gram[(size_t)j * D + i];
+        std::vector<float> gram_f((size_t)D * D);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, D, N, 1.0f, keys, NH * D, keys, NH * D, 0.0f, gram_f.data(), D);
+        for (size_t i = 0; i < gram.size(); i++) gram[i] = gram_f[i];
         double us2 = 0;
         for (int i = 0; i < D; i++) us2 += unit_sum[i] * unit_sum[i];
-        std::vector<double> eig(D);
-        double erank = symmetric_eigenvalues(gram.data(), D, eig.data())
-                           ? effective_rank_from_gram_eigenvalues(eig.data(), D) : NAN;
+        double erank = symmetric_eigenvalues(gram.data(), D, eig.data()) ? effective_rank_from_gram_eigenvalues(eig.data(), D) : NAN;
         tm.row(M_K_NORM, layer, c)[kvh] = (float)(sum_norm / N);
         tm.row(M_K_MAXABS, layer, c)[kvh] = (float)(sum_maxabs / N);
         tm.row(M_K_PR, layer, c)[kvh] = (float)(sum_pr / N);

@@ -27,8 +27,8 @@ inline TelemetryLayout telemetry_layout(const ModelConfig& c) {
         t.offset[m] = off;
         off += (size_t)c.n_layer * metric_cols(c, kMetrics[m].shape);
     }
-    t.gram_offset = off;
-    t.total = off + (size_t)c.n_layer * c.n_kv_head * c.head_dim * c.head_dim;
+    t.gram_offset = (off + 63) / 64 * 64;  // 256-byte aligned: the Gram matrices are a cuBLAS output
+    t.total = t.gram_offset + (size_t)c.n_layer * c.n_kv_head * c.head_dim * c.head_dim;
     return t;
 }
 
@@ -43,6 +43,7 @@ __global__ void head_row_stats_kernel(float* partial, const bf16* qk_normed, int
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     float* mine = smem + (size_t)warp * (3 + D);
     for (int i = lane; i < 3 + D; i += 32) mine[i] = 0.0f;
+    __syncwarp();  // lanes below add into entries other lanes zeroed
     int first = chunk * kStatRowsPerBlock, last = min(N, first + kStatRowsPerBlock);
     for (int n = first + warp; n < last; n += warps) {
         const bf16* x = qk_normed + ((size_t)n * NH + h) * D;
