@@ -8,6 +8,7 @@
 // C++ (g++ -x c++) and holds the CPU backend only.
 #include <omp.h>
 #include <chrono>
+#include <future>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -60,6 +61,7 @@ struct GpuModel {
     bf16* qk_normed;
     float *row_stats, *stats, *stats_partial, *stats_host;
     TelemetryLayout stats_layout;
+    std::future<void> stats_done;  // the host's share of the statistics (effective ranks), running
     // Inputs and optimiser bookkeeping.
     int *tokens, *targets, *buckets;
     TokenBuckets host_buckets;
@@ -249,7 +251,9 @@ static float gpu_forward(GpuModel& g, const int* tokens, const int* targets, int
         cudaCheck(cudaMemcpyAsync(g.losses_host, g.losses, N * sizeof(float), cudaMemcpyDeviceToHost, s));
     }
     cudaCheck(cudaStreamSynchronize(s));
-    if (tm) telemetry_finish(*tm, g.stats_host, g.stats_layout, c);
+    // The effective ranks need an eigenvalue problem per layer and key head on the host: it runs
+    // beside the GPU's backward pass; gpu_wait_stats waits for it.
+    if (tm) g.stats_done = std::async(std::launch::async, [&g, tm] { telemetry_finish(*tm, g.stats_host, g.stats_layout, g.cfg); });
     if (targets) {
         double sum = 0;
         for (int n = 0; n < N; n++) sum += g.losses_host[n];
@@ -294,6 +298,11 @@ static void gpu_backward(GpuModel& g, const int* tokens, float loss_scale) {
     embedding_backward(gpu_grad(g, P_WTE), g.dres, g.host_buckets, g.buckets, N, C, s);
 }
 
+// Returns once the statistics of the last forward pass with statistics are complete.
+static void gpu_wait_stats(GpuModel& g) {
+    if (g.stats_done.valid()) g.stats_done.get();
+}
+
 static void gpu_zero_grad(GpuModel& g) { cudaCheck(cudaMemsetAsync(g.grads, 0, g.P * sizeof(float), g.stream)); }
 
 static float gpu_grad_norm(GpuModel& g) {
@@ -330,9 +339,9 @@ struct Options {
     std::string preset = "d6", device = "auto", data_dir = "data/brown";
     int n_layer = 0, n_head = 0, n_kv_head = 0, head_dim = 0, d_ff = 0, max_seq_len = 0, vocab_size = 0;
     float rope_theta = 10000.0f, norm_eps = 1e-5f;
-    int batch = 8, seq_len = 0, total_batch = 0, steps = 250, warmup = 25;
+    int batch = 4, seq_len = 0, total_batch = 0, steps = 800, warmup = 40;
     float lr = 3e-3f, lr_floor = 0.1f, weight_decay = 0.1f, clip = 1.0f, beta1 = 0.9f, beta2 = 0.95f;
-    int val_every = 50, val_batches = 8, ckpt_every = 0, stats_every = 10, shuffle = 1;
+    int val_every = 100, val_batches = 16, ckpt_every = 0, stats_every = 10, shuffle = 1;
     int samples = 3, sample_tokens = 48, threads = 0, profile = 0;
     long long seed = 1337;
 };
@@ -615,6 +624,15 @@ static void model_adamw(Trainer& t, const AdamWSettings& o, int step, float grad
     cpu_adamw_step(t.cpu, o, step, clip_scale(grad_norm, clip));
 }
 
+// Returns once the statistics of the last forward pass that measured them are complete.
+static void model_wait_stats(Trainer& t) {
+#ifdef __CUDACC__
+    if (t.on_gpu) gpu_wait_stats(t.gpu);
+#else
+    (void)t;
+#endif
+}
+
 // Returns once the device has finished the work queued so far (timing).
 static void model_wait(Trainer& t) {
 #ifdef __CUDACC__
@@ -859,6 +877,7 @@ int main(int argc, char** argv) {
         }
         model_adamw(tr, opt, step + 1, norm, o.clip);
         model_wait(tr);  // the step's time includes the update
+        if (stats_step) model_wait_stats(tr);  // and the statistics
         phase(PH_OPTIMIZER, stats_step, step);
         double dt = now_seconds() - t0;
         if (o.profile && step > start_step) {

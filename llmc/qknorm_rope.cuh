@@ -5,7 +5,7 @@
 #pragma once
 #include "cuda_common.cuh"
 #include "math.h"
-#include "rmsnorm.cuh"  // column_sum_kernel
+#include "rmsnorm.cuh"  // column_sum
 
 // qkv [N, QKV] raw projections (queries, keys, values); heads 0..H-1 are queries, H..H+Hkv-1 keys.
 // Writes qk_rope [N, NH, D], qk_rstd [N, NH] and, when qk_normed is non-null, qk_normed [N, NH, D].
@@ -54,7 +54,7 @@ inline void qk_norm_rope_forward(bf16* qk_rope, bf16* qk_normed, float* qk_rstd,
 // by -angle), goes back through the norm into the query/key part of dqkv (overwritten), and
 // produces partial gain gradients per block, [blocks][2D]: q gain then k gain, which is how
 // q_norm and k_norm sit next to each other in the parameter layout.
-static const int kQkItemsPerBlock = 64;
+static const int kQkItemsPerBlock = 256;
 
 __global__ void qk_norm_rope_backward_kernel(bf16* dqkv, float* dg_partial, const bf16* dqk, const bf16* qkv,
                                              const float* qk_rstd, const bf16* g_q, const bf16* g_k,
@@ -115,6 +115,5 @@ inline void qk_norm_rope_backward(bf16* dqkv, float* dg_qk, float* scratch, cons
     qk_norm_rope_backward_kernel<<<blocks, warps * 32, smem, s>>>(dqkv, scratch, dqk, qkv, qk_rstd, g_q, g_k, rope_cos,
                                                                   rope_sin, N, T, H, NH, D, QKV);
     cuda_check_launch();
-    column_sum_kernel<<<ceil_div(2 * D, 128), 128, 0, s>>>(dg_qk, scratch, blocks, 2 * D);
-    cuda_check_launch();
+    column_sum(dg_qk, scratch, blocks, 2 * D, s);
 }

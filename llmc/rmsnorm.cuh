@@ -27,9 +27,9 @@ inline void rmsnorm_forward(bf16* out, float* rstd, const bf16* x, const bf16* g
 // Backward, with xhat = x r: dx += r (g dy - xhat mean(g dy xhat)) (added: the residual stream's
 // gradient is a sum of branches), and the gain gradient sum_rows dy xhat. Each block handles
 // kRowsPerBlock rows; its warps keep their gain sums in shared memory and the block writes one
-// partial row of dg; column_sum_kernel adds the partial rows in block order. No atomics: the same
+// partial row of dg; column_sum adds the partial rows in a fixed order. No atomics: the same
 // inputs give the same bits.
-static const int kNormRowsPerBlock = 32;
+static const int kNormRowsPerBlock = 64;
 
 __global__ void rmsnorm_backward_kernel(bf16* dx, float* dg_partial, const bf16* dy, const bf16* x, const float* rstd,
                                         const bf16* g, int N, int C) {
@@ -60,13 +60,27 @@ __global__ void rmsnorm_backward_kernel(bf16* dx, float* dg_partial, const bf16*
     }
 }
 
-// out[i] += sum over p of partial[p][i], p in order. One thread per column.
+// out[i] += sum over p of partial[p][i]. A block of 32 x 8 threads takes 32 columns; thread row g
+// adds the parts g, g + 8, g + 16, ... in order, then row 0 adds the eight sums in order: a fixed
+// order (the same bits every run) with 8x the parallelism of one thread per column.
 __global__ void column_sum_kernel(float* out, const float* partial, int parts, int cols) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= cols) return;
+    __shared__ float sums[8][32];
+    int col = blockIdx.x * 32 + threadIdx.x, g = threadIdx.y;
     float acc = 0.0f;
-    for (int p = 0; p < parts; p++) acc += partial[(size_t)p * cols + i];
-    out[i] += acc;
+    if (col < cols)
+        for (int p = g; p < parts; p += 8) acc += partial[(size_t)p * cols + col];
+    sums[g][threadIdx.x] = acc;
+    __syncthreads();
+    if (g == 0 && col < cols) {
+        float total = 0.0f;
+        for (int k = 0; k < 8; k++) total += sums[k][threadIdx.x];
+        out[col] += total;
+    }
+}
+
+inline void column_sum(float* out, const float* partial, int parts, int cols, cudaStream_t s) {
+    column_sum_kernel<<<ceil_div(cols, 32), dim3(32, 8), 0, s>>>(out, partial, parts, cols);
+    cuda_check_launch();
 }
 
 inline int rmsnorm_backward_blocks(int N) { return ceil_div(N, kNormRowsPerBlock); }
@@ -80,6 +94,5 @@ inline void rmsnorm_backward(bf16* dx, float* dg, float* scratch, const bf16* dy
         cudaCheck(cudaFuncSetAttribute(rmsnorm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     rmsnorm_backward_kernel<<<blocks, warps * 32, smem, s>>>(dx, scratch, dy, x, rstd, g, N, C);
     cuda_check_launch();
-    column_sum_kernel<<<ceil_div(C, 256), 256, 0, s>>>(dg, scratch, blocks, C);
-    cuda_check_launch();
+    column_sum(dg, scratch, blocks, C, s);
 }

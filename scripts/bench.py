@@ -9,6 +9,7 @@ Each figure is the median over the timed steps (the first steps, which warm up, 
 every comparison is measured within the one invocation, on the same machine.
 """
 import argparse
+import math
 import os
 import statistics
 import subprocess
@@ -89,6 +90,72 @@ def cpu(args):
     print(f"  every step     {ms_every:8.1f}  {ms_every / ms_never:.3f}")
 
 
+def bench_torch_gpu(args, cfg, B, T, steps):
+    """The same model written the way a PyTorch user would for speed on a GPU: bf16 autocast,
+    fused scaled-dot-product attention, fused AdamW (optionally torch.compile). Needs PyTorch >= 2.5.
+    Returns median ms per step, or None when this PyTorch lacks what it needs."""
+    import torch
+    import torch.nn.functional as F
+    if not torch.cuda.is_available() or not hasattr(F, "rms_norm"):
+        return None
+    dev = "cuda"
+    L, H, Hkv, D, C, Fd, V = (cfg[k] for k in ("n_layer", "n_head", "n_kv_head", "head_dim", "d_model", "d_ff", "vocab_size"))
+    g = torch.Generator(device="cpu").manual_seed(1)
+    mk = lambda *shape, std=0.02: (torch.randn(*shape, generator=g) * std).to(dev).requires_grad_(True)
+    ones = lambda n: torch.ones(n, device=dev, requires_grad=True)
+    wte = mk(V, C)
+    layers = [dict(attn_norm=ones(C), wqkv=mk((H + 2 * Hkv) * D, C), q_norm=ones(D), k_norm=ones(D),
+                   wo=mk(C, H * D, std=0.02 / math.sqrt(2 * L)), mlp_norm=ones(C), w13=mk(2 * Fd, C),
+                   w2=mk(C, Fd, std=0.02 / math.sqrt(2 * L))) for _ in range(L)]
+    final_norm = ones(C)
+    params = [wte, final_norm] + [t for layer in layers for t in layer.values()]
+    inv = 10000.0 ** (-torch.arange(0, D, 2, device=dev, dtype=torch.float64) / D)
+    ang = torch.arange(T, device=dev, dtype=torch.float64)[:, None] * inv[None]
+    cos, sin = ang.cos().float()[None, None], ang.sin().float()[None, None]
+
+    def rope(x):
+        x1, x2 = x[..., : D // 2], x[..., D // 2:]
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+    def norm(x, gain):  # the gain in the activations' dtype, so that the fused kernel applies
+        return F.rms_norm(x, (x.shape[-1],), gain.to(x.dtype), 1e-5)
+
+    def forward(tokens, targets):
+        x = wte[tokens]
+        for p in layers:
+            h = norm(x, p["attn_norm"])
+            q, k, v = (h @ p["wqkv"].T).split([H * D, Hkv * D, Hkv * D], dim=-1)
+            q = norm(q.view(B, T, H, D), p["q_norm"]).transpose(1, 2)
+            k = norm(k.view(B, T, Hkv, D), p["k_norm"]).transpose(1, 2)
+            v = v.view(B, T, Hkv, D).transpose(1, 2)
+            y = F.scaled_dot_product_attention(rope(q).to(v.dtype), rope(k).to(v.dtype), v, is_causal=True,
+                                               enable_gqa=Hkv != H)
+            x = x + y.transpose(1, 2).reshape(B, T, H * D) @ p["wo"].T
+            h = norm(x, p["mlp_norm"])
+            a, b = (h @ p["w13"].T).chunk(2, dim=-1)
+            x = x + (F.silu(a) * b) @ p["w2"].T
+        logits = norm(x, final_norm) @ wte.T
+        return F.cross_entropy(logits.float().reshape(-1, V), targets.reshape(-1))
+
+    step_fn = torch.compile(forward) if args.torch_compile else forward
+    opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    tokens = torch.randint(0, V, (B, T + 1), device=dev)
+    times = []
+    for _ in range(steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = step_fn(tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times[args.warmup + (3 if args.torch_compile else 0):])
+
+
 def gpu(args):
     B, T = args.batch, 2048
     extra = ["-m", "d22", "-x", str(args.steps), "-b", str(B), "-t", str(T), "--profile", "1"]
@@ -110,6 +177,14 @@ def gpu(args):
     for line in prof_never + prof_every:
         print("  " + line)
     print(f"  telemetry every step: {ms_every:.1f} ms/step, {ms_every / ms_never:.3f}x the step without it")
+    ms_torch = bench_torch_gpu(args, cfg, B, T, args.steps)
+    if ms_torch is None:
+        print("  PyTorch comparison: skipped (needs CUDA PyTorch >= 2.5 for fused RMSNorm and GQA attention)")
+    else:
+        import torch
+        how = "torch.compile" if args.torch_compile else "eager"
+        print(f"  PyTorch {torch.__version__} ({how}, bf16 autocast, SDPA, fused AdamW): {ms_torch:.1f} ms/step, "
+              f"{tok / ms_torch * 1e3:,.0f} tokens/s; ./train is {ms_torch / ms_never:.2f}x its speed")
 
 
 def main():
@@ -120,6 +195,7 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--batch", type=int, default=8, help="GPU micro-batch size")
     ap.add_argument("--data-dir", default="data/brown", help="the prepared default corpus (./train prepares it)")
+    ap.add_argument("--torch-compile", action="store_true", help="GPU: also compile the PyTorch model")
     args = ap.parse_args()
     if not os.path.exists(os.path.join(ROOT, "train")):
         sys.exit("error: ./train is missing: run 'make train' first")

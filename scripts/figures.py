@@ -1,7 +1,7 @@
 """The figures of scripts/report.py. Each function draws one PNG from plain numpy arrays and knows
 nothing about the run log: report.py measures, this module draws.
 
-Colours are the reports' (../shared/seeds): early layers blue, middle green, final red. Each
+Colours follow the research reports on key norms: early layers blue, middle green, final red. Each
 group also gets its own line style, so the figures still read in greyscale.
 """
 import matplotlib

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Turns the trainer's run log into the figures and findings of the research reports on attention
-keys (why the trainer measures them: ../shared/spec/telemetry.md).
+keys (what the trainer measures: docs/telemetry.md).
 
     /usr/bin/python3 scripts/report.py RUN.attnlog [MORE.attnlog ...] [-o OUTDIR] [--layer N]
 

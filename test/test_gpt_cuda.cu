@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
 
     Telemetry stats;
     float loss = gpu_forward(g, tokens.data(), targets.data(), B, T, &stats);
+    gpu_wait_stats(g);
     std::vector<float> logits((size_t)N * V);
     for (int n = 0; n < N; n++) gpu_logits_row(g, n, &logits[(size_t)n * V]);
     compare_bf16("cuda logits", logits.data(), tensor_or_fail(ref, "logits", dbg).values.data(), logits.size(), 0.02);
@@ -77,6 +78,7 @@ int main(int argc, char** argv) {
     // Determinism: the same forward and backward again gives the same bits.
     Telemetry stats2;
     gpu_forward(g, tokens.data(), targets.data(), B, T, &stats2);
+    gpu_wait_stats(g);
     gpu_zero_grad(g);
     gpu_backward(g, tokens.data(), 1.0f);
     std::vector<float> grads2(P);
