@@ -552,15 +552,6 @@ static std::string format_duration(double s) {
     return strprintf("%ds", t);
 }
 
-static std::string default_out_dir() {
-    time_t t = time(nullptr);
-    struct tm tm;
-    gmtime_r(&t, &tm);
-    char buf[64];
-    strftime(buf, sizeof buf, "runs/%Y%m%d-%H%M%S", &tm);
-    return buf;
-}
-
 static std::string cpu_device_name(int threads) {
     std::string name = "CPU";
     if (FILE* f = fopen("/proc/cpuinfo", "r")) {
@@ -803,7 +794,7 @@ int main(int argc, char** argv) {
     model_sync_to_device(tr);
 
     // Output directory and run log.
-    if (o.out_dir.empty()) o.out_dir = o.resume_ckpt.empty() ? default_out_dir() : o.resume_ckpt.substr(0, o.resume_ckpt.find_last_of('/') + 1);
+    if (o.out_dir.empty()) o.out_dir = o.resume_ckpt.empty() ? utc_time("runs/%Y%m%d-%H%M%S") : o.resume_ckpt.substr(0, o.resume_ckpt.find_last_of('/') + 1);
     if (o.out_dir.empty()) o.out_dir = ".";
     make_dirs(o.out_dir);
     std::string log_path = o.out_dir + "/run.attnlog";

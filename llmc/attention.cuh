@@ -370,6 +370,25 @@ __device__ __forceinline__ void load_tile_async(bf16* tile, const bf16* src, siz
     }
 }
 
+// Double buffering over the key/value tiles of a sequence: starts copying tile `index + 1` into
+// the buffers not in use (when index < last), then waits until tile `index` has landed in
+// k_tiles[index % 2] and v_tiles[index % 2], and synchronises the block.
+template <int D, int LD>
+__device__ __forceinline__ void next_kv_tiles(bf16 (*k_tiles)[kMmaTile * LD], bf16 (*v_tiles)[kMmaTile * LD],
+                                              const bf16* keys, const bf16* values, size_t qk_stride,
+                                              size_t qkv_stride, int index, int last, int T) {
+    if (index < last) {
+        const int buffer = index % 2, j_next = (index + 1) * kMmaTile;
+        load_tile_async<D, LD>(k_tiles[1 - buffer], keys, qk_stride, j_next, T);
+        load_tile_async<D, LD>(v_tiles[1 - buffer], values, qkv_stride, j_next, T);
+        cp_async_commit();
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+    __syncthreads();
+}
+
 // Starts copying x[t0 .. t0 + 63] of one row of lse or Delta, zeros beyond T.
 __device__ __forceinline__ void load_row_values_async(float* dst, const float* x, int t0, int T) {
     for (int i = threadIdx.x; i < kMmaTile; i += kMmaThreads) {
@@ -456,15 +475,7 @@ __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(bf16
     float o[D / 8][4] = {};  // sum_j e^(s_tj - m) v_j: 16 rows x D as 16 x 8 blocks
     for (int k_tile_index = 0; k_tile_index <= q_tile; k_tile_index++) {
         const int j0 = k_tile_index * kMmaTile, buffer = k_tile_index % 2;
-        if (k_tile_index < q_tile) {  // prefetch the next tile into the other buffer
-            load_tile_async<D, LD>(k_tiles[1 - buffer], keys, qk_stride, j0 + kMmaTile, T);
-            load_tile_async<D, LD>(v_tiles[1 - buffer], values, qkv_stride, j0 + kMmaTile, T);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        next_kv_tiles<D, LD>(k_tiles, v_tiles, keys, values, qk_stride, qkv_stride, k_tile_index, q_tile, T);
         const bf16* k_tile = k_tiles[buffer];
         const bf16* v_tile = v_tiles[buffer];
 
@@ -711,15 +722,7 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_dq_mma_kernel(
     float dq[D / 8][4] = {};
     for (int k_tile_index = 0; k_tile_index <= q_tile_index; k_tile_index++) {
         const int j0 = k_tile_index * kMmaTile, buffer = k_tile_index % 2;
-        if (k_tile_index < q_tile_index) {  // prefetch the next tile into the other buffer
-            load_tile_async<D, LD>(k_tiles[1 - buffer], keys, qk_stride, j0 + kMmaTile, T);
-            load_tile_async<D, LD>(v_tiles[1 - buffer], values, qkv_stride, j0 + kMmaTile, T);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        next_kv_tiles<D, LD>(k_tiles, v_tiles, keys, values, qk_stride, qkv_stride, k_tile_index, q_tile_index, T);
         const bf16* k_tile = k_tiles[buffer];
         const bf16* v_tile = v_tiles[buffer];
 

@@ -138,14 +138,7 @@ inline std::string config_value_text(const ModelConfig& c, const ConfigField& f)
     return f.int_field ? std::to_string(c.*f.int_field) : json_float(c.*f.float_field);
 }
 
-inline std::string utc_timestamp() {
-    time_t now = time(nullptr);
-    struct tm t;
-    gmtime_r(&now, &t);
-    char buf[32];
-    strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &t);
-    return buf;
-}
+inline std::string utc_timestamp() { return utc_time("%Y-%m-%dT%H:%M:%SZ"); }
 
 // The run's options, seed, backend, device and process count as JSON members joined by `sep`:
 // written into the header, and into the note of a resumed run.

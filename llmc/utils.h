@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -35,6 +36,16 @@ inline void read_or_fail(FILE* f, void* dst, size_t n, const char* path, const c
 
 inline void write_or_fail(FILE* f, const void* src, size_t n, const char* path) {
     if (n && fwrite(src, 1, n, f) != n) fail("%s: write failed (%s)", path, strerror(errno));
+}
+
+// The current UTC time formatted by strftime, e.g. "%Y-%m-%dT%H:%M:%SZ".
+inline std::string utc_time(const char* format) {
+    time_t now = time(nullptr);
+    struct tm t;
+    gmtime_r(&now, &t);
+    char buf[64];
+    strftime(buf, sizeof buf, format, &t);
+    return buf;
 }
 
 inline bool file_exists(const std::string& path) {

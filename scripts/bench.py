@@ -71,23 +71,30 @@ def cpu(args):
     with tempfile.TemporaryDirectory() as tmp:
         run = lambda name, extra: run_train(args, os.path.join(tmp, name), ["-x", str(args.steps), "-b", str(B), "-t", str(T)] + extra)
         ms_never, _, log = run("never", ["-s", "0"])
+        # Telemetry cost, measured inside one run: statistics on every second step, so steps with
+        # and without them alternate under the same conditions.
+        _, profile, _ = run("alternate", ["-s", "2", "--profile", "1", "-x", str(2 * args.steps)])
         cfg = log.config
         c = reference.Config(cfg["vocab_size"], cfg["n_layer"], cfg["n_head"], cfg["n_kv_head"], cfg["head_dim"],
                              cfg["d_ff"], cfg["max_seq_len"])
         ms_torch = bench_torch(args, c, B, T)
-        ms_every, _, _ = run("every", ["-s", "1"])
-        ms_ten, _, _ = run("ten", ["-s", "10"])
     tok = B * T
+    step_ms = {}
+    for line in profile:  # "profile, steps with(out) statistics (N steps): ... step X ms"
+        kind = "with" if "with statistics" in line else "without"
+        step_ms[kind] = float(line.rsplit("step", 1)[1].split("ms")[0])
+    extra = step_ms["with"] - step_ms["without"]
     device = log.header.get("device", "CPU")
     print(f"CPU benchmark on {device}: d6 preset, batch {B} x {T} tokens, {args.steps} steps "
           f"({args.warmup} warm-up steps left out), {args.threads} threads")
     print(f"  ./train (no telemetry)   {ms_never:8.1f} ms/step  {tok / ms_never * 1e3:8.0f} tokens/s")
     print(f"  PyTorch {__import__('torch').__version__:<16} {ms_torch:8.1f} ms/step  {tok / ms_torch * 1e3:8.0f} tokens/s")
     print(f"  ./train is {ms_torch / ms_never:.2f}x the speed of PyTorch")
-    print("telemetry cost (ms/step, ratio to no telemetry):")
-    print(f"  never          {ms_never:8.1f}  1.000")
-    print(f"  every 10 steps {ms_ten:8.1f}  {ms_ten / ms_never:.3f}")
-    print(f"  every step     {ms_every:8.1f}  {ms_every / ms_never:.3f}")
+    print(f"telemetry cost, from one run with statistics on every second step ({args.steps} of each):")
+    print(f"  step without statistics {step_ms['without']:8.1f} ms, with {step_ms['with']:8.1f} ms: "
+          f"+{extra:.1f} ms per stats step")
+    print(f"  statistics every step:     {1 + extra / step_ms['without']:.4f}x the time of a step without")
+    print(f"  statistics every 10 steps: {1 + extra / 10 / step_ms['without']:.4f}x (the default)")
 
 
 def bench_torch_gpu(args, cfg, B, T, steps):

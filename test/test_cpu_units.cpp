@@ -2,41 +2,14 @@
 // the effective rank, the statistics on inputs whose answer is known in closed form, the online
 // softmax accumulators, the learning-rate schedule, the random numbers, and the checkpoint file
 // (round trip and every kind of damage).
-#include <sys/wait.h>
+#include <sys/resource.h>
+#include <csignal>
 #include <functional>
 #include <string>
 #include <vector>
 #include "../llmc/checkpoint.h"
 #include "../llmc/model_cpu.h"
 #include "testing.h"
-
-// Runs fn in a child process and reports whether it exited non-zero with a one-line message on
-// stderr that contains `expect`.
-static void expect_failure(const std::string& name, const std::function<void()>& fn, const std::string& expect) {
-    int pipefd[2];
-    if (pipe(pipefd) != 0) fail("pipe failed");
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(pipefd[1], 2);
-        close(pipefd[0]);
-        fn();
-        _exit(0);
-    }
-    close(pipefd[1]);
-    std::string err;
-    char buf[512];
-    ssize_t n;
-    while ((n = read(pipefd[0], buf, sizeof buf)) > 0) err.append(buf, n);
-    close(pipefd[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    bool exited_nonzero = WIFEXITED(status) && WEXITSTATUS(status) != 0;
-    bool one_line = !err.empty() && err.find('\n') == err.size() - 1;
-    bool ok = exited_nonzero && one_line && err.find(expect) != std::string::npos;
-    if (!err.empty() && err.back() == '\n') err.pop_back();
-    report(ok, name, "stderr: " + err);
-}
 
 static ModelConfig small_config() {
     ModelConfig c;
@@ -272,23 +245,32 @@ static void test_checkpoint() {
     };
     std::vector<float> sink(P);
     std::string truncated = write_variant("truncated.ckpt", std::vector<char>(bytes.begin(), bytes.end() - 100));
-    expect_failure("checkpoint: truncated file", [&] { checkpoint_read(truncated, sink.data(), nullptr, nullptr); }, "truncated.ckpt: checkpoint is truncated");
+    expect_user_error("checkpoint: truncated file", [&] { checkpoint_read(truncated, sink.data(), nullptr, nullptr); }, truncated, "checkpoint is truncated", truncated);
     std::vector<char> b = bytes;
     b[0] = 'X';
     std::string magic = write_variant("magic.ckpt", b);
-    expect_failure("checkpoint: bad magic", [&] { checkpoint_read(magic, sink.data(), nullptr, nullptr); }, "magic.ckpt: not a checkpoint");
+    expect_user_error("checkpoint: bad magic", [&] { checkpoint_read(magic, sink.data(), nullptr, nullptr); }, magic, "not a checkpoint", magic);
     b = bytes;
     b[20] ^= 1;  // n_layer
     std::string header = write_variant("header.ckpt", b);
-    expect_failure("checkpoint: damaged header", [&] { checkpoint_read(header, sink.data(), nullptr, nullptr); }, "header.ckpt: checkpoint header is damaged");
+    expect_user_error("checkpoint: damaged header", [&] { checkpoint_read(header, sink.data(), nullptr, nullptr); }, header, "checkpoint header is damaged", header);
     b = bytes;
     b[kCheckpointHeaderBytes + 1000] ^= 4;
     std::string payload = write_variant("payload.ckpt", b);
-    expect_failure("checkpoint: damaged data", [&] { checkpoint_read(payload, sink.data(), nullptr, nullptr); }, "payload.ckpt: checkpoint data is damaged");
-    expect_failure("checkpoint: missing file", [&] { checkpoint_read(std::string(dir) + "/none.ckpt", sink.data(), nullptr, nullptr); }, "none.ckpt: cannot open");
-    // A failed write (the directory is gone) leaves the existing checkpoint untouched.
+    expect_user_error("checkpoint: damaged data", [&] { checkpoint_read(payload, sink.data(), nullptr, nullptr); }, payload, "checkpoint data is damaged", payload);
+    std::string none = std::string(dir) + "/none.ckpt";
+    expect_user_error("checkpoint: missing file", [&] { checkpoint_read(none, sink.data(), nullptr, nullptr); }, none, "cannot open");
+    // A full disk (here: a file size limit) fails the write with one line and leaves the previous
+    // checkpoint under the same name as it was, with no temporary file behind.
+    expect_user_error("checkpoint: a full disk leaves the previous checkpoint intact", [&] {
+        signal(SIGXFSZ, SIG_IGN);
+        struct rlimit limit = {4096, 4096};
+        setrlimit(RLIMIT_FSIZE, &limit);
+        checkpoint_write(path, info, params.data(), m.data(), v.data());
+    }, path, "write failed", path);
+    report(!file_exists(path + ".tmp"), "checkpoint: no temporary file is left after a failed write");
     std::string readonly_target = std::string(dir) + "/missing_dir/model.ckpt";
-    expect_failure("checkpoint: unwritable path fails cleanly", [&] { checkpoint_write(readonly_target, info, params.data(), nullptr, nullptr); }, "missing_dir/model.ckpt: cannot write");
+    expect_user_error("checkpoint: unwritable path fails cleanly", [&] { checkpoint_write(readonly_target, info, params.data(), nullptr, nullptr); }, readonly_target, "cannot write");
     std::string cmd = std::string("rm -rf ") + dir;
     if (system(cmd.c_str()) != 0) fail("cleanup failed");
 }

@@ -25,57 +25,6 @@ static std::vector<uint32_t> arange(uint32_t first, size_t n) {
 static std::string file_bytes(const std::string& path) { return file_exists(path) ? read_file(path) : "<missing>"; }
 
 // ---------------------------------------------------------------------------------------------
-// Running a user error in a child process.
-
-struct ChildResult {
-    int status = -1;  // exit status, or -1 when the child did not exit normally
-    std::string err;  // everything it wrote to stderr
-};
-
-static ChildResult run_child(const std::function<void()>& body) {
-    fflush(stdout);
-    fflush(stderr);
-    int fds[2];
-    if (pipe(fds) != 0) fail("pipe: %s", strerror(errno));
-    pid_t pid = fork();
-    if (pid < 0) fail("fork: %s", strerror(errno));
-    if (pid == 0) {
-        close(fds[0]);
-        dup2(fds[1], 2);
-        int null_out = open("/dev/null", O_WRONLY);
-        dup2(null_out, 1);
-        body();
-        fflush(stdout);
-        _exit(0);
-    }
-    close(fds[1]);
-    ChildResult r;
-    char buf[4096];
-    ssize_t n;
-    while ((n = read(fds[0], buf, sizeof buf)) > 0) r.err.append(buf, n);
-    close(fds[0]);
-    int status;
-    waitpid(pid, &status, 0);
-    if (WIFEXITED(status)) r.status = WEXITSTATUS(status);
-    return r;
-}
-
-// The body must end the process with status 1 and exactly one line
-// "error: <names>: ...<says>...", and leave `keep` (a file it was given) as it was.
-static void expect_user_error(const std::string& name, const std::function<void()>& body, const std::string& names,
-                              const std::string& says, const std::string& keep = "") {
-    std::string before = keep.empty() ? "" : file_bytes(keep);
-    ChildResult r = run_child(body);
-    std::string line = r.err.substr(0, r.err.find('\n'));
-    bool one_line = !r.err.empty() && r.err.find('\n') == r.err.size() - 1;
-    bool ok = r.status == 1 && one_line && line.compare(0, 9 + names.size(), "error: " + names + ": ") == 0 &&
-              line.find(says) != std::string::npos;
-    bool kept = keep.empty() || file_bytes(keep) == before;
-    report(ok && kept, name,
-           strprintf("status %d, stderr: %s%s", r.status, r.err.substr(0, 300).c_str(), kept ? "" : " (and the file changed)"));
-}
-
-// ---------------------------------------------------------------------------------------------
 // Shards.
 
 static void test_shard_round_trip() {

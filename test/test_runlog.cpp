@@ -100,35 +100,6 @@ static bool contains(const std::string& s, const std::string& part) { return s.f
 // A user error is one line on stderr.
 static bool one_line(const std::string& s) { return !s.empty() && s.find('\n') == s.size() - 1; }
 
-struct ChildResult {
-    int status;       // exit status, -1 when killed by a signal
-    std::string err;  // what it wrote to stderr, without the last newline
-};
-
-// Runs fn in a child process (fail() ends the process it runs in) and collects its stderr.
-static ChildResult run_in_child(const std::function<void()>& fn) {
-    int fds[2];
-    if (pipe(fds) != 0) fail("pipe: %s", strerror(errno));
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(fds[1], 2);
-        close(fds[0]);
-        fn();
-        exit(0);
-    }
-    close(fds[1]);
-    ChildResult r;
-    char buf[512];
-    ssize_t n;
-    while ((n = read(fds[0], buf, sizeof buf)) > 0) r.err.append(buf, (size_t)n);
-    close(fds[0]);
-    int status;
-    waitpid(pid, &status, 0);
-    r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return r;
-}
-
 // Reports a check of a command that must fail: exit status 1 and one line naming the file and
 // containing `expected`.
 static void check_user_error(const std::string& name, const ChildResult& r, const std::string& path,
@@ -204,7 +175,7 @@ static void write_three_steps(const std::string& path) {
 static void test_create_refuses_existing() {
     std::string path = temp_path("existing.log");
     write_text(path, "precious");
-    ChildResult r = run_in_child([&] { runlog_create(path, test_info()); });
+    ChildResult r = run_child([&] { runlog_create(path, test_info()); });
     check_user_error("create_refuses_existing", r, path, "already exists");
     report(read_text(path) == "precious", "create_leaves_existing_file_unchanged");
 }
@@ -326,36 +297,36 @@ static void test_append_refusals() {
 
     RunInfo other = test_info();
     other.config.n_layer = 4;
-    ChildResult r = run_in_child([&] { runlog_open_append(path, other); });
+    ChildResult r = run_child([&] { runlog_open_append(path, other); });
     check_user_error("append_refuses_other_n_layer", r, path, "n_layer is 3 in the log, 4 in this run");
     other = test_info();
     other.config.norm_eps = 1e-5f;
-    r = run_in_child([&] { runlog_open_append(path, other); });
+    r = run_child([&] { runlog_open_append(path, other); });
     check_user_error("append_refuses_other_norm_eps", r, path, "norm_eps is 1e-06 in the log, 1e-05 in this run");
     report(read_text(path) == bytes, "refused_append_leaves_file_unchanged");
 
     std::string damaged = bytes;
     damaged[40] ^= 1;  // inside the header text
     write_text(path, damaged);
-    r = run_in_child([&] { runlog_open_append(path, test_info()); });
+    r = run_child([&] { runlog_open_append(path, test_info()); });
     check_user_error("append_refuses_damaged_header", r, path, "header is damaged");
 
     std::string newer = bytes;
     newer[8] = 2;
     write_text(path, newer);
-    r = run_in_child([&] { runlog_open_append(path, test_info()); });
+    r = run_child([&] { runlog_open_append(path, test_info()); });
     check_user_error("append_refuses_newer_version", r, path, "format version 2");
 
     write_text(path, bytes.substr(0, 30));
-    r = run_in_child([&] { runlog_open_append(path, test_info()); });
+    r = run_child([&] { runlog_open_append(path, test_info()); });
     check_user_error("append_refuses_truncated_header", r, path, "truncated header");
 
     write_text(path, "step,loss\n0,8\n");
-    r = run_in_child([&] { runlog_open_append(path, test_info()); });
+    r = run_child([&] { runlog_open_append(path, test_info()); });
     check_user_error("append_refuses_other_files", r, path, "not a run log");
 
     std::string absent = temp_path("absent.log");
-    r = run_in_child([&] { runlog_open_append(absent, test_info()); });
+    r = run_child([&] { runlog_open_append(absent, test_info()); });
     check_user_error("append_refuses_missing_file", r, absent, "cannot open");
 }
 
@@ -363,7 +334,7 @@ static void test_disk_full() {
     // The file size limit makes the disk "full" after 10 step records (44 bytes each) and 13
     // bytes of the 11th.
     std::string path = temp_path("full.log");
-    ChildResult r = run_in_child([&] {
+    ChildResult r = run_child([&] {
         RunLog log = runlog_create(path, test_info());
         struct rlimit limit;
         limit.rlim_cur = limit.rlim_max = (rlim_t)file_size_or_fail(path.c_str()) + 10 * 44 + 13;
@@ -387,7 +358,7 @@ static void test_disk_full() {
 
 static void test_telemetry_size_check() {
     std::string path = temp_path("sizes.log");
-    ChildResult r = run_in_child([&] {
+    ChildResult r = run_child([&] {
         RunLog log = runlog_create(path, test_info());
         ModelConfig bigger = test_config();
         bigger.n_layer = 4;

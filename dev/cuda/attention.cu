@@ -19,10 +19,11 @@
 #include <cstring>
 #include <string>
 #include <vector>
-#include "llmc/model_cpu.h"  // first: config.h names a variable HD, which math.h defines as a macro under nvcc
+#include "llmc/model_cpu.h"
 #include "llmc/attention.cuh"
 #include "llmc/rand.h"
 #include "test/testing.h"
+#include "dev/cuda/common.h"  // time_ms
 
 struct Shape {
     int B, T, H, Hkv, D;
@@ -267,26 +268,6 @@ static void validate(const Problem& p, const CpuForward& ref, AttentionImpl impl
            touched ? std::to_string(touched) + " elements written" : "");
 }
 
-// ---------------------------------------------------------------------------------------------
-// Timing
-
-// Milliseconds per call of fn, averaged over `reps` calls after two warm-up calls.
-template <typename F>
-static float time_ms(F fn, int reps) {
-    for (int i = 0; i < 2; i++) fn();
-    cudaEvent_t start, stop;
-    cudaCheck(cudaEventCreate(&start));
-    cudaCheck(cudaEventCreate(&stop));
-    cudaCheck(cudaEventRecord(start));
-    for (int i = 0; i < reps; i++) fn();
-    cudaCheck(cudaEventRecord(stop));
-    cudaCheck(cudaEventSynchronize(stop));
-    float ms = 0;
-    cudaCheck(cudaEventElapsedTime(&ms, start, stop));
-    cudaCheck(cudaEventDestroy(start));
-    cudaCheck(cudaEventDestroy(stop));
-    return ms / reps;
-}
 
 // Causal attention FLOPs: the forward is two products of T x T x D halved by the mask; the
 // backward is counted as five such products (S and dP recomputed, dV, dK, dQ), its usual count.
