@@ -4,7 +4,8 @@
 # make clean
 
 # A Python that imports torch: Debian's, whatever `python3` on the PATH is.
-PYTHON ?= $(shell for p in /usr/bin/python3 python3; do $$p -c 'import torch' >/dev/null 2>&1 && { echo $$p; break; }; done)
+# Expanded when used, so after `make test` has installed the test packages.
+PYTHON ?= $(or $(shell for p in /usr/bin/python3 python3; do $$p -c 'import torch' >/dev/null 2>&1 && { echo $$p; break; }; done),/usr/bin/python3)
 NVCC ?= $(shell command -v nvcc 2>/dev/null || { [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc; })
 CUDA_ARCHS ?= 80 90
 CPU_ARCH ?= native

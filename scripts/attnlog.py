@@ -229,7 +229,7 @@ class RunLog:
         last = len(steps) - 1 - np.unique(steps[::-1], return_index=True)[1]
         steps, starts = steps[last], offsets[last] + spec["offset"]
         values = np.empty((len(steps),) + shape, dtype)
-        rows = values.reshape(len(steps), -1)
+        rows = values.reshape(len(steps), int(np.prod(shape, dtype=np.int64)))  # also for no records
         for i, start in enumerate(starts.tolist()):  # one copy per record, straight from the file
             rows[i] = np.frombuffer(self._buf, dtype, rows.shape[1], start)
         return steps, values

@@ -209,6 +209,17 @@ def test_round_trip(log_path):
     assert log.problems == []
 
 
+def test_header_only_log_reads_as_empty(tmp_path, data):
+    """A run that stopped before its first step: every field reads as zero records of its shape."""
+    header_end = 20 + struct.unpack_from("<I", data, 12)[0]
+    log = attnlog.open_log(saved(tmp_path, data[:header_end]))
+    steps, values = log.metric("k_norm")
+    assert steps.shape == (0,) and values.shape == (0, log.config["n_layer"], log.config["n_kv_head"])
+    steps, loss = log.scalars("loss")
+    assert steps.shape == (0,) and loss.shape == (0,)
+    assert log.problems == []
+
+
 def test_resumed_run_later_records_win(tmp_path, data):
     path = saved(tmp_path, data)
     run_writer("append", path)  # re-does steps 6..11 with values of segment 1
