@@ -9,6 +9,7 @@
 #include <omp.h>
 #include <chrono>
 #include <future>
+#include <set>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -76,7 +77,11 @@ struct GpuModel {
 template <typename T>
 static T* device_alloc(size_t count) {
     T* p = nullptr;
-    cudaCheck(cudaMalloc(&p, count * sizeof(T)));
+    cudaError_t err = cudaMalloc(&p, count * sizeof(T));
+    if (err == cudaErrorMemoryAllocation)
+        fail("options -b (--batch) and -t (--seq-len): the GPU has no room for this model's activations "
+             "(%.1f GB more were asked for)", count * sizeof(T) / 1e9);
+    cudaCheck(err);
     cudaCheck(cudaMemset(p, 0, count * sizeof(T)));
     return p;
 }
@@ -329,7 +334,6 @@ static void gpu_logits_row(GpuModel& g, int row, float* out) {
 #endif  // __CUDACC__
 
 extern "C" void openblas_set_num_threads(int);
-extern "C" char* openblas_get_corename(void);
 
 // ---------------------------------------------------------------------------------------------
 // Options. One table drives parsing, -h and the list of options recorded in the run log.
@@ -404,19 +408,6 @@ static const OptSpec kOptions[] = {
 };
 #undef OPT
 
-static void print_help() {
-    printf("usage: ./train [options]\n\n"
-           "Trains a GPT (RMSNorm, QK-norm, RoPE, GQA, SwiGLU, tied embeddings) and logs, per layer and\n"
-           "head, the statistics of its attention keys and attention patterns. With no options it trains\n"
-           "the d6 preset on the Brown corpus, preparing the corpus the first time.\n\noptions:\n");
-    for (const OptSpec& o : kOptions) {
-        char names[48];
-        snprintf(names, sizeof names, "%s%s%s", o.short_name, o.short_name[0] ? ", " : "    ", o.long_name);
-        printf("  %-22s %s\n", names, o.help);
-    }
-    printf("  -h, --help             this text\n");
-}
-
 static std::string option_value_text(const Options& o, const OptSpec& s) {
     const char* p = (const char*)&o + s.offset;
     switch (s.type) {
@@ -428,11 +419,27 @@ static std::string option_value_text(const Options& o, const OptSpec& s) {
     return "";
 }
 
+static void print_help() {
+    printf("usage: ./train [options]\n\n"
+           "Trains a GPT (RMSNorm, QK-norm, RoPE, GQA, SwiGLU, tied embeddings) and logs, per layer and\n"
+           "head, the statistics of its attention keys and attention patterns. With no options it trains\n"
+           "the d6 preset on the Brown corpus, preparing the corpus the first time.\n\noptions:\n");
+    const Options defaults;
+    for (const OptSpec& o : kOptions) {
+        char names[48];
+        snprintf(names, sizeof names, "%s%s%s", o.short_name, o.short_name[0] ? ", " : "    ", o.long_name);
+        std::string value = option_value_text(defaults, o);
+        printf("  %-22s %s%s\n", names, o.help, value.empty() ? "" : (" [" + value + "]").c_str());
+    }
+    printf("  -h, --help             this text\n");
+}
+
 static std::string option_label(const OptSpec& s) {
     return s.short_name[0] ? strprintf("%s (%s)", s.short_name, s.long_name) : std::string(s.long_name);
 }
 
-static Options parse_options(int argc, char** argv) {
+// Fills `given` with the long names of the options on the command line.
+static Options parse_options(int argc, char** argv, std::set<std::string>& given) {
     Options o;
     for (int i = 1; i < argc; i++) {
         std::string arg = argv[i];
@@ -444,6 +451,7 @@ static Options parse_options(int argc, char** argv) {
         for (const OptSpec& s : kOptions)
             if ((s.short_name[0] && arg == s.short_name) || arg == s.long_name) spec = &s;
         if (!spec) fail("unknown option '%s' (./train -h lists them)", arg.c_str());
+        given.insert(spec->long_name);
         if (i + 1 >= argc) fail("option %s needs a value", option_label(*spec).c_str());
         const char* v = argv[++i];
         char* end = nullptr;
@@ -477,8 +485,8 @@ static Options parse_options(int argc, char** argv) {
         if (!ok) fail("option %s: %s", opt, what);
     };
     need(o.batch >= 1, "-b (--batch)", "must be at least 1");
-    need(o.seq_len >= 0, "-t (--seq-len)", "must be at least 1");
-    need(o.total_batch >= 0, "-d (--total-batch)", "must be positive");
+    need(o.seq_len >= 0, "-t (--seq-len)", "must not be negative (0: max_seq_len)");
+    need(o.total_batch >= 0, "-d (--total-batch)", "must not be negative (0: one micro-batch)");
     need(o.steps >= 1, "-x (--steps)", "must be at least 1");
     need(o.warmup >= 0, "-u (--warmup)", "must not be negative");
     need(o.lr > 0, "-l (--lr)", "must be positive");
@@ -503,7 +511,8 @@ static Options parse_options(int argc, char** argv) {
 
 // The model configuration: from the checkpoint when there is one (explicit model options must
 // then agree with it), else from the preset and the explicit options.
-static ModelConfig resolve_config(const Options& o, int tokenizer_vocab, const std::string& ckpt) {
+static ModelConfig resolve_config(const Options& o, const std::set<std::string>& given, int tokenizer_vocab,
+                                  const std::string& ckpt) {
     ModelConfig c;
     struct Explicit {
         int value;
@@ -520,6 +529,11 @@ static ModelConfig resolve_config(const Options& o, int tokenizer_vocab, const s
                 fail("option %s %d does not match the checkpoint %s, which has %d", e.option, e.value, ckpt.c_str(), c.*e.field);
         if (tokenizer_vocab && tokenizer_vocab != c.vocab_size)
             fail("%s: checkpoint vocabulary %d does not match the tokenizer's %d", ckpt.c_str(), c.vocab_size, tokenizer_vocab);
+        if (given.count("--preset"))
+            fail("option -m (--preset): the model comes from the checkpoint %s; leave the preset out", ckpt.c_str());
+        if ((given.count("--rope-theta") && o.rope_theta != c.rope_theta) || (given.count("--norm-eps") && o.norm_eps != c.norm_eps))
+            fail("option %s does not match the checkpoint %s (rope_theta %g, norm_eps %g)",
+                 given.count("--rope-theta") ? "--rope-theta" : "--norm-eps", ckpt.c_str(), c.rope_theta, c.norm_eps);
         return c;
     }
     const Preset* p = find_preset(o.preset.c_str());
@@ -529,7 +543,6 @@ static ModelConfig resolve_config(const Options& o, int tokenizer_vocab, const s
     for (const Explicit& e : ints)
         if (e.value < 0) fail("option %s must be positive", e.option);
         else if (e.value) c.*e.field = e.value;
-    if (o.n_head && !o.head_dim) c.head_dim = 64;
     c.d_model = c.n_head * c.head_dim;
     c.rope_theta = o.rope_theta;
     c.norm_eps = o.norm_eps;
@@ -710,19 +723,21 @@ static float evaluate(Trainer& tr, DataLoader& val, int batches) {
     return (float)(sum / batches);
 }
 
-static void save_checkpoint(Trainer& tr, const std::string& path, int step, long long data_position) {
+static void save_checkpoint(Trainer& tr, const std::string& path, int step, long long data_position, const DataOrder& order) {
     model_sync_to_host(tr);
     CheckpointInfo info;
     info.config = tr.cpu.cfg;
     info.step = step;
     info.data_position = data_position;
     info.has_optimizer_state = true;
+    info.data_order = order;
     checkpoint_write(path, info, tr.cpu.params.data(), tr.cpu.adam_m.data(), tr.cpu.adam_v.data());
 }
 
 #ifndef TESTING
 int main(int argc, char** argv) {
-    Options o = parse_options(argc, argv);
+    std::set<std::string> given;
+    Options o = parse_options(argc, argv, given);
     int threads = o.threads ? o.threads : omp_get_num_procs();
     omp_set_num_threads(threads);
     openblas_set_num_threads(threads);
@@ -748,17 +763,21 @@ int main(int argc, char** argv) {
         if (o.val_pattern.empty()) o.val_pattern = o.data_dir + "/val_*.bin";
         if (o.tokenizer.empty()) o.tokenizer = o.data_dir + "/tokenizer.model";
     }
+    std::string shard_dir = o.train_pattern.substr(0, o.train_pattern.find_last_of('/') + 1);
+    if (file_exists(shard_dir + "dataset.txt") && !file_exists(shard_dir + ".complete"))
+        fail("%s: the preparation of this dataset did not finish (no .complete); prepare it again", shard_dir.c_str());
     if (o.tokenizer.empty()) {
-        std::string dir = o.train_pattern.substr(0, o.train_pattern.find_last_of('/') + 1);
+        std::string dir = shard_dir;
         if (file_exists(dir + "tokenizer.model")) o.tokenizer = dir + "tokenizer.model";
     }
     Tokenizer tok;
     bool have_tokenizer = !o.tokenizer.empty();
     if (have_tokenizer) tokenizer_load(&tok, o.tokenizer);
     std::string ckpt = o.resume_ckpt.empty() ? o.init_ckpt : o.resume_ckpt;
-    ModelConfig c = resolve_config(o, have_tokenizer ? tokenizer_vocab_size(&tok) : 0, ckpt);
+    ModelConfig c = resolve_config(o, given, have_tokenizer ? tokenizer_vocab_size(&tok) : 0, ckpt);
     int T = o.seq_len ? o.seq_len : c.max_seq_len, B = o.batch;
     if (T > c.max_seq_len) fail("option -t (--seq-len) %d is above the model's max_seq_len %d", T, c.max_seq_len);
+    if ((long long)B * T > (1LL << 28)) fail("options -b (--batch) %d and -t (--seq-len) %d: %lld tokens per micro-batch is too many", B, T, (long long)B * T);
     int tokens_per_micro = B * T;
     if (!o.total_batch) o.total_batch = tokens_per_micro;
     if (o.total_batch % tokens_per_micro != 0)
@@ -768,22 +787,48 @@ int main(int argc, char** argv) {
     DataLoader train, val;
     dataloader_init(&train, o.train_pattern.c_str(), B, T, c.vocab_size, o.shuffle == 1, (uint64_t)o.seed);
     bool have_val = !o.val_pattern.empty();
-    if (have_val) dataloader_init(&val, o.val_pattern.c_str(), B, T, c.vocab_size, false, 0);
+    if (have_val) {
+        dataloader_init(&val, o.val_pattern.c_str(), B, T, c.vocab_size, false, 0);
+        if (o.val_batches > val.batches_per_epoch) {
+            printf("validation: %s holds %lld batches of %dx%d; evaluating those instead of %d\n", o.val_pattern.c_str(),
+                   val.batches_per_epoch, B, T, o.val_batches);
+            o.val_batches = (int)val.batches_per_epoch;
+        }
+    }
 
     // Model and optimiser state: on the host first (initialisation, checkpoint), then the device.
-    int max_B = std::max(B, o.samples);
-    cpu_model_init(tr.cpu, c, tr.on_gpu ? 0 : max_B, tr.on_gpu ? 0 : T);
+    int max_B = B;  // sampling at the end uses at most B sequences
+    try {
+        cpu_model_init(tr.cpu, c, tr.on_gpu ? 0 : max_B, tr.on_gpu ? 0 : T);
+    } catch (const std::bad_alloc&) {
+        fail("options -b (--batch) %d and -t (--seq-len) %d: not enough memory for this model's activations", B, T);
+    }
 #ifdef __CUDACC__
     if (tr.on_gpu) gpu_model_init(tr.gpu, c, max_B, T);
 #endif
     int start_step = 0;
+    long long data_position = 0;  // micro-batches of training data consumed
+    DataOrder order;
+    order.batch = B;
+    order.seq_len = T;
+    order.total_batch = o.total_batch;
+    order.shuffle = o.shuffle;
+    order.seed = o.seed;
     if (!ckpt.empty()) {
         CheckpointInfo info = checkpoint_read(ckpt, tr.cpu.params.data(), tr.cpu.adam_m.data(), tr.cpu.adam_v.data());
         if (!o.resume_ckpt.empty()) {
             if (!info.has_optimizer_state) fail("%s: cannot resume: the checkpoint holds no optimiser state (start from it with -e)", ckpt.c_str());
             start_step = (int)info.step;
             if (start_step >= o.steps) fail("option -x (--steps) %d: the checkpoint %s is already at step %d", o.steps, ckpt.c_str(), start_step);
-            for (long long i = 0; i < info.data_position; i++) dataloader_next_batch(&train);
+            const DataOrder& was = info.data_order;
+            struct { long long now, then; const char* option; } same[] = {
+                {B, was.batch, "-b (--batch)"}, {T, was.seq_len, "-t (--seq-len)"}, {o.total_batch, was.total_batch, "-d (--total-batch)"},
+                {o.shuffle, was.shuffle, "--shuffle"}, {o.seed, was.seed, "--seed"}};
+            for (const auto& x : same)
+                if (was.batch && x.now != x.then)  // recorded: the data order must be the same
+                    fail("option %s is %lld but the run of %s used %lld; resume with the same data order", x.option, x.now, ckpt.c_str(), x.then);
+            data_position = info.data_position;
+            for (long long i = 0; i < data_position; i++) dataloader_next_batch(&train);
         } else {
             std::fill(tr.cpu.adam_m.begin(), tr.cpu.adam_m.end(), 0.0f);
             std::fill(tr.cpu.adam_v.begin(), tr.cpu.adam_v.end(), 0.0f);
@@ -827,7 +872,6 @@ int main(int argc, char** argv) {
     opt.weight_decay = o.weight_decay;
     Telemetry stats;
     double run_start = now_seconds(), step_seconds_avg = 0;
-    long long data_position = (long long)start_step * accum;
     float last_val = NAN;
     int width = (int)std::to_string(o.steps).size();
     // --profile: seconds per phase, summed over the steps after the first (which warms up), split
@@ -861,6 +905,7 @@ int main(int argc, char** argv) {
         float norm = model_grad_norm(tr);
         opt.lr = lr_at_step(step, o.steps, o.warmup, o.lr, o.lr * o.lr_floor);
         if (!std::isfinite(loss) || !std::isfinite(norm)) {
+            model_wait_stats(tr);
             runlog_step(log, step, loss, opt.lr, norm, 0, 0);
             runlog_close(log);
             fail("step %d: the loss is %g and the gradient norm %g; stopping before the weights are damaged "
@@ -890,7 +935,7 @@ int main(int argc, char** argv) {
         if ((o.ckpt_every && (step + 1) % o.ckpt_every == 0) || last) {
             std::string path = last ? o.out_dir + "/model.ckpt" : strprintf("%s/model_step%06d.ckpt", o.out_dir.c_str(), step + 1);
             runlog_flush(log);
-            save_checkpoint(tr, path, step + 1, data_position);
+            save_checkpoint(tr, path, step + 1, data_position, order);
             printf("wrote %s\n", path.c_str());
         }
     }

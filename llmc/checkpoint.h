@@ -6,8 +6,10 @@
 //   48 f32 x 2  rope_theta, norm_eps   56 i64 step (optimiser steps taken)
 //   64 u32 flags (bit 0: AdamW m and v follow the parameters)   68 u32 dtype (0 = float32)
 //   72 i64 number of parameters P       80 i64 data position (training batches consumed)
-//   88 u32 CRC-32 of the payload        92 u32 CRC-32 of header bytes [0, 92)
-//   96..255 zero
+//   88 u32 CRC-32 of the payload        92 u32 CRC-32 of header bytes [0, 92) and [96, 256)
+//   96 i32 x 4  the run's batch, seq_len, total_batch, shuffle    112 i64 the run's seed
+//               (what the data order depends on; zero when not recorded)
+//   120..255 zero
 //   256 payload: params[P] (then m[P], v[P] when flag bit 0)
 // Files are written to "<path>.tmp" and renamed, so a crash never leaves a half-written checkpoint
 // under the real name.
@@ -22,11 +24,24 @@ static const char kCheckpointMagic[8] = {'A', 'T', 'T', 'N', 'C', 'K', 'P', 'T'}
 static const uint32_t kCheckpointVersion = 1;
 static const int kCheckpointHeaderBytes = 256;
 
+// The options that fix the order in which the training data is read: a resumed run must use the
+// same ones, or its data position means something else.
+struct DataOrder {
+    int32_t batch = 0, seq_len = 0, total_batch = 0, shuffle = 0;
+    int64_t seed = 0;
+};
+
+// CRC-32 of the header without its own checksum field (bytes 92..95).
+inline uint32_t header_crc(const uint8_t* h) {
+    return crc32_update(crc32_of(h, 92), h + 96, kCheckpointHeaderBytes - 96);
+}
+
 struct CheckpointInfo {
     ModelConfig config;
     int64_t step = 0;
     int64_t data_position = 0;
     bool has_optimizer_state = false;
+    DataOrder data_order;
 };
 
 inline void checkpoint_write(const std::string& path, const CheckpointInfo& info, const float* params,
@@ -55,7 +70,10 @@ inline void checkpoint_write(const std::string& path, const CheckpointInfo& info
         crc = crc32_update(crc, adam_v, P * sizeof(float));
     }
     put32(88, crc);
-    put32(92, crc32_of(h, 92));
+    int32_t order[4] = {info.data_order.batch, info.data_order.seq_len, info.data_order.total_batch, info.data_order.shuffle};
+    memcpy(h + 96, order, sizeof order);
+    put64(112, info.data_order.seed);
+    put32(92, header_crc(h));
     AtomicFile f = atomic_open(path);
     atomic_write(f, h, sizeof h);
     atomic_write(f, params, P * sizeof(float));
@@ -77,10 +95,10 @@ inline CheckpointInfo checkpoint_read_header(const std::string& path) {
     uint32_t version, hbytes, flags, dtype, crc_payload, crc_header;
     memcpy(&version, h + 8, 4);
     memcpy(&hbytes, h + 12, 4);
-    if (version > kCheckpointVersion)
-        fail("%s: checkpoint format version %u is newer than this program reads (%u)", path.c_str(), version, kCheckpointVersion);
+    if (version == 0 || version > kCheckpointVersion)
+        fail("%s: checkpoint format version %u is not one this program reads (1 to %u)", path.c_str(), version, kCheckpointVersion);
     memcpy(&crc_header, h + 92, 4);
-    if (hbytes != kCheckpointHeaderBytes || crc32_of(h, 92) != crc_header)
+    if (hbytes != kCheckpointHeaderBytes || header_crc(h) != crc_header)
         fail("%s: checkpoint header is damaged (checksum mismatch)", path.c_str());
     CheckpointInfo info;
     ModelConfig& c = info.config;
@@ -98,6 +116,13 @@ inline CheckpointInfo checkpoint_read_header(const std::string& path) {
     memcpy(&info.data_position, h + 80, 8);
     memcpy(&crc_payload, h + 88, 4);
     info.has_optimizer_state = flags & 1u;
+    int32_t order[4];
+    memcpy(order, h + 96, sizeof order);
+    info.data_order.batch = order[0];
+    info.data_order.seq_len = order[1];
+    info.data_order.total_batch = order[2];
+    info.data_order.shuffle = order[3];
+    memcpy(&info.data_order.seed, h + 112, 8);
     std::string err = config_error(c);
     if (!err.empty()) fail("%s: checkpoint holds an impossible configuration: %s", path.c_str(), err.c_str());
     if (dtype != 0) fail("%s: checkpoint dtype %u is not float32", path.c_str(), dtype);

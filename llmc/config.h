@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 #include "rand.h"
+#include "utils.h"
 
 struct ModelConfig {
     int vocab_size = 8192;  // V
@@ -59,15 +60,6 @@ inline void apply_preset(ModelConfig& c, const Preset& p) {
 
 // Returns an empty string when the configuration is possible, else one sentence saying which
 // field is wrong and why (the caller adds the option or file name).
-inline std::string strprintf(const char* fmt, ...) {
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    return buf;
-}
-
 inline std::string config_error(const ModelConfig& c) {
     if (c.vocab_size < 2) return strprintf("vocab_size %d must be at least 2", c.vocab_size);
     if (c.n_layer < 1) return strprintf("n_layer %d must be at least 1", c.n_layer);

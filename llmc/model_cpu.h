@@ -73,7 +73,6 @@ struct CpuModel {
     CpuActivations acts;
     CpuGradScratch scratch;
     int B = 0, T = 0;         // shape of the last forward pass
-    float mean_loss = -1.0f;  // of the last forward pass with targets
 };
 
 inline float* param_ptr(CpuModel& m, int kind, int l = 0) { return m.params.data() + param_offset(m.cfg, kind, l); }
@@ -420,14 +419,14 @@ inline void crossentropy_backward_inplace(float* logits, const float* row_lse, c
 // ---------------------------------------------------------------------------------------------
 // Key statistics of one layer from the post-k_norm, pre-RoPE keys (telemetry.md). The per-key
 // sums run in double precision over the N = B*T keys; the Gram matrix K^T K behind the effective
-// rank is one BLAS product (float, then widened for the eigenvalue solver). Heads in parallel.
+// rank is one BLAS product. Heads in parallel.
 inline void key_statistics(Telemetry& tm, int layer, const float* qk_normed, int N, const ModelConfig& c) {
     int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, NH = H + Hkv;
 #pragma omp parallel for schedule(dynamic)
     for (int kvh = 0; kvh < Hkv; kvh++) {
         const float* keys = qk_normed + (size_t)(H + kvh) * D;  // row n at keys + n * NH * D
         double sum_norm = 0, sum_maxabs = 0, sum_pr = 0;
-        std::vector<double> unit_sum(D, 0.0), gram((size_t)D * D), eig(D);
+        std::vector<double> unit_sum(D, 0.0);
         for (int n = 0; n < N; n++) {
             const float* k = keys + (size_t)n * NH * D;
             double sq = 0, quad = 0, mx = 0;
@@ -444,17 +443,15 @@ inline void key_statistics(Telemetry& tm, int layer, const float* qk_normed, int
             if (norm > 0)
                 for (int i = 0; i < D; i++) unit_sum[i] += k[i] / norm;
         }
-        std::vector<float> gram_f((size_t)D * D);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, D, N, 1.0f, keys, NH * D, keys, NH * D, 0.0f, gram_f.data(), D);
-        for (size_t i = 0; i < gram.size(); i++) gram[i] = gram_f[i];
+        std::vector<float> gram((size_t)D * D);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, D, N, 1.0f, keys, NH * D, keys, NH * D, 0.0f, gram.data(), D);
         double us2 = 0;
         for (int i = 0; i < D; i++) us2 += unit_sum[i] * unit_sum[i];
-        double erank = symmetric_eigenvalues(gram.data(), D, eig.data()) ? effective_rank_from_gram_eigenvalues(eig.data(), D) : NAN;
         tm.row(M_K_NORM, layer, c)[kvh] = (float)(sum_norm / N);
         tm.row(M_K_MAXABS, layer, c)[kvh] = (float)(sum_maxabs / N);
         tm.row(M_K_PR, layer, c)[kvh] = (float)(sum_pr / N);
         tm.row(M_K_COS, layer, c)[kvh] = (float)mean_pairwise_cosine(us2, (double)N);
-        tm.row(M_K_ERANK, layer, c)[kvh] = (float)erank;
+        tm.row(M_K_ERANK, layer, c)[kvh] = effective_rank_of_gram(gram.data(), D);
     }
 }
 
@@ -557,8 +554,7 @@ inline float cpu_forward(CpuModel& m, const int* tokens, const int* targets, int
     crossentropy_forward(a.losses.data(), a.logit_lse.data(), a.logits.data(), targets, N, V);
     double sum = 0;
     for (int n = 0; n < N; n++) sum += a.losses[n];
-    m.mean_loss = (float)(sum / N);
-    return m.mean_loss;
+    return (float)(sum / N);
 }
 
 // Backward pass of the last forward pass (which must have had targets). Adds the gradient of

@@ -168,11 +168,6 @@ inline void telemetry_finish(Telemetry& tm, const float* host_stats, const Telem
         if (m != M_K_ERANK) std::copy(host_stats + lay.offset[m], host_stats + lay.offset[m] + tm.values[m].size(), tm.values[m].begin());
     int D = c.head_dim, heads = c.n_layer * c.n_kv_head;
 #pragma omp parallel for schedule(dynamic)
-    for (int k = 0; k < heads; k++) {
-        std::vector<double> gram((size_t)D * D), eig(D);
-        const float* g = host_stats + lay.gram_offset + (size_t)k * D * D;
-        for (size_t i = 0; i < gram.size(); i++) gram[i] = g[i];
-        tm.values[M_K_ERANK][k] = symmetric_eigenvalues(gram.data(), D, eig.data())
-                                      ? (float)effective_rank_from_gram_eigenvalues(eig.data(), D) : NAN;
-    }
+    for (int k = 0; k < heads; k++)
+        tm.values[M_K_ERANK][k] = effective_rank_of_gram(host_stats + lay.gram_offset + (size_t)k * D * D, D);
 }

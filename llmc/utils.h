@@ -38,6 +38,15 @@ inline void write_or_fail(FILE* f, const void* src, size_t n, const char* path) 
     if (n && fwrite(src, 1, n, f) != n) fail("%s: write failed (%s)", path, strerror(errno));
 }
 
+inline std::string strprintf(const char* fmt, ...) {
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    return buf;
+}
+
 // The current UTC time formatted by strftime, e.g. "%Y-%m-%dT%H:%M:%SZ".
 inline std::string utc_time(const char* format) {
     time_t now = time(nullptr);
@@ -85,12 +94,13 @@ inline void atomic_write(AtomicFile& a, const void* src, size_t n) {
 }
 
 inline void atomic_commit(AtomicFile& a) {
-    bool ok = fflush(a.f) == 0 && fsync(fileno(a.f)) == 0;
-    int e = errno;
-    ok = (fclose(a.f) == 0) && ok;
-    if (!ok || rename(a.tmp.c_str(), a.path.c_str()) != 0) {
+    int err = 0;  // the errno of the first step that failed
+    if (fflush(a.f) != 0 || fsync(fileno(a.f)) != 0) err = errno;
+    if (fclose(a.f) != 0 && !err) err = errno;
+    if (!err && rename(a.tmp.c_str(), a.path.c_str()) != 0) err = errno;
+    if (err) {
         remove(a.tmp.c_str());
-        fail("%s: write failed (%s); the previous file was left as it was", a.path.c_str(), strerror(e ? e : errno));
+        fail("%s: write failed (%s); the previous file was left as it was", a.path.c_str(), strerror(err));
     }
 }
 

@@ -173,7 +173,7 @@ def gpu(args):
     L, H, D, C, F, V = cfg["n_layer"], cfg["n_head"], cfg["head_dim"], cfg["d_model"], cfg["d_ff"], cfg["vocab_size"]
     Hkv = cfg["n_kv_head"]
     n_params = V * C + L * (2 * C + (H + 2 * Hkv) * D * C + 2 * D + C * H * D + 3 * F * C) + C
-    flops_per_token = 6 * n_params + 12 * L * H * D * T  # verification.md
+    flops_per_token = 6 * n_params + 12 * L * H * D * T  # 6N for the matrices, 12 L H D T for attention
     tok = B * T
     tps = tok / ms_never * 1e3
     mfu = flops_per_token * tps / 989e12

@@ -61,7 +61,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import attnlog  # noqa: E402
 import figures  # noqa: E402
 
-# The thresholds of the derived quantities (telemetry.md, "Derived later").
+# The thresholds of the derived quantities (docs/telemetry.md, "Derived in Python").
 SINK_THRESHOLD = 0.3  # attn_sink above this makes a head a sink (Gu et al. 2024)
 AXIS_THRESHOLD = 0.5  # k_maxabs^2 / k_norm^2 above this: one component holds most of the key's energy
 FOCUS_FRACTION = 0.5  # entropy below this fraction of uniform attention's counts as focused

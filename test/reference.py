@@ -229,7 +229,7 @@ def write_checkpoint(path, c, params, step=0):
     struct.pack_into("<ff", head, 48, c.rope_theta, c.norm_eps)
     struct.pack_into("<qIIqq", head, 56, step, 0, 0, flat.size, 0)
     struct.pack_into("<I", head, 88, zlib.crc32(payload))
-    struct.pack_into("<I", head, 92, zlib.crc32(bytes(head[:92])))
+    struct.pack_into("<I", head, 92, zlib.crc32(bytes(head[96:]), zlib.crc32(bytes(head[:92]))))
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
         f.write(head)

@@ -1,5 +1,5 @@
-// Parity of the CUDA backend with the PyTorch reference (test/reference.py), with the bf16
-// tolerances of verification.md: |a - b| <= atol + 0.079 |b| per element with a per-tensor atol,
+// Parity of the CUDA backend with the PyTorch reference (test/reference.py), with bf16
+// tolerances: |a - b| <= atol + 0.079 |b| per element with a per-tensor atol,
 // AdamW losses within 0.05, statistics within 1%. Also checks that two runs give the same bits.
 //   test_gpt_cuda REFERENCE_DIR
 #define TESTING

@@ -93,6 +93,50 @@ def test_resume_continues_the_same_run(full_run, data, tmp_path):
     assert np.array_equal(got, want[3:])
 
 
+def test_resume_in_place_appends_to_the_log(full_run, data, tmp_path):
+    """Resuming in the run's own directory appends to its log: the re-done steps are recorded
+    twice, the reader keeps the later records and says so, and they equal the first ones."""
+    out, _ = full_run
+    run_dir = tmp_path / "run"
+    shutil.copytree(out, run_dir)
+    before = (run_dir / "run.attnlog").read_bytes()
+    r = run([TRAIN, "-i", data / "train_*.bin", "-j", data / "val_*.bin", *TINY_MODEL, "-x", "6", "-s", "2",
+             "-v", "3", "--val-batches", "2", "-r", run_dir / "model_step000003.ckpt"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    after = (run_dir / "run.attnlog").read_bytes()
+    assert after.startswith(before) and len(after) > len(before)
+    log = attnlog.open_log(run_dir / "run.attnlog")
+    steps, loss = log.scalars("loss")
+    _, first = attnlog.open_log(out / "run.attnlog").scalars("loss")
+    assert list(steps) == list(range(6)) and np.array_equal(loss, first)
+    assert any("repeat" in p for p in log.problems)
+    assert any("resumed" in text for _, text in log.notes())
+
+
+def test_resume_needs_the_same_data_order(full_run, data, tmp_path):
+    out, _ = full_run
+    r = run([TRAIN, "-i", data / "train_*.bin", *TINY_MODEL, "-b", "2", "-x", "6", "-o", tmp_path / "o",
+             "-r", out / "model_step000003.ckpt"])
+    assert_one_line_error(r, "-b (--batch) is 2", "model_step000003.ckpt", "used 4")
+    r = run([TRAIN, "-i", data / "train_*.bin", *TINY_MODEL, "--seed", "7", "-x", "6", "-o", tmp_path / "o2",
+             "-r", out / "model_step000003.ckpt"])
+    assert_one_line_error(r, "--seed is 7", "used 1337")
+
+
+def test_preset_with_a_checkpoint(full_run, data, tmp_path):
+    out, _ = full_run
+    assert_one_line_error(train(data, tmp_path / "o", "-x", "2", "-e", out / "model.ckpt", "-m", "d22"),
+                          "-m (--preset)", "model.ckpt")
+
+
+def test_unfinished_dataset(data, tmp_path):
+    half = tmp_path / "half"
+    shutil.copytree(data, half)
+    (half / ".complete").unlink()
+    assert_one_line_error(run([TRAIN, "-i", half / "train_*.bin", *TINY_MODEL, "-x", "1", "-o", tmp_path / "o"]),
+                          "half/", "did not finish")
+
+
 @pytest.mark.parametrize("args, parts", [
     (["--n-kv-head", "3"], ["n_head 2 is not a multiple of n_kv_head 3"]),
     (["-t", "64"], ["-t (--seq-len) 64", "max_seq_len 32"]),
@@ -103,6 +147,7 @@ def test_resume_continues_the_same_run(full_run, data, tmp_path):
     (["--bogus", "1"], ["unknown option '--bogus'"]),
     (["-x"], ["option -x (--steps) needs a value"]),
     (["-m", "d99"], ["unknown preset 'd99'"]),
+    (["-b", "2000000000"], ["-b (--batch) 2000000000", "too many"]),
 ])
 def test_impossible_options(data, tmp_path, args, parts):
     out = tmp_path / "out"
