@@ -131,6 +131,11 @@ inline size_t num_parameters(const ModelConfig& c) {
     return param_numel(c, P_WTE) + (size_t)c.n_layer * layer_numel(c) + param_numel(c, P_FINAL_NORM);
 }
 
+// The tensor's name as the PyTorch reference spells it: "wte", "layers.3.wk", "final_norm".
+inline std::string param_name(int kind, int l = 0) {
+    return (param_is_per_layer(kind) ? "layers." + std::to_string(l) + "." : std::string()) + kParamNames[kind];
+}
+
 // Offset (in floats) of the tensor of this kind, of layer l for per-layer kinds.
 inline size_t param_offset(const ModelConfig& c, int kind, int l = 0) {
     size_t wte = param_numel(c, P_WTE);

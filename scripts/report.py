@@ -98,7 +98,7 @@ def load_run(path, label):
         raise ReportError(f"{path}: the header's model configuration is inconsistent "
                           f"(n_layer={n_layer}, n_head={n_head}, n_kv_head={n_kv}, head_dim={head_dim})")
     problems = list(log.problems)
-    counts = log.record_counts()  # attnlog cannot read a field of a record type with no records
+    counts = log.record_counts()  # a record type without records contributes no data
     columns = {"q_norm": n_head, "attn_entropy": n_head, "attn_sink": n_head, "g_k": head_dim}
     metrics, missing = {}, []
     for name in USED_METRICS:

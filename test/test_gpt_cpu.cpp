@@ -57,9 +57,7 @@ int main(int argc, char** argv) {
         int layers = param_is_per_layer(kind) ? c.n_layer : 1;
         for (int l = 0; l < layers; l++) {
             size_t off = param_offset(c, kind, l);
-            std::string name = std::string("grad ") + (param_is_per_layer(kind) ? "layers." + std::to_string(l) + "." : "") +
-                               kParamNames[kind];
-            compare(name, &m.grads[off], &grads[off], param_numel(c, kind));
+            compare("grad " + param_name(kind, l), &m.grads[off], &grads[off], param_numel(c, kind));
         }
     }
 

@@ -69,9 +69,7 @@ int main(int argc, char** argv) {
         int layers = param_is_per_layer(kind) ? c.n_layer : 1;
         for (int l = 0; l < layers; l++) {
             size_t off = param_offset(c, kind, l);
-            std::string tname = std::string("cuda grad ") + (param_is_per_layer(kind) ? "layers." + std::to_string(l) + "." : "") +
-                                kParamNames[kind];
-            compare_bf16(tname, &grads[off], &want_grads[off], param_numel(c, kind), 0.05);
+            compare_bf16("cuda grad " + param_name(kind, l), &grads[off], &want_grads[off], param_numel(c, kind), 0.05);
         }
     }
 
