@@ -1,7 +1,9 @@
 // The optimiser's kernels: the global gradient norm (deterministic two-stage sum) and AdamW over
 // float32 master weights, refreshing the bf16 copy the forward pass reads.
 #pragma once
+#include <algorithm>
 #include <vector>
+#include "config.h"
 #include "cuda_common.cuh"
 #include "math.h"
 
@@ -40,6 +42,25 @@ struct ParamSegment {
     long long start, count;
     int decay;
 };
+
+// The parameter layout of config.h as the fewest segments: consecutive tensors with the same
+// weight decay flag merged.
+inline std::vector<ParamSegment> adamw_segments(const ModelConfig& c) {
+    std::vector<ParamSegment> segs, merged;
+    for (int kind = 0; kind < P_NUM_KINDS; kind++) {
+        int layers = param_is_per_layer(kind) ? c.n_layer : 1;
+        for (int l = 0; l < layers; l++)
+            segs.push_back({(long long)param_offset(c, kind, l), (long long)param_numel(c, kind), param_is_matrix(kind) ? 1 : 0});
+    }
+    std::sort(segs.begin(), segs.end(), [](const ParamSegment& a, const ParamSegment& b) { return a.start < b.start; });
+    for (const ParamSegment& s : segs) {
+        if (!merged.empty() && merged.back().decay == s.decay && merged.back().start + merged.back().count == s.start)
+            merged.back().count += s.count;
+        else
+            merged.push_back(s);
+    }
+    return merged;
+}
 
 // AdamW on every segment: blockIdx.y is the segment, the blocks of x stride over it.
 // grad_scale is the clipping factor, read on the device (no host round trip between the norm

@@ -26,15 +26,7 @@
 #include <cuda_bf16.h>
 #include "cuda_common.cuh"
 #include "math.h"
-
-// The per-row statistics of telemetry.md, each an array [B, H, T] of row_stats.
-enum AttentionRowStat {
-    ATTN_STAT_ENTROPY = 0,    // -sum_j p_tj ln p_tj, in nats
-    ATTN_STAT_SINK = 1,       // p_t0, the probability on the first position
-    ATTN_STAT_MAXP = 2,       // max_j p_tj
-    ATTN_STAT_LOGIT_MAX = 3,  // max_j s_tj
-    ATTN_NUM_ROW_STATS = 4,
-};
+#include "telemetry.h"  // AttentionRowStat
 
 // ---------------------------------------------------------------------------------------------
 // Pieces shared by both implementations

@@ -31,15 +31,15 @@ struct ModelConfig {
 struct Preset {
     const char* name;
     const char* what;
-    int n_layer, n_head, n_kv_head, d_ff, max_seq_len;
+    int n_layer, n_head, n_kv_head, head_dim, d_ff, max_seq_len;
 };
 
-// Every preset keeps head_dim = 64, so that a key right after k_norm has norm sqrt(64) = 8 at
+// Every preset has head_dim = 64, so that a key right after the k norm has norm sqrt(64) = 8 at
 // initialisation, the level the research reports measure against.
 static const Preset kPresets[] = {
-    {"d6", "default: 6 layers, C=256, GQA 4:2, trains in minutes on 2 CPU cores", 6, 4, 2, 768, 256},
-    {"d12", "12 layers, C=512, GQA 8:4, T=1024", 12, 8, 4, 1536, 1024},
-    {"d22", "the research reports' model: 22 layers, C=512, 8 heads, T=2048", 22, 8, 8, 1536, 2048},
+    {"d6", "default: 6 layers, C=256, GQA 4:2, trains in minutes on 2 CPU cores", 6, 4, 2, 64, 768, 256},
+    {"d12", "12 layers, C=512, GQA 8:4, T=1024", 12, 8, 4, 64, 1536, 1024},
+    {"d22", "the research reports' model: 22 layers, C=512, 8 heads, T=2048", 22, 8, 8, 64, 1536, 2048},
 };
 
 inline const Preset* find_preset(const char* name) {
@@ -52,8 +52,8 @@ inline void apply_preset(ModelConfig& c, const Preset& p) {
     c.n_layer = p.n_layer;
     c.n_head = p.n_head;
     c.n_kv_head = p.n_kv_head;
-    c.head_dim = 64;
-    c.d_model = p.n_head * 64;
+    c.head_dim = p.head_dim;
+    c.d_model = p.n_head * p.head_dim;
     c.d_ff = p.d_ff;
     c.max_seq_len = p.max_seq_len;
 }
@@ -82,23 +82,23 @@ inline std::string config_error(const ModelConfig& c) {
 // stores them in the same order):
 //   wte [V, C]
 //   for each layer l = 0..L-1:
-//     attn_norm [C], wq [H*D, C], wk [Hkv*D, C], wv [Hkv*D, C], q_norm [D], k_norm [D],
+//     attn_norm [C], wq [H*D, C], wk [Hkv*D, C], wv [Hkv*D, C], q_gain [D], k_gain [D],
 //     wo [C, H*D], mlp_norm [C], w1 [F, C], w3 [F, C], w2 [C, F]
 //   final_norm [C]
 // Within a layer wq, wk, wv follow each other, so together they are one [(H+2Hkv)*D, C] matrix
 // and the three projections are one matrix product; w1 and w3 likewise form one [2F, C] matrix.
 
 enum ParamKind {
-    P_WTE, P_ATTN_NORM, P_WQ, P_WK, P_WV, P_Q_NORM, P_K_NORM, P_WO, P_MLP_NORM, P_W1, P_W3, P_W2,
+    P_WTE, P_ATTN_NORM, P_WQ, P_WK, P_WV, P_Q_GAIN, P_K_GAIN, P_WO, P_MLP_NORM, P_W1, P_W3, P_W2,
     P_FINAL_NORM, P_NUM_KINDS
 };
 
 static const char* const kParamNames[P_NUM_KINDS] = {
-    "wte", "attn_norm", "wq", "wk", "wv", "q_norm", "k_norm", "wo", "mlp_norm", "w1", "w3", "w2",
+    "wte", "attn_norm", "wq", "wk", "wv", "q_gain", "k_gain", "wo", "mlp_norm", "w1", "w3", "w2",
     "final_norm"};
 
 inline bool param_is_per_layer(int kind) { return kind != P_WTE && kind != P_FINAL_NORM; }
-// Matrices take weight decay; gains (every *_norm) do not.
+// Matrices take weight decay; gains (q_gain, k_gain and every *_norm) do not.
 inline bool param_is_matrix(int kind) {
     return kind == P_WTE || kind == P_WQ || kind == P_WK || kind == P_WV || kind == P_WO ||
            kind == P_W1 || kind == P_W3 || kind == P_W2;
@@ -113,7 +113,7 @@ inline size_t param_numel(const ModelConfig& c, int kind) {
         case P_ATTN_NORM: case P_MLP_NORM: case P_FINAL_NORM: return C;
         case P_WQ: return q_width * C;
         case P_WK: case P_WV: return kv_width * C;
-        case P_Q_NORM: case P_K_NORM: return D;
+        case P_Q_GAIN: case P_K_GAIN: return D;
         case P_WO: return C * q_width;
         case P_W1: case P_W3: return F * C;
         case P_W2: return C * F;

@@ -558,9 +558,6 @@ inline std::string brown_join(const std::vector<std::string>& tokens) {
     return out;
 }
 
-// The words of one or more tagged sentences as one line of text.
-inline std::string brown_detokenize(const std::string& tagged) { return brown_join(split_white(tagged)); }
-
 // A headline (or dateline) is a sentence whose words are mostly tagged -hl.
 inline bool brown_is_headline(const std::vector<std::string>& tokens) {
     size_t hl = 0;

@@ -26,6 +26,23 @@ HD void swiglu_backward(float a, float b, float dout, float* da, float* db) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// RMSNorm of a row x of width n with gain g: y_i = x_i r g_i, r = 1 / sqrt(mean_i x_i^2 + eps).
+// The model's one norm: before attention and the MLP, at the end, and per head on the queries and
+// keys. Every backend computes it with these functions.
+
+HD float rmsnorm_rstd(float sum_sq, int n, float eps) { return 1.0f / sqrtf(sum_sq / n + eps); }
+
+HD float rmsnorm_out(float x, float r, float g) { return x * r * g; }
+
+// Backward, with xhat = x r: dx_i = r (g_i dy_i - xhat_i m), where m = mean_i g_i dy_i xhat_i
+// is the mean of rmsnorm_dot_term over the row; the gain's gradient sums dy_i xhat_i over rows.
+HD float rmsnorm_dot_term(float g, float dy, float x, float r) { return g * dy * x * r; }
+
+HD float rmsnorm_dx(float g, float dy, float x, float r, float mean_dot) { return r * (g * dy - x * r * mean_dot); }
+
+HD float rmsnorm_dgain(float dy, float x, float r) { return dy * (x * r); }
+
+// ---------------------------------------------------------------------------------------------
 // RoPE, rotate-half convention: the pair (x[i], x[i + D/2]) at position t turns by the angle
 // t * theta^(-2i/D). The angle is formed in double precision: at t = 2047 a float angle would
 // already be off by ~1e-4 radians. Backends tabulate cos/sin once per run with this function.

@@ -1,5 +1,5 @@
 // The CPU backend: the whole model of docs/model.md in float32, forward, backward and
-// AdamW, over explicit named buffers. Matrix products go through BLAS (cblas_sgemm), everything
+// AdamW, over the named buffers of activations.h. Matrix products go through BLAS (cblas_sgemm), everything
 // else is plain loops parallelised with OpenMP. The per-element formulas come from math.h and
 // are the ones the CUDA kernels use.
 //
@@ -12,7 +12,9 @@
 #include <cstdint>
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <vector>
+#include "activations.h"
 #include "config.h"
 #include "eigen.h"
 #include "math.h"
@@ -27,58 +29,21 @@
 extern "C" float expf(float) noexcept;
 #endif
 
-// ---------------------------------------------------------------------------------------------
-// Activations kept from the forward pass for the backward pass. Per-layer buffers hold all
-// layers back to back: buffer[l * per_layer_size + ...].
-struct CpuActivations {
-    std::vector<float> emb;        // [N, C]        token embeddings, the input of layer 0
-    std::vector<float> ln1;        // [L, N, C]     rmsnorm(x) * attn_norm
-    std::vector<float> ln1_rstd;   // [L, N]        1 / rms(x)
-    std::vector<float> qkv;        // [L, N, QKV]   h @ [Wq; Wk; Wv]^T, before the q/k norms
-    std::vector<float> qk_rstd;    // [L, N, H+Hkv] 1 / rms of each query and key head
-    std::vector<float> qk_normed;  // [L, N, H+Hkv, D] after q_norm/k_norm and gains, before RoPE:
-                                   //   the key part is the buffer the key statistics read
-    std::vector<float> qk_rope;    // [L, N, H+Hkv, D] the same after RoPE: what attention uses
-    std::vector<float> att_lse;    // [L, B, H, T]  log-sum-exp of each attention row
-    std::vector<float> atty;       // [L, N, C]     attention output, heads side by side
-    std::vector<float> res_attn;   // [L, N, C]     residual stream after the attention block
-    std::vector<float> ln2;        // [L, N, C]
-    std::vector<float> ln2_rstd;   // [L, N]
-    std::vector<float> fc13;       // [L, N, 2F]    h @ [W1; W3]^T: gate (first F) and up (last F)
-    std::vector<float> swi;        // [L, N, F]     silu(gate) * up
-    std::vector<float> res_mlp;    // [L, N, C]     residual stream after the MLP: the layer output
-    std::vector<float> lnf;        // [N, C]
-    std::vector<float> lnf_rstd;   // [N]
-    std::vector<float> logits;     // [N, V]        turned into dlogits in place by the backward pass
-    std::vector<float> logit_lse;  // [N]           log-sum-exp of each logits row
-    std::vector<float> losses;     // [N]           cross-entropy of each position
-};
-
-// Gradients with respect to activations; one layer at a time, so no [L] dimension.
-struct CpuGradScratch {
-    std::vector<float> dres;     // [N, C] gradient flowing down the residual stream
-    std::vector<float> dln;      // [N, C]
-    std::vector<float> dqkv;     // [N, QKV]
-    std::vector<float> dqk;      // [N, H+Hkv, D] gradient of the post-RoPE queries and keys
-    std::vector<float> datty;    // [N, C]
-    std::vector<float> dfc13;    // [N, 2F]
-    std::vector<float> dswi;     // [N, F]
-};
-
+// The model and its buffers. The activations are those of activations.h, in float, in one block.
 struct CpuModel {
     ModelConfig cfg;
     int max_B = 0, max_T = 0;  // activation buffers are sized for these
     std::vector<float> params, grads, adam_m, adam_v;  // flat, in the layout of config.h
     std::vector<float> rope_cos, rope_sin;             // [max_seq_len, D/2]
-    CpuActivations acts;
-    CpuGradScratch scratch;
-    int B = 0, T = 0;         // shape of the last forward pass
+    Activations<float> acts;
+    std::unique_ptr<char[]> act_memory;
+    int B = 0, T = 0;  // shape of the last forward pass
 };
 
 inline float* param_ptr(CpuModel& m, int kind, int l = 0) { return m.params.data() + param_offset(m.cfg, kind, l); }
 inline float* grad_ptr(CpuModel& m, int kind, int l = 0) { return m.grads.data() + param_offset(m.cfg, kind, l); }
 
-inline void cpu_model_init(CpuModel& m, const ModelConfig& cfg, int max_B, int max_T) {
+inline void model_init(CpuModel& m, const ModelConfig& cfg, int max_B, int max_T) {
     m.cfg = cfg;
     m.max_B = max_B;
     m.max_T = max_T;
@@ -96,37 +61,12 @@ inline void cpu_model_init(CpuModel& m, const ModelConfig& cfg, int max_B, int m
             m.rope_cos[(size_t)t * half + i] = (float)cos(a);
             m.rope_sin[(size_t)t * half + i] = (float)sin(a);
         }
-    size_t N = (size_t)max_B * max_T, L = cfg.n_layer, C = cfg.d_model, F = cfg.d_ff;
-    size_t QKV = cfg.qkv_dim(), QK = (size_t)(cfg.n_head + cfg.n_kv_head) * D;
-    CpuActivations& a = m.acts;
-    a.emb.assign(N * C, 0);
-    a.ln1.assign(L * N * C, 0);
-    a.ln1_rstd.assign(L * N, 0);
-    a.qkv.assign(L * N * QKV, 0);
-    a.qk_rstd.assign(L * N * (cfg.n_head + cfg.n_kv_head), 0);
-    a.qk_normed.assign(L * N * QK, 0);
-    a.qk_rope.assign(L * N * QK, 0);
-    a.att_lse.assign(L * N * cfg.n_head, 0);
-    a.atty.assign(L * N * C, 0);
-    a.res_attn.assign(L * N * C, 0);
-    a.ln2.assign(L * N * C, 0);
-    a.ln2_rstd.assign(L * N, 0);
-    a.fc13.assign(L * N * 2 * F, 0);
-    a.swi.assign(L * N * F, 0);
-    a.res_mlp.assign(L * N * C, 0);
-    a.lnf.assign(N * C, 0);
-    a.lnf_rstd.assign(N, 0);
-    a.logits.assign(N * cfg.vocab_size, 0);
-    a.logit_lse.assign(N, 0);
-    a.losses.assign(N, 0);
-    CpuGradScratch& s = m.scratch;
-    s.dres.assign(N * C, 0);
-    s.dln.assign(N * C, 0);
-    s.dqkv.assign(N * QKV, 0);
-    s.dqk.assign(N * QK, 0);
-    s.datty.assign(N * C, 0);
-    s.dfc13.assign(N * 2 * F, 0);
-    s.dswi.assign(N * F, 0);
+    ActivationDims dims = activation_dims(cfg, max_B, max_T, cfg.vocab_size);
+    Arena count;
+    carve_activations(m.acts, dims, CPU, count);
+    m.act_memory.reset(new char[count.used + 256]());  // zeroed; + 256 to align the start
+    Arena block{(char*)(((uintptr_t)m.act_memory.get() + 255) / 256 * 256)};
+    carve_activations(m.acts, dims, CPU, block);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -146,21 +86,21 @@ inline void matmul_backward(float* dinp, float* dW, const float* dout, const flo
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dW, IC);
 }
 
-// out = x / rms(x) * g over rows of width C; rstd[n] = 1 / sqrt(mean(x^2) + eps).
+// out = x / rms(x) * g over rows of width C (math.h); rstd[n] = 1 / rms of row n.
 inline void rmsnorm_forward(float* out, float* rstd, const float* x, const float* g, int N, int C, float eps) {
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         const float* xr = x + (size_t)n * C;
         float ss = 0.0f;
         for (int i = 0; i < C; i++) ss += xr[i] * xr[i];
-        float r = 1.0f / sqrtf(ss / C + eps);
+        float r = rmsnorm_rstd(ss, C, eps);
         rstd[n] = r;
         float* o = out + (size_t)n * C;
-        for (int i = 0; i < C; i++) o[i] = xr[i] * r * g[i];
+        for (int i = 0; i < C; i++) o[i] = rmsnorm_out(xr[i], r, g[i]);
     }
 }
 
-// With xhat = x r: dx = r (g dy - xhat mean(g dy xhat)), dg = sum over rows of dy xhat.
+// Adds the input gradient into dx and the gain gradient into dg (math.h).
 inline void rmsnorm_backward(float* dx, float* dg, const float* dy, const float* x, const float* rstd,
                              const float* g, int N, int C) {
 #pragma omp parallel for
@@ -168,10 +108,10 @@ inline void rmsnorm_backward(float* dx, float* dg, const float* dy, const float*
         const float* xr = x + (size_t)n * C;
         const float* dyr = dy + (size_t)n * C;
         float r = rstd[n], dot = 0.0f;
-        for (int i = 0; i < C; i++) dot += g[i] * dyr[i] * xr[i] * r;
+        for (int i = 0; i < C; i++) dot += rmsnorm_dot_term(g[i], dyr[i], xr[i], r);
         dot /= C;
         float* dxr = dx + (size_t)n * C;
-        for (int i = 0; i < C; i++) dxr[i] += r * (g[i] * dyr[i] - xr[i] * r * dot);
+        for (int i = 0; i < C; i++) dxr[i] += rmsnorm_dx(g[i], dyr[i], xr[i], r, dot);
     }
     // Gain gradient: a column sum. Each thread owns a range of columns and walks the rows in order,
     // so the result does not depend on the number of threads.
@@ -184,8 +124,9 @@ inline void rmsnorm_backward(float* dx, float* dg, const float* dy, const float*
 }
 
 // Per-head RMSNorm of the queries and keys with their gains, then RoPE. Reads the raw
-// projections in qkv [N, QKV] (queries, keys, values side by side), writes the normalised
-// vectors (qk_normed), their RoPE rotations (qk_rope), both [N, H+Hkv, D], and the rstds.
+// projections in qkv [N, QKV] (queries, keys, values side by side), writes their RoPE rotations
+// qk_rope [N, H+Hkv, D] and the rstds; when qk_normed is not null, also the normalised vectors
+// before RoPE (the point the key statistics measure), [N, H+Hkv, D].
 inline void qk_norm_rope_forward(float* qk_normed, float* qk_rope, float* qk_rstd, const float* qkv,
                                  const float* g_q, const float* g_k, const float* rope_cos,
                                  const float* rope_sin, int B, int T, const ModelConfig& c) {
@@ -198,13 +139,18 @@ inline void qk_norm_rope_forward(float* qk_normed, float* qk_rope, float* qk_rst
             const float* g = h < c.n_head ? g_q : g_k;
             float ss = 0.0f;
             for (int i = 0; i < D; i++) ss += x[i] * x[i];
-            float r = 1.0f / sqrtf(ss / D + c.norm_eps);
+            float r = rmsnorm_rstd(ss, D, c.norm_eps);
             qk_rstd[(size_t)n * NH + h] = r;
-            float* y = qk_normed + ((size_t)n * NH + h) * D;
-            for (int i = 0; i < D; i++) y[i] = x[i] * r * g[i];
+            float* y = qk_normed ? qk_normed + ((size_t)n * NH + h) * D : nullptr;
             float* z = qk_rope + ((size_t)n * NH + h) * D;
-            for (int i = 0; i < half; i++)
-                rope_rotate(y[i], y[i + half], rope_cos[t * half + i], rope_sin[t * half + i], &z[i], &z[i + half]);
+            for (int i = 0; i < half; i++) {
+                float y0 = rmsnorm_out(x[i], r, g[i]), y1 = rmsnorm_out(x[i + half], r, g[i + half]);
+                if (y) {
+                    y[i] = y0;
+                    y[i + half] = y1;
+                }
+                rope_rotate(y0, y1, rope_cos[t * half + i], rope_sin[t * half + i], &z[i], &z[i + half]);
+            }
         }
     }
 }
@@ -231,10 +177,10 @@ inline void qk_norm_rope_backward(float* dqkv, float* dg_q, float* dg_k, const f
                 const float* x = qkv + (size_t)n * QKV + (size_t)h * D;
                 const float* g = h < c.n_head ? g_q : g_k;
                 float r = qk_rstd[(size_t)n * NH + h], dot = 0.0f;
-                for (int i = 0; i < D; i++) dot += g[i] * dy[i] * x[i] * r;
+                for (int i = 0; i < D; i++) dot += rmsnorm_dot_term(g[i], dy[i], x[i], r);
                 dot /= D;
                 float* dx = dqkv + (size_t)n * QKV + (size_t)h * D;
-                for (int i = 0; i < D; i++) dx[i] = r * (g[i] * dy[i] - x[i] * r * dot);
+                for (int i = 0; i < D; i++) dx[i] = rmsnorm_dx(g[i], dy[i], x[i], r, dot);
             }
         }
     }
@@ -250,9 +196,9 @@ inline void qk_norm_rope_backward(float* dqkv, float* dg_q, float* dg_k, const f
                 const float* dz = dqk + ((size_t)n * NH + h) * D;
                 // component i of the un-rotated gradient
                 float dyi = i < half ? dz[i] * cs + dz[i + half] * sn : dz[i] * cs - dz[i - half] * sn;
-                float xhat = qkv[(size_t)n * QKV + (size_t)h * D + i] * qk_rstd[(size_t)n * NH + h];
-                if (h < c.n_head) acc_q += dyi * xhat;
-                else acc_k += dyi * xhat;
+                float dgi = rmsnorm_dgain(dyi, qkv[(size_t)n * QKV + (size_t)h * D + i], qk_rstd[(size_t)n * NH + h]);
+                if (h < c.n_head) acc_q += dgi;
+                else acc_k += dgi;
             }
         }
         dg_q[i] += acc_q;
@@ -260,19 +206,14 @@ inline void qk_norm_rope_backward(float* dqkv, float* dg_q, float* dg_k, const f
     }
 }
 
-// Per-row attention statistics of one stats step, summed per query head (telemetry.md).
-struct AttnRowStats {
-    std::vector<double> entropy, sink, maxp;  // [B*H*T] per row, reduced by the caller
-    std::vector<float> logit_max;
-};
-
 // Causal attention for one (sequence, head) at a time, as three matrix products through BLAS:
 // S = Q K^T / sqrt(D) (a T x T scratch per thread, upper triangle ignored), the causal softmax of
 // each row in place, Y = P V. Saves each row's log-sum-exp so that the backward pass can rebuild P.
-// Query head h reads key/value head h / (H / Hkv). With stats, also keeps each row's entropy, mass
-// on position 0, largest probability and largest logit (telemetry.md).
-inline void attention_forward(float* atty, float* lse, const float* qk_rope, const float* qkv, int B, int T,
-                              const ModelConfig& c, AttnRowStats* stats) {
+// Query head h reads key/value head h / (H / Hkv). When row_stats is not null, also keeps each
+// row's entropy, mass on position 0, largest probability and largest logit (telemetry.md) in it:
+// ATTN_NUM_ROW_STATS arrays [B, H, T], in AttentionRowStat order.
+inline void attention_forward(float* atty, float* lse, float* row_stats, const float* qk_rope, const float* qkv,
+                              int B, int T, const ModelConfig& c) {
     int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, NH = H + Hkv, QKV = c.qkv_dim(), C = c.d_model;
     int group = c.group_size();
     float scale = 1.0f / sqrtf((float)D);
@@ -305,11 +246,12 @@ inline void attention_forward(float* atty, float* lse, const float* qk_rope, con
                     for (int j = t + 1; j < T; j++) row[j] = 0.0f;
                     size_t r = ((size_t)b * H + h) * T + t;
                     lse[r] = m + logf(l);
-                    if (stats) {
-                        stats->entropy[r] = softmax_row_entropy(l, a);
-                        stats->sink[r] = row[0];
-                        stats->maxp[r] = inv_l;  // the largest term is e^(m - m) = 1
-                        stats->logit_max[r] = m;
+                    if (row_stats) {
+                        size_t rows = (size_t)B * H * T;
+                        row_stats[ATTN_STAT_ENTROPY * rows + r] = softmax_row_entropy(l, a);
+                        row_stats[ATTN_STAT_SINK * rows + r] = row[0];
+                        row_stats[ATTN_STAT_MAXP * rows + r] = inv_l;  // the largest term is e^(m - m) = 1
+                        row_stats[ATTN_STAT_LOGIT_MAX * rows + r] = m;
                     }
                 }
                 float* y = atty + (size_t)b * T * C + (size_t)h * D;
@@ -456,9 +398,10 @@ inline void key_statistics(Telemetry& tm, int layer, const float* qk_normed, int
 }
 
 // Query norms and the attention statistics of one layer, reduced over (b, t) in a fixed order.
-inline void query_attention_statistics(Telemetry& tm, int layer, const float* qk_normed, const AttnRowStats& rs,
+inline void query_attention_statistics(Telemetry& tm, int layer, const float* qk_normed, const float* row_stats,
                                        int B, int T, const ModelConfig& c) {
     int H = c.n_head, D = c.head_dim, NH = H + c.n_kv_head, N = B * T;
+    size_t rows = (size_t)B * H * T;
     for (int h = 0; h < H; h++) {
         double qn = 0, ent = 0, sink = 0, maxp = 0;
         float lmax = -INFINITY;
@@ -471,10 +414,10 @@ inline void query_attention_statistics(Telemetry& tm, int layer, const float* qk
         for (int b = 0; b < B; b++)
             for (int t = 0; t < T; t++) {
                 size_t row = ((size_t)b * H + h) * T + t;
-                ent += rs.entropy[row];
-                sink += rs.sink[row];
-                maxp += rs.maxp[row];
-                lmax = fmaxf(lmax, rs.logit_max[row]);
+                ent += row_stats[ATTN_STAT_ENTROPY * rows + row];
+                sink += row_stats[ATTN_STAT_SINK * rows + row];
+                maxp += row_stats[ATTN_STAT_MAXP * rows + row];
+                lmax = fmaxf(lmax, row_stats[ATTN_STAT_LOGIT_MAX * rows + row]);
             }
         tm.row(M_Q_NORM, layer, c)[h] = (float)(qn / N);
         tm.row(M_ATTN_ENTROPY, layer, c)[h] = (float)(ent / N);
@@ -490,68 +433,49 @@ inline void query_attention_statistics(Telemetry& tm, int layer, const float* qk
 // Forward pass over tokens [B, T]. With targets, computes the per-position losses and returns
 // their mean; without (targets == nullptr), leaves the logits [B*T, V] for sampling and returns 0.
 // With stats, also measures every statistic of telemetry.md into it.
-inline float cpu_forward(CpuModel& m, const int* tokens, const int* targets, int B, int T, Telemetry* stats) {
+inline float model_forward(CpuModel& m, const int* tokens, const int* targets, int B, int T, Telemetry* stats) {
     const ModelConfig& c = m.cfg;
     if (B > m.max_B || T > m.max_T) fail("internal: batch %dx%d exceeds the allocated %dx%d", B, T, m.max_B, m.max_T);
     m.B = B;
     m.T = T;
-    int N = B * T, C = c.d_model, F = c.d_ff, V = c.vocab_size, L = c.n_layer, H = c.n_head;
-    int QKV = c.qkv_dim(), QK = (H + c.n_kv_head) * c.head_dim;
-    CpuActivations& a = m.acts;
+    int N = B * T, C = c.d_model, F = c.d_ff, V = c.vocab_size, L = c.n_layer, QKV = c.qkv_dim();
+    Activations<float>& a = m.acts;
     const float* wte = param_ptr(m, P_WTE);
 #pragma omp parallel for
     for (int n = 0; n < N; n++) memcpy(&a.emb[(size_t)n * C], wte + (size_t)tokens[n] * C, C * sizeof(float));
 
-    AttnRowStats rs;
-    if (stats) {
-        stats->resize(c);
-        size_t rows = (size_t)B * H * T;
-        rs.entropy.resize(rows);
-        rs.sink.resize(rows);
-        rs.maxp.resize(rows);
-        rs.logit_max.resize(rows);
-    }
+    if (stats) stats->resize(c);
+    ActivationDims dims = activation_dims(c, B, T, V);
     for (int l = 0; l < L; l++) {
-        const float* x = l == 0 ? a.emb.data() : &a.res_mlp[(size_t)(l - 1) * N * C];
-        float* ln1 = &a.ln1[(size_t)l * N * C];
-        float* qkv = &a.qkv[(size_t)l * N * QKV];
-        float* qk_normed = &a.qk_normed[(size_t)l * N * QK];
-        float* qk_rope = &a.qk_rope[(size_t)l * N * QK];
-        float* atty = &a.atty[(size_t)l * N * C];
-        float* res_attn = &a.res_attn[(size_t)l * N * C];
-        float* ln2 = &a.ln2[(size_t)l * N * C];
-        float* fc13 = &a.fc13[(size_t)l * N * 2 * F];
-        float* swi = &a.swi[(size_t)l * N * F];
-        float* res_mlp = &a.res_mlp[(size_t)l * N * C];
-
-        rmsnorm_forward(ln1, &a.ln1_rstd[(size_t)l * N], x, param_ptr(m, P_ATTN_NORM, l), N, C, c.norm_eps);
-        matmul_forward(qkv, ln1, param_ptr(m, P_WQ, l), N, C, QKV);  // wq, wk, wv are one matrix
-        qk_norm_rope_forward(qk_normed, qk_rope, &a.qk_rstd[(size_t)l * N * (H + c.n_kv_head)], qkv,
-                             param_ptr(m, P_Q_NORM, l), param_ptr(m, P_K_NORM, l), m.rope_cos.data(),
-                             m.rope_sin.data(), B, T, c);
-        attention_forward(atty, &a.att_lse[(size_t)l * N * H], qk_rope, qkv, B, T, c, stats ? &rs : nullptr);
+        Activations<float> la = layer_activations(a, dims, l);  // this layer's part of each buffer
+        const float* x = l == 0 ? a.emb : layer_activations(a, dims, l - 1).res_mlp;
+        rmsnorm_forward(la.ln1, la.ln1_rstd, x, param_ptr(m, P_ATTN_NORM, l), N, C, c.norm_eps);
+        matmul_forward(la.qkv, la.ln1, param_ptr(m, P_WQ, l), N, C, QKV);  // wq, wk, wv are one matrix
+        qk_norm_rope_forward(stats ? la.qk_normed : nullptr, la.qk_rope, la.qk_rstd, la.qkv, param_ptr(m, P_Q_GAIN, l),
+                             param_ptr(m, P_K_GAIN, l), m.rope_cos.data(), m.rope_sin.data(), B, T, c);
+        attention_forward(la.atty, la.att_lse, stats ? la.row_stats : nullptr, la.qk_rope, la.qkv, B, T, c);
         if (stats) {
-            key_statistics(*stats, l, qk_normed, N, c);
-            query_attention_statistics(*stats, l, qk_normed, rs, B, T, c);
-            memcpy(stats->row(M_G_Q, l, c), param_ptr(m, P_Q_NORM, l), c.head_dim * sizeof(float));
-            memcpy(stats->row(M_G_K, l, c), param_ptr(m, P_K_NORM, l), c.head_dim * sizeof(float));
+            key_statistics(*stats, l, la.qk_normed, N, c);
+            query_attention_statistics(*stats, l, la.qk_normed, la.row_stats, B, T, c);
+            memcpy(stats->row(M_G_Q, l, c), param_ptr(m, P_Q_GAIN, l), c.head_dim * sizeof(float));
+            memcpy(stats->row(M_G_K, l, c), param_ptr(m, P_K_GAIN, l), c.head_dim * sizeof(float));
         }
-        matmul_forward(res_attn, atty, param_ptr(m, P_WO, l), N, C, C);
+        matmul_forward(la.res_attn, la.atty, param_ptr(m, P_WO, l), N, C, C);
 #pragma omp parallel for
-        for (size_t i = 0; i < (size_t)N * C; i++) res_attn[i] += x[i];
+        for (size_t i = 0; i < (size_t)N * C; i++) la.res_attn[i] += x[i];
 
-        rmsnorm_forward(ln2, &a.ln2_rstd[(size_t)l * N], res_attn, param_ptr(m, P_MLP_NORM, l), N, C, c.norm_eps);
-        matmul_forward(fc13, ln2, param_ptr(m, P_W1, l), N, C, 2 * F);  // w1, w3 are one matrix
-        swiglu_forward_rows(swi, fc13, N, F);
-        matmul_forward(res_mlp, swi, param_ptr(m, P_W2, l), N, F, C);
+        rmsnorm_forward(la.ln2, la.ln2_rstd, la.res_attn, param_ptr(m, P_MLP_NORM, l), N, C, c.norm_eps);
+        matmul_forward(la.fc13, la.ln2, param_ptr(m, P_W1, l), N, C, 2 * F);  // w1, w3 are one matrix
+        swiglu_forward_rows(la.swi, la.fc13, N, F);
+        matmul_forward(la.res_mlp, la.swi, param_ptr(m, P_W2, l), N, F, C);
 #pragma omp parallel for
-        for (size_t i = 0; i < (size_t)N * C; i++) res_mlp[i] += res_attn[i];
+        for (size_t i = 0; i < (size_t)N * C; i++) la.res_mlp[i] += la.res_attn[i];
     }
-    const float* xL = &a.res_mlp[(size_t)(L - 1) * N * C];
-    rmsnorm_forward(a.lnf.data(), a.lnf_rstd.data(), xL, param_ptr(m, P_FINAL_NORM), N, C, c.norm_eps);
-    matmul_forward(a.logits.data(), a.lnf.data(), wte, N, C, V);  // tied embedding
+    const float* xL = layer_activations(a, dims, L - 1).res_mlp;
+    rmsnorm_forward(a.lnf, a.lnf_rstd, xL, param_ptr(m, P_FINAL_NORM), N, C, c.norm_eps);
+    matmul_forward(a.logits, a.lnf, wte, N, C, V);  // tied embedding
     if (!targets) return 0.0f;
-    crossentropy_forward(a.losses.data(), a.logit_lse.data(), a.logits.data(), targets, N, V);
+    crossentropy_forward(a.losses, a.logit_lse, a.logits, targets, N, V);
     double sum = 0;
     for (int n = 0; n < N; n++) sum += a.losses[n];
     return (float)(sum / N);
@@ -559,59 +483,51 @@ inline float cpu_forward(CpuModel& m, const int* tokens, const int* targets, int
 
 // Backward pass of the last forward pass (which must have had targets). Adds the gradient of
 // loss_scale * mean loss to m.grads; loss_scale = 1 / (gradient accumulation steps).
-inline void cpu_backward(CpuModel& m, const int* tokens, const int* targets, float loss_scale) {
+inline void model_backward(CpuModel& m, const int* tokens, const int* targets, float loss_scale) {
     const ModelConfig& c = m.cfg;
-    int B = m.B, T = m.T, N = B * T, C = c.d_model, F = c.d_ff, V = c.vocab_size, L = c.n_layer;
-    int H = c.n_head, NH = H + c.n_kv_head, QKV = c.qkv_dim(), QK = NH * c.head_dim;
-    CpuActivations& a = m.acts;
-    CpuGradScratch& s = m.scratch;
+    int B = m.B, T = m.T, N = B * T, C = c.d_model, F = c.d_ff, V = c.vocab_size, L = c.n_layer, QKV = c.qkv_dim();
+    Activations<float>& a = m.acts;
+    ActivationDims dims = activation_dims(c, B, T, V);
 
     // Classifier: dlogits in place, then into the final norm and the (tied) embedding.
-    crossentropy_backward_inplace(a.logits.data(), a.logit_lse.data(), targets, N, V, loss_scale / N);
-    matmul_backward(s.dln.data(), grad_ptr(m, P_WTE), a.logits.data(), a.lnf.data(), param_ptr(m, P_WTE), N, C, V, false);
-    std::fill(s.dres.begin(), s.dres.begin() + (size_t)N * C, 0.0f);
-    rmsnorm_backward(s.dres.data(), grad_ptr(m, P_FINAL_NORM), s.dln.data(), &a.res_mlp[(size_t)(L - 1) * N * C],
-                     a.lnf_rstd.data(), param_ptr(m, P_FINAL_NORM), N, C);
+    crossentropy_backward_inplace(a.logits, a.logit_lse, targets, N, V, loss_scale / N);
+    matmul_backward(a.dln, grad_ptr(m, P_WTE), a.logits, a.lnf, param_ptr(m, P_WTE), N, C, V, false);
+    std::fill(a.dres, a.dres + (size_t)N * C, 0.0f);
+    rmsnorm_backward(a.dres, grad_ptr(m, P_FINAL_NORM), a.dln, layer_activations(a, dims, L - 1).res_mlp, a.lnf_rstd,
+                     param_ptr(m, P_FINAL_NORM), N, C);
 
     for (int l = L - 1; l >= 0; l--) {
-        const float* x = l == 0 ? a.emb.data() : &a.res_mlp[(size_t)(l - 1) * N * C];
-        const float* res_attn = &a.res_attn[(size_t)l * N * C];
+        Activations<float> la = layer_activations(a, dims, l);
+        const float* x = l == 0 ? a.emb : layer_activations(a, dims, l - 1).res_mlp;
         // MLP block: res_mlp = res_attn + swi @ W2^T. dres is the gradient of res_mlp and, since
         // the residual passes it through unchanged, also part of the gradient of res_attn.
-        matmul_backward(s.dswi.data(), grad_ptr(m, P_W2, l), s.dres.data(), &a.swi[(size_t)l * N * F],
-                        param_ptr(m, P_W2, l), N, F, C, false);
-        swiglu_backward_rows(s.dfc13.data(), s.dswi.data(), &a.fc13[(size_t)l * N * 2 * F], N, F);
-        matmul_backward(s.dln.data(), grad_ptr(m, P_W1, l), s.dfc13.data(), &a.ln2[(size_t)l * N * C],
-                        param_ptr(m, P_W1, l), N, C, 2 * F, false);
-        rmsnorm_backward(s.dres.data(), grad_ptr(m, P_MLP_NORM, l), s.dln.data(), res_attn,
-                         &a.ln2_rstd[(size_t)l * N], param_ptr(m, P_MLP_NORM, l), N, C);
+        matmul_backward(a.dswi, grad_ptr(m, P_W2, l), a.dres, la.swi, param_ptr(m, P_W2, l), N, F, C, false);
+        swiglu_backward_rows(a.dfc13, a.dswi, la.fc13, N, F);
+        matmul_backward(a.dln, grad_ptr(m, P_W1, l), a.dfc13, la.ln2, param_ptr(m, P_W1, l), N, C, 2 * F, false);
+        rmsnorm_backward(a.dres, grad_ptr(m, P_MLP_NORM, l), a.dln, la.res_attn, la.ln2_rstd, param_ptr(m, P_MLP_NORM, l),
+                         N, C);
         // Attention block: res_attn = x + atty @ Wo^T.
-        matmul_backward(s.datty.data(), grad_ptr(m, P_WO, l), s.dres.data(), &a.atty[(size_t)l * N * C],
-                        param_ptr(m, P_WO, l), N, C, C, false);
-        attention_backward(s.dqk.data(), s.dqkv.data(), s.datty.data(), &a.atty[(size_t)l * N * C],
-                           &a.att_lse[(size_t)l * N * H], &a.qk_rope[(size_t)l * N * QK], &a.qkv[(size_t)l * N * QKV],
-                           B, T, c);
-        qk_norm_rope_backward(s.dqkv.data(), grad_ptr(m, P_Q_NORM, l), grad_ptr(m, P_K_NORM, l), s.dqk.data(),
-                              &a.qkv[(size_t)l * N * QKV], &a.qk_rstd[(size_t)l * N * NH], param_ptr(m, P_Q_NORM, l),
-                              param_ptr(m, P_K_NORM, l), m.rope_cos.data(), m.rope_sin.data(), B, T, c);
-        matmul_backward(s.dln.data(), grad_ptr(m, P_WQ, l), s.dqkv.data(), &a.ln1[(size_t)l * N * C],
-                        param_ptr(m, P_WQ, l), N, C, QKV, false);
-        rmsnorm_backward(s.dres.data(), grad_ptr(m, P_ATTN_NORM, l), s.dln.data(), x, &a.ln1_rstd[(size_t)l * N],
-                         param_ptr(m, P_ATTN_NORM, l), N, C);
+        matmul_backward(a.datty, grad_ptr(m, P_WO, l), a.dres, la.atty, param_ptr(m, P_WO, l), N, C, C, false);
+        attention_backward(a.dqk, a.dqkv, a.datty, la.atty, la.att_lse, la.qk_rope, la.qkv, B, T, c);
+        qk_norm_rope_backward(a.dqkv, grad_ptr(m, P_Q_GAIN, l), grad_ptr(m, P_K_GAIN, l), a.dqk, la.qkv, la.qk_rstd,
+                              param_ptr(m, P_Q_GAIN, l), param_ptr(m, P_K_GAIN, l), m.rope_cos.data(),
+                              m.rope_sin.data(), B, T, c);
+        matmul_backward(a.dln, grad_ptr(m, P_WQ, l), a.dqkv, la.ln1, param_ptr(m, P_WQ, l), N, C, QKV, false);
+        rmsnorm_backward(a.dres, grad_ptr(m, P_ATTN_NORM, l), a.dln, x, la.ln1_rstd, param_ptr(m, P_ATTN_NORM, l), N, C);
     }
     // Embedding: each position adds its gradient to its token's row, in position order.
     float* dwte = grad_ptr(m, P_WTE);
     for (int n = 0; n < N; n++) {
         float* row = dwte + (size_t)tokens[n] * C;
-        const float* d = &s.dres[(size_t)n * C];
+        const float* d = a.dres + (size_t)n * C;
         for (int i = 0; i < C; i++) row[i] += d[i];
     }
 }
 
-inline void cpu_zero_grad(CpuModel& m) { std::fill(m.grads.begin(), m.grads.end(), 0.0f); }
+inline void model_zero_grad(CpuModel& m) { std::fill(m.grads.begin(), m.grads.end(), 0.0f); }
 
 // Global L2 norm of all gradients, summed in double in a fixed order.
-inline float cpu_grad_norm(const CpuModel& m) {
+inline float model_grad_norm(CpuModel& m) {
     const float* g = m.grads.data();
     long long P = (long long)m.grads.size();
     const long long chunk = 1 << 16;
@@ -632,9 +548,11 @@ struct AdamWSettings {
     float lr, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
 };
 
-// One AdamW step (t counts from 1) on gradients scaled by grad_scale (the clipping factor).
-inline void cpu_adamw_step(CpuModel& m, const AdamWSettings& o, int t, float grad_scale) {
+// One AdamW step (t counts from 1), the gradients clipped to global norm `clip` (0: off) by their
+// norm grad_norm, the value model_grad_norm returned.
+inline void model_adamw_step(CpuModel& m, const AdamWSettings& o, int t, float grad_norm, float clip) {
     const ModelConfig& c = m.cfg;
+    float grad_scale = clip_scale(grad_norm, clip);
     float bc1 = 1.0f - powf(o.beta1, (float)t), bc2 = 1.0f - powf(o.beta2, (float)t);
     for (int kind = 0; kind < P_NUM_KINDS; kind++) {
         int layers = param_is_per_layer(kind) ? c.n_layer : 1;
@@ -648,4 +566,23 @@ inline void cpu_adamw_step(CpuModel& m, const AdamWSettings& o, int t, float gra
                 w[i] = adamw_update(w[i], g[i] * grad_scale, &mm[i], &vv[i], o.lr, o.beta1, o.beta2, o.eps, wd, bc1, bc2);
         }
     }
+}
+
+// The rest of the interface the training loop uses (train_gpt.cu gives the GPU model the same).
+// The host arrays are the model's own here, so moving them between host and device does nothing.
+
+struct HostState {
+    float *params, *adam_m, *adam_v;  // P floats each, in the layout of config.h
+};
+
+inline HostState host_state(CpuModel& m) { return {m.params.data(), m.adam_m.data(), m.adam_v.data()}; }
+inline void model_free(CpuModel& m) { m = CpuModel(); }
+inline void model_upload(CpuModel&) {}
+inline void model_download(CpuModel&) {}
+inline void model_wait(CpuModel&) {}
+inline void model_wait_stats(CpuModel&) {}
+
+inline void model_logits_row(CpuModel& m, int row, float* out) {
+    const float* z = m.acts.logits + (size_t)row * m.cfg.vocab_size;
+    std::copy(z, z + m.cfg.vocab_size, out);
 }

@@ -23,12 +23,12 @@ __global__ void qk_norm_rope_forward_kernel(bf16* qk_rope, bf16* qk_normed, floa
         float v = __bfloat162float(x[i]);
         ss += v * v;
     }
-    float r = rsqrtf(warp_sum(ss) / D + eps);
+    float r = rmsnorm_rstd(warp_sum(ss), D, eps);
     if (lane == 0) qk_rstd[item] = r;
     bf16* z = qk_rope + (size_t)item * D;
     for (int i = lane; i < half; i += 32) {
-        float y0 = __bfloat162float(x[i]) * r * __bfloat162float(g[i]);
-        float y1 = __bfloat162float(x[i + half]) * r * __bfloat162float(g[i + half]);
+        float y0 = rmsnorm_out(__bfloat162float(x[i]), r, __bfloat162float(g[i]));
+        float y1 = rmsnorm_out(__bfloat162float(x[i + half]), r, __bfloat162float(g[i + half]));
         if (qk_normed) {
             qk_normed[(size_t)item * D + i] = __float2bfloat16(y0);
             qk_normed[(size_t)item * D + i + half] = __float2bfloat16(y1);
@@ -52,8 +52,7 @@ inline void qk_norm_rope_forward(bf16* qk_rope, bf16* qk_normed, float* qk_rstd,
 
 // Backward: dqk [N, NH, D] is the gradient of the post-RoPE vectors. Un-rotates it (the rotation
 // by -angle), goes back through the norm into the query/key part of dqkv (overwritten), and
-// produces partial gain gradients per block, [blocks][2D]: q gain then k gain, which is how
-// q_norm and k_norm sit next to each other in the parameter layout.
+// produces partial gain gradients per block, [blocks][2D]: the q gain's D, then the k gain's.
 static const int kQkItemsPerBlock = 256;
 
 __global__ void qk_norm_rope_backward_kernel(bf16* dqkv, float* dg_partial, const bf16* dqk, const bf16* qkv,
@@ -78,8 +77,8 @@ __global__ void qk_norm_rope_backward_kernel(bf16* dqkv, float* dg_partial, cons
             float dy0, dy1;
             rope_rotate(__bfloat162float(dz[i]), __bfloat162float(dz[i + half]), rope_cos[t * half + i],
                         -rope_sin[t * half + i], &dy0, &dy1);
-            dot += __bfloat162float(g[i]) * dy0 * __bfloat162float(x[i]) * r +
-                   __bfloat162float(g[i + half]) * dy1 * __bfloat162float(x[i + half]) * r;
+            dot += rmsnorm_dot_term(__bfloat162float(g[i]), dy0, __bfloat162float(x[i]), r) +
+                   rmsnorm_dot_term(__bfloat162float(g[i + half]), dy1, __bfloat162float(x[i + half]), r);
         }
         dot = warp_sum(dot) / D;
         bf16* dx = dqkv + (size_t)n * QKV + (size_t)h * D;
@@ -87,11 +86,11 @@ __global__ void qk_norm_rope_backward_kernel(bf16* dqkv, float* dg_partial, cons
             float dy0, dy1;
             rope_rotate(__bfloat162float(dz[i]), __bfloat162float(dz[i + half]), rope_cos[t * half + i],
                         -rope_sin[t * half + i], &dy0, &dy1);
-            float xh0 = __bfloat162float(x[i]) * r, xh1 = __bfloat162float(x[i + half]) * r;
-            dx[i] = __float2bfloat16(r * (__bfloat162float(g[i]) * dy0 - xh0 * dot));
-            dx[i + half] = __float2bfloat16(r * (__bfloat162float(g[i + half]) * dy1 - xh1 * dot));
-            dg[i] += dy0 * xh0;
-            dg[i + half] += dy1 * xh1;
+            float x0 = __bfloat162float(x[i]), x1 = __bfloat162float(x[i + half]);
+            dx[i] = __float2bfloat16(rmsnorm_dx(__bfloat162float(g[i]), dy0, x0, r, dot));
+            dx[i + half] = __float2bfloat16(rmsnorm_dx(__bfloat162float(g[i + half]), dy1, x1, r, dot));
+            dg[i] += rmsnorm_dgain(dy0, x0, r);
+            dg[i + half] += rmsnorm_dgain(dy1, x1, r);
         }
     }
     __syncthreads();
@@ -104,9 +103,9 @@ __global__ void qk_norm_rope_backward_kernel(bf16* dqkv, float* dg_partial, cons
 
 inline int qk_norm_rope_backward_blocks(int N, int NH) { return ceil_div((long long)N * NH, kQkItemsPerBlock); }
 
-// dg_qk: the float gradients of q_norm followed by k_norm (2D values); scratch:
+// dg_q, dg_k: the float gradients of the two gains (D values each), added to; scratch:
 // qk_norm_rope_backward_blocks(N, NH) * 2D floats.
-inline void qk_norm_rope_backward(bf16* dqkv, float* dg_qk, float* scratch, const bf16* dqk, const bf16* qkv,
+inline void qk_norm_rope_backward(bf16* dqkv, float* dg_q, float* dg_k, float* scratch, const bf16* dqk, const bf16* qkv,
                                   const float* qk_rstd, const bf16* g_q, const bf16* g_k, const float* rope_cos,
                                   const float* rope_sin, int N, int T, int H, int Hkv, int D, cudaStream_t s) {
     const int warps = 8;
@@ -115,5 +114,6 @@ inline void qk_norm_rope_backward(bf16* dqkv, float* dg_qk, float* scratch, cons
     qk_norm_rope_backward_kernel<<<blocks, warps * 32, smem, s>>>(dqkv, scratch, dqk, qkv, qk_rstd, g_q, g_k, rope_cos,
                                                                   rope_sin, N, T, H, NH, D, QKV);
     cuda_check_launch();
-    column_sum(dg_qk, scratch, blocks, 2 * D, s);
+    column_sum(dg_q, scratch, blocks, D, 2 * D, s);
+    column_sum(dg_k, scratch + D, blocks, D, 2 * D, s);
 }

@@ -1,7 +1,9 @@
-// RMSNorm over rows of width C: out = x / sqrt(mean(x^2) + eps) * g. One warp per row; the
-// residual add that precedes each norm is fused into the matrix product before it (matmul.cuh).
+// RMSNorm over rows of width C: out = x / sqrt(mean(x^2) + eps) * g (the formulas of math.h).
+// One warp per row; the residual add that precedes each norm is fused into the matrix product
+// before it (matmul.cuh).
 #pragma once
 #include "cuda_common.cuh"
+#include "math.h"
 
 __global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, const bf16* x, const bf16* g, int N, int C, float eps) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -12,10 +14,10 @@ __global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, const bf16* x, co
         float v = __bfloat162float(xr[i]);
         ss += v * v;
     }
-    float r = rsqrtf(warp_sum(ss) / C + eps);
+    float r = rmsnorm_rstd(warp_sum(ss), C, eps);
     if (lane == 0) rstd[row] = r;
     bf16* o = out + (size_t)row * C;
-    for (int i = lane; i < C; i += 32) o[i] = __float2bfloat16(__bfloat162float(xr[i]) * r * __bfloat162float(g[i]));
+    for (int i = lane; i < C; i += 32) o[i] = __float2bfloat16(rmsnorm_out(__bfloat162float(xr[i]), r, __bfloat162float(g[i])));
 }
 
 inline void rmsnorm_forward(bf16* out, float* rstd, const bf16* x, const bf16* g, int N, int C, float eps, cudaStream_t s) {
@@ -24,8 +26,8 @@ inline void rmsnorm_forward(bf16* out, float* rstd, const bf16* x, const bf16* g
     cuda_check_launch();
 }
 
-// Backward, with xhat = x r: dx += r (g dy - xhat mean(g dy xhat)) (added: the residual stream's
-// gradient is a sum of branches), and the gain gradient sum_rows dy xhat. Each block handles
+// Backward (math.h): dx is added to (the residual stream's gradient is a sum of branches), and
+// the gain gradient is summed over rows. Each block handles
 // kRowsPerBlock rows; its warps keep their gain sums in shared memory and the block writes one
 // partial row of dg; column_sum adds the partial rows in a fixed order. No atomics: the same
 // inputs give the same bits.
@@ -43,13 +45,13 @@ __global__ void rmsnorm_backward_kernel(bf16* dx, float* dg_partial, const bf16*
         const bf16* dyr = dy + (size_t)row * C;
         float r = rstd[row], dot = 0.0f;
         for (int i = lane; i < C; i += 32)
-            dot += __bfloat162float(g[i]) * __bfloat162float(dyr[i]) * __bfloat162float(xr[i]) * r;
+            dot += rmsnorm_dot_term(__bfloat162float(g[i]), __bfloat162float(dyr[i]), __bfloat162float(xr[i]), r);
         dot = warp_sum(dot) / C;
         bf16* dxr = dx + (size_t)row * C;
         for (int i = lane; i < C; i += 32) {
-            float xhat = __bfloat162float(xr[i]) * r, d = __bfloat162float(dyr[i]);
-            dxr[i] = __float2bfloat16(__bfloat162float(dxr[i]) + r * (__bfloat162float(g[i]) * d - xhat * dot));
-            my_dg[i] += d * xhat;
+            float xi = __bfloat162float(xr[i]), d = __bfloat162float(dyr[i]);
+            dxr[i] = __float2bfloat16(__bfloat162float(dxr[i]) + rmsnorm_dx(__bfloat162float(g[i]), d, xi, r, dot));
+            my_dg[i] += rmsnorm_dgain(d, xi, r);
         }
     }
     __syncthreads();
@@ -60,15 +62,16 @@ __global__ void rmsnorm_backward_kernel(bf16* dx, float* dg_partial, const bf16*
     }
 }
 
-// out[i] += sum over p of partial[p][i]. A block of 32 x 8 threads takes 32 columns; thread row g
-// adds the parts g, g + 8, g + 16, ... in order, then row 0 adds the eight sums in order: a fixed
-// order (the same bits every run) with 8x the parallelism of one thread per column.
-__global__ void column_sum_kernel(float* out, const float* partial, int parts, int cols) {
+// out[i] += sum over p of partial[p * stride + i], for i < cols. A block of 32 x 8 threads takes 32
+// columns; thread row g adds the parts g, g + 8, g + 16, ... in order, then row 0 adds the eight
+// sums in order: a fixed order (the same bits every run) with 8x the parallelism of one thread
+// per column.
+__global__ void column_sum_kernel(float* out, const float* partial, int parts, int cols, int stride) {
     __shared__ float sums[8][32];
     int col = blockIdx.x * 32 + threadIdx.x, g = threadIdx.y;
     float acc = 0.0f;
     if (col < cols)
-        for (int p = g; p < parts; p += 8) acc += partial[(size_t)p * cols + col];
+        for (int p = g; p < parts; p += 8) acc += partial[(size_t)p * stride + col];
     sums[g][threadIdx.x] = acc;
     __syncthreads();
     if (g == 0 && col < cols) {
@@ -78,8 +81,8 @@ __global__ void column_sum_kernel(float* out, const float* partial, int parts, i
     }
 }
 
-inline void column_sum(float* out, const float* partial, int parts, int cols, cudaStream_t s) {
-    column_sum_kernel<<<ceil_div(cols, 32), dim3(32, 8), 0, s>>>(out, partial, parts, cols);
+inline void column_sum(float* out, const float* partial, int parts, int cols, int stride, cudaStream_t s) {
+    column_sum_kernel<<<ceil_div(cols, 32), dim3(32, 8), 0, s>>>(out, partial, parts, cols, stride);
     cuda_check_launch();
 }
 
@@ -94,5 +97,5 @@ inline void rmsnorm_backward(bf16* dx, float* dg, float* scratch, const bf16* dy
         cudaCheck(cudaFuncSetAttribute(rmsnorm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     rmsnorm_backward_kernel<<<blocks, warps * 32, smem, s>>>(dx, scratch, dy, x, rstd, g, N, C);
     cuda_check_launch();
-    column_sum(dg, scratch, blocks, C, s);
+    column_sum(dg, scratch, blocks, C, C, s);
 }

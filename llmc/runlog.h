@@ -42,7 +42,6 @@ struct RunInfo {
     std::vector<std::pair<std::string, std::string>> options;  // every option, name -> value
     uint64_t seed = 0;
     std::string backend, device;  // backend is "cpu" or "cuda"
-    int num_processes = 1;
 };
 
 struct RunLog {
@@ -140,7 +139,7 @@ inline std::string config_value_text(const ModelConfig& c, const ConfigField& f)
 
 inline std::string utc_timestamp() { return utc_time("%Y-%m-%dT%H:%M:%SZ"); }
 
-// The run's options, seed, backend, device and process count as JSON members joined by `sep`:
+// The run's options, seed, backend and device as JSON members joined by `sep`:
 // written into the header, and into the note of a resumed run.
 inline std::string runlog_run_members(const RunInfo& info, const char* sep) {
     std::string j = "\"options\": {";
@@ -150,7 +149,6 @@ inline std::string runlog_run_members(const RunInfo& info, const char* sep) {
     j += sep + strprintf("\"seed\": %" PRIu64, info.seed);
     j += sep + ("\"backend\": " + json_string(info.backend));
     j += sep + ("\"device\": " + json_string(info.device));
-    j += sep + strprintf("\"num_processes\": %d", info.num_processes);
     return j;
 }
 
@@ -173,7 +171,7 @@ inline std::string runlog_record_table(const ModelConfig& c) {
     std::vector<std::string> step, telemetry;
     for (const auto& f : kStepFields) step.push_back(json_field(f[0], "float32", "[]", "[]", f[1]));
     for (const MetricInfo& m : kMetrics) {
-        const char* col = m.shape == PER_KV_HEAD ? "kv_head" : m.shape == PER_Q_HEAD ? "q_head" : "dim";
+        const char* col = metric_dim_name(m.shape);
         telemetry.push_back(json_field(m.name, "float32", strprintf("[%d, %d]", c.n_layer, metric_cols(c, m.shape)),
                                        strprintf("[\"layer\", \"%s\"]", col), m.meaning));
     }

@@ -35,14 +35,29 @@ inline TelemetryLayout telemetry_layout(const ModelConfig& c) {
 static const int kStatRowsPerBlock = 256;
 static const int kStatWarps = 8;
 
-// Per head h and block of rows: sum of ||x||, of max|x_i|, of the participation ratio, and the sum
-// of unit vectors x / ||x||, written as partial[(h * chunks + chunk) * (3 + D) + ...].
-__global__ void head_row_stats_kernel(float* partial, const bf16* qk_normed, int N, int NH, int D) {
-    extern __shared__ float smem[];  // [warps][3 + D]
-    int h = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
+// What a block sums over its rows for one head: the partial sums that head_stats_finish_kernel
+// turns into statistics. In the partial buffer each record is followed by the sum of the unit
+// vectors x / ||x|| (D floats, behind k_cos); query heads fill only `norm`.
+struct HeadRowSums {
+    float norm;    // sum of ||x||
+    float maxabs;  // sum of max_i |x_i|
+    float pr;      // sum of participation ratios
+};
+static const int kHeadRowSumFloats = sizeof(HeadRowSums) / sizeof(float);
+
+__host__ __device__ inline int head_record_floats(int D) { return kHeadRowSumFloats + D; }
+
+// Per head h and block of rows: the HeadRowSums and unit-vector sum of its rows, written as
+// partial[(h * chunks + chunk) * head_record_floats(D) + ...]. Heads 0..H-1 are queries.
+__global__ void head_row_stats_kernel(float* partial, const bf16* qk_normed, int N, int H, int NH, int D) {
+    extern __shared__ float smem[];  // [warps][record]
+    int h = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y, record = head_record_floats(D);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    float* mine = smem + (size_t)warp * (3 + D);
-    for (int i = lane; i < 3 + D; i += 32) mine[i] = 0.0f;
+    bool is_key = h >= H;
+    float* mine = smem + (size_t)warp * record;
+    HeadRowSums* sums = (HeadRowSums*)mine;
+    float* unit_sum = mine + kHeadRowSumFloats;
+    for (int i = lane; i < record; i += 32) mine[i] = 0.0f;
     __syncwarp();  // lanes below add into entries other lanes zeroed
     int first = chunk * kStatRowsPerBlock, last = min(N, first + kStatRowsPerBlock);
     for (int n = first + warp; n < last; n += warps) {
@@ -55,22 +70,23 @@ __global__ void head_row_stats_kernel(float* partial, const bf16* qk_normed, int
             mx = fmaxf(mx, fabsf(v));
         }
         sq = warp_sum(sq);
+        float norm = sqrtf(sq);
+        if (lane == 0) sums->norm += norm;
+        if (!is_key) continue;
         quad = warp_sum(quad);
         mx = warp_max(mx);
-        float norm = sqrtf(sq);
         if (lane == 0) {
-            mine[0] += norm;
-            mine[1] += mx;
-            mine[2] += (float)participation_ratio(sq, quad);
+            sums->maxabs += mx;
+            sums->pr += (float)participation_ratio(sq, quad);
         }
         if (norm > 0.0f)
-            for (int i = lane; i < D; i += 32) mine[3 + i] += __bfloat162float(x[i]) / norm;
+            for (int i = lane; i < D; i += 32) unit_sum[i] += __bfloat162float(x[i]) / norm;
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < 3 + D; i += blockDim.x) {
+    for (int i = threadIdx.x; i < record; i += blockDim.x) {
         float acc = 0.0f;
-        for (int w = 0; w < warps; w++) acc += smem[(size_t)w * (3 + D) + i];
-        partial[((size_t)h * chunks + chunk) * (3 + D) + i] = acc;
+        for (int w = 0; w < warps; w++) acc += smem[(size_t)w * record + i];
+        partial[((size_t)h * chunks + chunk) * record + i] = acc;
     }
 }
 
@@ -78,26 +94,30 @@ __global__ void head_row_stats_kernel(float* partial, const bf16* qk_normed, int
 // k_norm, k_maxabs, k_pr, k_cos for key heads, into the stats buffer for `layer`.
 __global__ void head_stats_finish_kernel(float* stats, TelemetryLayout lay, const float* partial, int chunks, int N,
                                          int H, int Hkv, int D, int layer) {
-    int h = blockIdx.x, lane = threadIdx.x;
-    const float* p = partial + (size_t)h * chunks * (3 + D);
+    int h = blockIdx.x, lane = threadIdx.x, record = head_record_floats(D);
+    const float* p = partial + (size_t)h * chunks * record;
     double unit_sq = 0.0;
     for (int i = lane; i < D; i += 32) {
         double s = 0.0;
-        for (int c = 0; c < chunks; c++) s += p[(size_t)c * (3 + D) + 3 + i];
+        for (int c = 0; c < chunks; c++) s += p[(size_t)c * record + kHeadRowSumFloats + i];
         unit_sq += s * s;
     }
     unit_sq = warp_sum_double(unit_sq);
     if (lane != 0) return;
-    double sums[3] = {0.0, 0.0, 0.0};
-    for (int c = 0; c < chunks; c++)
-        for (int k = 0; k < 3; k++) sums[k] += p[(size_t)c * (3 + D) + k];
+    double norm = 0.0, maxabs = 0.0, pr = 0.0;
+    for (int c = 0; c < chunks; c++) {
+        const HeadRowSums& sums = *(const HeadRowSums*)(p + (size_t)c * record);
+        norm += sums.norm;
+        maxabs += sums.maxabs;
+        pr += sums.pr;
+    }
     if (h < H) {
-        stats[lay.offset[M_Q_NORM] + (size_t)layer * H + h] = (float)(sums[0] / N);
+        stats[lay.offset[M_Q_NORM] + (size_t)layer * H + h] = (float)(norm / N);
     } else {
         size_t at = (size_t)layer * Hkv + (h - H);
-        stats[lay.offset[M_K_NORM] + at] = (float)(sums[0] / N);
-        stats[lay.offset[M_K_MAXABS] + at] = (float)(sums[1] / N);
-        stats[lay.offset[M_K_PR] + at] = (float)(sums[2] / N);
+        stats[lay.offset[M_K_NORM] + at] = (float)(norm / N);
+        stats[lay.offset[M_K_MAXABS] + at] = (float)(maxabs / N);
+        stats[lay.offset[M_K_PR] + at] = (float)(pr / N);
         stats[lay.offset[M_K_COS] + at] = (float)mean_pairwise_cosine(unit_sq, (double)N);
     }
 }
@@ -134,18 +154,18 @@ __global__ void attention_stats_finish_kernel(float* stats, TelemetryLayout lay,
 }
 
 inline int telemetry_partial_floats(int N, const ModelConfig& c) {
-    return (c.n_head + c.n_kv_head) * ceil_div(N, kStatRowsPerBlock) * (3 + c.head_dim);
+    return (c.n_head + c.n_kv_head) * ceil_div(N, kStatRowsPerBlock) * head_record_floats(c.head_dim);
 }
 
 // Every statistic of one layer into the device stats buffer. qk_normed [N, NH, D] (post-norm,
-// pre-RoPE), row_stats from the attention forward pass, g_qk the float q_norm and k_norm gains.
+// pre-RoPE), row_stats from the attention forward pass, g_q and g_k the layer's float gains.
 inline void telemetry_layer(float* stats, const TelemetryLayout& lay, float* partial, Matmul& mm, const bf16* qk_normed,
-                            const float* row_stats, const float* g_qk, int B, int T, const ModelConfig& c, int layer,
-                            cudaStream_t s) {
+                            const float* row_stats, const float* g_q, const float* g_k, int B, int T,
+                            const ModelConfig& c, int layer, cudaStream_t s) {
     int N = B * T, H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, NH = H + Hkv;
     int chunks = ceil_div(N, kStatRowsPerBlock);
-    size_t smem = (size_t)kStatWarps * (3 + D) * sizeof(float);
-    head_row_stats_kernel<<<dim3(NH, chunks), kStatWarps * 32, smem, s>>>(partial, qk_normed, N, NH, D);
+    size_t smem = (size_t)kStatWarps * head_record_floats(D) * sizeof(float);
+    head_row_stats_kernel<<<dim3(NH, chunks), kStatWarps * 32, smem, s>>>(partial, qk_normed, N, H, NH, D);
     cuda_check_launch();
     head_stats_finish_kernel<<<NH, 32, 0, s>>>(stats, lay, partial, chunks, N, H, Hkv, D, layer);
     cuda_check_launch();
@@ -156,8 +176,8 @@ inline void telemetry_layer(float* stats, const TelemetryLayout& lay, float* par
     const bf16* keys = qk_normed + (size_t)H * D;
     matmul_lt(mm, stats + lay.gram_offset + (size_t)layer * Hkv * D * D, keys, keys, nullptr, D, D, N, false, true,
               NH * D, NH * D, D, true, s, Hkv, D, D, (long long)D * D);
-    cudaCheck(cudaMemcpyAsync(stats + lay.offset[M_G_Q] + (size_t)layer * D, g_qk, D * sizeof(float), cudaMemcpyDeviceToDevice, s));
-    cudaCheck(cudaMemcpyAsync(stats + lay.offset[M_G_K] + (size_t)layer * D, g_qk + D, D * sizeof(float), cudaMemcpyDeviceToDevice, s));
+    cudaCheck(cudaMemcpyAsync(stats + lay.offset[M_G_Q] + (size_t)layer * D, g_q, D * sizeof(float), cudaMemcpyDeviceToDevice, s));
+    cudaCheck(cudaMemcpyAsync(stats + lay.offset[M_G_K] + (size_t)layer * D, g_k, D * sizeof(float), cudaMemcpyDeviceToDevice, s));
 }
 
 // Host side: copies the metrics out of the buffer (already on the host) and turns each Gram

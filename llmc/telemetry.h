@@ -20,25 +20,50 @@ enum MetricId {
 };
 
 struct MetricInfo {
+    MetricId id;
     const char* name;
     MetricShape shape;
     const char* meaning;
 };
 
-static const MetricInfo kMetrics[M_NUM_METRICS] = {
-    {"k_norm", PER_KV_HEAD, "mean L2 norm of the keys after k_norm and its gain, before RoPE"},
-    {"k_maxabs", PER_KV_HEAD, "mean over keys of the largest absolute component"},
-    {"k_pr", PER_KV_HEAD, "mean participation ratio (sum k^2)^2 / sum k^4, 1..head_dim"},
-    {"k_cos", PER_KV_HEAD, "mean cosine similarity over all pairs of distinct keys"},
-    {"k_erank", PER_KV_HEAD, "effective rank (Roy & Vetterli) of the keys x head_dim matrix"},
-    {"q_norm", PER_Q_HEAD, "mean L2 norm of the queries after q_norm and its gain, before RoPE"},
-    {"attn_entropy", PER_Q_HEAD, "mean entropy of an attention row, nats"},
-    {"attn_sink", PER_Q_HEAD, "mean attention probability on the first position"},
-    {"attn_maxp", PER_Q_HEAD, "mean over rows of the largest attention probability"},
-    {"attn_logit_max", PER_Q_HEAD, "largest attention logit q.k/sqrt(head_dim), after RoPE"},
-    {"g_q", PER_DIM, "q_norm gain vector"},
-    {"g_k", PER_DIM, "k_norm gain vector"},
+static constexpr MetricInfo kMetrics[] = {
+    {M_K_NORM, "k_norm", PER_KV_HEAD, "mean L2 norm of the keys after the k norm and its gain, before RoPE"},
+    {M_K_MAXABS, "k_maxabs", PER_KV_HEAD, "mean over keys of the largest absolute component"},
+    {M_K_PR, "k_pr", PER_KV_HEAD, "mean participation ratio (sum k^2)^2 / sum k^4, 1..head_dim"},
+    {M_K_COS, "k_cos", PER_KV_HEAD, "mean cosine similarity over all pairs of distinct keys"},
+    {M_K_ERANK, "k_erank", PER_KV_HEAD, "effective rank (Roy & Vetterli) of the keys x head_dim matrix"},
+    {M_Q_NORM, "q_norm", PER_Q_HEAD, "mean L2 norm of the queries after the q norm and its gain, before RoPE"},
+    {M_ATTN_ENTROPY, "attn_entropy", PER_Q_HEAD, "mean entropy of an attention row, nats"},
+    {M_ATTN_SINK, "attn_sink", PER_Q_HEAD, "mean attention probability on the first position"},
+    {M_ATTN_MAXP, "attn_maxp", PER_Q_HEAD, "mean over rows of the largest attention probability"},
+    {M_ATTN_LOGIT_MAX, "attn_logit_max", PER_Q_HEAD, "largest attention logit q.k/sqrt(head_dim), after RoPE"},
+    {M_G_Q, "g_q", PER_DIM, "gain vector of the q norm (parameter q_gain)"},
+    {M_G_K, "g_k", PER_DIM, "gain vector of the k norm (parameter k_gain)"},
 };
+
+// The enum and the table must list the metrics in the same order: the enum indexes the table.
+constexpr bool metric_table_in_enum_order() {
+    for (int m = 0; m < M_NUM_METRICS; m++)
+        if (kMetrics[m].id != m) return false;
+    return true;
+}
+static_assert(sizeof(kMetrics) / sizeof(kMetrics[0]) == M_NUM_METRICS, "one kMetrics entry per MetricId");
+static_assert(metric_table_in_enum_order(), "kMetrics must list the metrics in MetricId order");
+
+// The attention kernels' per-row statistics, each an array [B, H, T] of the row_stats buffer,
+// which the telemetry reduces per query head into the attn_* metrics.
+enum AttentionRowStat {
+    ATTN_STAT_ENTROPY = 0,    // -sum_j p_tj ln p_tj, in nats
+    ATTN_STAT_SINK = 1,       // p_t0, the probability on the first position
+    ATTN_STAT_MAXP = 2,       // max_j p_tj
+    ATTN_STAT_LOGIT_MAX = 3,  // max_j s_tj
+    ATTN_NUM_ROW_STATS = 4,
+};
+
+// The name of a metric's second dimension, as the log's header spells it.
+inline const char* metric_dim_name(MetricShape s) {
+    return s == PER_KV_HEAD ? "kv_head" : s == PER_Q_HEAD ? "q_head" : "dim";
+}
 
 inline int metric_cols(const ModelConfig& c, MetricShape s) {
     return s == PER_KV_HEAD ? c.n_kv_head : s == PER_Q_HEAD ? c.n_head : c.head_dim;

@@ -3,6 +3,7 @@
 // the file or option, and the program exits with status 1.
 #pragma once
 #include <cerrno>
+#include <chrono>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
@@ -125,3 +126,32 @@ inline uint32_t crc32_update(uint32_t crc, const void* data, size_t n) {
 }
 
 inline uint32_t crc32_of(const void* data, size_t n) { return crc32_update(0, data, n); }
+
+// Seconds on a steady clock, for timing.
+inline double now_seconds() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// "42s", "6m10s", "2h05m".
+inline std::string format_duration(double s) {
+    int t = (int)(s + 0.5);
+    if (t >= 3600) return strprintf("%dh%02dm", t / 3600, t / 60 % 60);
+    if (t >= 60) return strprintf("%dm%02ds", t / 60, t % 60);
+    return strprintf("%ds", t);
+}
+
+// "<the CPU's model name>, N threads", for the log and the console.
+inline std::string cpu_device_name(int threads) {
+    std::string name = "CPU";
+    if (FILE* f = fopen("/proc/cpuinfo", "r")) {
+        char line[512];
+        while (fgets(line, sizeof line, f))
+            if (strncmp(line, "model name", 10) == 0) {
+                const char* colon = strchr(line, ':');
+                if (colon) name = std::string(colon + 2, strcspn(colon + 2, "\n"));
+                break;
+            }
+        fclose(f);
+    }
+    return strprintf("%s, %d threads", name.c_str(), threads);
+}

@@ -36,8 +36,7 @@ FRAME = struct.Struct("<4sHHIq")  # marker, record type, flags, payload length, 
 CRC = struct.Struct("<I")  # after the payload: CRC-32 of everything from the type to here
 OVERHEAD = FRAME.size + CRC.size
 DTYPES = {"float32": "<f4", "float64": "<f8", "int32": "<i4", "int64": "<i8"}  # and "utf8"
-HEADER_KEYS = ("format", "version", "created", "config", "options", "seed", "backend", "device",
-               "num_processes", "records")
+HEADER_KEYS = ("format", "version", "created", "config", "options", "seed", "backend", "device", "records")
 
 
 class LogError(Exception):
@@ -312,7 +311,7 @@ def _next_intact(buf, view, pos):
 
 def _summary(header):
     """The run a header describes, in one line."""
-    parts = [f"{key} {header[key]}" for key in ("created", "backend", "device", "num_processes") if key in header]
+    parts = [f"{key} {header[key]}" for key in ("created", "backend", "device") if key in header]
     if isinstance(header.get("config"), dict):
         parts.append("model " + " ".join(f"{k}={v}" for k, v in header["config"].items()))
     return ", ".join(parts)
@@ -330,7 +329,7 @@ def command_info(log, args):
     h = log.header
     print(f"{log.path}: {h['format']} format version {log.version}, created {h.get('created')}")
     print(f"run: backend {h.get('backend')}, device {json.dumps(h.get('device'), ensure_ascii=False)}, "
-          f"processes {h.get('num_processes')}, seed {h.get('seed')}")
+          f"seed {h.get('seed')}")
     print("model: " + " ".join(f"{k}={v}" for k, v in log.config.items()))
     options = h.get("options") or {}
     print(f"options ({len(options)}):")

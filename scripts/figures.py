@@ -1,5 +1,5 @@
 """The figures of scripts/report.py. Each function draws one PNG from plain numpy arrays and knows
-nothing about the run log: report.py measures, this module draws.
+nothing about the run log: analysis.py measures, report.py chooses what to show, this module draws.
 
 Colours follow the research reports on key norms: early layers blue, middle green, final red. Each
 group also gets its own line style, so the figures still read in greyscale.

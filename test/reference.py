@@ -25,7 +25,7 @@ import torch
 # Configuration and parameter layout (llmc/config.h)
 
 CONFIG_FIELDS = ["vocab_size", "n_layer", "n_head", "n_kv_head", "head_dim", "d_model", "d_ff", "max_seq_len"]
-LAYER_TENSORS = ["attn_norm", "wq", "wk", "wv", "q_norm", "k_norm", "wo", "mlp_norm", "w1", "w3", "w2"]
+LAYER_TENSORS = ["attn_norm", "wq", "wk", "wv", "q_gain", "k_gain", "wo", "mlp_norm", "w1", "w3", "w2"]
 
 
 class Config:
@@ -40,7 +40,7 @@ def tensor_shapes(c):
     """(name, shape) of every parameter tensor in layout order."""
     D, C, F = c.head_dim, c.d_model, c.d_ff
     per_layer = {"attn_norm": (C,), "wq": (c.n_head * D, C), "wk": (c.n_kv_head * D, C),
-                 "wv": (c.n_kv_head * D, C), "q_norm": (D,), "k_norm": (D,), "wo": (C, c.n_head * D),
+                 "wv": (c.n_kv_head * D, C), "q_gain": (D,), "k_gain": (D,), "wo": (C, c.n_head * D),
                  "mlp_norm": (C,), "w1": (F, C), "w3": (F, C), "w2": (C, F)}
     out = [("wte", (c.vocab_size, C))]
     for l in range(c.n_layer):
@@ -104,8 +104,8 @@ def forward(p, c, tokens, targets, taps=None):
         q = (h @ w("wq").T).view(B, T, H, D)
         k = (h @ w("wk").T).view(B, T, Hkv, D)
         v = (h @ w("wv").T).view(B, T, Hkv, D)
-        q = rmsnorm(q, w("q_norm"), c.norm_eps)
-        k = rmsnorm(k, w("k_norm"), c.norm_eps)
+        q = rmsnorm(q, w("q_gain"), c.norm_eps)
+        k = rmsnorm(k, w("k_gain"), c.norm_eps)
         qr, kr = rope(q, cos, sin), rope(k, cos, sin)
         if taps is not None:
             taps[l] = {"q": q.detach(), "k": k.detach(), "qr": qr.detach(), "kr": kr.detach()}
@@ -185,13 +185,10 @@ def telemetry(p, c, taps):
             stats["q_norm"][l, h] = Q.norm(dim=1).mean().item()
             for name, value in zip(["attn_entropy", "attn_sink", "attn_maxp", "attn_logit_max"], att[h]):
                 stats[name][l, h] = value
-        stats["g_q"][l] = p[f"layers.{l}.q_norm"].detach().double().numpy()
-        stats["g_k"][l] = p[f"layers.{l}.k_norm"].detach().double().numpy()
+        stats["g_q"][l] = p[f"layers.{l}.q_gain"].detach().double().numpy()
+        stats["g_k"][l] = p[f"layers.{l}.k_gain"].detach().double().numpy()
     return stats
 
-
-METRIC_ORDER = ["k_norm", "k_maxabs", "k_pr", "k_cos", "k_erank", "q_norm", "attn_entropy", "attn_sink",
-                "attn_maxp", "attn_logit_max", "g_q", "g_k"]
 
 # ------------------------------------------------------------------------------------------------
 # Optimiser (model.md): AdamW, decay on matrices only, clipping, warm-up + cosine schedule
@@ -338,7 +335,7 @@ def main():
         ("step_grad_norms", np.array(norms, dtype="<f8")),
         ("final_params", final.astype("<f8")),
     ]
-    tensors += [("stat." + name, stats[name].astype("<f8")) for name in METRIC_ORDER]
+    tensors += [("stat." + name, value.astype("<f8")) for name, value in stats.items()]
     write_tensorfile(os.path.join(args.out, "debug_state.bin"), tensors)
     print(f"reference: {num_params(c)} parameters, loss {loss.item():.6f}, "
           f"{args.steps} AdamW steps to loss {losses[-1]:.6f}; wrote {args.out}/model.ckpt and debug_state.bin")

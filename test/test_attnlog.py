@@ -30,10 +30,22 @@ CONFIG = {"vocab_size": 96, "n_layer": 3, "n_head": 4, "n_kv_head": 2, "head_dim
 OPTIONS = {"data": 'C:\\runs\\"best".bin', "lr": "0.003", "comment": "tab\there\nnew line, ünïcode ✓",
            "control": "\x01\x1f", "bytes": "\ufffd ok"}
 SCALARS = ["loss", "lr", "grad_norm", "tokens_per_s", "ms"]
-METRICS = [("k_norm", "kv_head"), ("k_maxabs", "kv_head"), ("k_pr", "kv_head"), ("k_cos", "kv_head"),
-           ("k_erank", "kv_head"), ("q_norm", "q_head"), ("attn_entropy", "q_head"), ("attn_sink", "q_head"),
-           ("attn_maxp", "q_head"), ("attn_logit_max", "q_head"), ("g_q", "dim"), ("g_k", "dim")]
 COLUMNS = {"kv_head": 2, "q_head": 4, "dim": 8}
+
+
+def writer_metrics():
+    """[(name, dim)] of every telemetry metric in payload order, dim naming its columns ("kv_head",
+    "q_head" or "dim"): the trainer's table of metrics, as test_runlog --metrics prints it. Without
+    test_runlog, none: every test that needs it then fails, saying so (run_writer)."""
+    if not os.path.exists(WRITER):
+        return []
+    result = subprocess.run([WRITER, "--metrics"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return [(name, dim) for name, dim in json.loads(result.stdout)]
+
+
+METRICS = writer_metrics()
+DIM_OF = dict(METRICS)
 TELEMETRY_BYTES = 4 * 3 * sum(COLUMNS[dim] for _, dim in METRICS)
 STEP, VAL, TELEMETRY, NOTE = 1, 2, 3, 4
 
@@ -173,7 +185,8 @@ def test_header_fields(log_path):
     assert all(type(log.config[k]) is int for k in CONFIG if k not in ("rope_theta", "norm_eps"))
     assert h["options"] == OPTIONS and list(h["options"]) == list(OPTIONS)
     assert h["seed"] == 2**64 - 1
-    assert (h["backend"], h["device"], h["num_processes"]) == ("cpu", 'test device "x" \\ 2 cores', 1)
+    assert (h["backend"], h["device"]) == ("cpu", 'test device "x" \\ 2 cores')
+    assert "num_processes" not in h
     table = h["records"]
     assert [(t["type"], t["name"]) for t in table] == [(1, "step"), (2, "val"), (3, "telemetry"), (4, "note")]
     assert [f["name"] for f in table[0]["fields"]] == SCALARS
@@ -183,6 +196,23 @@ def test_header_fields(log_path):
     assert [(f["name"], f["dtype"], f["shape"], f["dims"]) for f in table[2]["fields"]] == [
         (name, "float32", [3, COLUMNS[dim]], ["layer", dim]) for name, dim in METRICS]
     assert [(f["name"], f["dtype"], f["shape"]) for f in table[3]["fields"]] == [("text", "utf8", [-1])]
+
+
+def test_header_with_num_processes(tmp_path, data):
+    """Older logs have "num_processes" (always 1) in their header, after "device": it is read like
+    any key the reader does not use."""
+    header = json.loads(data[20:20 + struct.unpack_from("<I", data, 12)[0]])
+    older = {}
+    for key, value in header.items():
+        older[key] = value
+        if key == "device":
+            older["num_processes"] = 1
+    path = saved(tmp_path, with_header(data, json.dumps(older).encode()))
+    log = attnlog.open_log(path)
+    assert log.header["num_processes"] == 1 and log.problems == []
+    check_values(log, range(10))
+    result = run_cli("info", path)
+    assert result.returncode == 0 and result.stdout.endswith("problems: none\n"), result.stderr
 
 
 def test_record_frames(data):
@@ -214,7 +244,7 @@ def test_header_only_log_reads_as_empty(tmp_path, data):
     header_end = 20 + struct.unpack_from("<I", data, 12)[0]
     log = attnlog.open_log(saved(tmp_path, data[:header_end]))
     steps, values = log.metric("k_norm")
-    assert steps.shape == (0,) and values.shape == (0, log.config["n_layer"], log.config["n_kv_head"])
+    assert steps.shape == (0,) and values.shape == (0, log.config["n_layer"], COLUMNS[DIM_OF["k_norm"]])
     steps, loss = log.scalars("loss")
     assert steps.shape == (0,) and loss.shape == (0,)
     assert log.problems == []
@@ -397,15 +427,16 @@ def test_cli_info(log_path):
     assert "records: 10 step, 3 val, 4 telemetry, 2 note; steps 0..9\n" in out
     assert "model: vocab_size=96 n_layer=3 n_head=4 n_kv_head=2 head_dim=8" in out
     assert '  data = "C:\\\\runs\\\\\\"best\\".bin"\n' in out
-    assert "k_norm [layer x kv_head]" in out and "g_k [layer x dim]" in out
+    assert "metrics: " + ", ".join(f"{name} [layer x {dim}]" for name, dim in METRICS) + "\n" in out
     assert out.endswith("problems: none\n")
 
 
 def test_cli_dump_metric_at_step(log_path):
     result = run_cli("dump", log_path, "--metric", "q_norm", "--step", 6)
     assert result.returncode == 0, result.stderr
-    rows = [" ".join(str(v) for v in np.float32(metric_value(5, 6, 0))[layer]) for layer in range(3)]
-    assert result.stdout == ("step 6\n  q_norm [layer x q_head]\n"
+    m = [name for name, _ in METRICS].index("q_norm")
+    rows = [" ".join(str(v) for v in np.float32(metric_value(m, 6, 0))[layer]) for layer in range(3)]
+    assert result.stdout == (f"step 6\n  q_norm [layer x {DIM_OF['q_norm']}]\n"
                              + "".join(f"    layer {layer}: {row}\n" for layer, row in enumerate(rows)))
 
 
@@ -415,7 +446,7 @@ def test_cli_dump_step(log_path):
     lines = result.stdout.splitlines()
     assert lines[:4] == ["step 0", "  loss 8.0, lr 0.0009765625, grad_norm 1.0, tokens_per_s 1000.0, ms 0.5",
                          "  val_loss 7.0", f"  note: {note_text(0, 0)}"]
-    assert lines[4] == "  k_norm [layer x kv_head]" and len(lines) == 4 + 12 + 3 * 12
+    assert lines[4] == f"  {METRICS[0][0]} [layer x {METRICS[0][1]}]" and len(lines) == 4 + len(METRICS) * (1 + 3)
 
 
 def test_cli_dump_errors(log_path):

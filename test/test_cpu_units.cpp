@@ -109,16 +109,11 @@ static void test_attention_statistics() {
     for (int n = 0; n < N; n++)
         for (int i = c.n_head * D; i < NH * D; i++) qk_rope[(size_t)n * NH * D + i] = rng_normal(rng);
     std::vector<float> atty((size_t)N * c.d_model), lse((size_t)N * c.n_head);
-    AttnRowStats rs;
-    size_t rows = (size_t)B * c.n_head * T;
-    rs.entropy.resize(rows);
-    rs.sink.resize(rows);
-    rs.maxp.resize(rows);
-    rs.logit_max.resize(rows);
-    attention_forward(atty.data(), lse.data(), qk_rope.data(), qkv.data(), B, T, c, &rs);
+    std::vector<float> row_stats((size_t)ATTN_NUM_ROW_STATS * B * c.n_head * T);
+    attention_forward(atty.data(), lse.data(), row_stats.data(), qk_rope.data(), qkv.data(), B, T, c);
     Telemetry tm;
     tm.resize(c);
-    query_attention_statistics(tm, 0, qk_rope.data(), rs, B, T, c);
+    query_attention_statistics(tm, 0, qk_rope.data(), row_stats.data(), B, T, c);
     double ent = 0, inv = 0;
     for (int t = 0; t < T; t++) {
         ent += log(t + 1.0) / T;
@@ -199,7 +194,7 @@ static void test_init() {
         for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
         return sqrt(s / n);
     };
-    double got[3] = {stddev(P_WTE, 0), stddev(P_W2, 1), p[param_offset(c, P_K_NORM, 1) + 3]};
+    double got[3] = {stddev(P_WTE, 0), stddev(P_W2, 1), p[param_offset(c, P_K_GAIN, 1) + 3]};
     double want[3] = {0.02, 0.02 / sqrt(2.0 * c.n_layer), 1.0};
     check_close("init: wte std 0.02, w2 std 0.02/sqrt(2L), gains 1", got, want, 3, 0.05, 0);
 }

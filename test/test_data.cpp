@@ -526,29 +526,32 @@ static void check_text(const std::string& name, const std::string& got, const st
     report(got == want, name, got == want ? "" : "got  [" + got + "]\n     want [" + want + "]");
 }
 
+// The words of tagged sentences joined into one line of text.
+static std::string brown_line(const std::string& tagged) { return brown_join(split_white(tagged)); }
+
 static void test_brown() {
     bool words = brown_word("1/2/cd") == "1/2" && brown_word("//in") == "/" && brown_word("Atlanta's/np$") == "Atlanta's" &&
                  brown_word("not/*") == "not" && brown_word("AAb//nn") == "AAb/" && brown_word("Mayor-nominate/nn-tl") ==
                  "Mayor-nominate" && brown_word("didn't/dod*") == "didn't" && brown_word("Ring/nn-tl-hl") == "Ring";
     report(words, "brown_strips_the_last_tag_only");
     check_text("brown_first_sentence",
-               brown_detokenize("\tThe/at Fulton/np-tl County/nn-tl Grand/jj-tl Jury/nn-tl said/vbd Friday/nr an/at "
+               brown_line("\tThe/at Fulton/np-tl County/nn-tl Grand/jj-tl Jury/nn-tl said/vbd Friday/nr an/at "
                                 "investigation/nn of/in Atlanta's/np$ recent/jj primary/nn election/nn produced/vbd ``/`` "
                                 "no/at evidence/nn ''/'' that/cs any/dti irregularities/nns took/vbd place/nn ./."),
                "The Fulton County Grand Jury said Friday an investigation of Atlanta's recent primary election produced "
                "\"no evidence\" that any irregularities took place.");
     check_text("brown_quotes_and_commas",
-               brown_detokenize("``/`` Only/rb a/at relative/jj handful/nn of/in such/jj reports/nns was/bedz received/vbn "
+               brown_line("``/`` Only/rb a/at relative/jj handful/nn of/in such/jj reports/nns was/bedz received/vbn "
                                 "''/'' ,/, the/at jury/nn said/vbd ,/, ``/`` considering/in the/at widespread/jj interest/nn "
                                 "''/'' ./."),
                "\"Only a relative handful of such reports was received\", the jury said, \"considering the widespread interest\".");
     check_text("brown_single_quotes_dash_brackets",
-               brown_detokenize("you'll/ppss+md think/vb ,/, '/' You're/ppss+ber my/pp$ man/nn --/-- you're/ppss+ber "
+               brown_line("you'll/ppss+md think/vb ,/, '/' You're/ppss+ber my/pp$ man/nn --/-- you're/ppss+ber "
                                 "the/at kind/nn '/' ''/'' (/( to/to use/vb that/dt phrase/nn )/) ;/. ;/. not/* 1/2/cd "
                                 "and/cc mg/l/nn //in hr/nn ?/. ?/."),
                "you'll think, 'You're my man--you're the kind'\" (to use that phrase); not 1/2 and mg/l / hr?");
     check_text("brown_one_period_after_abbreviation",
-               brown_detokenize("won/vbn by/in Mayor-nominate/nn-tl Ivan/np Allen/np Jr./np ./."),
+               brown_line("won/vbn by/in Mayor-nominate/nn-tl Ivan/np Allen/np Jr./np ./."),
                "won by Mayor-nominate Ivan Allen Jr.");
     const char* raw =
         "\n\n\tAssembly/nn-hl session/nn-hl brought/vbd-hl much/ap-hl good/nn-hl \n"

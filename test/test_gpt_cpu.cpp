@@ -32,13 +32,13 @@ int main(int argc, char** argv) {
         targets[i] = (int)tensor_or_fail(ref, "targets", dbg).values[i];
     }
     CpuModel m;
-    cpu_model_init(m, c, B, T);
+    model_init(m, c, B, T);
     checkpoint_read(ckpt, m.params.data(), nullptr, nullptr);
 
     // Forward with statistics, then backward.
     Telemetry stats;
-    float loss = cpu_forward(m, tokens.data(), targets.data(), B, T, &stats);
-    compare("logits", m.acts.logits.data(), tensor_or_fail(ref, "logits", dbg).values.data(), (size_t)N * c.vocab_size);
+    float loss = model_forward(m, tokens.data(), targets.data(), B, T, &stats);
+    compare("logits", m.acts.logits, tensor_or_fail(ref, "logits", dbg).values.data(), (size_t)N * c.vocab_size);
     double want_loss = tensor_or_fail(ref, "loss", dbg).values[0];
     compare("loss", &loss, &want_loss, 1);
     for (int k = 0; k < M_NUM_METRICS; k++) {
@@ -49,8 +49,8 @@ int main(int argc, char** argv) {
         }
         compare(std::string("stat ") + kMetrics[k].name, stats.values[k].data(), want.values.data(), want.numel());
     }
-    cpu_zero_grad(m);
-    cpu_backward(m, tokens.data(), targets.data(), 1.0f);
+    model_zero_grad(m);
+    model_backward(m, tokens.data(), targets.data(), 1.0f);
     const std::vector<double>& grads = tensor_or_fail(ref, "grads", dbg).values;
     if (grads.size() != m.grads.size()) fail("%s: gradient count differs from the model's", dbg.c_str());
     for (int kind = 0; kind < P_NUM_KINDS; kind++) {
@@ -69,12 +69,12 @@ int main(int argc, char** argv) {
     opt.weight_decay = (float)hyper[4];
     std::vector<float> losses(steps), norms(steps);
     for (int step = 0; step < steps; step++) {
-        losses[step] = cpu_forward(m, tokens.data(), targets.data(), B, T, nullptr);
-        cpu_zero_grad(m);
-        cpu_backward(m, tokens.data(), targets.data(), 1.0f);
-        norms[step] = cpu_grad_norm(m);
+        losses[step] = model_forward(m, tokens.data(), targets.data(), B, T, nullptr);
+        model_zero_grad(m);
+        model_backward(m, tokens.data(), targets.data(), 1.0f);
+        norms[step] = model_grad_norm(m);
         opt.lr = lr_at_step(step, steps, warmup, peak, floor);
-        cpu_adamw_step(m, opt, step + 1, clip_scale(norms[step], clip));
+        model_adamw_step(m, opt, step + 1, norms[step], clip);
     }
     compare("adamw step losses", losses.data(), tensor_or_fail(ref, "step_losses", dbg).values.data(), steps);
     compare("adamw step grad norms", norms.data(), tensor_or_fail(ref, "step_grad_norms", dbg).values.data(), steps);

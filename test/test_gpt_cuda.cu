@@ -38,17 +38,16 @@ int main(int argc, char** argv) {
         targets[i] = (int)tensor_or_fail(ref, "targets", dbg).values[i];
     }
     size_t P = num_parameters(c);
-    std::vector<float> params(P), zeros(P, 0.0f);
-    checkpoint_read(ckpt, params.data(), nullptr, nullptr);
     GpuModel g;
-    gpu_model_init(g, c, B, T);
-    gpu_upload_params(g, params.data(), zeros.data(), zeros.data());
+    model_init(g, c, B, T);
+    checkpoint_read(ckpt, host_state(g).params, nullptr, nullptr);  // AdamW state: zeros
+    model_upload(g);
 
     Telemetry stats;
-    float loss = gpu_forward(g, tokens.data(), targets.data(), B, T, &stats);
-    gpu_wait_stats(g);
+    float loss = model_forward(g, tokens.data(), targets.data(), B, T, &stats);
+    model_wait_stats(g);
     std::vector<float> logits((size_t)N * V);
-    for (int n = 0; n < N; n++) gpu_logits_row(g, n, &logits[(size_t)n * V]);
+    for (int n = 0; n < N; n++) model_logits_row(g, n, &logits[(size_t)n * V]);
     compare_bf16("cuda logits", logits.data(), tensor_or_fail(ref, "logits", dbg).values.data(), logits.size(), 0.02);
     double want_loss = tensor_or_fail(ref, "loss", dbg).values[0];
     check_close("cuda loss", &loss, &want_loss, 1, 0.0, 0.01);
@@ -59,8 +58,8 @@ int main(int argc, char** argv) {
         check_close(std::string("cuda stat ") + kMetrics[k].name, stats.values[k].data(), want.values.data(), want.numel(),
                     0.01, 1e-3 * maxabs);
     }
-    gpu_zero_grad(g);
-    gpu_backward(g, tokens.data(), 1.0f);
+    model_zero_grad(g);
+    model_backward(g, tokens.data(), targets.data(), 1.0f);
     std::vector<float> grads(P);
     cudaCheck(cudaStreamSynchronize(g.stream));
     cudaCheck(cudaMemcpy(grads.data(), g.grads, P * sizeof(float), cudaMemcpyDeviceToHost));
@@ -75,10 +74,10 @@ int main(int argc, char** argv) {
 
     // Determinism: the same forward and backward again gives the same bits.
     Telemetry stats2;
-    gpu_forward(g, tokens.data(), targets.data(), B, T, &stats2);
-    gpu_wait_stats(g);
-    gpu_zero_grad(g);
-    gpu_backward(g, tokens.data(), 1.0f);
+    model_forward(g, tokens.data(), targets.data(), B, T, &stats2);
+    model_wait_stats(g);
+    model_zero_grad(g);
+    model_backward(g, tokens.data(), targets.data(), 1.0f);
     std::vector<float> grads2(P);
     cudaCheck(cudaStreamSynchronize(g.stream));
     cudaCheck(cudaMemcpy(grads2.data(), g.grads, P * sizeof(float), cudaMemcpyDeviceToHost));
@@ -94,14 +93,15 @@ int main(int argc, char** argv) {
     opt.weight_decay = (float)hyper[4];
     std::vector<float> losses(steps);
     for (int step = 0; step < steps; step++) {
-        losses[step] = gpu_forward(g, tokens.data(), targets.data(), B, T, nullptr);
-        gpu_zero_grad(g);
-        gpu_backward(g, tokens.data(), 1.0f);
-        gpu_grad_norm(g);
+        losses[step] = model_forward(g, tokens.data(), targets.data(), B, T, nullptr);
+        model_zero_grad(g);
+        model_backward(g, tokens.data(), targets.data(), 1.0f);
+        float norm = model_grad_norm(g);
         opt.lr = lr_at_step(step, steps, warmup, peak, floor);
-        gpu_adamw_step(g, opt, step + 1, clip);
+        model_adamw_step(g, opt, step + 1, norm, clip);
     }
     check_close("cuda adamw step losses (within 0.05)", losses.data(), tensor_or_fail(ref, "step_losses", dbg).values.data(),
                 steps, 0.0, 0.05);
+    model_free(g);
     return test_exit_code();
 }

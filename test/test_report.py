@@ -1,6 +1,7 @@
-"""Tests of scripts/report.py on a log written by the real trainer: a tiny model trained for a few
-seconds on the repository's own text. The numbers report.py writes (summary.json, report.md) are
-checked against values computed here, independently, from the log.
+"""Tests of scripts/report.py (and scripts/analysis.py, which computes its numbers) on a log written
+by the real trainer: a tiny model trained for a few seconds on the repository's own text. The
+numbers report.py writes (summary.json, report.md) are checked against values computed here,
+independently, from the log.
 
     /usr/bin/python3 -m pytest -q test/test_report.py
 
@@ -199,7 +200,7 @@ def test_hypothesis_a_spearman(made, log):
 
 def test_ranks_average_ties():
     sys.path.insert(0, str(ROOT / "scripts"))
-    import report as module
+    import analysis as module
     assert module.ranks([3, 1, 3, 2, 3]).tolist() == [4, 1, 4, 2, 4]
     assert module.ranks([5, 5]).tolist() == [1.5, 1.5]
     x, y = [1, 2, 2, 3, 5, 4], [6, 5, 5, 4, 1, 2]
@@ -367,11 +368,13 @@ def with_payloads(data, change):
 
 
 def test_diverged_run(log_path, tmp_path):
+    at = attnlog.open_log(log_path).record_types["telemetry"].fields["k_norm"]["offset"]  # in the payload
+
     def diverge(rtype, step, payload):
         if rtype == 1 and step >= 25:  # the loss, first field of a step record
             return struct.pack("<f", float("nan")) + payload[4:]
-        if rtype == TELEMETRY and step >= 20:  # k_norm, the first metric, overflows
-            return struct.pack("<f", float("inf")) + payload[4:]
+        if rtype == TELEMETRY and step >= 20:  # k_norm overflows
+            return payload[:at] + struct.pack("<f", float("inf")) + payload[at + 4:]
         return payload
 
     diverged = tmp_path / "diverged.attnlog"
@@ -386,6 +389,28 @@ def test_diverged_run(log_path, tmp_path):
     problems = " ".join(summary["problems"])
     assert "not finite (k_norm; steps 20..29)" in problems and "training loss is not finite at 5 steps" in problems
     assert "the log ends" not in problems  # its records go on to the last step
+
+
+def test_metric_shapes_follow_the_header(log_path, tmp_path):
+    """A metric's shape is checked against the model configuration through the dims the header's
+    table gives it; one that does not fit is left out, saying why."""
+    import analysis
+    data = log_path.read_bytes()
+    n = struct.unpack_from("<I", data, 12)[0]
+    header = json.loads(data[20:20 + n])
+    fields = {f["name"]: f for t in header["records"] if t["type"] == TELEMETRY for f in t["fields"]}
+    fields["q_norm"]["shape"] = fields["q_norm"]["shape"][::-1]  # as many values, in another shape
+    fields["k_cos"]["dims"] = ["layer", "token"]
+    text = json.dumps(header).encode()
+    odd = tmp_path / "odd.attnlog"
+    odd.write_bytes(b"ATTNLOG\0" + struct.pack("<III", 1, len(text), zlib.crc32(text)) + text + data[20 + n:])
+    run = analysis.load_run(odd, "odd")
+    assert run["problems"] == [
+        'k_cos has dims ["layer", "token"], not layer by one of kv_head, q_head, dim: left out',
+        f"q_norm has shape [{HEADS}, {LAYERS}], not the [{LAYERS}, {HEADS}] the model configuration implies: left out"]
+    assert run["missing"] == ["k_cos", "q_norm"]
+    kept = [name for name in analysis.USED_METRICS if name not in run["missing"]]
+    assert run["columns"] == {name: fields[name]["dims"][1] for name in kept}
 
 
 def test_log_without_telemetry(log_path, tmp_path):

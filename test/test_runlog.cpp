@@ -4,6 +4,7 @@
 //                            is escaped correctly, a full disk leaves a readable file
 //   test_runlog write PATH   writes a log of known values, for test/test_attnlog.py
 //   test_runlog append PATH  resumes that log and re-does steps 6..11 with other values
+//   test_runlog --metrics    the telemetry metrics of llmc/telemetry.h as JSON, for test_attnlog.py
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -42,7 +43,6 @@ static RunInfo test_info() {
     info.seed = 18446744073709551615ull;
     info.backend = "cpu";
     info.device = "test device \"x\" \\ 2 cores";
-    info.num_processes = 1;
     return info;
 }
 
@@ -198,7 +198,6 @@ static void test_header() {
         R"("device": "test device \"x\" \\ 2 cores")",
         R"("seed": 18446744073709551615)",
         R"("backend": "cpu")",
-        R"("num_processes": 1)",
         R"("config": {"vocab_size": 96, "n_layer": 3, "n_head": 4, "n_kv_head": 2, "head_dim": 8, "d_model": 32, "d_ff": 80, "max_seq_len": 16, "rope_theta": 500000.0, "norm_eps": 1e-06})",
         R"({"name": "k_norm", "dtype": "float32", "shape": [3, 2], "dims": ["layer", "kv_head"])",
         R"({"name": "q_norm", "dtype": "float32", "shape": [3, 4], "dims": ["layer", "q_head"])",
@@ -212,7 +211,7 @@ static void test_header() {
 
     std::vector<std::pair<std::string, std::string>> members;
     bool parsed = json_members(f.header, members);
-    report(parsed && members.size() == 10 && members[0].first == "format" && members.back().first == "records" &&
+    report(parsed && members.size() == 9 && members[0].first == "format" && members.back().first == "records" &&
                runlog_config_difference(f.header, test_config()).empty(),
            "header_json_structure", strprintf("%zu top-level members", members.size()));
 }
@@ -370,6 +369,15 @@ static void test_telemetry_size_check() {
     report(read_log(path).records.empty(), "refused_telemetry_writes_nothing");
 }
 
+// Prints kMetrics, in table (= payload) order, as one JSON array of [name, dim] pairs: dim names the
+// metric's columns, "kv_head", "q_head" or "dim", as the log writer spells it in the header.
+static void print_metrics() {
+    std::string out;
+    for (const MetricInfo& m : kMetrics)
+        out += (out.empty() ? "[" : ", [") + json_string(m.name) + ", " + json_string(metric_dim_name(m.shape)) + "]";
+    printf("[%s]\n", out.c_str());
+}
+
 int main(int argc, char** argv) {
     if (argc == 3 && strcmp(argv[1], "write") == 0) {
         RunLog log = runlog_create(argv[2], test_info());
@@ -383,8 +391,12 @@ int main(int argc, char** argv) {
         runlog_close(log);
         return 0;
     }
+    if (argc == 2 && strcmp(argv[1], "--metrics") == 0) {
+        print_metrics();
+        return 0;
+    }
     if (argc != 1) {
-        fprintf(stderr, "usage: %s [write PATH | append PATH]\n", argv[0]);
+        fprintf(stderr, "usage: %s [write PATH | append PATH | --metrics]\n", argv[0]);
         return 1;
     }
     char dir[] = "/tmp/test_runlog.XXXXXX";

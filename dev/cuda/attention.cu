@@ -183,8 +183,7 @@ static ModelConfig attention_config(const Shape& s) {
 // Validation of one shape: both implementations against the CPU.
 
 struct CpuForward {
-    std::vector<float> out, lse;
-    AttnRowStats stats;
+    std::vector<float> out, lse, row_stats;  // row_stats: ATTN_NUM_ROW_STATS arrays of p.rows
 };
 
 // model_cpu.h's attention_forward (the float overload) on the same bf16-rounded inputs.
@@ -193,12 +192,9 @@ static CpuForward cpu_forward_reference(const Problem& p) {
     CpuForward r;
     r.out.assign(p.out_size, 0.0f);
     r.lse.assign(p.rows, 0.0f);
-    r.stats.entropy.assign(p.rows, 0.0);
-    r.stats.sink.assign(p.rows, 0.0);
-    r.stats.maxp.assign(p.rows, 0.0);
-    r.stats.logit_max.assign(p.rows, 0.0f);
+    r.row_stats.assign(ATTN_NUM_ROW_STATS * p.rows, 0.0f);
     std::vector<float> qk = to_float(p.qk), qkv = to_float(p.qkv);
-    attention_forward(r.out.data(), r.lse.data(), qk.data(), qkv.data(), s.B, s.T, attention_config(s), &r.stats);
+    attention_forward(r.out.data(), r.lse.data(), r.row_stats.data(), qk.data(), qkv.data(), s.B, s.T, attention_config(s));
     return r;
 }
 
@@ -218,10 +214,11 @@ static void validate(const Problem& p, const CpuForward& ref, AttentionImpl impl
     check_bf16_tensor(prefix + "out", to_float(out), ref.out);
     // lse and the statistics are float32 from the same bf16 inputs: only summation order differs.
     check_close(prefix + "lse", lse.data(), ref.lse.data(), p.rows, 1e-4, 1e-4);
-    check_close(prefix + "entropy", stats.data() + ATTN_STAT_ENTROPY * p.rows, ref.stats.entropy.data(), p.rows, 1e-3, 1e-4);
-    check_close(prefix + "p_t0", stats.data() + ATTN_STAT_SINK * p.rows, ref.stats.sink.data(), p.rows, 1e-3, 1e-6);
-    check_close(prefix + "max p", stats.data() + ATTN_STAT_MAXP * p.rows, ref.stats.maxp.data(), p.rows, 1e-3, 1e-6);
-    check_close(prefix + "max logit", stats.data() + ATTN_STAT_LOGIT_MAX * p.rows, ref.stats.logit_max.data(), p.rows,
+    auto ref_stat = [&](AttentionRowStat k) { return ref.row_stats.data() + k * p.rows; };
+    check_close(prefix + "entropy", stats.data() + ATTN_STAT_ENTROPY * p.rows, ref_stat(ATTN_STAT_ENTROPY), p.rows, 1e-3, 1e-4);
+    check_close(prefix + "p_t0", stats.data() + ATTN_STAT_SINK * p.rows, ref_stat(ATTN_STAT_SINK), p.rows, 1e-3, 1e-6);
+    check_close(prefix + "max p", stats.data() + ATTN_STAT_MAXP * p.rows, ref_stat(ATTN_STAT_MAXP), p.rows, 1e-3, 1e-6);
+    check_close(prefix + "max logit", stats.data() + ATTN_STAT_LOGIT_MAX * p.rows, ref_stat(ATTN_STAT_LOGIT_MAX), p.rows,
                 1e-4, 1e-4);
 
     // Without statistics: the same out and lse, bit for bit.

@@ -67,7 +67,7 @@ static void check_qk_norm_rope(int B, int T, int H, int Hkv) {
     cudaCheck(cudaMalloc(&d_rstd, (size_t)N * NH * sizeof(float)));
     cudaCheck(cudaMalloc(&d_scratch, (size_t)qk_norm_rope_backward_blocks(N, NH) * 2 * D * sizeof(float)));
     qk_norm_rope_forward(d_rope, d_normed, d_rstd, d_qkv, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 1e-5f, 0);
-    qk_norm_rope_backward(d_dqkv, d_dg, d_scratch, d_dqk, d_qkv, d_rstd, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 0);
+    qk_norm_rope_backward(d_dqkv, d_dg, d_dg + D, d_scratch, d_dqk, d_qkv, d_rstd, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 0);
     std::string tag = " B" + std::to_string(B) + " T" + std::to_string(T) + " H" + std::to_string(H) + ":" + std::to_string(Hkv);
     compare_to_reference("qk norm forward, before RoPE" + tag, download_bf16(d_normed, normed.size()), normed);
     compare_to_reference("qk norm forward, after RoPE" + tag, download_bf16(d_rope, rope.size()), rope);
@@ -77,7 +77,7 @@ static void check_qk_norm_rope(int B, int T, int H, int Hkv) {
     dg_cpu.insert(dg_cpu.end(), dg_k.begin(), dg_k.end());
     compare_to_reference("qk norm backward gains" + tag, download(d_dg, 2 * D), dg_cpu);
     float fwd = time_ms([&] { qk_norm_rope_forward(d_rope, nullptr, d_rstd, d_qkv, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 1e-5f, 0); });
-    float bwd = time_ms([&] { qk_norm_rope_backward(d_dqkv, d_dg, d_scratch, d_dqk, d_qkv, d_rstd, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 0); });
+    float bwd = time_ms([&] { qk_norm_rope_backward(d_dqkv, d_dg, d_dg + D, d_scratch, d_dqk, d_qkv, d_rstd, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 0); });
     printf("   qk norm + rope%s: forward %.3f ms, backward %.3f ms\n", tag.c_str(), fwd, bwd);
     for (void* p : {(void*)d_qkv, (void*)d_gq, (void*)d_gk, (void*)d_dqk, (void*)d_rope, (void*)d_normed, (void*)d_dqkv,
                     (void*)d_cs, (void*)d_sn, (void*)d_rstd, (void*)d_dg, (void*)d_scratch})

@@ -15,16 +15,16 @@ int main() {
     std::vector<float> m = random_values(P, 0.001f, rng), v(P);
     for (float& x : v) x = 1e-6f * rng_uniform(rng);
     CpuModel cpu;
-    cpu_model_init(cpu, c, 0, 0);
+    model_init(cpu, c, 0, 0);
     cpu.params = params;
     cpu.grads = grads;
     cpu.adam_m = m;
     cpu.adam_v = v;
-    float norm = cpu_grad_norm(cpu);
+    float norm = model_grad_norm(cpu);
     AdamWSettings opt;
     opt.lr = 1e-3f;
     float clip = 0.5f * norm;  // clipping is active
-    cpu_adamw_step(cpu, opt, 3, clip_scale(norm, clip));
+    model_adamw_step(cpu, opt, 3, norm, clip);
 
     float *d_params = upload(params), *d_grads = upload(grads), *d_m = upload(m), *d_v = upload(v), *d_norm;
     double* d_partial;
@@ -32,10 +32,7 @@ int main() {
     cudaCheck(cudaMalloc(&d_norm, sizeof(float)));
     cudaCheck(cudaMalloc(&d_partial, kNormBlocks * sizeof(double)));
     cudaCheck(cudaMalloc(&d_bf16, P * sizeof(bf16)));
-    std::vector<ParamSegment> segs;
-    for (int kind = 0; kind < P_NUM_KINDS; kind++)
-        for (int l = 0; l < (param_is_per_layer(kind) ? c.n_layer : 1); l++)
-            segs.push_back({(long long)param_offset(c, kind, l), (long long)param_numel(c, kind), param_is_matrix(kind) ? 1 : 0});
+    std::vector<ParamSegment> segs = adamw_segments(c);
     ParamSegment* d_segs = upload(segs);
     global_norm(d_norm, d_partial, d_grads, (long long)P, 0);
     float gpu_norm = download(d_norm, 1)[0];

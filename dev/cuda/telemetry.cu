@@ -19,35 +19,30 @@ static void check_layer(int B, int T, int H, int Hkv, int layer) {
     std::vector<float> qk = random_values((size_t)N * NH * D, 1.0f, rng);
     for (size_t i = 0; i < qk.size(); i++)
         if (i % D < 3) qk[i] = __bfloat162float(__float2bfloat16(qk[i] * 6.0f + 2.0f));
-    AttnRowStats rs;
     size_t rows = (size_t)B * H * T;
-    std::vector<float> row_stats(4 * rows);
-    rs.entropy.resize(rows);
-    rs.sink.resize(rows);
-    rs.maxp.resize(rows);
-    rs.logit_max.resize(rows);
+    std::vector<float> row_stats(ATTN_NUM_ROW_STATS * rows);
     for (size_t r = 0; r < rows; r++) {
-        row_stats[r] = (float)(rs.entropy[r] = 3.0 * rng_uniform(rng));
-        row_stats[rows + r] = (float)(rs.sink[r] = rng_uniform(rng));
-        row_stats[2 * rows + r] = (float)(rs.maxp[r] = rng_uniform(rng));
-        row_stats[3 * rows + r] = rs.logit_max[r] = 10.0f * rng_normal(rng);
+        row_stats[ATTN_STAT_ENTROPY * rows + r] = (float)(3.0 * rng_uniform(rng));
+        row_stats[ATTN_STAT_SINK * rows + r] = (float)rng_uniform(rng);
+        row_stats[ATTN_STAT_MAXP * rows + r] = (float)rng_uniform(rng);
+        row_stats[ATTN_STAT_LOGIT_MAX * rows + r] = 10.0f * rng_normal(rng);
     }
-    std::vector<float> gains = random_values(2 * D, 1.0f, rng);
+    std::vector<float> g_q = random_values(D, 1.0f, rng), g_k = random_values(D, 1.0f, rng);
     Telemetry want;
     want.resize(c);
     key_statistics(want, layer, qk.data(), N, c);
-    query_attention_statistics(want, layer, qk.data(), rs, B, T, c);
-    std::copy(gains.begin(), gains.begin() + D, want.row(M_G_Q, layer, c));
-    std::copy(gains.begin() + D, gains.end(), want.row(M_G_K, layer, c));
+    query_attention_statistics(want, layer, qk.data(), row_stats.data(), B, T, c);
+    std::copy(g_q.begin(), g_q.end(), want.row(M_G_Q, layer, c));
+    std::copy(g_k.begin(), g_k.end(), want.row(M_G_K, layer, c));
 
     TelemetryLayout lay = telemetry_layout(c);
     bf16* d_qk = upload_bf16(qk);
-    float *d_rows = upload(row_stats), *d_gains = upload(gains), *d_stats, *d_partial;
+    float *d_rows = upload(row_stats), *d_gq = upload(g_q), *d_gk = upload(g_k), *d_stats, *d_partial;
     cudaCheck(cudaMalloc(&d_stats, lay.total * sizeof(float)));
     cudaCheck(cudaMalloc(&d_partial, telemetry_partial_floats(N, c) * sizeof(float)));
     Matmul mm;
     matmul_init(mm);
-    telemetry_layer(d_stats, lay, d_partial, mm, d_qk, d_rows, d_gains, B, T, c, layer, 0);
+    telemetry_layer(d_stats, lay, d_partial, mm, d_qk, d_rows, d_gq, d_gk, B, T, c, layer, 0);
     std::vector<float> host = download(d_stats, lay.total);
     Telemetry got;
     telemetry_finish(got, host.data(), lay, c);
@@ -58,14 +53,14 @@ static void check_layer(int B, int T, int H, int Hkv, int layer) {
         int cols = metric_cols(c, kMetrics[m].shape);
         check_close(std::string("telemetry ") + kMetrics[m].name + tag, g, w, cols, 1e-3, 1e-5);
     }
-    telemetry_layer(d_stats, lay, d_partial, mm, d_qk, d_rows, d_gains, B, T, c, layer, 0);
+    telemetry_layer(d_stats, lay, d_partial, mm, d_qk, d_rows, d_gq, d_gk, B, T, c, layer, 0);
     report(download(d_stats, lay.total) == host, "telemetry gives the same bits twice" + tag);
-    float ms = time_ms([&] { telemetry_layer(d_stats, lay, d_partial, mm, d_qk, d_rows, d_gains, B, T, c, layer, 0); });
+    float ms = time_ms([&] { telemetry_layer(d_stats, lay, d_partial, mm, d_qk, d_rows, d_gq, d_gk, B, T, c, layer, 0); });
     double t0 = omp_get_wtime();
     telemetry_finish(got, host.data(), lay, c);
     printf("   telemetry of one layer%s: %.3f ms on the GPU, %.3f ms for all layers' effective ranks on the host\n", tag.c_str(),
            ms, (omp_get_wtime() - t0) * 1e3);
-    for (void* p : {(void*)d_qk, (void*)d_rows, (void*)d_gains, (void*)d_stats, (void*)d_partial}) cudaCheck(cudaFree(p));
+    for (void* p : {(void*)d_qk, (void*)d_rows, (void*)d_gq, (void*)d_gk, (void*)d_stats, (void*)d_partial}) cudaCheck(cudaFree(p));
     matmul_free(mm);
 }
 
