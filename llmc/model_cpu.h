@@ -118,7 +118,7 @@ inline void rmsnorm_backward(float* dx, float* dg, const float* dy, const float*
 #pragma omp parallel for
     for (int i = 0; i < C; i++) {
         float acc = 0.0f;
-        for (int n = 0; n < N; n++) acc += dy[(size_t)n * C + i] * x[(size_t)n * C + i] * rstd[n];
+        for (int n = 0; n < N; n++) acc += rmsnorm_dgain(dy[(size_t)n * C + i], x[(size_t)n * C + i], rstd[n]);
         dg[i] += acc;
     }
 }

@@ -111,7 +111,7 @@ def bench_torch_gpu(args, cfg, B, T, steps):
     mk = lambda *shape, std=0.02: (torch.randn(*shape, generator=g) * std).to(dev).requires_grad_(True)
     ones = lambda n: torch.ones(n, device=dev, requires_grad=True)
     wte = mk(V, C)
-    layers = [dict(attn_norm=ones(C), wqkv=mk((H + 2 * Hkv) * D, C), q_norm=ones(D), k_norm=ones(D),
+    layers = [dict(attn_norm=ones(C), wqkv=mk((H + 2 * Hkv) * D, C), q_gain=ones(D), k_gain=ones(D),
                    wo=mk(C, H * D, std=0.02 / math.sqrt(2 * L)), mlp_norm=ones(C), w13=mk(2 * Fd, C),
                    w2=mk(C, Fd, std=0.02 / math.sqrt(2 * L))) for _ in range(L)]
     final_norm = ones(C)
@@ -132,8 +132,8 @@ def bench_torch_gpu(args, cfg, B, T, steps):
         for p in layers:
             h = norm(x, p["attn_norm"])
             q, k, v = (h @ p["wqkv"].T).split([H * D, Hkv * D, Hkv * D], dim=-1)
-            q = norm(q.view(B, T, H, D), p["q_norm"]).transpose(1, 2)
-            k = norm(k.view(B, T, Hkv, D), p["k_norm"]).transpose(1, 2)
+            q = norm(q.view(B, T, H, D), p["q_gain"]).transpose(1, 2)
+            k = norm(k.view(B, T, Hkv, D), p["k_gain"]).transpose(1, 2)
             v = v.view(B, T, Hkv, D).transpose(1, 2)
             y = F.scaled_dot_product_attention(rope(q).to(v.dtype), rope(k).to(v.dtype), v, is_causal=True,
                                                enable_gqa=Hkv != H)
