@@ -58,9 +58,10 @@ struct GpuModel {
     bf16* params_bf16;                        // what the forward and backward passes read
     float *rope_cos, *rope_sin;               // [max_seq_len, D/2]
     Activations<bf16> acts;                   // the table of activations.h
-    // Kernel workspaces: partial gain gradients, the telemetry buffer and its partial sums
+    // Kernel workspaces: partial gain gradients, the telemetry buffers and their partial sums
     // (telemetry.cuh), the inputs, the gradient norm, and the AdamW segments.
     float *dgain_scratch, *stats, *stats_partial;
+    double* grams;
     TelemetryLayout stats_layout;
     int *tokens, *targets, *buckets;
     double* norm_partial;
@@ -70,6 +71,7 @@ struct GpuModel {
     // On the host: pinned buffers the device copies into, the statistics' host share (effective
     // ranks) running beside the backward pass, and the host copy of the weights and AdamW state.
     float *stats_host = nullptr, *losses_host = nullptr;
+    double* grams_host = nullptr;
     std::future<void> stats_done;
     TokenBuckets host_buckets;
     std::vector<float> host_params, host_adam_m, host_adam_v;
@@ -104,6 +106,7 @@ static void gpu_carve(GpuModel& g, Arena& a) {
     g.dgain_scratch = a.take<float>(std::max((size_t)rmsnorm_backward_blocks((int)N) * c.d_model,
                                              (size_t)qk_norm_rope_backward_blocks((int)N, (int)NH) * 2 * D));
     g.stats = a.take<float>(g.stats_layout.total);
+    g.grams = a.take<double>(g.stats_layout.gram_doubles);
     g.stats_partial = a.take<float>(telemetry_partial_floats((int)N, c));
     g.tokens = a.take<int>(N);
     g.targets = a.take<int>(N);
@@ -150,6 +153,7 @@ static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T) 
     cudaCheck(cudaMemcpy(g.rope_sin, sn.data(), sn.size() * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(g.segments, segments.data(), segments.size() * sizeof(ParamSegment), cudaMemcpyHostToDevice));
     cudaCheck(cudaMallocHost(&g.stats_host, g.stats_layout.total * sizeof(float)));
+    cudaCheck(cudaMallocHost(&g.grams_host, g.stats_layout.gram_doubles * sizeof(double)));
     cudaCheck(cudaMallocHost(&g.losses_host, (size_t)max_B * max_T * sizeof(float)));
     g.host_params.assign(g.P, 0.0f);
     g.host_adam_m.assign(g.P, 0.0f);
@@ -163,11 +167,13 @@ static void model_free(GpuModel& g) {
     cudaCheck(cudaStreamSynchronize(g.stream));
     cudaCheck(cudaFree(g.memory));
     cudaCheck(cudaFreeHost(g.stats_host));
+    cudaCheck(cudaFreeHost(g.grams_host));
     cudaCheck(cudaFreeHost(g.losses_host));
     matmul_free(g.mm);
     cudaCheck(cudaStreamDestroy(g.stream));
     g.memory = nullptr;
     g.stats_host = g.losses_host = nullptr;
+    g.grams_host = nullptr;
 }
 
 // The host copy of the weights and AdamW state; model_upload makes the device use it,
@@ -217,7 +223,7 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
                              gpu_param(g, P_K_GAIN, l), g.rope_cos, g.rope_sin, N, T, H, Hkv, D, c.norm_eps, s);
         attention_forward(la.atty, la.att_lse, tm ? la.row_stats : nullptr, la.qk_rope, la.qkv, B, T, H, Hkv, D, s);
         if (tm)
-            telemetry_layer(g.stats, g.stats_layout, g.stats_partial, g.mm, la.qk_normed, la.row_stats,
+            telemetry_layer(g.stats, g.grams, g.stats_layout, g.stats_partial, a.keys_f64, g.mm, la.qk_normed, la.row_stats,
                             gpu_param_f32(g, P_Q_GAIN, l), gpu_param_f32(g, P_K_GAIN, l), B, T, c, l, s);
         matmul_forward(g.mm, la.res_attn, la.atty, gpu_param(g, P_WO, l), x, N, C, C, s);  // + residual
         rmsnorm_forward(la.ln2, la.ln2_rstd, la.res_attn, gpu_param(g, P_MLP_NORM, l), N, C, c.norm_eps, s);
@@ -230,6 +236,7 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
     matmul_forward(g.mm, a.logits, a.lnf, gpu_param(g, P_WTE), nullptr, N, C, c.vocab_size, s, g.Vp);
     if (tm) {
         cudaCheck(cudaMemcpyAsync(g.stats_host, g.stats, g.stats_layout.total * sizeof(float), cudaMemcpyDeviceToHost, s));
+        cudaCheck(cudaMemcpyAsync(g.grams_host, g.grams, g.stats_layout.gram_doubles * sizeof(double), cudaMemcpyDeviceToHost, s));
     }
     float mean = 0.0f;
     if (targets) {
@@ -239,7 +246,9 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
     cudaCheck(cudaStreamSynchronize(s));
     // The effective ranks need an eigenvalue problem per layer and key head on the host: it runs
     // beside the GPU's backward pass; model_wait_stats waits for it.
-    if (tm) g.stats_done = std::async(std::launch::async, [&g, tm] { telemetry_finish(*tm, g.stats_host, g.stats_layout, g.cfg); });
+    if (tm)
+        g.stats_done = std::async(std::launch::async,
+                                  [&g, tm] { telemetry_finish(*tm, g.stats_host, g.grams_host, g.stats_layout, g.cfg); });
     if (targets) {
         double sum = 0;
         for (int n = 0; n < N; n++) sum += g.losses_host[n];
@@ -620,6 +629,9 @@ static int train(Model& m, Run& r) {
     load_weights(m, r, &start_step, &data_position);
     std::string log_path;
     RunLog log = open_run_log(r, &log_path);
+    if (!o.init_ckpt.empty())  // a new run from another run's weights: say whose
+        runlog_note(log, 0, strprintf("started from the weights of %s, trained for %lld steps (this log's steps count from "
+                                      "0 at that point)", o.init_ckpt.c_str(), (long long)checkpoint_read_header(o.init_ckpt).step));
     print_run_summary(r);
 
     AdamWSettings opt;

@@ -4,8 +4,8 @@
 // of one layer's worth in the model's letters, and what it holds. Both backends allocate the
 // whole table as one block and point the named fields into it. Adding an activation is one line.
 //
-// Letters: B batch, T sequence, N = B*T token rows, L layers, C d_model, H query heads,
-// NH = H + Hkv query and key heads, D head width, QKV = (H + 2 Hkv) D, F SwiGLU width, Vp the
+// Letters: B batch, T sequence, N = B*T token rows, L layers, C d_model, H query heads, Hkv key
+// heads, NH = H + Hkv query and key heads, D head width, QKV = (H + 2 Hkv) D, F SwiGLU width, Vp the
 // logits' row stride (V on the CPU; V rounded up to 128 on the GPU).
 // Types: act_t is float on the CPU and bf16 on the GPU; float is float on both.
 #pragma once
@@ -35,7 +35,8 @@
     X(logit_lse, float, CPU, 1, (N), "log-sum-exp of each logits row (the GPU's classifier fuses it)")                 \
     X(losses, float, BOTH, 1, (N), "cross-entropy of each position")                                                   \
     /* telemetry, one layer at a time, on stats steps */                                                               \
-    X(qk_normed, act_t, BOTH, 1, (N, NH, D), "queries and keys after the norm and gain, before RoPE")                   \
+    X(qk_normed, float, BOTH, 1, (N, NH, D), "queries and keys after the norm and gain, before RoPE")                   \
+    X(keys_f64, double, BOTH, 1, (Hkv, N, D + 1), "each key head's keys in float64, and a 1 (for the key sums)")   \
     X(row_stats, float, BOTH, 1, (ATTN_NUM_ROW_STATS, B, H, T), "each attention row's statistics (AttentionRowStat)")  \
     /* gradients of activations, one layer at a time */                                                                \
     X(dres, act_t, BOTH, 1, (N, C), "gradient flowing down the residual stream")                                       \
@@ -58,12 +59,12 @@ struct Activations {
 
 // The sizes the letters stand for, for a micro-batch of B x T.
 struct ActivationDims {
-    size_t B, T, N, L, C, H, NH, D, QKV, F, Vp;
+    size_t B, T, N, L, C, H, Hkv, NH, D, QKV, F, Vp;
 };
 
 inline ActivationDims activation_dims(const ModelConfig& c, int B, int T, int Vp) {
-    size_t H = c.n_head, NH = H + c.n_kv_head;
-    return {(size_t)B, (size_t)T, (size_t)B * T, (size_t)c.n_layer, (size_t)c.d_model, H, NH, (size_t)c.head_dim,
+    size_t H = c.n_head, Hkv = c.n_kv_head;
+    return {(size_t)B, (size_t)T, (size_t)B * T, (size_t)c.n_layer, (size_t)c.d_model, H, Hkv, H + Hkv, (size_t)c.head_dim,
             (size_t)c.qkv_dim(), (size_t)c.d_ff, (size_t)Vp};
 }
 
@@ -88,8 +89,8 @@ constexpr size_t shape_numel(Dims... dims) {
 }
 
 #define ACTIVATION_LETTERS(d)                                                                                \
-    [[maybe_unused]] size_t B = d.B, T = d.T, N = d.N, L = d.L, C = d.C, H = d.H, NH = d.NH, D = d.D, QKV = d.QKV, \
-                            F = d.F, Vp = d.Vp
+    [[maybe_unused]] size_t B = d.B, T = d.T, N = d.N, L = d.L, C = d.C, H = d.H, Hkv = d.Hkv, NH = d.NH, D = d.D, \
+                            QKV = d.QKV, F = d.F, Vp = d.Vp
 
 // Points every buffer of the table that `backend` has into the arena, sized for the dims of the
 // largest micro-batch.

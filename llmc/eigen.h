@@ -103,9 +103,9 @@ inline double effective_rank_from_gram_eigenvalues(const double* eig, int n) {
     return exp(h);
 }
 
-// Effective rank of a keys matrix K from its D x D Gram matrix K^T K (float, as the backends
-// accumulate it); NaN if the eigenvalue iteration fails.
-inline float effective_rank_of_gram(const float* gram, int D) {
+// Effective rank of a keys matrix K from its D x D Gram matrix K^T K (float64, symmetric; a
+// scratch copy is made); NaN if the eigenvalue iteration fails.
+inline double effective_rank_of_gram(const double* gram, int D) {
     std::vector<double> a(gram, gram + (size_t)D * D), eig(D);
-    return symmetric_eigenvalues(a.data(), D, eig.data()) ? (float)effective_rank_from_gram_eigenvalues(eig.data(), D) : NAN;
+    return symmetric_eigenvalues(a.data(), D, eig.data()) ? effective_rank_from_gram_eigenvalues(eig.data(), D) : NAN;
 }

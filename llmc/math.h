@@ -104,6 +104,18 @@ HD double mean_pairwise_cosine(double sum_norm_sq, double n) {
     return n > 1.0 ? (sum_norm_sq - n) / (n * (n - 1.0)) : 0.0;
 }
 
+// Share of the keys' energy in their common direction, ||mean_n k_n||^2 / mean_n ||k_n||^2, from
+// the squared norm of the key sum s = sum_n k_n and the sum of the squared key norms:
+// ||s||^2 / (N sum_n ||k_n||^2). 1 when every key is the same vector; 1/N for orthogonal keys of
+// equal norm.
+HD double mean_share(double key_sum_norm_sq, double sum_norm_sq, double n) {
+    return sum_norm_sq > 0.0 ? key_sum_norm_sq / (n * sum_norm_sq) : 0.0;
+}
+
+// Entry (i, j) of the Gram matrix of the centred keys k_n - s / N, from the keys' Gram entry
+// g_ij = sum_n k_ni k_nj and the key sum s: sum_n (k_ni - s_i/N)(k_nj - s_j/N) = g_ij - s_i s_j / N.
+HD double centered_gram(double g_ij, double s_i, double s_j, double n) { return g_ij - s_i * s_j / n; }
+
 // Entropy of one softmax row from online-softmax accumulators taken relative to the row's
 // largest logit m: l = sum_j e^(s_j - m) and a = sum_j e^(s_j - m) (s_j - m). With
 // p_j = e^(s_j - m) / l, H = -sum p_j ln p_j = -sum p_j ((s_j - m) - ln l) = ln l - a / l.

@@ -6,6 +6,7 @@
 // out^T = W @ inp^T, i.e. column-major D[OC, N] = op_T(W as [IC, OC]) x inp as [IC, N].
 #pragma once
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <map>
 #include <array>
@@ -24,6 +25,7 @@ typedef std::array<int, 15> MatmulKey;
 
 struct Matmul {
     cublasLtHandle_t handle = nullptr;
+    cublasHandle_t blas = nullptr;  // classic cuBLAS, for the float64 products of the telemetry
     void* workspace = nullptr;
     size_t workspace_bytes = 32u << 20;
     // The heuristic's choice for each problem shape, asked once: the same shape then always runs
@@ -41,12 +43,14 @@ inline uint32_t pointer_alignment(const void* p) {
 
 inline void matmul_init(Matmul& mm) {
     cublasCheck(cublasLtCreate(&mm.handle));
+    cublasCheck(cublasCreate(&mm.blas));
     cudaCheck(cudaMalloc(&mm.workspace, mm.workspace_bytes));
 }
 
 inline void matmul_free(Matmul& mm) {
     cudaCheck(cudaFree(mm.workspace));
     cublasCheck(cublasLtDestroy(mm.handle));
+    cublasCheck(cublasDestroy(mm.blas));
 }
 
 // Column-major D[m, n] = op(A) op(B) (+ C when c != nullptr; C and D may differ), batched over

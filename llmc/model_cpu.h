@@ -359,14 +359,18 @@ inline void crossentropy_backward_inplace(float* logits, const float* row_lse, c
 }
 
 // ---------------------------------------------------------------------------------------------
-// Key statistics of one layer from the post-k_norm, pre-RoPE keys (telemetry.md). The per-key
-// sums run in double precision over the N = B*T keys; the Gram matrix K^T K behind the effective
-// rank is one BLAS product. Heads in parallel.
-inline void key_statistics(Telemetry& tm, int layer, const float* qk_normed, int N, const ModelConfig& c) {
-    int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, NH = H + Hkv;
+// Key statistics of one layer from the post-norm, pre-RoPE keys (telemetry.md). The per-key sums
+// run in double precision over the N = B*T keys. The effective ranks and the mean share come from
+// each head's augmented Gram matrix [K 1]^T [K 1] (telemetry.h), one float64 BLAS product over a
+// float64 copy of the keys (keys_f64: Hkv x N x (D+1)): products of float32 keys are exact in
+// float64, so only the float64 sums round. Heads in parallel.
+inline void key_statistics(Telemetry& tm, int layer, const float* qk_normed, double* keys_f64, int N,
+                           const ModelConfig& c) {
+    int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, NH = H + Hkv, W = D + 1;
 #pragma omp parallel for schedule(dynamic)
     for (int kvh = 0; kvh < Hkv; kvh++) {
         const float* keys = qk_normed + (size_t)(H + kvh) * D;  // row n at keys + n * NH * D
+        double* aug = keys_f64 + (size_t)kvh * N * W;
         double sum_norm = 0, sum_maxabs = 0, sum_pr = 0;
         std::vector<double> unit_sum(D, 0.0);
         for (int n = 0; n < N; n++) {
@@ -377,7 +381,9 @@ inline void key_statistics(Telemetry& tm, int layer, const float* qk_normed, int
                 sq += x2;
                 quad += x2 * x2;
                 mx = fmax(mx, fabs(x));
+                aug[(size_t)n * W + i] = x;
             }
+            aug[(size_t)n * W + D] = 1.0;
             double norm = sqrt(sq);
             sum_norm += norm;
             sum_maxabs += mx;
@@ -385,15 +391,18 @@ inline void key_statistics(Telemetry& tm, int layer, const float* qk_normed, int
             if (norm > 0)
                 for (int i = 0; i < D; i++) unit_sum[i] += k[i] / norm;
         }
-        std::vector<float> gram((size_t)D * D);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, D, N, 1.0f, keys, NH * D, keys, NH * D, 0.0f, gram.data(), D);
+        std::vector<double> gram((size_t)W * W);
+        cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, W, W, N, 1.0, aug, W, aug, W, 0.0, gram.data(), W);
+        KeyGramStatistics g = key_gram_statistics(gram.data(), D);
         double us2 = 0;
         for (int i = 0; i < D; i++) us2 += unit_sum[i] * unit_sum[i];
         tm.row(M_K_NORM, layer, c)[kvh] = (float)(sum_norm / N);
         tm.row(M_K_MAXABS, layer, c)[kvh] = (float)(sum_maxabs / N);
         tm.row(M_K_PR, layer, c)[kvh] = (float)(sum_pr / N);
         tm.row(M_K_COS, layer, c)[kvh] = (float)mean_pairwise_cosine(us2, (double)N);
-        tm.row(M_K_ERANK, layer, c)[kvh] = effective_rank_of_gram(gram.data(), D);
+        tm.row(M_K_ERANK, layer, c)[kvh] = (float)g.erank;
+        tm.row(M_K_MEAN_SHARE, layer, c)[kvh] = (float)g.mean_share;
+        tm.row(M_K_ERANK_CENTERED, layer, c)[kvh] = (float)g.erank_centered;
     }
 }
 
@@ -455,7 +464,7 @@ inline float model_forward(CpuModel& m, const int* tokens, const int* targets, i
                              param_ptr(m, P_K_GAIN, l), m.rope_cos.data(), m.rope_sin.data(), B, T, c);
         attention_forward(la.atty, la.att_lse, stats ? la.row_stats : nullptr, la.qk_rope, la.qkv, B, T, c);
         if (stats) {
-            key_statistics(*stats, l, la.qk_normed, N, c);
+            key_statistics(*stats, l, la.qk_normed, a.keys_f64, N, c);
             query_attention_statistics(*stats, l, la.qk_normed, la.row_stats, B, T, c);
             memcpy(stats->row(M_G_Q, l, c), param_ptr(m, P_Q_GAIN, l), c.head_dim * sizeof(float));
             memcpy(stats->row(M_G_K, l, c), param_ptr(m, P_K_GAIN, l), c.head_dim * sizeof(float));

@@ -1,15 +1,16 @@
 // Per-head RMSNorm of the queries and keys with their gains ("QK-norm"), then RoPE. One warp per
 // (token, head); lane i holds the RoPE pairs (i, i + D/2), (i + 32, i + 32 + D/2), ...
-// On stats steps the forward pass also writes the normalised vectors before RoPE: the keys at the
-// point the telemetry of telemetry.md measures.
+// On stats steps the forward pass also writes the normalised vectors before RoPE, in float32: the
+// keys at the point the telemetry of telemetry.md measures, without a bf16 rounding.
 #pragma once
 #include "cuda_common.cuh"
 #include "math.h"
 #include "rmsnorm.cuh"  // column_sum
 
 // qkv [N, QKV] raw projections (queries, keys, values); heads 0..H-1 are queries, H..H+Hkv-1 keys.
-// Writes qk_rope [N, NH, D], qk_rstd [N, NH] and, when qk_normed is non-null, qk_normed [N, NH, D].
-__global__ void qk_norm_rope_forward_kernel(bf16* qk_rope, bf16* qk_normed, float* qk_rstd, const bf16* qkv,
+// Writes qk_rope [N, NH, D], qk_rstd [N, NH] and, when qk_normed is non-null, qk_normed [N, NH, D]
+// (float32).
+__global__ void qk_norm_rope_forward_kernel(bf16* qk_rope, float* qk_normed, float* qk_rstd, const bf16* qkv,
                                             const bf16* g_q, const bf16* g_k, const float* rope_cos,
                                             const float* rope_sin, int N, int T, int H, int NH, int D, int QKV,
                                             float eps) {
@@ -30,8 +31,8 @@ __global__ void qk_norm_rope_forward_kernel(bf16* qk_rope, bf16* qk_normed, floa
         float y0 = rmsnorm_out(__bfloat162float(x[i]), r, __bfloat162float(g[i]));
         float y1 = rmsnorm_out(__bfloat162float(x[i + half]), r, __bfloat162float(g[i + half]));
         if (qk_normed) {
-            qk_normed[(size_t)item * D + i] = __float2bfloat16(y0);
-            qk_normed[(size_t)item * D + i + half] = __float2bfloat16(y1);
+            qk_normed[(size_t)item * D + i] = y0;
+            qk_normed[(size_t)item * D + i + half] = y1;
         }
         float z0, z1;
         rope_rotate(y0, y1, rope_cos[t * half + i], rope_sin[t * half + i], &z0, &z1);
@@ -40,7 +41,7 @@ __global__ void qk_norm_rope_forward_kernel(bf16* qk_rope, bf16* qk_normed, floa
     }
 }
 
-inline void qk_norm_rope_forward(bf16* qk_rope, bf16* qk_normed, float* qk_rstd, const bf16* qkv, const bf16* g_q,
+inline void qk_norm_rope_forward(bf16* qk_rope, float* qk_normed, float* qk_rstd, const bf16* qkv, const bf16* g_q,
                                  const bf16* g_k, const float* rope_cos, const float* rope_sin, int N, int T, int H,
                                  int Hkv, int D, float eps, cudaStream_t s) {
     const int warps = 8;

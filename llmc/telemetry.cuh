@@ -1,12 +1,13 @@
 // Telemetry kernels: on a stats step they reduce, per layer and head, the statistics of
-// telemetry.md from the post-k_norm (and post-q_norm) vectors the forward pass wrote and from the
-// per-row accumulators of the attention kernel. Every reduction runs in a fixed order (no
-// atomics), so a stats step gives the same bits every run. The results stay on the device until
-// the end of the forward pass, which copies the whole buffer to the host once.
+// telemetry.md from the post-norm, pre-RoPE queries and keys the forward pass wrote in float32 and
+// from the per-row accumulators of the attention kernel. Every reduction runs in a fixed order
+// (no atomics), so a stats step gives the same bits every run. The results stay on the device
+// until the end of the forward pass, which copies them to the host once.
 //
-// Device buffer layout (floats): each metric of telemetry.h in table order as [L][cols], then
-// the Gram matrices K^T K of every layer and key head, [L][Hkv][D][D]. The host turns the Gram
-// matrices into effective ranks (an eigenvalue problem of size D, eigen.h).
+// Device buffers: `stats` (floats) holds each metric of telemetry.h in table order as [L][cols];
+// `grams` (doubles) the augmented Gram matrices [K 1]^T [K 1] of every layer and key head,
+// [L][Hkv][D+1][D+1], accumulated in float64 from float64 copies of the float32 keys. The host
+// turns each into the effective ranks and the mean share (key_gram_statistics, telemetry.h).
 #pragma once
 #include "config.h"
 #include "eigen.h"
@@ -17,7 +18,8 @@
 
 struct TelemetryLayout {
     size_t offset[M_NUM_METRICS];
-    size_t gram_offset, total;
+    size_t total;         // floats in `stats`
+    size_t gram_doubles;  // doubles in `grams`
 };
 
 inline TelemetryLayout telemetry_layout(const ModelConfig& c) {
@@ -27,8 +29,9 @@ inline TelemetryLayout telemetry_layout(const ModelConfig& c) {
         t.offset[m] = off;
         off += (size_t)c.n_layer * metric_cols(c, kMetrics[m].shape);
     }
-    t.gram_offset = (off + 63) / 64 * 64;  // 256-byte aligned: the Gram matrices are a cuBLAS output
-    t.total = t.gram_offset + (size_t)c.n_layer * c.n_kv_head * c.head_dim * c.head_dim;
+    t.total = off;
+    size_t W = c.head_dim + 1;
+    t.gram_doubles = (size_t)c.n_layer * c.n_kv_head * W * W;
     return t;
 }
 
@@ -49,7 +52,7 @@ __host__ __device__ inline int head_record_floats(int D) { return kHeadRowSumFlo
 
 // Per head h and block of rows: the HeadRowSums and unit-vector sum of its rows, written as
 // partial[(h * chunks + chunk) * head_record_floats(D) + ...]. Heads 0..H-1 are queries.
-__global__ void head_row_stats_kernel(float* partial, const bf16* qk_normed, int N, int H, int NH, int D) {
+__global__ void head_row_stats_kernel(float* partial, const float* qk_normed, int N, int H, int NH, int D) {
     extern __shared__ float smem[];  // [warps][record]
     int h = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y, record = head_record_floats(D);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
@@ -61,10 +64,10 @@ __global__ void head_row_stats_kernel(float* partial, const bf16* qk_normed, int
     __syncwarp();  // lanes below add into entries other lanes zeroed
     int first = chunk * kStatRowsPerBlock, last = min(N, first + kStatRowsPerBlock);
     for (int n = first + warp; n < last; n += warps) {
-        const bf16* x = qk_normed + ((size_t)n * NH + h) * D;
+        const float* x = qk_normed + ((size_t)n * NH + h) * D;
         float sq = 0.0f, quad = 0.0f, mx = 0.0f;
         for (int i = lane; i < D; i += 32) {
-            float v = __bfloat162float(x[i]), v2 = v * v;
+            float v = x[i], v2 = v * v;
             sq += v2;
             quad += v2 * v2;
             mx = fmaxf(mx, fabsf(v));
@@ -80,7 +83,7 @@ __global__ void head_row_stats_kernel(float* partial, const bf16* qk_normed, int
             sums->pr += (float)participation_ratio(sq, quad);
         }
         if (norm > 0.0f)
-            for (int i = lane; i < D; i += 32) unit_sum[i] += __bfloat162float(x[i]) / norm;
+            for (int i = lane; i < D; i += 32) unit_sum[i] += x[i] / norm;
     }
     __syncthreads();
     for (int i = threadIdx.x; i < record; i += blockDim.x) {
@@ -157,12 +160,23 @@ inline int telemetry_partial_floats(int N, const ModelConfig& c) {
     return (c.n_head + c.n_kv_head) * ceil_div(N, kStatRowsPerBlock) * head_record_floats(c.head_dim);
 }
 
-// Every statistic of one layer into the device stats buffer. qk_normed [N, NH, D] (post-norm,
-// pre-RoPE), row_stats from the attention forward pass, g_q and g_k the layer's float gains.
-inline void telemetry_layer(float* stats, const TelemetryLayout& lay, float* partial, Matmul& mm, const bf16* qk_normed,
-                            const float* row_stats, const float* g_q, const float* g_k, int B, int T,
-                            const ModelConfig& c, int layer, cudaStream_t s) {
-    int N = B * T, H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, NH = H + Hkv;
+// The key heads' keys as float64 rows with a trailing 1, keys_f64 [Hkv][N][D+1]: the augmented
+// matrices whose Gram products give K^T K and the key sums in one float64 product.
+__global__ void keys_to_f64_kernel(double* keys_f64, const float* qk_normed, int N, int H, int Hkv, int D) {
+    long long W = D + 1, total = (long long)Hkv * N * W;
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += (long long)gridDim.x * blockDim.x) {
+        long long h = idx / ((long long)N * W), rem = idx % ((long long)N * W), n = rem / W, i = rem % W;
+        keys_f64[idx] = i < D ? (double)qk_normed[(n * (H + Hkv) + H + h) * D + i] : 1.0;
+    }
+}
+
+// Every statistic of one layer into the device buffers. qk_normed [N, NH, D] (post-norm,
+// pre-RoPE, float32), row_stats from the attention forward pass, g_q and g_k the layer's float
+// gains; partial and keys_f64 are scratch (telemetry_partial_floats, Hkv * N * (D+1) doubles).
+inline void telemetry_layer(float* stats, double* grams, const TelemetryLayout& lay, float* partial, double* keys_f64,
+                            Matmul& mm, const float* qk_normed, const float* row_stats, const float* g_q,
+                            const float* g_k, int B, int T, const ModelConfig& c, int layer, cudaStream_t s) {
+    int N = B * T, H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, NH = H + Hkv, W = D + 1;
     int chunks = ceil_div(N, kStatRowsPerBlock);
     size_t smem = (size_t)kStatWarps * head_record_floats(D) * sizeof(float);
     head_row_stats_kernel<<<dim3(NH, chunks), kStatWarps * 32, smem, s>>>(partial, qk_normed, N, H, NH, D);
@@ -171,23 +185,32 @@ inline void telemetry_layer(float* stats, const TelemetryLayout& lay, float* par
     cuda_check_launch();
     attention_stats_finish_kernel<<<H, 256, 0, s>>>(stats, lay, row_stats, B, T, H, layer);
     cuda_check_launch();
-    // Gram matrices K_h^T K_h of the key heads: K_h is [N, D] with rows NH * D apart; seen
-    // column-major it is [D, N] with leading dimension NH * D, so G = K^T K is A A^T.
-    const bf16* keys = qk_normed + (size_t)H * D;
-    matmul_lt(mm, stats + lay.gram_offset + (size_t)layer * Hkv * D * D, keys, keys, nullptr, D, D, N, false, true,
-              NH * D, NH * D, D, true, s, Hkv, D, D, (long long)D * D);
+    // Augmented Gram matrices, one per key head: head h's rows [N][W] seen column-major are a
+    // W x N matrix A (leading dimension W), and G = A A^T.
+    keys_to_f64_kernel<<<std::min(ceil_div((long long)Hkv * N * W, 256), 4096), 256, 0, s>>>(keys_f64, qk_normed, N, H, Hkv, D);
+    cuda_check_launch();
+    const double one = 1.0, zero = 0.0;
+    cublasCheck(cublasSetStream(mm.blas, s));
+    cublasCheck(cublasDgemmStridedBatched(mm.blas, CUBLAS_OP_N, CUBLAS_OP_T, W, W, N, &one, keys_f64, W, (long long)N * W,
+                                          keys_f64, W, (long long)N * W, &zero, grams + (size_t)layer * Hkv * W * W, W,
+                                          (long long)W * W, Hkv));
     cudaCheck(cudaMemcpyAsync(stats + lay.offset[M_G_Q] + (size_t)layer * D, g_q, D * sizeof(float), cudaMemcpyDeviceToDevice, s));
     cudaCheck(cudaMemcpyAsync(stats + lay.offset[M_G_K] + (size_t)layer * D, g_k, D * sizeof(float), cudaMemcpyDeviceToDevice, s));
 }
 
-// Host side: copies the metrics out of the buffer (already on the host) and turns each Gram
-// matrix into an effective rank.
-inline void telemetry_finish(Telemetry& tm, const float* host_stats, const TelemetryLayout& lay, const ModelConfig& c) {
+// Host side: copies the metrics out of the buffers (already on the host) and finishes the
+// statistics of each key head's Gram matrix.
+inline void telemetry_finish(Telemetry& tm, const float* host_stats, const double* host_grams, const TelemetryLayout& lay,
+                             const ModelConfig& c) {
     tm.resize(c);
     for (int m = 0; m < M_NUM_METRICS; m++)
-        if (m != M_K_ERANK) std::copy(host_stats + lay.offset[m], host_stats + lay.offset[m] + tm.values[m].size(), tm.values[m].begin());
-    int D = c.head_dim, heads = c.n_layer * c.n_kv_head;
+        std::copy(host_stats + lay.offset[m], host_stats + lay.offset[m] + tm.values[m].size(), tm.values[m].begin());
+    int W = c.head_dim + 1, heads = c.n_layer * c.n_kv_head;  // [L][Hkv], as the per-kv-head metrics
 #pragma omp parallel for schedule(dynamic)
-    for (int k = 0; k < heads; k++)
-        tm.values[M_K_ERANK][k] = effective_rank_of_gram(host_stats + lay.gram_offset + (size_t)k * D * D, D);
+    for (int k = 0; k < heads; k++) {
+        KeyGramStatistics g = key_gram_statistics(host_grams + (size_t)k * W * W, c.head_dim);
+        tm.values[M_K_ERANK][k] = (float)g.erank;
+        tm.values[M_K_MEAN_SHARE][k] = (float)g.mean_share;
+        tm.values[M_K_ERANK_CENTERED][k] = (float)g.erank_centered;
+    }
 }

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 #include "config.h"
+#include "eigen.h"
+#include "math.h"
 
 enum MetricShape {
     PER_KV_HEAD,  // [n_layer][n_kv_head]
@@ -13,7 +15,7 @@ enum MetricShape {
 };
 
 enum MetricId {
-    M_K_NORM, M_K_MAXABS, M_K_PR, M_K_COS, M_K_ERANK,
+    M_K_NORM, M_K_MAXABS, M_K_PR, M_K_COS, M_K_ERANK, M_K_MEAN_SHARE, M_K_ERANK_CENTERED,
     M_Q_NORM, M_ATTN_ENTROPY, M_ATTN_SINK, M_ATTN_MAXP, M_ATTN_LOGIT_MAX,
     M_G_Q, M_G_K,
     M_NUM_METRICS
@@ -32,6 +34,8 @@ static constexpr MetricInfo kMetrics[] = {
     {M_K_PR, "k_pr", PER_KV_HEAD, "mean participation ratio (sum k^2)^2 / sum k^4, 1..head_dim"},
     {M_K_COS, "k_cos", PER_KV_HEAD, "mean cosine similarity over all pairs of distinct keys"},
     {M_K_ERANK, "k_erank", PER_KV_HEAD, "effective rank (Roy & Vetterli) of the keys x head_dim matrix"},
+    {M_K_MEAN_SHARE, "k_mean_share", PER_KV_HEAD, "||mean key||^2 / mean ||key||^2: the share of key energy in the common direction"},
+    {M_K_ERANK_CENTERED, "k_erank_centered", PER_KV_HEAD, "effective rank of the keys minus their mean"},
     {M_Q_NORM, "q_norm", PER_Q_HEAD, "mean L2 norm of the queries after the q norm and its gain, before RoPE"},
     {M_ATTN_ENTROPY, "attn_entropy", PER_Q_HEAD, "mean entropy of an attention row, nats"},
     {M_ATTN_SINK, "attn_sink", PER_Q_HEAD, "mean attention probability on the first position"},
@@ -81,3 +85,27 @@ struct Telemetry {
         return values[m].data() + (size_t)layer * metric_cols(c, kMetrics[m].shape);
     }
 };
+
+// The key statistics that come from a key head's augmented Gram matrix G = A^T A, where A = [K 1]
+// is the N x (D+1) matrix of its keys with a column of ones: the top-left D x D block is K^T K,
+// the last row the key sum s = sum_n k_n, the corner N. Both backends accumulate G in float64
+// (row-major, (D+1) x (D+1); only the upper triangle is read) and finish here.
+struct KeyGramStatistics {
+    double erank, erank_centered, mean_share;
+};
+
+inline KeyGramStatistics key_gram_statistics(const double* gram_aug, int D) {
+    int W = D + 1;
+    auto g = [&](int i, int j) { return i <= j ? gram_aug[(size_t)i * W + j] : gram_aug[(size_t)j * W + i]; };
+    double n = g(D, D), s_sq = 0.0, trace = 0.0;
+    std::vector<double> gram((size_t)D * D), centered((size_t)D * D);
+    for (int i = 0; i < D; i++) {
+        s_sq += g(i, D) * g(i, D);
+        trace += g(i, i);
+        for (int j = 0; j < D; j++) {
+            gram[(size_t)i * D + j] = g(i, j);
+            centered[(size_t)i * D + j] = centered_gram(g(i, j), g(i, D), g(j, D), n);
+        }
+    }
+    return {effective_rank_of_gram(gram.data(), D), effective_rank_of_gram(centered.data(), D), mean_share(s_sq, trace, n)};
+}

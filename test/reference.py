@@ -9,7 +9,9 @@ from the full N x N matrix, the effective rank from an SVD). It runs on PyTorch 
 builds a small configuration from a seed, writes its weights as a checkpoint (DIR/model.ckpt,
 the format of llmc/checkpoint.h) and a debug state (DIR/debug_state.bin, the format of
 test/tensorfile.h): the batch, the logits, the loss, every gradient, every statistic, and the
-losses and final parameters of a few AdamW steps. The C++ and CUDA tests compare against it.
+losses and final parameters of a few AdamW steps. Then the same for a trained state whose deeper
+layers' keys are close to low rank (DIR/trained.ckpt, DIR/debug_trained.bin; no AdamW steps).
+The C++ and CUDA tests compare against both.
 """
 import argparse
 import math
@@ -128,8 +130,20 @@ def forward(p, c, tokens, targets, taps=None):
 # ------------------------------------------------------------------------------------------------
 # Statistics, straight from telemetry.md's definitions, in float64
 
+KEY_STATISTICS = ["k_norm", "k_maxabs", "k_pr", "k_cos", "k_erank", "k_mean_share", "k_erank_centered"]
+
+
+def effective_rank(M):
+    """Roy & Vetterli's effective rank of a matrix, from its singular values (an SVD of M itself,
+    not of a Gram matrix)."""
+    sv = torch.linalg.svdvals(M)
+    prob = sv / sv.sum()
+    prob = prob[prob > 0]
+    return torch.exp(-(prob * prob.log()).sum()).item()
+
+
 def key_statistics(K):
-    """K: [N, D] keys of one head. Returns k_norm, k_maxabs, k_pr, k_cos, k_erank."""
+    """K: [N, D] keys of one head. Returns the KEY_STATISTICS, in that order."""
     K = K.double()
     N = K.shape[0]
     norms = K.norm(dim=1)
@@ -138,11 +152,10 @@ def key_statistics(K):
     U = K / norms[:, None]
     cos = U @ U.T  # every pair, the diagonal excluded below
     k_cos = (cos.sum() - cos.diagonal().sum()) / (N * (N - 1))
-    sv = torch.linalg.svdvals(K)
-    prob = sv / sv.sum()
-    prob = prob[prob > 0]
-    erank = torch.exp(-(prob * prob.log()).sum())
-    return [norms.mean().item(), K.abs().max(1).values.mean().item(), pr.mean().item(), k_cos.item(), erank.item()]
+    mean = K.mean(0)
+    mean_share = mean.pow(2).sum() / sq.mean()
+    return [norms.mean().item(), K.abs().max(1).values.mean().item(), pr.mean().item(), k_cos.item(), effective_rank(K),
+            mean_share.item(), effective_rank(K - mean)]
 
 
 def attention_statistics(qr, kr, c):
@@ -169,7 +182,7 @@ def attention_statistics(qr, kr, c):
 def telemetry(p, c, taps):
     """Every statistic of telemetry.md as float64 arrays [L, cols]."""
     L, H, Hkv = c.n_layer, c.n_head, c.n_kv_head
-    stats = {name: np.zeros((L, Hkv)) for name in ["k_norm", "k_maxabs", "k_pr", "k_cos", "k_erank"]}
+    stats = {name: np.zeros((L, Hkv)) for name in KEY_STATISTICS}
     stats.update({name: np.zeros((L, H)) for name in ["q_norm", "attn_entropy", "attn_sink", "attn_maxp", "attn_logit_max"]})
     stats["g_q"] = np.zeros((L, c.head_dim))
     stats["g_k"] = np.zeros((L, c.head_dim))
@@ -177,7 +190,7 @@ def telemetry(p, c, taps):
         t = taps[l]
         for h in range(Hkv):
             K = t["k"][:, :, h, :].reshape(-1, c.head_dim)
-            for name, value in zip(["k_norm", "k_maxabs", "k_pr", "k_cos", "k_erank"], key_statistics(K)):
+            for name, value in zip(KEY_STATISTICS, key_statistics(K)):
                 stats[name][l, h] = value
         att = attention_statistics(t["qr"], t["kr"], c)
         for h in range(H):
@@ -275,11 +288,48 @@ def write_tensorfile(path, tensors):
 
 # ------------------------------------------------------------------------------------------------
 
+def exact_state(params32, c, tokens, targets):
+    """One forward/backward in float64 from float32 weights: the exact answer the float32 backends
+    approximate. Returns (the float64 parameters, the tensors to write)."""
+    p = {n: t.double().requires_grad_(True) for n, t in params32.items()}
+    taps = {}
+    logits, loss = forward(p, c, tokens, targets, taps)
+    loss.backward()
+    grads = np.concatenate([p[n].grad.numpy().reshape(-1) for n, _ in tensor_shapes(c)])
+    tensors = [
+        ("config", np.array([getattr(c, f) for f in CONFIG_FIELDS], dtype="<i4")),
+        ("tokens", tokens.numpy().astype("<i4")),
+        ("targets", targets.numpy().astype("<i4")),
+        ("logits", logits.detach().numpy().astype("<f8")),
+        ("loss", np.array([loss.item()], dtype="<f8")),
+        ("grads", grads.astype("<f8")),
+    ]
+    tensors += [("stat." + name, value.astype("<f8")) for name, value in telemetry(p, c, taps).items()]
+    return p, tensors
+
+
+def adamw_steps(p, c, tokens, targets, steps, lr_of_step, weight_decay, clip):
+    """AdamW steps on float64 master weights; returns the losses and gradient norms of the steps."""
+    opt = make_optimizer(p, weight_decay)
+    losses, norms = [], []
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        _, step_loss = forward(p, c, tokens, targets)
+        step_loss.backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(list(p.values()), clip).item())
+        for group in opt.param_groups:
+            group["lr"] = lr_of_step(step)
+        opt.step()
+        losses.append(step_loss.item())
+    return losses, norms
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, help="directory for model.ckpt and debug_state.bin")
+    ap.add_argument("--out", required=True, help="directory for the checkpoints and debug states")
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--steps", type=int, default=10, help="AdamW steps whose losses are recorded")
+    ap.add_argument("--train-steps", type=int, default=20, help="AdamW steps (lr 1e-2) to the trained state")
     args = ap.parse_args()
     torch.manual_seed(args.seed)
     # Several layers, GQA on (4 query heads share 2 key/value heads), D = 64, a vocabulary that is
@@ -296,49 +346,36 @@ def main():
     noise = torch.rand(B, T + 1, generator=g) < 0.3
     seq[noise] = torch.randint(0, c.vocab_size, (int(noise.sum()),), generator=g)
     tokens, targets = seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
-
     os.makedirs(args.out, exist_ok=True)
+
+    # The initial state, and AdamW steps from it with the trainer's schedule.
     write_checkpoint(os.path.join(args.out, "model.ckpt"), c, params32)
-
-    # One forward/backward in float64 from the float32 weights: the exact answer the float32
-    # backends approximate.
-    p = {n: t.double().requires_grad_(True) for n, t in params32.items()}
-    taps = {}
-    logits, loss = forward(p, c, tokens, targets, taps)
-    loss.backward()
-    grads = np.concatenate([p[n].grad.numpy().reshape(-1) for n, _ in tensor_shapes(c)])
-    stats = telemetry(p, c, taps)
-
-    # AdamW steps, float64 master weights.
-    opt = make_optimizer(p, weight_decay)
-    losses, norms = [], []
-    for step in range(args.steps):
-        opt.zero_grad(set_to_none=True)
-        _, step_loss = forward(p, c, tokens, targets)
-        step_loss.backward()
-        norms.append(torch.nn.utils.clip_grad_norm_(list(p.values()), clip).item())
-        for group in opt.param_groups:
-            group["lr"] = lr_at_step(step, args.steps, warmup, lr, lr * floor_frac)
-        opt.step()
-        losses.append(step_loss.item())
-
+    p, tensors = exact_state(params32, c, tokens, targets)
+    loss = dict(tensors)["loss"][0]
+    losses, norms = adamw_steps(p, c, tokens, targets, args.steps,
+                                lambda step: lr_at_step(step, args.steps, warmup, lr, lr * floor_frac), weight_decay, clip)
     final = np.concatenate([p[n].detach().numpy().reshape(-1) for n, _ in tensor_shapes(c)])
-    tensors = [
-        ("config", np.array([getattr(c, f) for f in CONFIG_FIELDS], dtype="<i4")),
+    tensors += [
         ("hyper", np.array([args.steps, warmup, lr, floor_frac, weight_decay, clip], dtype="<f8")),
-        ("tokens", tokens.numpy().astype("<i4")),
-        ("targets", targets.numpy().astype("<i4")),
-        ("logits", logits.detach().numpy().astype("<f8")),
-        ("loss", np.array([loss.item()], dtype="<f8")),
-        ("grads", grads.astype("<f8")),
         ("step_losses", np.array(losses, dtype="<f8")),
         ("step_grad_norms", np.array(norms, dtype="<f8")),
         ("final_params", final.astype("<f8")),
     ]
-    tensors += [("stat." + name, value.astype("<f8")) for name, value in stats.items()]
     write_tensorfile(os.path.join(args.out, "debug_state.bin"), tensors)
-    print(f"reference: {num_params(c)} parameters, loss {loss.item():.6f}, "
-          f"{args.steps} AdamW steps to loss {losses[-1]:.6f}; wrote {args.out}/model.ckpt and debug_state.bin")
+
+    # A trained state: a few steps at a high learning rate on the same batch take the deeper
+    # layers' keys close to low rank (effective rank about 2 of 64, most of their energy in a
+    # common direction), where statistics computed carelessly lose their digits.
+    p = {n: t.double().requires_grad_(True) for n, t in params32.items()}
+    adamw_steps(p, c, tokens, targets, args.train_steps, lambda step: 1e-2, weight_decay, clip)
+    trained32 = {n: t.detach().float() for n, t in p.items()}
+    write_checkpoint(os.path.join(args.out, "trained.ckpt"), c, trained32)
+    _, trained = exact_state(trained32, c, tokens, targets)
+    write_tensorfile(os.path.join(args.out, "debug_trained.bin"), trained)
+    trained = dict(trained)
+    erank = trained["stat.k_erank"]
+    print(f"reference: {num_params(c)} parameters, loss {loss:.6f}, {args.steps} AdamW steps to loss {losses[-1]:.6f}; "
+          f"trained state: loss {trained['loss'][0]:.6f}, k_erank {erank.min():.2f}..{erank.max():.2f}; wrote {args.out}")
 
 
 def num_params(c):

@@ -66,9 +66,10 @@ static Telemetry key_stats_of(const ModelConfig& c, int N, const std::function<v
     std::vector<float> qk((size_t)N * NH * D, 0.0f);
     for (int n = 0; n < N; n++)
         for (int h = 0; h < c.n_kv_head; h++) fill(n, h, &qk[((size_t)n * NH + c.n_head + h) * D]);
+    std::vector<double> keys_f64((size_t)c.n_kv_head * N * (D + 1));
     Telemetry tm;
     tm.resize(c);
-    key_statistics(tm, 0, qk.data(), N, c);
+    key_statistics(tm, 0, qk.data(), keys_f64.data(), N, c);
     return tm;
 }
 
@@ -97,6 +98,117 @@ static void test_key_statistics() {
     });
     double got3[2] = {same.values[M_K_COS][0], same.values[M_K_ERANK][0]}, want3[2] = {1, 1};
     check_close("k_cos and k_erank of identical keys", got3, want3, 2, 1e-5, 1e-5);
+    // Identical keys are all mean: share 1, and nothing is left once it is removed. Keys k and -k
+    // in turn: no common direction, and one direction both before and after centring.
+    Telemetry opposite = key_stats_of(c, N, [&](int n, int, float* k) {
+        for (int i = 0; i < D; i++) k[i] = (n % 2 ? -1.0f : 1.0f) * (0.5f + i);
+    });
+    double got4[5] = {same.values[M_K_MEAN_SHARE][0], same.values[M_K_ERANK_CENTERED][0],
+                      opposite.values[M_K_MEAN_SHARE][0], opposite.values[M_K_ERANK][0],
+                      opposite.values[M_K_ERANK_CENTERED][0]};
+    double want4[5] = {1, 0, 0, 1, 1};
+    check_close("k_mean_share and k_erank_centered of identical and of opposite keys", got4, want4, 5, 1e-5, 1e-5);
+}
+
+// Singular values of an N x D matrix (row-major) by one-sided Jacobi rotations in float64: a
+// method independent of the Gram matrix, accurate for the smallest singular values too.
+static std::vector<double> singular_values(std::vector<double> a, int N, int D) {
+    for (int sweep = 0; sweep < 60; sweep++) {
+        bool rotated = false;
+        for (int p = 0; p < D; p++)
+            for (int q = p + 1; q < D; q++) {
+                double alpha = 0, beta = 0, gamma = 0;
+                for (int n = 0; n < N; n++) {
+                    double x = a[(size_t)n * D + p], y = a[(size_t)n * D + q];
+                    alpha += x * x;
+                    beta += y * y;
+                    gamma += x * y;
+                }
+                if (fabs(gamma) <= 1e-15 * sqrt(alpha * beta)) continue;
+                rotated = true;
+                double zeta = (beta - alpha) / (2 * gamma);
+                double t = (zeta >= 0 ? 1.0 : -1.0) / (fabs(zeta) + sqrt(1 + zeta * zeta));
+                double cs = 1 / sqrt(1 + t * t), sn = cs * t;
+                for (int n = 0; n < N; n++) {
+                    double x = a[(size_t)n * D + p], y = a[(size_t)n * D + q];
+                    a[(size_t)n * D + p] = cs * x - sn * y;
+                    a[(size_t)n * D + q] = sn * x + cs * y;
+                }
+            }
+        if (!rotated) break;
+    }
+    std::vector<double> sv(D, 0.0);
+    for (int p = 0; p < D; p++)
+        for (int n = 0; n < N; n++) sv[p] += a[(size_t)n * D + p] * a[(size_t)n * D + p];
+    for (double& x : sv) x = sqrt(x);
+    return sv;
+}
+
+static double effective_rank_of_singular_values(const std::vector<double>& sv) {
+    double total = 0, h = 0;
+    for (double x : sv) total += x;
+    for (double x : sv)
+        if (x > 0) h -= x / total * log(x / total);
+    return exp(h);
+}
+
+static void test_near_low_rank_keys() {
+    // Keys K = U diag(sigma) V^T in general position (U, V random orthonormal) whose singular values
+    // fall from 1 to 1e-5: nearly rank 1, and nearly rank 2. The small singular values hold much of
+    // the effective rank, and a Gram matrix summed in float32 loses them (its rounding, ~1e-7 of the
+    // largest eigenvalue, is far above their squares, ~1e-10). Expected: the effective ranks of the
+    // float32 keys themselves, from their singular values in float64 (one-sided Jacobi).
+    ModelConfig c = small_config();
+    c.head_dim = 64;
+    c.d_model = c.n_head * c.head_dim;
+    int D = c.head_dim, N = 256;
+    Rng rng{21};
+    auto orthonormal_columns = [&](int rows, int cols) {  // Gram-Schmidt on Gaussian columns
+        std::vector<double> q((size_t)rows * cols);
+        for (double& x : q) x = rng_normal(rng);
+        for (int j = 0; j < cols; j++)
+            for (int pass = 0; pass < 2; pass++) {
+                for (int i = 0; i < j; i++) {
+                    double dot = 0;
+                    for (int r = 0; r < rows; r++) dot += q[(size_t)r * cols + i] * q[(size_t)r * cols + j];
+                    for (int r = 0; r < rows; r++) q[(size_t)r * cols + j] -= dot * q[(size_t)r * cols + i];
+                }
+                double norm = 0;
+                for (int r = 0; r < rows; r++) norm += q[(size_t)r * cols + j] * q[(size_t)r * cols + j];
+                for (int r = 0; r < rows; r++) q[(size_t)r * cols + j] /= sqrt(norm);
+            }
+        return q;
+    };
+    std::vector<double> spectra[2] = {std::vector<double>(D, 1e-5), std::vector<double>(D)};
+    spectra[0][0] = 1.0;  // near rank 1
+    for (int i = 0; i < D; i++) spectra[1][i] = i == 0 ? 1.0 : i == 1 ? 0.5 : 1e-3 * pow(1e-2, (i - 2) / (D - 3.0));
+    std::vector<float> keys[2];
+    for (int h = 0; h < 2; h++) {
+        std::vector<double> U = orthonormal_columns(N, D), V = orthonormal_columns(D, D);
+        keys[h].assign((size_t)N * D, 0.0f);
+        for (int n = 0; n < N; n++)
+            for (int i = 0; i < D; i++) {
+                double x = 0;
+                for (int k = 0; k < D; k++) x += U[(size_t)n * D + k] * spectra[h][k] * V[(size_t)i * D + k];
+                keys[h][(size_t)n * D + i] = (float)x;
+            }
+    }
+    Telemetry tm = key_stats_of(c, N, [&](int n, int h, float* k) { std::copy_n(&keys[h][(size_t)n * D], D, k); });
+    double got[4], want[4];
+    for (int h = 0; h < 2; h++) {
+        std::vector<double> k64(keys[h].begin(), keys[h].end()), centred(k64);
+        for (int i = 0; i < D; i++) {
+            double mean = 0;
+            for (int n = 0; n < N; n++) mean += k64[(size_t)n * D + i] / N;
+            for (int n = 0; n < N; n++) centred[(size_t)n * D + i] -= mean;
+        }
+        got[2 * h] = tm.values[M_K_ERANK][h];
+        got[2 * h + 1] = tm.values[M_K_ERANK_CENTERED][h];
+        want[2 * h] = effective_rank_of_singular_values(singular_values(k64, N, D));
+        want[2 * h + 1] = effective_rank_of_singular_values(singular_values(centred, N, D));
+    }
+    check_close("k_erank and k_erank_centered of keys near rank 1 and 2 (singular values down to 1e-5), within 1e-5",
+                got, want, 4, 1e-5, 0);
 }
 
 static void test_attention_statistics() {
@@ -274,6 +386,7 @@ int main() {
     test_eigenvalues();
     test_effective_rank();
     test_key_statistics();
+    test_near_low_rank_keys();
     test_attention_statistics();
     test_online_entropy();
     test_lr_schedule();

@@ -1,6 +1,7 @@
 // Parity of the CUDA backend with the PyTorch reference (test/reference.py), with bf16
 // tolerances: |a - b| <= atol + 0.079 |b| per element with a per-tensor atol,
-// AdamW losses within 0.05, statistics within 1%. Also checks that two runs give the same bits.
+// AdamW losses within 0.05, statistics within 1%, at the initial weights and at the trained state.
+// Also checks that two runs give the same bits.
 //   test_gpt_cuda REFERENCE_DIR
 #define TESTING
 #include "../train_gpt.cu"
@@ -103,5 +104,30 @@ int main(int argc, char** argv) {
     check_close("cuda adamw step losses (within 0.05)", losses.data(), tensor_or_fail(ref, "step_losses", dbg).values.data(),
                 steps, 0.0, 0.05);
     model_free(g);
+
+    // The trained state, whose deeper layers' keys are close to low rank: the forward pass and
+    // every statistic (taken from float32 keys, the Gram matrices summed in float64).
+    std::string trained_ckpt = dir + "/trained.ckpt", trained_dbg = dir + "/debug_trained.bin";
+    auto trained = read_tensorfile(trained_dbg);
+    GpuModel t;
+    model_init(t, c, B, T);
+    checkpoint_read(trained_ckpt, host_state(t).params, nullptr, nullptr);
+    model_upload(t);
+    Telemetry trained_stats;
+    float trained_loss = model_forward(t, tokens.data(), targets.data(), B, T, &trained_stats);
+    model_wait_stats(t);
+    for (int n = 0; n < N; n++) model_logits_row(t, n, &logits[(size_t)n * V]);
+    compare_bf16("cuda trained state: logits", logits.data(), tensor_or_fail(trained, "logits", trained_dbg).values.data(),
+                 logits.size(), 0.02);
+    double want_trained_loss = tensor_or_fail(trained, "loss", trained_dbg).values[0];
+    check_close("cuda trained state: loss", &trained_loss, &want_trained_loss, 1, 0.0, 0.01);
+    for (int k = 0; k < M_NUM_METRICS; k++) {
+        const NamedTensor& want = tensor_or_fail(trained, std::string("stat.") + kMetrics[k].name, trained_dbg);
+        double maxabs = 0;
+        for (double v : want.values) maxabs = std::fmax(maxabs, std::fabs(v));
+        check_close(std::string("cuda trained state: stat ") + kMetrics[k].name, trained_stats.values[k].data(),
+                    want.values.data(), want.numel(), 0.01, 1e-3 * maxabs);
+    }
+    model_free(t);
     return test_exit_code();
 }

@@ -60,16 +60,16 @@ static void check_qk_norm_rope(int B, int T, int H, int Hkv) {
     qk_norm_rope_backward(dqkv.data(), dg_q.data(), dg_k.data(), dqk.data(), qkv.data(), rstd.data(), gq.data(), gk.data(),
                           cs.data(), sn.data(), B, T, c);
     bf16 *d_qkv = upload_bf16(qkv), *d_gq = upload_bf16(gq), *d_gk = upload_bf16(gk), *d_dqk = upload_bf16(dqk);
-    bf16 *d_rope, *d_normed, *d_dqkv = upload_bf16(qkv);
-    float *d_cs = upload(cs), *d_sn = upload(sn), *d_rstd, *d_dg = upload(std::vector<float>(2 * D, 0.0f)), *d_scratch;
+    bf16 *d_rope, *d_dqkv = upload_bf16(qkv);
+    float *d_cs = upload(cs), *d_sn = upload(sn), *d_rstd, *d_dg = upload(std::vector<float>(2 * D, 0.0f)), *d_scratch, *d_normed;
     cudaCheck(cudaMalloc(&d_rope, (size_t)N * NH * D * sizeof(bf16)));
-    cudaCheck(cudaMalloc(&d_normed, (size_t)N * NH * D * sizeof(bf16)));
+    cudaCheck(cudaMalloc(&d_normed, (size_t)N * NH * D * sizeof(float)));
     cudaCheck(cudaMalloc(&d_rstd, (size_t)N * NH * sizeof(float)));
     cudaCheck(cudaMalloc(&d_scratch, (size_t)qk_norm_rope_backward_blocks(N, NH) * 2 * D * sizeof(float)));
     qk_norm_rope_forward(d_rope, d_normed, d_rstd, d_qkv, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 1e-5f, 0);
     qk_norm_rope_backward(d_dqkv, d_dg, d_dg + D, d_scratch, d_dqk, d_qkv, d_rstd, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 0);
     std::string tag = " B" + std::to_string(B) + " T" + std::to_string(T) + " H" + std::to_string(H) + ":" + std::to_string(Hkv);
-    compare_to_reference("qk norm forward, before RoPE" + tag, download_bf16(d_normed, normed.size()), normed);
+    compare_to_reference("qk norm forward, before RoPE" + tag, download(d_normed, normed.size()), normed);
     compare_to_reference("qk norm forward, after RoPE" + tag, download_bf16(d_rope, rope.size()), rope);
     compare_to_reference("qk norm rstd" + tag, download(d_rstd, rstd.size()), rstd);
     compare_to_reference("qk norm backward dqkv (values untouched)" + tag, download_bf16(d_dqkv, dqkv.size()), dqkv);
