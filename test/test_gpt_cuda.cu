@@ -1,7 +1,7 @@
 // Parity of the CUDA backend with the PyTorch reference (test/reference.py), with bf16
-// tolerances: |a - b| <= atol + 0.079 |b| per element with a per-tensor atol,
-// AdamW losses within 0.05, statistics within 1%, at the initial weights and at the trained state.
-// Also checks that two runs give the same bits.
+// tolerances: |a - b| <= atol + 0.079 |b| per element with a per-tensor atol, AdamW losses within
+// 0.05, statistics within 1%, at the initial weights and at the trained state whose deeper
+// layers' keys are close to low rank. Also checks that two runs give the same bits.
 //   test_gpt_cuda REFERENCE_DIR
 #define TESTING
 #include "../train_gpt.cu"
@@ -18,6 +18,34 @@ static bool compare_bf16(const std::string& name, const float* got, const double
     return check_close(name, got, want, n, kBf16Rtol, atol_frac * maxabs);
 }
 
+// Loads the weights of `ckpt` (AdamW state zero), runs the forward pass with statistics and
+// compares the logits, the loss and every statistic with the reference's `dbg`.
+static void check_forward(GpuModel& g, const std::string& label, const std::string& ckpt, const std::string& dbg,
+                          const std::vector<int>& tokens, const std::vector<int>& targets, int B, int T,
+                          Telemetry& stats) {
+    auto ref = read_tensorfile(dbg);
+    HostState h = host_state(g);
+    checkpoint_read(ckpt, h.params, nullptr, nullptr);
+    std::fill(h.adam_m, h.adam_m + g.P, 0.0f);
+    std::fill(h.adam_v, h.adam_v + g.P, 0.0f);
+    model_upload(g);
+    float loss = model_forward(g, tokens.data(), targets.data(), B, T, &stats);
+    model_wait_stats(g);
+    int N = B * T, V = g.cfg.vocab_size;
+    std::vector<float> logits((size_t)N * V);
+    for (int n = 0; n < N; n++) model_logits_row(g, n, &logits[(size_t)n * V]);
+    compare_bf16(label + "logits", logits.data(), tensor_or_fail(ref, "logits", dbg).values.data(), logits.size(), 0.02);
+    double want_loss = tensor_or_fail(ref, "loss", dbg).values[0];
+    check_close(label + "loss", &loss, &want_loss, 1, 0.0, 0.01);
+    for (int k = 0; k < M_NUM_METRICS; k++) {
+        const NamedTensor& want = tensor_or_fail(ref, std::string("stat.") + kMetrics[k].name, dbg);
+        double maxabs = 0;
+        for (double v : want.values) maxabs = std::fmax(maxabs, std::fabs(v));
+        check_close(label + "stat " + kMetrics[k].name, stats.values[k].data(), want.values.data(), want.numel(), 0.01,
+                    1e-3 * maxabs);
+    }
+}
+
 int main(int argc, char** argv) {
     if (argc != 2) fail("usage: test_gpt_cuda REFERENCE_DIR");
     setvbuf(stdout, nullptr, _IOLBF, 0);  // lines appear in order with errors on stderr
@@ -29,10 +57,9 @@ int main(int argc, char** argv) {
     printf("device: %s\n", name.c_str());
     std::string dir = argv[1], ckpt = dir + "/model.ckpt", dbg = dir + "/debug_state.bin";
     auto ref = read_tensorfile(dbg);
-    CheckpointInfo info = checkpoint_read_header(ckpt);
-    const ModelConfig& c = info.config;
+    const ModelConfig c = checkpoint_read_header(ckpt).config;
     const NamedTensor& tokens_t = tensor_or_fail(ref, "tokens", dbg);
-    int B = (int)tokens_t.shape[0], T = (int)tokens_t.shape[1], N = B * T, V = c.vocab_size;
+    int B = (int)tokens_t.shape[0], T = (int)tokens_t.shape[1], N = B * T;
     std::vector<int> tokens(N), targets(N);
     for (int i = 0; i < N; i++) {
         tokens[i] = (int)tokens_t.values[i];
@@ -41,24 +68,14 @@ int main(int argc, char** argv) {
     size_t P = num_parameters(c);
     GpuModel g;
     model_init(g, c, B, T);
-    checkpoint_read(ckpt, host_state(g).params, nullptr, nullptr);  // AdamW state: zeros
-    model_upload(g);
 
+    // The trained state: the forward pass and every statistic (from float32 keys, the Gram
+    // matrices summed in float64).
     Telemetry stats;
-    float loss = model_forward(g, tokens.data(), targets.data(), B, T, &stats);
-    model_wait_stats(g);
-    std::vector<float> logits((size_t)N * V);
-    for (int n = 0; n < N; n++) model_logits_row(g, n, &logits[(size_t)n * V]);
-    compare_bf16("cuda logits", logits.data(), tensor_or_fail(ref, "logits", dbg).values.data(), logits.size(), 0.02);
-    double want_loss = tensor_or_fail(ref, "loss", dbg).values[0];
-    check_close("cuda loss", &loss, &want_loss, 1, 0.0, 0.01);
-    for (int k = 0; k < M_NUM_METRICS; k++) {
-        const NamedTensor& want = tensor_or_fail(ref, std::string("stat.") + kMetrics[k].name, dbg);
-        double maxabs = 0;
-        for (double v : want.values) maxabs = std::fmax(maxabs, std::fabs(v));
-        check_close(std::string("cuda stat ") + kMetrics[k].name, stats.values[k].data(), want.values.data(), want.numel(),
-                    0.01, 1e-3 * maxabs);
-    }
+    check_forward(g, "cuda trained state: ", dir + "/trained.ckpt", dir + "/debug_trained.bin", tokens, targets, B, T, stats);
+
+    // The initial weights: the forward pass, every gradient, determinism and AdamW steps.
+    check_forward(g, "cuda ", ckpt, dbg, tokens, targets, B, T, stats);
     model_zero_grad(g);
     model_backward(g, tokens.data(), targets.data(), 1.0f);
     std::vector<float> grads(P);
@@ -104,30 +121,5 @@ int main(int argc, char** argv) {
     check_close("cuda adamw step losses (within 0.05)", losses.data(), tensor_or_fail(ref, "step_losses", dbg).values.data(),
                 steps, 0.0, 0.05);
     model_free(g);
-
-    // The trained state, whose deeper layers' keys are close to low rank: the forward pass and
-    // every statistic (taken from float32 keys, the Gram matrices summed in float64).
-    std::string trained_ckpt = dir + "/trained.ckpt", trained_dbg = dir + "/debug_trained.bin";
-    auto trained = read_tensorfile(trained_dbg);
-    GpuModel t;
-    model_init(t, c, B, T);
-    checkpoint_read(trained_ckpt, host_state(t).params, nullptr, nullptr);
-    model_upload(t);
-    Telemetry trained_stats;
-    float trained_loss = model_forward(t, tokens.data(), targets.data(), B, T, &trained_stats);
-    model_wait_stats(t);
-    for (int n = 0; n < N; n++) model_logits_row(t, n, &logits[(size_t)n * V]);
-    compare_bf16("cuda trained state: logits", logits.data(), tensor_or_fail(trained, "logits", trained_dbg).values.data(),
-                 logits.size(), 0.02);
-    double want_trained_loss = tensor_or_fail(trained, "loss", trained_dbg).values[0];
-    check_close("cuda trained state: loss", &trained_loss, &want_trained_loss, 1, 0.0, 0.01);
-    for (int k = 0; k < M_NUM_METRICS; k++) {
-        const NamedTensor& want = tensor_or_fail(trained, std::string("stat.") + kMetrics[k].name, trained_dbg);
-        double maxabs = 0;
-        for (double v : want.values) maxabs = std::fmax(maxabs, std::fabs(v));
-        check_close(std::string("cuda trained state: stat ") + kMetrics[k].name, trained_stats.values[k].data(),
-                    want.values.data(), want.numel(), 0.01, 1e-3 * maxabs);
-    }
-    model_free(t);
     return test_exit_code();
 }

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The GPU checks, on a machine with a GPU, from the repository root, over what dev/gpu_bundle.sh
+# built: the CUDA parity test against the PyTorch reference (with the determinism check), every
+# dev/cuda kernel check, and short training runs of ./train through every path of its loop
+# (statistics, validation, checkpoints, resume, -e). Prints a summary line per part and ends
+# with "N passed, N failed" over the parity and kernel checks. Logs go to $OUT when it is set.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+g=build/gpu
+logs=${OUT:-$(mktemp -d)}
+export LD_LIBRARY_PATH="$g/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+nvidia-smi -L
+passed=0
+failed=0
+run_checks() {  # name, command...: counts the PASS / FAIL lines of a test program
+    local name=$1
+    shift
+    "$@" >"$logs/$name.log" 2>&1
+    local status=$? p f
+    p=$(grep -c '^PASS ' "$logs/$name.log")
+    f=$(grep -c '^FAIL ' "$logs/$name.log")
+    if [ "$status" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+    passed=$((passed + p))
+    failed=$((failed + f))
+    echo "== $name: $p passed, $f failed (status $status)"
+    grep '^FAIL ' "$logs/$name.log" | cut -c1-300
+}
+run_checks cuda_parity "$g/bin/test_gpt_cuda" "$g/ref"
+for k in "$g"/bin/dev_*; do run_checks "$(basename "$k")" "$k"; done
+
+# The training loop on the GPU: 30 steps of d6 with statistics, validation and checkpoints, a
+# resume from the step-20 checkpoint that must reproduce the last 10 losses bit for bit, and a
+# run started from the final weights with -e.
+runs=$(mktemp -d)
+common=(-i "$g/data/train_*.bin" -j "$g/data/val_*.bin" -k "$g/data/tokenizer.model" -x 30 -s 3 -v 10 -g 16)
+train_ok=1
+"$g/bin/train" "${common[@]}" -n 20 -o "$runs/a" >"$logs/train_a.log" 2>&1 || train_ok=0
+cp -r "$runs/a" "$runs/b" && rm "$runs/b/model.ckpt"
+"$g/bin/train" "${common[@]}" -r "$runs/b/model_step000020.ckpt" >"$logs/train_resumed.log" 2>&1 || train_ok=0
+"$g/bin/train" "${common[@]}" -e "$runs/a/model.ckpt" -x 5 -o "$runs/c" >"$logs/train_init.log" 2>&1 || train_ok=0
+tail -8 "$logs/train_a.log"
+last_losses() { grep -E '^step (2[1-9]|30)/30' "$1" | cut -d'|' -f2; }
+if [ "$train_ok" -eq 1 ] && [ -n "$(last_losses "$logs/train_a.log")" ] &&
+    [ "$(last_losses "$logs/train_a.log")" = "$(last_losses "$logs/train_resumed.log")" ]; then
+    echo "== training runs: ok; the resumed run's losses equal the uninterrupted run's"
+    passed=$((passed + 1))
+else
+    echo "== training runs: FAILED (logs: train_a.log, train_resumed.log, train_init.log)"
+    failed=$((failed + 1))
+fi
+echo "$passed passed, $failed failed"
