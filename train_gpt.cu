@@ -10,6 +10,7 @@
 // CUDA toolkit is installed; without it, the same file compiles as plain C++ (g++ -x c++) and
 // holds the CPU backend only.
 #include <omp.h>
+#include <signal.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -340,6 +341,7 @@ static const double kSampleTemperature = 0.8;
 // What main sets up before there is a model: the options, the device, the data, the tokenizer,
 // the model configuration and the shape of a batch.
 struct Run {
+    std::vector<std::string> argv;  // the command line as typed
     Options o;
     std::set<std::string> given;  // the long names of the options on the command line
     int threads = 0;
@@ -604,6 +606,34 @@ static void print_samples(Model& m, const Run& r, uint64_t seed) {
     }
 }
 
+// Ctrl-C (SIGINT) or SIGTERM while training: the first lets the step finish, then the run writes a
+// checkpoint, closes its log and stops with the command that resumes it; a second stops at once.
+static volatile sig_atomic_t g_stop_signal = 0;
+
+static void on_stop_signal(int sig) {
+    if (g_stop_signal) {
+        signal(sig, SIG_DFL);
+        raise(sig);
+    }
+    g_stop_signal = sig;
+    static const char note[] = "\nstopping after this step, with a checkpoint (a second Ctrl-C stops at once)\n";
+    ssize_t ignored = write(2, note, sizeof note - 1);  // write() is safe in a signal handler; printf is not
+    (void)ignored;
+}
+
+// The command that resumes this run from `ckpt`: the same options, with -r instead of -e, -r or
+// -o (a resumed run writes beside its checkpoint).
+static std::string resume_command(const Run& r, const std::string& ckpt) {
+    std::string cmd = shell_quote(r.argv[0].find('/') != std::string::npos ? absolute_path(r.argv[0]) : r.argv[0]);
+    for (size_t i = 1; i < r.argv.size(); i++) {
+        const std::string& a = r.argv[i];
+        bool dropped = a == "-r" || a == "--resume" || a == "-e" || a == "--init" || a == "-o" || a == "--out";
+        if (dropped) i++;  // and its value
+        else cmd += " " + shell_quote(a);
+    }
+    return cmd + " -r " + shell_quote(absolute_path(ckpt));
+}
+
 // A NaN or infinite loss or gradient norm: the step is logged and the run stops before the
 // update would damage the weights.
 template <typename Model>
@@ -641,6 +671,8 @@ static int train(Model& m, Run& r) {
     Telemetry stats;
     Profile prof;
     prof.on = o.profile;
+    signal(SIGINT, on_stop_signal);
+    signal(SIGTERM, on_stop_signal);
     double run_start = now_seconds(), step_seconds_avg = 0;
     float last_val = NAN;
     int width = (int)std::to_string(o.steps).size();
@@ -671,11 +703,19 @@ static int train(Model& m, Run& r) {
             runlog_val(log, step, last_val);
             printf("val loss %.4f\n", last_val);
         }
-        if ((o.ckpt_every && (step + 1) % o.ckpt_every == 0) || last) {
+        bool stopping = g_stop_signal && !last;
+        if ((o.ckpt_every && (step + 1) % o.ckpt_every == 0) || last || stopping) {
             std::string path = last ? o.out_dir + "/model.ckpt" : strprintf("%s/model_step%06d.ckpt", o.out_dir.c_str(), step + 1);
             runlog_flush(log);
             save_checkpoint(m, r, path, step + 1, data_position);
             printf("wrote %s\n", path.c_str());
+            if (stopping) {
+                runlog_close(log);
+                printf("stopped by %s after step %d of %d; resume with:\n  %s\n", g_stop_signal == SIGINT ? "Ctrl-C" : "SIGTERM",
+                       step + 1, o.steps, resume_command(r, path).c_str());
+                fflush(stdout);
+                exit(128 + g_stop_signal);
+            }
         }
     }
     runlog_close(log);
@@ -692,6 +732,7 @@ static int train(Model& m, Run& r) {
 #ifndef TESTING
 int main(int argc, char** argv) {
     Run r;
+    r.argv.assign(argv, argv + argc);
     r.o = parse_options(argc, argv, r.given);
     r.threads = r.o.threads ? r.o.threads : omp_get_num_procs();
     omp_set_num_threads(r.threads);

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <climits>
 #include <ctime>
 #include <string>
 #include <sys/stat.h>
@@ -154,4 +155,20 @@ inline std::string cpu_device_name(int threads) {
         fclose(f);
     }
     return strprintf("%s, %d threads", name.c_str(), threads);
+}
+
+// The word as a POSIX shell reads it back: as it is when it holds only safe characters, else in
+// single quotes (a single quote inside written as '\'').
+inline std::string shell_quote(const std::string& word) {
+    if (!word.empty() && word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-+=./:,@%") == std::string::npos)
+        return word;
+    std::string q = "'";
+    for (char ch : word) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+    return q + "'";
+}
+
+// The absolute form of an existing path (as it is when it cannot be resolved).
+inline std::string absolute_path(const std::string& path) {
+    char buf[PATH_MAX];
+    return realpath(path.c_str(), buf) ? std::string(buf) : path;
 }

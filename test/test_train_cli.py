@@ -6,7 +6,9 @@ bad input must give one line "error: ..." naming the file or option, a non-zero 
 what was already written intact.
 """
 import os
+import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -113,6 +115,61 @@ def test_resume_in_place_appends_to_the_log(full_run, data, tmp_path):
     assert list(steps) == list(range(6)) and np.array_equal(loss, first)
     assert any("repeat" in p for p in log.problems)
     assert any("resumed" in text for _, text in log.notes())
+
+
+def start_training(data, out, *extra):
+    """./train in the background, its output read line by line."""
+    argv = [TRAIN, "-i", data / "train_*.bin", "-j", data / "val_*.bin", *TINY_MODEL, "-o", out, *extra]
+    return subprocess.Popen([str(a) for a in argv], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_step(proc, step):
+    """Reads the run's output until it has printed step `step` (counted from 1)."""
+    for line in proc.stdout:
+        m = re.match(r"step +(\d+)/", line)
+        if m and int(m.group(1)) >= step:
+            return
+    pytest.fail(f"the run ended before step {step}: {proc.stderr.read()}")
+
+
+def test_ctrl_c_writes_a_checkpoint_and_the_resume_command(data, tmp_path):
+    """Ctrl-C lets the step finish, writes a checkpoint, closes the log and prints the command that
+    resumes; that command, as printed, finishes the run with the losses of an uninterrupted one."""
+    args = ["-x", "40", "-s", "3", "-v", "0", "--val-batches", "1", "-g", "0"]
+    proc = start_training(data, tmp_path / "run", *args)
+    wait_for_step(proc, 3)
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGINT, rest + err
+    stopped = re.search(r"stopped by Ctrl-C after step (\d+) of 40; resume with:\n  (.+)\n", rest)
+    assert stopped, rest
+    step, command = int(stopped.group(1)), stopped.group(2)
+    assert 3 <= step < 40
+    ckpt = tmp_path / "run" / f"model_step{step:06d}.ckpt"
+    assert ckpt.exists() and f"-r {ckpt}" in command and " -o " not in command
+    log = attnlog.open_log(tmp_path / "run" / "run.attnlog")
+    assert log.problems == [] and list(log.scalars("loss")[0]) == list(range(step))
+    resumed = subprocess.run(command, shell=True, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    whole = train(data, tmp_path / "whole", *args)
+    assert whole.returncode == 0, whole.stderr
+    _, want = attnlog.open_log(tmp_path / "whole" / "run.attnlog").scalars("loss")
+    steps, got = attnlog.open_log(tmp_path / "run" / "run.attnlog").scalars("loss")
+    assert list(steps) == list(range(40)) and np.array_equal(got, want)
+
+
+def test_second_ctrl_c_stops_at_once(data, tmp_path):
+    """A second Ctrl-C ends the run without waiting for the step; the log stays readable."""
+    proc = start_training(data, tmp_path / "run", "-x", "100000", "-b", "64", "-s", "1", "-g", "0")
+    wait_for_step(proc, 2)
+    proc.send_signal(signal.SIGINT)
+    assert "a second Ctrl-C stops at once" in proc.stderr.readline() + proc.stderr.readline()
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGINT
+    log = attnlog.open_log(tmp_path / "run" / "run.attnlog")
+    assert log.problems == [] and len(log.scalars("loss")[0]) >= 2
+    assert not list((tmp_path / "run").glob("*.ckpt"))
 
 
 def test_resume_needs_the_same_data_order(full_run, data, tmp_path):
