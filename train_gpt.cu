@@ -117,17 +117,38 @@ static void gpu_carve(GpuModel& g, Arena& a) {
     g.segments = a.take<ParamSegment>(g.num_segments);
 }
 
-static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T) {
-    if (c.head_dim != 64 && c.head_dim != 128) fail("the CUDA backend supports head_dim 64 and 128, not %d", c.head_dim);
-    if (c.d_ff % 8 != 0) fail("the CUDA backend needs d_ff to be a multiple of 8 (got %d)", c.d_ff);
+// The sizes everything is carved to.
+static void gpu_set_shape(GpuModel& g, const ModelConfig& c, int max_B, int max_T) {
     g.cfg = c;
     g.max_B = max_B;
     g.max_T = max_T;
     g.Vp = (c.vocab_size + 127) / 128 * 128;
     g.P = num_parameters(c);
     g.stats_layout = telemetry_layout(c);
+    g.num_segments = (int)adamw_segments(c).size();
+}
+
+// Device memory the model needs (weights, gradients, AdamW state, bf16 weights; then the
+// activations, workspaces and cuBLASLt's workspace), to check before model_init allocates it.
+static MemoryNeed memory_need(const GpuModel&, const ModelConfig& c, int B, int T) {
+    GpuModel g;
+    gpu_set_shape(g, c, B, T);
+    Arena count;
+    gpu_carve(g, count);
+    return {(4.0 * sizeof(float) + sizeof(bf16)) * g.P, (double)count.used + g.mm.workspace_bytes};
+}
+
+static double memory_available(const GpuModel&) {
+    size_t free = 0, total = 0;
+    cudaCheck(cudaMemGetInfo(&free, &total));
+    return (double)free;
+}
+
+static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T) {
+    if (c.head_dim != 64 && c.head_dim != 128) fail("the CUDA backend supports head_dim 64 and 128, not %d", c.head_dim);
+    if (c.d_ff % 8 != 0) fail("the CUDA backend needs d_ff to be a multiple of 8 (got %d)", c.d_ff);
+    gpu_set_shape(g, c, max_B, max_T);
     std::vector<ParamSegment> segments = adamw_segments(c);
-    g.num_segments = (int)segments.size();
     cudaCheck(cudaStreamCreate(&g.stream));
     matmul_init(g.mm);
 
@@ -450,7 +471,7 @@ static void load_weights(Model& m, Run& r, int* start_step, long long* data_posi
                 if (was.batch && x.now != x.then)  // recorded: the data order must be the same
                     fail("option %s is %lld but the run of %s used %lld; resume with the same data order", x.option, x.now, r.ckpt.c_str(), x.then);
             *data_position = info.data_position;
-            for (long long i = 0; i < *data_position; i++) dataloader_next_batch(&r.train);
+            dataloader_seek(&r.train, *data_position);
         }
     }
     model_upload(m);
@@ -649,6 +670,7 @@ template <typename Model>
 template <typename Model>
 static int train(Model& m, Run& r) {
     Options& o = r.o;
+    check_memory(o, r.given, r.c, memory_need(m, r.c, r.B, r.T), memory_available(m), r.on_gpu ? "the GPU" : "this machine");
     try {
         model_init(m, r.c, r.B, r.T);  // sampling at the end uses at most B sequences of at most T
     } catch (const std::bad_alloc&) {

@@ -14,6 +14,7 @@
 // Files are written to "<path>.tmp" and renamed, so a crash never leaves a half-written checkpoint
 // under the real name.
 #pragma once
+#include <climits>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -125,6 +126,20 @@ inline CheckpointInfo checkpoint_read_header(const std::string& path) {
     memcpy(&info.data_order.seed, h + 112, 8);
     std::string err = config_error(c);
     if (!err.empty()) fail("%s: checkpoint holds an impossible configuration: %s", path.c_str(), err.c_str());
+    if (info.step < 0 || info.step > INT32_MAX) fail("%s: checkpoint step %lld is out of range", path.c_str(), (long long)info.step);
+    const DataOrder& o = info.data_order;
+    if (o.batch != 0) {  // recorded: it must be an order the trainer could have used
+        long long micro = (long long)o.batch * o.seq_len;
+        if (o.batch < 1 || o.seq_len < 1 || o.seq_len > c.max_seq_len || o.total_batch < 1 || micro > (1LL << 28) ||
+            o.total_batch % micro != 0 || (o.shuffle != 0 && o.shuffle != 1))
+            fail("%s: checkpoint's data order is impossible (batch %d, seq_len %d, total_batch %d, shuffle %d)", path.c_str(),
+                 o.batch, o.seq_len, o.total_batch, o.shuffle);
+        if (info.data_position != info.step * (o.total_batch / micro))
+            fail("%s: checkpoint's data position %lld does not match its step %lld (%lld micro-batches a step)", path.c_str(),
+                 (long long)info.data_position, (long long)info.step, o.total_batch / micro);
+    } else if (info.data_position < 0) {
+        fail("%s: checkpoint's data position %lld is negative", path.c_str(), (long long)info.data_position);
+    }
     if (dtype != 0) fail("%s: checkpoint dtype %u is not float32", path.c_str(), dtype);
     if (P != (int64_t)num_parameters(c)) fail("%s: checkpoint parameter count does not match its configuration", path.c_str());
     long long want = kCheckpointHeaderBytes + (long long)P * 4 * (info.has_optimizer_state ? 3 : 1);

@@ -58,9 +58,19 @@ inline void apply_preset(ModelConfig& c, const Preset& p) {
     c.max_seq_len = p.max_seq_len;
 }
 
+// The largest value any size of the configuration may take: far above any model this program
+// trains, and low enough that no product of sizes the code forms in 32-bit arithmetic overflows.
+static const int kMaxConfigSize = 1 << 24;
+
 // Returns an empty string when the configuration is possible, else one sentence saying which
-// field is wrong and why (the caller adds the option or file name).
+// field is wrong and why (the caller adds the option or file name). Arithmetic in 64 bits: the
+// fields may come from a file.
 inline std::string config_error(const ModelConfig& c) {
+    struct { const char* name; int value; } sizes[] = {
+        {"vocab_size", c.vocab_size}, {"n_layer", c.n_layer}, {"n_head", c.n_head}, {"n_kv_head", c.n_kv_head},
+        {"head_dim", c.head_dim}, {"d_model", c.d_model}, {"d_ff", c.d_ff}, {"max_seq_len", c.max_seq_len}};
+    for (const auto& f : sizes)
+        if (f.value > kMaxConfigSize) return strprintf("%s %d is above the limit of %d", f.name, f.value, kMaxConfigSize);
     if (c.vocab_size < 2) return strprintf("vocab_size %d must be at least 2", c.vocab_size);
     if (c.n_layer < 1) return strprintf("n_layer %d must be at least 1", c.n_layer);
     if (c.n_head < 1 || c.n_kv_head < 1)
@@ -68,12 +78,16 @@ inline std::string config_error(const ModelConfig& c) {
     if (c.n_head % c.n_kv_head != 0)
         return strprintf("n_head %d is not a multiple of n_kv_head %d", c.n_head, c.n_kv_head);
     if (c.head_dim < 2 || c.head_dim % 2 != 0) return strprintf("head_dim %d must be even and at least 2", c.head_dim);
-    if (c.d_model != c.n_head * c.head_dim)
-        return strprintf("d_model %d must equal n_head * head_dim = %d", c.d_model, c.n_head * c.head_dim);
+    long long width = (long long)c.n_head * c.head_dim;
+    if (width > kMaxConfigSize)
+        return strprintf("n_head %d times head_dim %d is above the limit of %d", c.n_head, c.head_dim, kMaxConfigSize);
+    if (c.d_model != width) return strprintf("d_model %d must equal n_head * head_dim = %lld", c.d_model, width);
+    if ((long long)(c.n_head + 2LL * c.n_kv_head) * c.head_dim > kMaxConfigSize)
+        return strprintf("(n_head + 2 n_kv_head) * head_dim is above the limit of %d", kMaxConfigSize);
     if (c.d_ff < 1) return strprintf("d_ff %d must be at least 1", c.d_ff);
     if (c.max_seq_len < 1) return strprintf("max_seq_len %d must be at least 1", c.max_seq_len);
-    if (!(c.rope_theta > 1.0f)) return "rope_theta must be greater than 1";
-    if (!(c.norm_eps > 0.0f)) return "norm_eps must be positive";
+    if (!(c.rope_theta > 1.0f) || !std::isfinite(c.rope_theta)) return "rope_theta must be a finite number greater than 1";
+    if (!(c.norm_eps > 0.0f) || !std::isfinite(c.norm_eps)) return "norm_eps must be a finite positive number";
     return "";
 }
 

@@ -316,4 +316,17 @@ inline void dataloader_next_batch(DataLoader* L) {
     }
 }
 
+// Moves the loader to where `position` calls of dataloader_next_batch from the start would leave
+// it, in time independent of the position (a resumed run continues the data where it stopped).
+inline void dataloader_seek(DataLoader* L, long long position) {
+    if (position < 0) fail("internal: data position %lld is negative", position);
+    L->epoch = position / L->batches_per_epoch;
+    long long left = position % L->batches_per_epoch;
+    order_shards(L);
+    L->shard_pos = 0;
+    while (left >= rank_windows(L, L->shard_order[L->shard_pos])) left -= rank_windows(L, L->shard_order[L->shard_pos++]);
+    plan_windows(L);
+    L->window_pos = (size_t)left;
+}
+
 inline void dataloader_free(DataLoader* L) { *L = DataLoader(); }

@@ -18,6 +18,7 @@
 #include "config.h"
 #include "eigen.h"
 #include "math.h"
+#include "options.h"
 #include "telemetry.h"
 #include "utils.h"
 
@@ -67,6 +68,28 @@ inline void model_init(CpuModel& m, const ModelConfig& cfg, int max_B, int max_T
     m.act_memory.reset(new char[count.used + 256]());  // zeroed; + 256 to align the start
     Arena block{(char*)(((uintptr_t)m.act_memory.get() + 255) / 256 * 256)};
     carve_activations(m.acts, dims, CPU, block);
+}
+
+// Memory the model needs (weights, gradients, AdamW state; then the activations of a B x T
+// micro-batch), to check before model_init allocates it.
+inline MemoryNeed memory_need(const CpuModel&, const ModelConfig& c, int B, int T) {
+    Activations<float> a;
+    Arena count;
+    carve_activations(a, activation_dims(c, B, T, c.vocab_size), CPU, count);
+    double weights = 4.0 * sizeof(float) * num_parameters(c);
+    return {weights, weights + count.used};
+}
+
+// The memory the system can give without swapping (MemAvailable); unlimited where unknown.
+inline double memory_available(const CpuModel&) {
+    double kb = INFINITY;
+    if (FILE* f = fopen("/proc/meminfo", "r")) {
+        char line[256];
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+        fclose(f);
+    }
+    return kb * 1024.0;
 }
 
 // ---------------------------------------------------------------------------------------------

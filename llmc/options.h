@@ -2,10 +2,12 @@
 // recorded in the run log; resolve_config turns the model options (or a checkpoint) into the
 // model configuration.
 #pragma once
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
+#include <cstring>
 #include <set>
 #include <string>
 #include "checkpoint.h"
@@ -183,6 +185,24 @@ inline Options parse_options(int argc, char** argv, std::set<std::string>& given
     return o;
 }
 
+// A message about the configuration in the words of the options the user typed: "n_head 2 is not
+// a multiple of n_kv_head 3" reads "--n-head 2 is not a multiple of --n-kv-head 3".
+inline std::string in_option_names(std::string text) {
+    static const char* const names[][2] = {
+        {"vocab_size", "--vocab-size"}, {"n_layer", "--n-layer"},     {"n_head", "--n-head"},
+        {"n_kv_head", "--n-kv-head"},   {"head_dim", "--head-dim"},   {"d_ff", "--d-ff"},
+        {"max_seq_len", "--max-seq-len"}, {"rope_theta", "--rope-theta"}, {"norm_eps", "--norm-eps"}};
+    auto word_char = [](char ch) { return isalnum((unsigned char)ch) || ch == '_' || ch == '-'; };
+    for (const auto& n : names) {
+        size_t len = strlen(n[0]);
+        for (size_t at = text.find(n[0]); at != std::string::npos; at = text.find(n[0], at + 1)) {
+            bool whole = (at == 0 || !word_char(text[at - 1])) && (at + len == text.size() || !word_char(text[at + len]));
+            if (whole) text.replace(at, len, n[1]);
+        }
+    }
+    return text;
+}
+
 // The model configuration: from the checkpoint when there is one (explicit model options must
 // then agree with it), else from the preset and the explicit options.
 inline ModelConfig resolve_config(const Options& o, const std::set<std::string>& given, int tokenizer_vocab,
@@ -224,6 +244,45 @@ inline ModelConfig resolve_config(const Options& o, const std::set<std::string>&
         fail("option --vocab-size %d does not match the tokenizer's %d", o.vocab_size, tokenizer_vocab);
     if (!c.vocab_size) fail("option --vocab-size: needed when the shards have no tokenizer (-k)");
     std::string err = config_error(c);
-    if (!err.empty()) fail("model options: %s", err.c_str());
+    if (!err.empty()) fail("model options: %s", in_option_names(err).c_str());
     return c;
+}
+
+// Memory, in bytes, that a model needs: for its weights, gradients and AdamW state alone, and in
+// all with the activations of the largest micro-batch.
+struct MemoryNeed {
+    double weights, total;
+};
+
+// Stops, before anything is allocated, when the need is more than `available` bytes of `where`
+// ("the GPU", "this machine"), naming the option to change: when the weights alone do not fit, the
+// model option whose return to the preset's value shrinks the model most (or the preset itself);
+// else -b and -t.
+inline void check_memory(const Options& o, const std::set<std::string>& given, const ModelConfig& c,
+                         const MemoryNeed& need, double available, const char* where) {
+    if (need.total <= available) return;
+    if (need.weights > available) {
+        std::string culprit = "-m (--preset) " + o.preset;
+        const Preset* p = find_preset(o.preset.c_str());
+        ModelConfig preset = c;
+        if (p) apply_preset(preset, *p);
+        size_t smallest = num_parameters(c);
+        struct { const char* option; int ModelConfig::*field; } sizes[] = {
+            {"--n-layer", &ModelConfig::n_layer}, {"--n-head", &ModelConfig::n_head}, {"--n-kv-head", &ModelConfig::n_kv_head},
+            {"--head-dim", &ModelConfig::head_dim}, {"--d-ff", &ModelConfig::d_ff}, {"--vocab-size", &ModelConfig::vocab_size}};
+        for (const auto& f : sizes) {
+            if (!p || !given.count(f.option)) continue;
+            ModelConfig smaller = c;
+            smaller.*f.field = preset.*f.field;
+            smaller.d_model = smaller.n_head * smaller.head_dim;
+            if (num_parameters(smaller) < smallest) {
+                smallest = num_parameters(smaller);
+                culprit = strprintf("%s %d", f.option, c.*f.field);
+            }
+        }
+        fail("model option %s: the weights, gradients and AdamW state need %.1f GB; %s has %.1f GB available",
+             culprit.c_str(), need.weights / 1e9, where, available / 1e9);
+    }
+    fail("options -b (--batch) %d and -t (--seq-len): the activations need %.1f GB beside the model's %.1f GB; %s has "
+         "%.1f GB available", o.batch, (need.total - need.weights) / 1e9, need.weights / 1e9, where, available / 1e9);
 }

@@ -336,6 +336,27 @@ static void test_checkpoint() {
                 memcmp(&back.config, &c, sizeof c) == 0 && p2 == params && m2 == m && v2 == v;
     report(same, "checkpoint round trip: configuration, step, position, parameters, AdamW state");
 
+    // Headers with valid checksums whose fields are out of range are refused, naming the field.
+    auto refused_header = [&](const std::string& name, const std::function<void(CheckpointInfo&)>& change,
+                              const std::string& says) {
+        CheckpointInfo odd = info;
+        odd.data_order = {2, 8, 32, 1, 5};  // 2 micro-batches of 2 x 8 a step
+        odd.data_position = 2 * odd.step;
+        change(odd);
+        std::string p = std::string(dir) + "/" + name + ".ckpt";
+        checkpoint_write(p, odd, params.data(), m.data(), v.data());
+        expect_user_error("checkpoint: " + name, [&] { checkpoint_read_header(p); }, p, says, p);
+    };
+    refused_header("negative step", [](CheckpointInfo& i) { i.step = -5; i.data_position = -10; }, "step -5 is out of range");
+    refused_header("huge data position", [](CheckpointInfo& i) { i.data_position = 1LL << 40; }, "does not match its step");
+    refused_header("impossible data order", [](CheckpointInfo& i) { i.data_order.total_batch = 20; }, "data order is impossible");
+    ModelConfig wide = c;
+    wide.n_head = 1 << 20;
+    wide.head_dim = 1 << 12;  // n_head * head_dim overflows 32 bits
+    wide.d_model = 0;
+    report(config_error(wide).find("above the limit") != std::string::npos, "config: n_head * head_dim past 2^31 is refused",
+           config_error(wide));
+
     std::vector<char> bytes;
     {
         FILE* f = open_or_fail(path.c_str(), "rb");

@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <map>
+#include <omp.h>
 #include <set>
 
 #include "llmc/dataprep.h"
@@ -258,6 +259,38 @@ static void test_reset() {
         report(first == second && whole, shuffle ? "reset_repeats_shuffled_batches" : "reset_repeats_sequential_batches");
         dataloader_free(&L);
     }
+}
+
+// Seeking to a position gives the batches that reading up to it gives, for positions inside the
+// first epoch, at shard and epoch boundaries and epochs later, for every rank; and takes no longer
+// for a position a billion batches on.
+static void test_seek() {
+    bool same = true, whole = true;
+    for (bool shuffle : {false, true})
+        for (int world : {1, 3})
+            for (int rank = 0; rank < world; rank++) {
+                DataLoader read, seek;
+                std::string pattern = g_dir + shuffle_pattern();
+                dataloader_init(&read, pattern.c_str(), 2, 4, 30000, shuffle, 9, rank, world);
+                dataloader_init(&seek, pattern.c_str(), 2, 4, 30000, shuffle, 9, rank, world);
+                std::vector<int> firsts = read_batches(&read, (int)(3 * read.batches_per_epoch + 2), &whole);
+                for (long long p = 0; p + 2 <= (long long)firsts.size(); p++) {
+                    dataloader_seek(&seek, p);
+                    std::vector<int> next = read_batches(&seek, 2, &whole);
+                    same = same && next[0] == firsts[p] && next[1] == firsts[p + 1];
+                }
+                dataloader_free(&read);
+                dataloader_free(&seek);
+            }
+    report(same && whole, "seek_gives_the_batches_reading_gives");
+    DataLoader L;
+    dataloader_init(&L, (g_dir + shuffle_pattern()).c_str(), 2, 4, 30000, true, 9);
+    double t0 = omp_get_wtime();
+    dataloader_seek(&L, 1LL << 40);
+    dataloader_next_batch(&L);
+    double seconds = omp_get_wtime() - t0;
+    report(seconds < 0.5 && batch_is(L, (uint32_t)L.inputs[0]), "seek_far_is_fast", strprintf("%.4f s to seek 2^40 batches", seconds));
+    dataloader_free(&L);
 }
 
 // In each epoch the ranks together read every window once. (In shuffled mode which windows a
@@ -617,6 +650,7 @@ int main() {
     test_sequential();
     test_shuffle();
     test_reset();
+    test_seek();
     test_ranks();
     test_shard_series();
     test_prepare_and_tokenizer();

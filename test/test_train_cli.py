@@ -197,7 +197,11 @@ def test_unfinished_dataset(data, tmp_path):
 
 
 @pytest.mark.parametrize("args, parts", [
-    (["--n-kv-head", "3"], ["n_head 2 is not a multiple of n_kv_head 3"]),
+    (["--n-kv-head", "3"], ["--n-head 2 is not a multiple of --n-kv-head 3"]),
+    (["--d-ff", "2000000000"], ["--d-ff 2000000000 is above the limit"]),
+    (["--n-layer", "100000"], ["model option --n-layer 100000:", "GB; this machine has", "available"]),
+    (["--n-layer", "500", "--d-ff", "4096", "-b", "64"], ["-b (--batch) 64", "activations need", "available"]),
+    (["--norm-eps", "0"], ["--norm-eps must be a finite positive number"]),
     (["-t", "64"], ["-t (--seq-len) 64", "max_seq_len 32"]),
     (["-b", "0"], ["-b (--batch)", "at least 1"]),
     (["-d", "100"], ["-d (--total-batch) 100", "multiple"]),
