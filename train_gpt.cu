@@ -396,6 +396,8 @@ static void choose_device(Run& r) {
 // configuration and the batch shape.
 static void prepare_data_and_config(Run& r) {
     Options& o = r.o;
+    if (r.given.count("--train") && o.train_pattern.empty()) fail("option -i (--train): the pattern is empty");
+    if (r.given.count("--val") && o.val_pattern.empty()) fail("option -j (--val): the pattern is empty");
     if (o.train_pattern.empty()) {
         ensure_brown_dataset(o.data_dir);
         o.train_pattern = o.data_dir + "/train_*.bin";

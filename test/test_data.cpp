@@ -130,6 +130,17 @@ static void test_bad_shards() {
         DataLoader L;
         dataloader_init(&L, tmp("mix_*.bin").c_str(), 2, 8, 100, false, 0);
     }, bad, "truncated", bad);
+    // an id outside the vocabulary deep in the second shard is found at init too, before any batch
+    std::string first = tmp("ids_a.bin"), second = tmp("ids_b.bin");
+    write_shard(first, arange(0, 50));
+    std::vector<uint32_t> late = arange(0, 5000000);
+    for (uint32_t& t : late) t %= 100;
+    late[4999990] = 100;
+    write_shard(second, late);
+    expect_user_error("bad_token_id_in_a_later_shard_found_at_init", [&]() {
+        DataLoader L;
+        dataloader_init(&L, tmp("ids_*.bin").c_str(), 2, 8, 100, false, 0);
+    }, second, "token id 100 at position 4999990", second);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -208,6 +208,7 @@ def test_unfinished_dataset(data, tmp_path):
     (["-l", "abc"], ["-l (--lr)", "'abc' is not a number"]),
     (["--stats-every", "-1"], ["-s (--stats-every)"]),
     (["--bogus", "1"], ["unknown option '--bogus'"]),
+    (["-i", ""], ["option -i (--train): the pattern is empty"]),
     (["-x"], ["option -x (--steps) needs a value"]),
     (["-m", "d99"], ["unknown preset 'd99'"]),
     (["-b", "2000000000"], ["-b (--batch) 2000000000", "too many"]),
