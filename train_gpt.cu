@@ -9,6 +9,7 @@
 // model_backward, ...), and the training loop is written once over them. Built by nvcc when the
 // CUDA toolkit is installed; without it, the same file compiles as plain C++ (g++ -x c++) and
 // holds the CPU backend only.
+#include <dirent.h>
 #include <omp.h>
 #include <signal.h>
 #include <algorithm>
@@ -396,6 +397,7 @@ static void choose_device(Run& r) {
 // configuration and the batch shape.
 static void prepare_data_and_config(Run& r) {
     Options& o = r.o;
+    if (!o.data_dir.empty() && o.data_dir[0] != '/') o.data_dir = program_dir() + "/" + o.data_dir;
     if (r.given.count("--train") && o.train_pattern.empty()) fail("option -i (--train): the pattern is empty");
     if (r.given.count("--val") && o.val_pattern.empty()) fail("option -j (--val): the pattern is empty");
     if (o.train_pattern.empty()) {
@@ -479,12 +481,34 @@ static void load_weights(Model& m, Run& r, int* start_step, long long* data_posi
     model_upload(m);
 }
 
-// The output directory and the run log: a new log, or the resumed run's, appended to.
+// The names of the checkpoint files in `dir` that start with `prefix` and end with `suffix`, sorted.
+static std::vector<std::string> files_in(const std::string& dir, const std::string& prefix, const std::string& suffix) {
+    std::vector<std::string> names;
+    if (DIR* d = opendir(dir.c_str())) {
+        while (dirent* e = readdir(d)) {
+            std::string n = e->d_name;
+            if (n.size() >= prefix.size() + suffix.size() && n.compare(0, prefix.size(), prefix) == 0 &&
+                n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0)
+                names.push_back(n);
+        }
+        closedir(d);
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+}
+
+// The output directory (absolute) and the run log: a new log, or the resumed run's, appended to.
+// Temporary files a killed run left behind are removed.
 static RunLog open_run_log(Run& r, std::string* log_path) {
     Options& o = r.o;
     if (o.out_dir.empty()) o.out_dir = o.resume_ckpt.empty() ? utc_time("runs/%Y%m%d-%H%M%S") : o.resume_ckpt.substr(0, o.resume_ckpt.find_last_of('/') + 1);
     if (o.out_dir.empty()) o.out_dir = ".";
     make_dirs(o.out_dir);
+    o.out_dir = absolute_path(o.out_dir);
+    for (const std::string& stale : files_in(o.out_dir, "", ".tmp")) {
+        std::string path = o.out_dir + "/" + stale;
+        if (remove(path.c_str()) == 0) printf("removed %s, left by an interrupted write\n", path.c_str());
+    }
     *log_path = o.out_dir + "/run.attnlog";
     RunInfo run;
     run.config = r.c;
@@ -657,6 +681,16 @@ static std::string resume_command(const Run& r, const std::string& ckpt) {
     return cmd + " -r " + shell_quote(absolute_path(ckpt));
 }
 
+// --keep N: only the N latest intermediate checkpoints stay (model.ckpt, the final one, always).
+static void remove_old_checkpoints(const Options& o) {
+    if (!o.keep) return;
+    std::vector<std::string> ckpts = files_in(o.out_dir, "model_step", ".ckpt");
+    for (size_t i = 0; i + o.keep < ckpts.size(); i++) {
+        std::string path = o.out_dir + "/" + ckpts[i];
+        if (remove(path.c_str()) != 0) fail("%s: cannot remove an old checkpoint (--keep %d): %s", path.c_str(), o.keep, strerror(errno));
+    }
+}
+
 // A NaN or infinite loss or gradient norm: the step is logged and the run stops before the
 // update would damage the weights.
 template <typename Model>
@@ -733,6 +767,7 @@ static int train(Model& m, Run& r) {
             runlog_flush(log);
             save_checkpoint(m, r, path, step + 1, data_position);
             printf("wrote %s\n", path.c_str());
+            remove_old_checkpoints(o);
             if (stopping) {
                 runlog_close(log);
                 printf("stopped by %s after step %d of %d; resume with:\n  %s\n", g_stop_signal == SIGINT ? "Ctrl-C" : "SIGTERM",
@@ -746,7 +781,7 @@ static int train(Model& m, Run& r) {
     prof.print();
     printf("done in %s; final val loss %.4f\n", format_duration(now_seconds() - run_start).c_str(), last_val);
     print_samples(m, r, (uint64_t)o.seed + 1);
-    printf("report: %s scripts/report.py %s\n", "/usr/bin/python3", log_path.c_str());
+    printf("report: /usr/bin/python3 %s/scripts/report.py %s\n", program_dir().c_str(), log_path.c_str());
     model_free(m);
     dataloader_free(&r.train);
     if (r.have_val) dataloader_free(&r.val);

@@ -21,7 +21,7 @@ struct Options {
     float rope_theta = 10000.0f, norm_eps = 1e-5f;
     int batch = 4, seq_len = 0, total_batch = 0, steps = 800, warmup = 40;
     float lr = 3e-3f, lr_floor = 0.1f, weight_decay = 0.1f, clip = 1.0f, beta1 = 0.9f, beta2 = 0.95f;
-    int val_every = 100, val_batches = 16, ckpt_every = 0, stats_every = 10, shuffle = 1;
+    int val_every = 100, val_batches = 16, ckpt_every = 0, keep = 0, stats_every = 10, shuffle = 1;
     int samples = 3, sample_tokens = 48, threads = 0, profile = 0;
     long long seed = 1337;
 };
@@ -42,7 +42,7 @@ static const OptSpec kOptions[] = {
     OPT("-i", "--train", OPT_STR, train_pattern, "training shards, a glob (default: the Brown corpus, prepared on first use)"),
     OPT("-j", "--val", OPT_STR, val_pattern, "validation shards, a glob (default: the Brown corpus' validation split)"),
     OPT("-k", "--tokenizer", OPT_STR, tokenizer, "SentencePiece model for the vocabulary size and sampled text (default: tokenizer.model beside the training shards)"),
-    OPT("", "--data-dir", OPT_STR, data_dir, "where the default corpus is prepared and cached"),
+    OPT("", "--data-dir", OPT_STR, data_dir, "where the default corpus is prepared and cached (relative: to the directory of ./train)"),
     OPT("", "--shuffle", OPT_INT, shuffle, "1: visit shards and windows in a seeded random order each epoch; 0: in order"),
     // model
     OPT("-m", "--preset", OPT_STR, preset, "model preset: d6 (default, minutes on a CPU), d12, d22 (the reports' model)"),
@@ -76,6 +76,7 @@ static const OptSpec kOptions[] = {
     OPT("-s", "--stats-every", OPT_INT, stats_every, "measure the key/attention statistics every N steps (0: never)"),
     OPT("-o", "--out", OPT_STR, out_dir, "output directory for the log and checkpoints (default: runs/<date>-<time>)"),
     OPT("-n", "--ckpt-every", OPT_INT, ckpt_every, "also write a checkpoint every N steps (0: only the final one)"),
+    OPT("", "--keep", OPT_INT, keep, "keep only the N latest of the checkpoints -n writes (0: all)"),
     OPT("-g", "--sample-tokens", OPT_INT, sample_tokens, "tokens per sampled line printed at the end (0: none)"),
     OPT("", "--samples", OPT_INT, samples, "lines of text sampled at the end"),
     OPT("", "--device", OPT_STR, device, "auto (GPU when there is one), cpu or cuda"),
@@ -175,6 +176,7 @@ inline Options parse_options(int argc, char** argv, std::set<std::string>& given
     need(o.val_batches >= 1, "--val-batches", "must be at least 1");
     need(o.stats_every >= 0, "-s (--stats-every)", "must not be negative (0 turns statistics off)");
     need(o.ckpt_every >= 0, "-n (--ckpt-every)", "must not be negative");
+    need(o.keep >= 0, "--keep", "must not be negative (0 keeps every checkpoint)");
     need(o.samples >= 0 && o.samples <= 64, "--samples", "must be between 0 and 64");
     need(o.sample_tokens >= 0, "-g (--sample-tokens)", "must not be negative");
     need(o.threads >= 0, "--threads", "must not be negative");

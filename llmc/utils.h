@@ -172,3 +172,10 @@ inline std::string absolute_path(const std::string& path) {
     char buf[PATH_MAX];
     return realpath(path.c_str(), buf) ? std::string(buf) : path;
 }
+
+// The directory of the running program (./train's: where the default corpus is cached and
+// scripts/ lies, wherever it is started from).
+inline std::string program_dir() {
+    std::string exe = absolute_path("/proc/self/exe");
+    return exe.substr(0, exe.find_last_of('/'));
+}

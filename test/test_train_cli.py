@@ -117,6 +117,33 @@ def test_resume_in_place_appends_to_the_log(full_run, data, tmp_path):
     assert any("resumed" in text for _, text in log.notes())
 
 
+def test_keep_the_latest_checkpoints(data, tmp_path):
+    r = train(data, tmp_path / "run", "-x", "10", "-n", "2", "--keep", "2", "-v", "0", "--val-batches", "1")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (tmp_path / "run").glob("*.ckpt")) == [
+        "model.ckpt", "model_step000006.ckpt", "model_step000008.ckpt"]
+
+
+def test_resume_cleans_up_and_prints_absolute_paths(full_run, data, tmp_path):
+    """A resumed run removes the temporary file an interrupted checkpoint write left, and prints
+    absolute paths (no doubled slash), also when started from another directory."""
+    out, _ = full_run
+    run_dir = tmp_path / "run"
+    shutil.copytree(out, run_dir)
+    (run_dir / "model_step000004.ckpt.tmp").write_bytes(b"half a checkpoint")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    r = run([TRAIN, "-i", data / "train_*.bin", "-j", data / "val_*.bin", *TINY_MODEL, "-x", "6", "-s", "2",
+             "-v", "3", "--val-batches", "2", "-r", os.path.relpath(run_dir / "model_step000003.ckpt", elsewhere)],
+            cwd=elsewhere)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not (run_dir / "model_step000004.ckpt.tmp").exists()
+    assert f"removed {run_dir / 'model_step000004.ckpt.tmp'}" in r.stdout
+    assert f"output: {run_dir}\n" in r.stdout and "//" not in r.stdout
+    script = TRAIN.resolve().parent / "scripts" / "report.py"
+    assert f"report: /usr/bin/python3 {script} {run_dir / 'run.attnlog'}\n" in r.stdout
+
+
 def start_training(data, out, *extra):
     """./train in the background, its output read line by line."""
     argv = [TRAIN, "-i", data / "train_*.bin", "-j", data / "val_*.bin", *TINY_MODEL, "-o", out, *extra]
