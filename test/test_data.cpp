@@ -415,6 +415,31 @@ static std::vector<uint32_t> shard_tokens(const std::string& path, int vocab) {
     return t;
 }
 
+// The validation documents: about the fraction of the text, spread evenly, whatever the sizes.
+static void test_validation_split() {
+    auto chosen = [](const std::vector<long long>& sizes, double fraction) {
+        std::vector<bool> v = choose_validation_docs(sizes, fraction);
+        std::vector<int> idx;
+        for (size_t i = 0; i < v.size(); i++)
+            if (v[i]) idx.push_back((int)i);
+        return idx;
+    };
+    std::vector<long long> equal(12, 99);  // + 1 each: 100 bytes a document
+    report(chosen(equal, 0.25) == std::vector<int>{2, 6, 10}, "validation_split_equal_documents_every_fourth");
+    // one document with two thirds of the text: last, it stays in training (counting documents put
+    // it in validation), and validation holds 5% of the text before it; first, it stays in
+    // training too, and validation takes 5% of the whole text from the small ones
+    std::vector<long long> big_last(40, 99);
+    big_last.push_back(8000);
+    std::vector<int> last = chosen(big_last, 0.05);
+    std::vector<long long> big_first(big_last.rbegin(), big_last.rend());
+    std::vector<int> first = chosen(big_first, 0.05);
+    report(last == std::vector<int>{10, 30} && first.size() == 6 && first[0] > 0, "validation_split_by_size_not_count",
+           strprintf("big last: %zu documents; big first: %zu documents", last.size(), first.size()));
+    report(chosen({5, 7}, 0.01) == std::vector<int>{1} && chosen({5, 7}, 0.99) == std::vector<int>{1},
+           "validation_split_keeps_one_document_on_each_side");
+}
+
 static void test_prepare_and_tokenizer() {
     std::vector<std::string> files;
     make_dirs(tmp("docs"));
@@ -439,12 +464,16 @@ static void test_prepare_and_tokenizer() {
     std::vector<uint32_t> train = shard_tokens(out + "/train_000000.bin", vocab);
     std::vector<uint32_t> val = shard_tokens(out + "/val_000000.bin", vocab);
     std::vector<std::vector<int>> train_docs = split_at_bos(train, bos), val_docs = split_at_bos(val, bos);
-    // 12 documents, a quarter for validation, spread evenly: documents 3, 7, 11
-    std::vector<std::string> want_val = {kDocs[3], kDocs[7], kDocs[11]}, want_train;
-    for (int i = 0; i < kNumDocs; i++)
-        if (i % 4 != 3) want_train.push_back(kDocs[i]);
+    // 12 documents, a quarter of the text for validation: the documents choose_validation_docs picks
+    // from their sizes (test_validation_split checks that rule), in order
+    std::vector<long long> sizes;
+    for (int i = 0; i < kNumDocs; i++) sizes.push_back((long long)strlen(kDocs[i]));
+    std::vector<bool> chosen = choose_validation_docs(sizes, 0.25);
+    std::vector<std::string> want_val, want_train;
+    for (int i = 0; i < kNumDocs; i++) (chosen[i] ? want_val : want_train).push_back(kDocs[i]);
     bool starts_with_bos = !train.empty() && (int)train[0] == bos && !val.empty() && (int)val[0] == bos;
-    report(starts_with_bos && train_docs.size() == 9 && val_docs.size() == 3, "prepare_split_and_bos",
+    report(starts_with_bos && train_docs.size() == want_train.size() && val_docs.size() == want_val.size() &&
+               val_docs.size() >= 2, "prepare_split_and_bos",
            strprintf("train %zu documents, validation %zu, vocab %d, bos %d", train_docs.size(), val_docs.size(), vocab, bos));
     bool same = train_docs.size() == want_train.size() && val_docs.size() == want_val.size();
     std::string first_bad;
@@ -500,6 +529,7 @@ static void test_prepare_and_tokenizer() {
         DatasetOptions opt;
         opt.split = split;
         opt.max_docs = max_docs;
+        opt.replace = true;  // the same folder each time
         std::string dir = tmp("split");
         prepare_text_dataset({one, files[0]}, dir, 300, 0.3, opt);
         Tokenizer t;
@@ -526,13 +556,16 @@ static void test_prepare_and_tokenizer() {
     report(capped == std::multiset<std::string>{"first document\nstill the first", "second", "third"}, "prepare_max_docs",
            strprintf("%zu documents", capped.size()));
 
-    // a validation fraction too small for one document still keeps one (the last, here)
+    // a validation fraction too small for a whole document still keeps one
+    std::vector<bool> one_chosen = choose_validation_docs(sizes, 0.01);
+    const char* want_one = kDocs[std::find(one_chosen.begin(), one_chosen.end(), true) - one_chosen.begin()];
     prepare_text_dataset(files, tmp("one_val"), 400, 0.01);
     Tokenizer one_val_tok;
     tokenizer_load(&one_val_tok, tmp("one_val/tokenizer.model"));
     std::vector<std::vector<int>> one_val = split_at_bos(
         shard_tokens(tmp("one_val/val_000000.bin"), tokenizer_vocab_size(&one_val_tok)), tokenizer_bos_id(&one_val_tok));
-    report(one_val.size() == 1 && tokenizer_decode(&one_val_tok, one_val[0]) == kDocs[11],
+    report(std::count(one_chosen.begin(), one_chosen.end(), true) == 1 && one_val.size() == 1 &&
+               tokenizer_decode(&one_val_tok, one_val[0]) == want_one,
            "prepare_at_least_one_validation_document", strprintf("%zu documents", one_val.size()));
 
     // user errors stop before anything in the output directory changes
@@ -546,9 +579,13 @@ static void test_prepare_and_tokenizer() {
                       "line 2 is not UTF-8", model);
     expect_user_error("prepare_one_document", [&]() { prepare_text_dataset({files[1]}, out, 400, 0.25); }, files[1],
                       "too few to split", model);
-    expect_user_error("prepare_vocab_too_small", [&]() { prepare_text_dataset(files, out, 260, 0.25); }, model,
+    DatasetOptions replace;
+    replace.replace = true;
+    expect_user_error("prepare_vocab_too_small", [&]() { prepare_text_dataset(files, out, 260, 0.25, replace); }, model,
                       "tokenizer training failed", model);
     report(file_exists(out + "/.complete"), "prepare_errors_keep_the_finished_dataset");
+    expect_user_error("prepare_does_not_replace_a_dataset_unasked", [&]() { prepare_text_dataset(files, out, 400, 0.25); },
+                      out, "holds a dataset already (dataset.txt); choose another --out, or --force to replace it", model);
 
     std::string garbage = tmp("garbage.model");
     write_file(garbage, "this is not a model");
@@ -649,6 +686,11 @@ static void test_cli() {
     rc = run({"--out", out, "--vocab", "300", "--docs", "line", tmp("docs/many.txt")});
     report(rc == 0 && file_exists(out + "/.complete") && file_exists(out + "/val_000000.bin"), "cli_prepares_text_files",
            strprintf("status %d, output: %s", rc, file_bytes(log).substr(0, 400).c_str()));
+    error_is("cli_refuses_to_replace_a_dataset", {"--out", out, "--vocab", "300", "--docs", "line", tmp("docs/many.txt")},
+             out + ": holds a dataset already (dataset.txt); choose another --out, or --force to replace it");
+    rc = run({"--out", out, "--vocab", "300", "--docs", "blank", "--force", tmp("docs/many.txt")});
+    report(rc == 0 && file_bytes(out + "/dataset.txt").find("blank lines") != std::string::npos, "cli_force_replaces_a_dataset",
+           strprintf("status %d", rc));
 }
 
 int main() {
@@ -664,6 +706,7 @@ int main() {
     test_seek();
     test_ranks();
     test_shard_series();
+    test_validation_split();
     test_prepare_and_tokenizer();
     test_brown();
     test_cli();

