@@ -4,25 +4,26 @@
 #          (CUDA_ARCHS, default 90: the H100 and H200) with host code for any x86-64-v3 processor
 #   lib/   the shared libraries they link that a machine with only the CUDA toolkit lacks
 #          (OpenBLAS, SentencePiece, the Fortran runtime OpenBLAS needs)
-#   ref/   the PyTorch reference the parity test compares against
 #   data/  the default corpus' shards and tokenizer (a GPU machine may have no npm)
 #   check.sh  what to run there (dev/gpu_check.sh)
-# The build runs in a copy of the working tree (build/gpu/src), so the native build is untouched.
-# Then, on the GPU machine, from the repository root: bash build/gpu/check.sh
+# The build runs in a copy of the working tree (build/gpu_src), so the native build is untouched.
+# The PyTorch reference is made on the GPU machine (its python3 has torch), which keeps what
+# travels under the device tool's 64 MiB. Then, there, from the repository root:
+#   bash build/gpu/check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=build/gpu
+src=build/gpu_src
 archs=${CUDA_ARCHS:-90}
-mkdir -p "$out/src" "$out/bin" "$out/lib" "$out/data"
-git ls-files -z --cached --others --exclude-standard | rsync -a --from0 --files-from=- ./ "$out/src/"
-make -s -C "$out/src" CPU_ARCH=x86-64-v3 CUDA_ARCHS="$archs" train prepare_data build/test_gpt_cuda build/ref/debug_state.bin \
+rm -rf "$out" && mkdir -p "$src" "$out/bin" "$out/lib" "$out/data"
+git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$src"
+make -s -C "$src" CPU_ARCH=x86-64-v3 CUDA_ARCHS="$archs" train prepare_data build/test_gpt_cuda \
     $(for f in dev/cuda/*.cu; do echo "build/dev_$(basename "$f" .cu)"; done)
-cp "$out/src/train" "$out/src/prepare_data" "$out/src/build/test_gpt_cuda" "$out"/src/build/dev_* "$out/bin/"
+cp "$src/train" "$src/prepare_data" "$src/build/test_gpt_cuda" "$src"/build/dev_* "$out/bin/"
 strip "$out"/bin/*
-rm -rf "$out/ref" && cp -r "$out/src/build/ref" "$out/ref"
 for lib in $(ldd "$out/bin/train" | awk '/openblas|sentencepiece|gfortran|quadmath/ {print $3}'); do cp -L "$lib" "$out/lib/"; done
 # The default corpus, prepared here (npm) and carried.
 [ -e data/brown/.complete ] || ./train -x 1 -g 0 -v 0 --val-batches 1 -o "$(mktemp -d)/run" >/dev/null
 cp data/brown/train_*.bin data/brown/val_*.bin data/brown/tokenizer.model data/brown/dataset.txt data/brown/.complete "$out/data/"
 cp dev/gpu_check.sh "$out/check.sh"
-echo "build/gpu: $(du -sh --exclude=src "$out" | cut -f1) to carry (device tool: carry [\"build/gpu\"], then: bash build/gpu/check.sh)"
+echo "build/gpu: $(du -sh "$out" | cut -f1) to carry (device tool: carry [\"build/gpu\"], then: bash build/gpu/check.sh)"

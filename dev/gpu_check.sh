@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks, on a machine with a GPU, from the repository root, over what dev/gpu_bundle.sh
-# built: the CUDA parity test against the PyTorch reference (with the determinism check), every
+# built: the PyTorch reference (made here), the CUDA parity test against it (with the determinism
+# check), every
 # dev/cuda kernel check, and short training runs of ./train through every path of its loop
 # (statistics, validation, checkpoints, resume, -e). Prints a summary line per part and ends
 # with "N passed, N failed" over the parity and kernel checks. Logs go to $OUT when it is set.
@@ -10,6 +11,7 @@ g=build/gpu
 logs=${OUT:-$(mktemp -d)}
 export LD_LIBRARY_PATH="$g/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi -L
+"${PYTHON:-python3}" test/reference.py --out "$g/ref" || { echo "the PyTorch reference failed"; exit 1; }
 passed=0
 failed=0
 run_checks() {  # name, command...: counts the PASS / FAIL lines of a test program
