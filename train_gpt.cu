@@ -372,6 +372,7 @@ struct Run {
     Tokenizer tok;
     bool have_tokenizer = false;
     std::string ckpt;  // the checkpoint of -r or -e
+    std::string changes;  // -r: the training options that differ from the checkpoint's run
     ModelConfig c;
     int B = 0, T = 0, accum = 0;  // micro-batch and micro-batches per step
     DataLoader train, val;
@@ -438,6 +439,31 @@ static void prepare_data_and_config(Run& r) {
     }
 }
 
+static TrainingSchedule training_schedule(const Run& r) {
+    const Options& o = r.o;
+    return {o.lr, o.lr_floor, o.weight_decay, o.clip, o.beta1, o.beta2, o.warmup, o.steps, r.on_gpu ? 0 : r.threads};
+}
+
+// The training options of this run that differ from those of the checkpoint's, as
+// "-l (--lr) 0.003 -> 0.01, ..."; empty when none do or the checkpoint does not record them.
+static std::string schedule_changes(const TrainingSchedule& was, const TrainingSchedule& now) {
+    if (was.lr == 0) return "";
+    std::string changes;
+    auto differ = [&](const char* option, double then, double here) {
+        if (then != here) changes += strprintf("%s%s %g -> %g", changes.empty() ? "" : ", ", option, then, here);
+    };
+    differ("-l (--lr)", was.lr, now.lr);
+    differ("-q (--lr-floor)", was.lr_floor, now.lr_floor);
+    differ("-c (--weight-decay)", was.weight_decay, now.weight_decay);
+    differ("--clip", was.clip, now.clip);
+    differ("--beta1", was.beta1, now.beta1);
+    differ("--beta2", was.beta2, now.beta2);
+    differ("-u (--warmup)", was.warmup, now.warmup);
+    differ("-x (--steps)", was.steps, now.steps);
+    if (was.cpu_threads && now.cpu_threads) differ("--threads", was.cpu_threads, now.cpu_threads);
+    return changes;
+}
+
 static DataOrder data_order(const Run& r) {
     DataOrder order;
     order.batch = r.B;
@@ -476,6 +502,10 @@ static void load_weights(Model& m, Run& r, int* start_step, long long* data_posi
                     fail("option %s is %lld but the run of %s used %lld; resume with the same data order", x.option, x.now, r.ckpt.c_str(), x.then);
             *data_position = info.data_position;
             dataloader_seek(&r.train, *data_position);
+            r.changes = schedule_changes(info.schedule, training_schedule(r));
+            if (!r.changes.empty() && !o.allow_changes)
+                fail("options %s differ from the run of %s; resume with its options, or add --allow-changes 1 to go on "
+                     "with these (the run log records the change)", r.changes.c_str(), r.ckpt.c_str());
         }
     }
     model_upload(m);
@@ -499,7 +529,7 @@ static std::vector<std::string> files_in(const std::string& dir, const std::stri
 
 // The output directory (absolute) and the run log: a new log, or the resumed run's, appended to.
 // Temporary files a killed run left behind are removed.
-static RunLog open_run_log(Run& r, std::string* log_path) {
+static RunLog open_run_log(Run& r, int start_step, std::string* log_path) {
     Options& o = r.o;
     if (o.out_dir.empty()) o.out_dir = o.resume_ckpt.empty() ? utc_time("runs/%Y%m%d-%H%M%S") : o.resume_ckpt.substr(0, o.resume_ckpt.find_last_of('/') + 1);
     if (o.out_dir.empty()) o.out_dir = ".";
@@ -516,9 +546,13 @@ static RunLog open_run_log(Run& r, std::string* log_path) {
     run.seed = (uint64_t)o.seed;
     run.backend = r.on_gpu ? "cuda" : "cpu";
     run.device = r.device_name;
-    if (!o.resume_ckpt.empty() && file_exists(*log_path)) return runlog_open_append(*log_path, run);
+    if (!o.resume_ckpt.empty() && file_exists(*log_path)) return runlog_open_append(*log_path, run, start_step, r.changes);
     if (file_exists(*log_path)) fail("%s: a run log is already there; choose another output directory (-o) or resume (-r)", log_path->c_str());
-    return runlog_create(*log_path, run);
+    RunLog log = runlog_create(*log_path, run);
+    if (!o.resume_ckpt.empty())  // a resumed run in a new directory: its log says where it began
+        runlog_note(log, start_step, strprintf("resumed from step %d of the run of %s", start_step, absolute_path(r.ckpt).c_str()) +
+                                         (r.changes.empty() ? "" : "; changed options: " + r.changes));
+    return log;
 }
 
 static void print_run_summary(const Run& r) {
@@ -609,6 +643,7 @@ static void save_checkpoint(Model& m, const Run& r, const std::string& path, int
     info.data_position = data_position;
     info.has_optimizer_state = true;
     info.data_order = data_order(r);
+    info.schedule = training_schedule(r);
     checkpoint_write(path, info, h.params, h.adam_m, h.adam_v);
 }
 
@@ -716,7 +751,7 @@ static int train(Model& m, Run& r) {
     long long data_position = 0;  // micro-batches of training data consumed
     load_weights(m, r, &start_step, &data_position);
     std::string log_path;
-    RunLog log = open_run_log(r, &log_path);
+    RunLog log = open_run_log(r, start_step, &log_path);
     if (!o.init_ckpt.empty())  // a new run from another run's weights: say whose
         runlog_note(log, 0, strprintf("started from the weights of %s, trained for %lld steps (this log's steps count from "
                                       "0 at that point)", o.init_ckpt.c_str(), (long long)checkpoint_read_header(o.init_ckpt).step));

@@ -37,12 +37,21 @@ inline uint32_t header_crc(const uint8_t* h) {
     return crc32_update(crc32_of(h, 92), h + 96, kCheckpointHeaderBytes - 96);
 }
 
+// The options that shape the rest of a run's training: a resumed run that changes one no longer
+// continues the same run (the trainer refuses unless told to). lr == 0: not recorded.
+struct TrainingSchedule {
+    float lr = 0, lr_floor = 0, weight_decay = 0, clip = 0, beta1 = 0, beta2 = 0;
+    int32_t warmup = 0, steps = 0;
+    int32_t cpu_threads = 0;  // CPU runs: the threads (float sums may depend on them); 0 on the GPU
+};
+
 struct CheckpointInfo {
     ModelConfig config;
     int64_t step = 0;
     int64_t data_position = 0;
     bool has_optimizer_state = false;
     DataOrder data_order;
+    TrainingSchedule schedule;
 };
 
 inline void checkpoint_write(const std::string& path, const CheckpointInfo& info, const float* params,
@@ -74,6 +83,11 @@ inline void checkpoint_write(const std::string& path, const CheckpointInfo& info
     int32_t order[4] = {info.data_order.batch, info.data_order.seq_len, info.data_order.total_batch, info.data_order.shuffle};
     memcpy(h + 96, order, sizeof order);
     put64(112, info.data_order.seed);
+    const TrainingSchedule& t = info.schedule;
+    float sched[6] = {t.lr, t.lr_floor, t.weight_decay, t.clip, t.beta1, t.beta2};
+    int32_t sched_ints[3] = {t.warmup, t.steps, t.cpu_threads};
+    memcpy(h + 120, sched, sizeof sched);
+    memcpy(h + 144, sched_ints, sizeof sched_ints);
     put32(92, header_crc(h));
     AtomicFile f = atomic_open(path);
     atomic_write(f, h, sizeof h);
@@ -124,6 +138,11 @@ inline CheckpointInfo checkpoint_read_header(const std::string& path) {
     info.data_order.total_batch = order[2];
     info.data_order.shuffle = order[3];
     memcpy(&info.data_order.seed, h + 112, 8);
+    float sched[6];
+    int32_t sched_ints[3];
+    memcpy(sched, h + 120, sizeof sched);
+    memcpy(sched_ints, h + 144, sizeof sched_ints);
+    info.schedule = {sched[0], sched[1], sched[2], sched[3], sched[4], sched[5], sched_ints[0], sched_ints[1], sched_ints[2]};
     std::string err = config_error(c);
     if (!err.empty()) fail("%s: checkpoint holds an impossible configuration: %s", path.c_str(), err.c_str());
     if (info.step < 0 || info.step > INT32_MAX) fail("%s: checkpoint step %lld is out of range", path.c_str(), (long long)info.step);

@@ -22,7 +22,7 @@ struct Options {
     int batch = 4, seq_len = 0, total_batch = 0, steps = 800, warmup = 40;
     float lr = 3e-3f, lr_floor = 0.1f, weight_decay = 0.1f, clip = 1.0f, beta1 = 0.9f, beta2 = 0.95f;
     int val_every = 100, val_batches = 16, ckpt_every = 0, keep = 0, stats_every = 10, shuffle = 1;
-    int samples = 3, sample_tokens = 48, threads = 0, profile = 0;
+    int samples = 3, sample_tokens = 48, threads = 0, profile = 0, allow_changes = 0;
     long long seed = 1337;
 };
 
@@ -57,6 +57,7 @@ static const OptSpec kOptions[] = {
     OPT("", "--norm-eps", OPT_FLOAT, norm_eps, "epsilon inside every RMSNorm"),
     OPT("-e", "--init", OPT_STR, init_ckpt, "start from the weights of this checkpoint (optimiser state fresh)"),
     OPT("-r", "--resume", OPT_STR, resume_ckpt, "resume this checkpoint's run: weights, AdamW state, step, data position, log"),
+    OPT("", "--allow-changes", OPT_INT, allow_changes, "1: let -r go on with training options (-l -u -q -x -c --clip --beta1 --beta2, CPU threads) other than the checkpoint's run had; the log records them"),
     // optimisation
     OPT("-b", "--batch", OPT_INT, batch, "micro-batch size, in sequences"),
     OPT("-t", "--seq-len", OPT_INT, seq_len, "sequence length (default: max_seq_len)"),
@@ -182,6 +183,7 @@ inline Options parse_options(int argc, char** argv, std::set<std::string>& given
     need(o.threads >= 0, "--threads", "must not be negative");
     need(o.shuffle == 0 || o.shuffle == 1, "--shuffle", "must be 0 or 1");
     need(o.profile == 0 || o.profile == 1, "--profile", "must be 0 or 1");
+    need(o.allow_changes == 0 || o.allow_changes == 1, "--allow-changes", "must be 0 or 1");
     need(o.device == "auto" || o.device == "cpu" || o.device == "cuda", "--device", "must be auto, cpu or cuda");
     need(o.init_ckpt.empty() || o.resume_ckpt.empty(), "-e (--init)", "cannot be combined with -r (--resume)");
     return o;

@@ -480,9 +480,13 @@ inline bool runlog_ends_intact(const RunLog& log, size_t pos, size_t size, RunLo
 }
 
 // Opens an existing log to continue a run: checks that it is a version 1 log of the same model,
-// removes a torn tail, and appends a note saying when the run resumed and with which options. The
-// note's step is that of the last intact record. Records already there are never changed.
-inline RunLog runlog_open_append(const std::string& path, const RunInfo& info) {
+// removes a torn tail, and appends a note saying when the run resumed and with which options.
+// With resume_step >= 0 (the step of the checkpoint the run resumes from) the note sits at that
+// step and begins "resumed from step S": a reader then takes the records written before it for
+// steps S and later as those of an abandoned continuation. `changes` (may be empty) says which
+// training options differ from the checkpoint's run. Records already there are never changed.
+inline RunLog runlog_open_append(const std::string& path, const RunInfo& info, int64_t resume_step = -1,
+                                 const std::string& changes = "") {
     RunLog log;
     log.path = path;
     log.fd = open(path.c_str(), O_RDWR | O_APPEND | O_CLOEXEC);
@@ -507,9 +511,11 @@ inline RunLog runlog_open_append(const std::string& path, const RunInfo& info) {
     size_t torn_bytes = size - scan.intact_end;
     if (torn_bytes && ftruncate(log.fd, (off_t)scan.intact_end) != 0)
         fail("%s: cannot remove the torn tail (%s)", path.c_str(), strerror(errno));
-    std::string note = "resumed at " + utc_timestamp();
+    std::string note = (resume_step >= 0 ? strprintf("resumed from step %lld at ", (long long)resume_step) : "resumed at ") +
+                       utc_timestamp();
     if (torn_bytes) note += strprintf("; removed a torn tail of %zu bytes", torn_bytes);
-    runlog_note(log, scan.last_step, note + "; run: {" + runlog_run_members(info, ", ") + "}");
+    if (!changes.empty()) note += "; changed options: " + changes;
+    runlog_note(log, resume_step >= 0 ? resume_step : scan.last_step, note + "; run: {" + runlog_run_members(info, ", ") + "}");
     runlog_flush(log);
     return log;
 }

@@ -13,6 +13,8 @@ Command line:
     attnlog.py info LOG                                           header, counts, problems
     attnlog.py dump LOG [--metric NAME] [--step N]                records as readable text
     attnlog.py csv LOG [--metric NAME | --scalars | --val] [-o FILE]   a tidy CSV table
+    attnlog.py export LOG [LOG ...] -o FILE.csv|FILE.npz [--run-label L ...]
+                                                                  every value of every log, one row each
 
 A log that cannot be read raises LogError, whose message is one line; the command line prints it
 and exits with status 2.
@@ -22,9 +24,12 @@ import csv
 import json
 import mmap
 import os
+import re
 import struct
 import sys
+import tempfile
 import zlib
+from pathlib import Path
 
 import numpy as np
 
@@ -35,13 +40,15 @@ PREAMBLE = struct.Struct("<8sIII")  # magic, version, header length, CRC-32 of t
 FRAME = struct.Struct("<4sHHIq")  # marker, record type, flags, payload length, step
 CRC = struct.Struct("<I")  # after the payload: CRC-32 of everything from the type to here
 OVERHEAD = FRAME.size + CRC.size
+RESUMED = re.compile(r"resumed from step (\d+)")  # the note a resumed run begins with
 DTYPES = {"float32": "<f4", "float64": "<f8", "int32": "<i4", "int64": "<i8"}  # and "utf8"
 HEADER_KEYS = ("format", "version", "created", "config", "options", "seed", "backend", "device", "records")
 
 
 class LogError(Exception):
-    """A log that cannot be read; str(error) is one line naming the file and what is wrong. For a
-    log of a newer format version, .header holds the header fields this reader understands."""
+    """A log that cannot be read (or an export that cannot be made); str(error) is one line naming
+    the file and what is wrong. For a log of a newer format version, .header holds the header fields
+    this reader understands."""
 
     def __init__(self, message, header=None):
         super().__init__(message)
@@ -84,6 +91,7 @@ class RunLog:
     def __init__(self, path):
         self.path = os.fspath(path)
         self.problems = []
+        self.superseded = []  # (resume step, records set aside): see _set_aside_abandoned
         self._buf = _map_file(self.path)
         self.version, self.header, records_start = self._read_header()
         self.config = self.header["config"]
@@ -187,8 +195,30 @@ class RunLog:
                     f"{offsets[wrong][0] - FRAME.size})")
                 mask &= ~wrong
             self._index[rtype.name] = (steps[mask], offsets[mask], lengths[mask])
-            if rtype.name != "note":
-                self._report_repeats(rtype.name, steps[mask])
+        self._set_aside_abandoned()
+        for name, (steps, _, _) in self._index.items():
+            if name != "note":
+                self._report_repeats(name, steps)
+
+    def _set_aside_abandoned(self):
+        """A note "resumed from step S" marks where a resumed run began: the records written before
+        it for steps S and later belong to the continuation it replaced. They stay in the file, are
+        left out of every read, and are counted in self.superseded as (S, records)."""
+        self.superseded = []
+        steps, offsets, lengths = self._index.get("note", ((), (), ()))
+        view = memoryview(self._buf)
+        for note_offset, length in zip(offsets, lengths):
+            resumed = RESUMED.match(bytes(view[note_offset:note_offset + min(length, 64)]).decode("utf-8", "replace"))
+            if not resumed:
+                continue
+            start, count = int(resumed.group(1)), 0
+            for name, (s, o, n) in list(self._index.items()):
+                abandoned = (o < note_offset) & (s >= start)
+                if name != "note" and abandoned.any():
+                    count += int(abandoned.sum())
+                    self._index[name] = (s[~abandoned], o[~abandoned], n[~abandoned])
+            if count:
+                self.superseded.append((start, count))
 
     def _damage(self, pos, stop):
         """One line about the unreadable bytes [pos, stop)."""
@@ -268,6 +298,89 @@ class RunLog:
         return (int(min(s.min() for s in steps)), int(max(s.max() for s in steps))) if steps else None
 
 
+# -- long format: one row per value, for data-frame tools --------------------------------------------
+
+EXPORT_COLUMNS = ("run", "step", "metric", "layer", "head", "head_kind", "value")
+EMPTY_DTYPES = {"step": np.int64, "layer": np.int64, "head": np.int64, "value": np.float64}  # others: text
+
+
+def run_labels(paths, given=()):
+    """A label for each log: the given ones first, in order, then folder/stem of the file (the
+    trainer names every log run.attnlog, so the folder is what tells runs apart); a label that
+    occurs again gets a number, "label (2)"."""
+    labels, seen = [], {}
+    for i, path in enumerate(paths):
+        label = given[i] if i < len(given) else f"{Path(path).resolve().parent.name}/{Path(path).stem}"
+        seen[label] = seen.get(label, 0) + 1
+        labels.append(label if seen[label] == 1 else f"{label} ({seen[label]})")
+    return labels
+
+
+def long_table(log, label):
+    """Every value of the log in long format, one block of equal-length numpy columns (the names of
+    EXPORT_COLUMNS) per numeric field of each record type of the header's record table: the step
+    records' fields (loss, lr, ...), the validation loss, and every telemetry metric. A field of one
+    value per record has layer and head -1 and head_kind "scalar"; a [layer x X] field has a row per
+    layer and column, head_kind X (kv_head, q_head or dim). Steps as the reader gives them: ascending,
+    a step recorded twice (a resumed run) once, with its later values."""
+    for rtype in log.record_types.values():  # in the order of the header's table
+        for name, spec in rtype.fields.items():
+            if spec["dtype"] == "utf8":
+                continue
+            steps, values = log.read(rtype.name, name)
+            layer, head, kind = _positions(spec)
+            rows = len(steps) * len(layer)
+            yield {"run": np.full(rows, label), "step": np.repeat(steps, len(layer)), "metric": np.full(rows, name),
+                   "layer": np.tile(layer, len(steps)), "head": np.tile(head, len(steps)),
+                   "head_kind": np.full(rows, kind), "value": values.astype(np.float64).ravel()}
+
+
+def _positions(spec):
+    """(layer [n], head [n], head_kind) of the n values of one record's field, in payload order."""
+    shape, dims = spec["shape"], list(spec.get("dims") or [])
+    if not shape:
+        return np.full(1, -1), np.full(1, -1), "scalar"
+    if len(shape) == 2 and len(dims) == 2 and dims[0] == "layer":
+        return np.repeat(np.arange(shape[0]), shape[1]), np.tile(np.arange(shape[1]), shape[0]), str(dims[1])
+    size = int(np.prod(shape))  # another layout: the flat index as the head
+    return np.full(size, -1), np.arange(size), " x ".join(map(str, dims)) or "value"
+
+
+def write_long(path, blocks):
+    """Writes long_table blocks to path, a .csv (a header row, then a row per value; layer and head
+    empty for scalars; every value the exact decimal of its float32, so float() or pandas.read_csv
+    read back the same number) or a .npz (one 1-D array per column, strings as fixed-width unicode,
+    layer and head -1 for scalars: pandas.DataFrame(dict(numpy.load(path))) loads it). The file
+    appears whole or not at all: it is written beside path under another name, then renamed."""
+    kind = Path(path).suffix.lower()
+    if kind not in (".csv", ".npz"):
+        raise LogError(f"{path}: cannot tell the format from the name (it must end in .csv or .npz)")
+    temp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{Path(path).name}.{os.getpid()}.part")
+    try:
+        with open(temp, "x" if kind == ".csv" else "xb", **({"newline": ""} if kind == ".csv" else {})) as out:
+            if kind == ".csv":
+                _write_csv(out, blocks)
+            else:
+                blocks = list(blocks) or [{k: np.zeros(0, EMPTY_DTYPES.get(k, "<U1")) for k in EXPORT_COLUMNS}]
+                np.savez(out, **{k: np.concatenate([block[k] for block in blocks]) for k in EXPORT_COLUMNS})
+        os.replace(temp, path)
+    except BaseException as e:
+        if os.path.exists(temp):
+            os.unlink(temp)
+        if isinstance(e, OSError):  # name the file asked for, not the temporary one
+            raise OSError(e.errno, e.strerror, os.fspath(path)) from None
+        raise
+
+
+def _write_csv(out, blocks):
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(EXPORT_COLUMNS)
+    for block in blocks:
+        layer, head = (np.where(block[k] < 0, "", block[k].astype(str)) for k in ("layer", "head"))
+        writer.writerows(zip(block["run"], block["step"].astype(str), block["metric"], layer, head,
+                             block["head_kind"], block["value"].astype(str)))
+
+
 def _map_file(path):
     try:
         with open(path, "rb") as f:
@@ -341,6 +454,9 @@ def command_info(log, args):
     metrics = log.record_types.get("telemetry")
     if metrics:
         print("metrics: " + ", ".join(f"{name} [{' x '.join(spec['dims'])}]" for name, spec in metrics.fields.items()))
+    for start, count in log.superseded:
+        print(f"superseded: {count} records written for steps {start} and later before the run resumed from step "
+              f"{start} (an abandoned continuation, kept in the file, left out of every read)")
     notes = log.notes()
     print(f"notes ({len(notes)}):")
     for step, text in notes[:10]:
@@ -411,7 +527,15 @@ def command_csv(log, args):
             out.close()
 
 
-COMMANDS = {"info": command_info, "dump": command_dump, "csv": command_csv}
+def command_export(logs, args):
+    given = args.run_label or []
+    if len(given) > len(logs):
+        raise LogError(f"more --run-label options ({len(given)}) than logs ({len(logs)}): one label per log, in order")
+    labels = run_labels([log.path for log in logs], given)
+    write_long(args.output, (block for log, label in zip(logs, labels) for block in long_table(log, label)))
+
+
+COMMANDS = {"info": command_info, "dump": command_dump, "csv": command_csv, "export": command_export}
 
 
 def main(argv=None):
@@ -431,9 +555,17 @@ def main(argv=None):
     which.add_argument("--scalars", action="store_true", help="the step records: step,loss,lr,... (the default)")
     which.add_argument("--val", action="store_true", help="the validation loss: step,val_loss")
     table.add_argument("-o", "--output", metavar="FILE", help="write here instead of to standard output")
+    export = commands.add_parser("export", help="every value of every log in long format, one row per value: "
+                                 "run,step,metric,layer,head,head_kind,value")
+    export.add_argument("logs", nargs="+", metavar="LOG", help="the run log(s)")
+    export.add_argument("-o", "--output", metavar="FILE", required=True,
+                        help="FILE.csv (a table with a header row) or FILE.npz (one array per column)")
+    export.add_argument("--run-label", action="append", metavar="LABEL", help="the run column of a log, once "
+                        "per log in the order given (default: the log's folder/file stem)")
     args = parser.parse_args(argv)
     try:
-        COMMANDS[args.command](open_log(args.log), args)
+        logs = [open_log(path) for path in args.logs] if args.command == "export" else open_log(args.log)
+        COMMANDS[args.command](logs, args)
     except LogError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -491,3 +491,103 @@ def test_library_names_errors(log_path):
         log.metric("k_nrom")
     with pytest.raises(attnlog.LogError, match="no step field named 'los' .it has loss, lr"):
         log.scalars("los")
+
+
+# -- export: every value of every log, one row each ----------------------------------------------------
+
+EXPORT_COLUMNS = ["run", "step", "metric", "layer", "head", "head_kind", "value"]
+
+
+def expected_export(steps, segment_of=lambda step: 0):
+    """{(metric, step, layer, head): (head_kind, value)} of every value test_runlog writes, from the
+    formulas; layer and head -1 for the values of the step and val records."""
+    rows = {}
+    for s in steps:
+        seg = segment_of(s)
+        for name in SCALARS:
+            rows[name, s, -1, -1] = ("scalar", float(np.float32(scalar_value(name, s, seg))))
+        if has_val(s):
+            rows["val_loss", s, -1, -1] = ("scalar", float(np.float32(val_value(s, seg))))
+        if has_telemetry(s):
+            for m, (name, dim) in enumerate(METRICS):
+                table = np.float32(metric_value(m, s, seg))
+                for (layer, col), value in np.ndenumerate(table):
+                    rows[name, s, layer, col] = (dim, float(value))
+    return rows
+
+
+def read_export_csv(path):
+    """(header, {run: {(metric, step, layer, head): (head_kind, value)}}, row count) of an exported CSV."""
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    runs = {}
+    for run, step, metric, layer, head, kind, value in rows[1:]:
+        key = (metric, int(step), int(layer) if layer else -1, int(head) if head else -1)
+        runs.setdefault(run, {})[key] = (kind, float(value))
+    return rows[0], runs, len(rows) - 1
+
+
+def test_export_csv_holds_every_value(tmp_path, log_path):
+    out = tmp_path / "all.csv"
+    result = run_cli("export", log_path, "-o", out)
+    assert result.returncode == 0 and result.stdout == "" and result.stderr == "", result.stderr
+    header, runs, count = read_export_csv(out)
+    assert header == EXPORT_COLUMNS
+    expected = expected_export(range(10))
+    assert count == len(expected) == 10 * len(SCALARS) + 3 + TELEMETRY_BYTES // 4 * 4  # one row per value
+    assert runs == {f"{log_path.parent.name}/run": expected}  # float32 values read back exactly
+    with open(out, newline="") as f:
+        first = next(csv.DictReader(f))
+    assert (first["metric"], first["layer"], first["head"], first["head_kind"]) == ("loss", "", "", "scalar")
+
+
+def test_export_npz_two_logs(tmp_path, log_path):
+    resumed = saved(tmp_path, log_path.read_bytes(), "run.attnlog")
+    run_writer("append", resumed)  # steps 6..9 again, with other values, then 10 and 11
+    out = tmp_path / "two.npz"
+    result = run_cli("export", log_path, resumed, "--run-label", "first", "-o", out)
+    assert result.returncode == 0, result.stderr
+    with np.load(out) as f:  # what pandas.DataFrame(dict(np.load(out))) takes
+        columns = dict(f)
+    assert list(columns) == EXPORT_COLUMNS
+    assert {len(c) for c in columns.values()} == {len(columns["run"])}
+    assert all(c.ndim == 1 for c in columns.values())
+    assert [columns[k].dtype.kind for k in EXPORT_COLUMNS] == ["U", "i", "U", "i", "i", "U", "f"]
+    labels = list(dict.fromkeys(columns["run"].tolist()))
+    assert labels == ["first", f"{tmp_path.name}/run"]
+    for label, expected in zip(labels, (expected_export(range(10)),
+                                        expected_export(range(12), lambda step: 1 if step >= 6 else 0))):
+        mine = columns["run"] == label
+        got = {(m, s, layer, head): (kind, v) for s, m, layer, head, kind, v in
+               zip(*[columns[k][mine].tolist() for k in EXPORT_COLUMNS[1:]])}
+        assert got == expected and mine.sum() == len(expected)  # a re-done step once, its later values
+    log = attnlog.open_log(resumed)  # and the values are the reader's arrays, bit for bit
+    for name in log.metric_names():
+        steps, values = log.metric(name)
+        rows = (columns["run"] == labels[1]) & (columns["metric"] == name)
+        np.testing.assert_array_equal(columns["step"][rows].reshape(len(steps), -1)[:, 0], steps)
+        assert np.array_equal(columns["value"][rows].astype(np.float32), values.ravel())
+
+
+def test_export_labels_and_torn_tail(tmp_path, data):
+    cut = saved(tmp_path, data[:frames(data)[-1][0] + 30])  # the step 9 telemetry record torn
+    out = tmp_path / "cut.csv"
+    result = run_cli("export", cut, cut, "-o", out)
+    assert result.returncode == 0, result.stderr
+    _, runs, count = read_export_csv(out)
+    expected = {k: v for k, v in expected_export(range(10)).items() if not (k[1] == 9 and v[0] != "scalar")}
+    label = f"{tmp_path.name}/copy"
+    assert runs == {label: expected, f"{label} (2)": expected} and count == 2 * len(expected)
+
+
+def test_export_errors(tmp_path, log_path):
+    out = tmp_path / "out.csv"
+    out.write_text("an earlier export\n")
+    assert_one_line_error(run_cli("export", log_path, "-o", tmp_path / "out.xlsx"), "out.xlsx", ".csv or .npz")
+    not_log = saved(tmp_path, b"step,loss\n0,8.0\n", "loss.attnlog")
+    assert_one_line_error(run_cli("export", log_path, not_log, "-o", out), "loss.attnlog", "not a run log")
+    assert_one_line_error(run_cli("export", log_path, "-o", out, "--run-label", "a", "--run-label", "b"),
+                          "--run-label")
+    assert_one_line_error(run_cli("export", log_path, "-o", tmp_path / "no" / "such.npz"), "such.npz", "cannot write")
+    assert out.read_text() == "an earlier export\n"  # nothing written, nothing left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loss.attnlog", "out.csv"]

@@ -99,7 +99,8 @@ def test_resume_continues_the_same_run(full_run, data, tmp_path):
 
 def test_resume_in_place_appends_to_the_log(full_run, data, tmp_path):
     """Resuming in the run's own directory appends to its log: the re-done steps are recorded
-    twice, the reader keeps the later records and says so, and they equal the first ones."""
+    twice, the reader reads the resumed run's, sets the first run's aside and counts them, and the
+    two agree."""
     out, _ = full_run
     run_dir = tmp_path / "run"
     shutil.copytree(out, run_dir)
@@ -113,8 +114,44 @@ def test_resume_in_place_appends_to_the_log(full_run, data, tmp_path):
     steps, loss = log.scalars("loss")
     _, first = attnlog.open_log(out / "run.attnlog").scalars("loss")
     assert list(steps) == list(range(6)) and np.array_equal(loss, first)
-    assert any("repeat" in p for p in log.problems)
-    assert any("resumed" in text for _, text in log.notes())
+    assert log.superseded == [(3, 6)]  # the first run's step records 3-5, telemetry 4 and 5, validation 5
+    assert not any("repeat" in p for p in log.problems)
+    assert any(text.startswith("resumed from step 3 at ") for step, text in log.notes() if step == 3)
+
+
+def test_a_resumed_run_sets_aside_the_abandoned_continuation(full_run, data, tmp_path):
+    """Resuming in place with statistics at other steps: the records the first run wrote after the
+    checkpoint are left out of every read (kept in the file, counted by the reader), so the log
+    reads as one run: statistics at 0 and 2 from the first run, then 3 and 5 from the resumed one."""
+    out, _ = full_run
+    run_dir = tmp_path / "run"
+    shutil.copytree(out, run_dir)
+    r = run([TRAIN, "-i", data / "train_*.bin", "-j", data / "val_*.bin", *TINY_MODEL, "-x", "6", "-s", "3",
+             "-v", "3", "--val-batches", "2", "-r", run_dir / "model_step000003.ckpt"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = attnlog.open_log(run_dir / "run.attnlog")
+    assert list(log.metric("k_norm")[0]) == [0, 2, 3, 5]
+    assert list(log.scalars("loss")[0]) == list(range(6)) and log.problems == []
+    info = subprocess.run([sys.executable, ROOT / "scripts" / "attnlog.py", "info", run_dir / "run.attnlog"],
+                          stdout=subprocess.PIPE, text=True).stdout
+    assert "superseded: " in info and "resumed from step 3" in info
+
+
+def test_resume_with_other_training_options(full_run, data, tmp_path):
+    """-r with another learning rate is refused, naming the option; with --allow-changes 1 it goes on,
+    and the log's resume note says what changed."""
+    out, _ = full_run
+    run_dir = tmp_path / "run"
+    shutil.copytree(out, run_dir)
+    args = [TRAIN, "-i", data / "train_*.bin", "-j", data / "val_*.bin", *TINY_MODEL, "-x", "6", "-s", "2", "-v", "3",
+            "--val-batches", "2", "-l", "0.01", "-r", run_dir / "model_step000003.ckpt"]
+    before = (run_dir / "run.attnlog").read_bytes()
+    assert_one_line_error(run(args), "options -l (--lr) 0.003 -> 0.01 differ from the run of", "--allow-changes 1")
+    assert (run_dir / "run.attnlog").read_bytes() == before
+    r = run(args + ["--allow-changes", "1"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    notes = attnlog.open_log(run_dir / "run.attnlog").notes()
+    assert any("changed options: -l (--lr) 0.003 -> 0.01" in text for _, text in notes)
 
 
 def test_keep_the_latest_checkpoints(data, tmp_path):
