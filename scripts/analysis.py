@@ -1,12 +1,14 @@
 """What the attention-key reports compute from a run log, for scripts/report.py to present: the run
 loaded into numpy arrays (load_run), the quantities derived from the logged statistics
-(docs/telemetry.md), rank statistics, the reports' hypotheses checked on the run, a taxonomy of
-the heads, and the machine-readable summary (summarise, which also gives summary.json's schema).
-Needs numpy.
+(docs/telemetry.md, "Derived in Python"), the decision window, rank correlations with permutation
+nulls, t-intervals, and the machine-readable summary (summarise, whose docstring is summary.json's
+schema). The hypotheses, the guards against too little training, the head taxonomy and the
+verdicts over replicate runs are in scripts/verdicts.py. Needs numpy.
 """
 import json
 import math
 import os
+import re
 import sys
 
 import numpy as np
@@ -19,15 +21,17 @@ SINK_THRESHOLD = 0.3  # attn_sink above this makes a head a sink (Gu et al. 2024
 AXIS_THRESHOLD = 0.5  # k_maxabs^2 / k_norm^2 above this: one component holds most of the key's energy
 FOCUS_FRACTION = 0.5  # entropy below this fraction of uniform attention's counts as focused
 NORM_MARGIN = 0.05  # a key is amplified when its norm is more than 5% above sqrt(D), its initial value
-SIGNIFICANCE = 0.05  # one-sided permutation p-value needed to call a correlation negative
+WINDOW_FRACTION = 0.25  # the decision window: the stats steps in the last quarter of the logged steps
 PERMUTATIONS = 10000
 
 # The telemetry metrics this report reads; a log without one of them loses the figures that need it.
-USED_METRICS = ["k_norm", "k_maxabs", "k_pr", "k_cos", "k_erank", "q_norm", "attn_entropy", "attn_sink", "g_k"]
+USED_METRICS = ["k_norm", "k_maxabs", "k_pr", "k_cos", "k_erank", "k_mean_share", "k_erank_centered", "q_norm",
+                "attn_entropy", "attn_sink", "attn_maxp", "attn_logit_max", "g_q", "g_k"]
 # The dims a metric's columns may have in the header's telemetry table (the rows are layers), and the
 # field of the model configuration that sizes each.
 COLUMN_SIZES = {"kv_head": "n_kv_head", "q_head": "n_head", "dim": "head_dim"}
-SUPPORTED, NOT_SUPPORTED, NO_DATA = "supported", "not supported", "not enough data"
+# The note ./train writes at step 0 of a run started with -e CHECKPOINT.
+INIT_NOTE = re.compile(r"started from the weights of (.*), trained for (\d+) steps")
 
 
 class ReportError(Exception):
@@ -77,6 +81,8 @@ def load_run(path, label):
     loss = log.scalars("loss") if "loss" in log.scalar_names() and counts.get("step") else empty
     val = log.val_loss() if counts.get("val") else empty
     options = log.header.get("options") if isinstance(log.header.get("options"), dict) else {}
+    seq_len = sequence_length(options, config)
+    stats_steps = next(iter(metrics.values()))[0] if metrics else np.zeros(0, np.int64)
     return {
         "path": str(path), "label": label, "header": log.header, "config": config, "options": options,
         "problems": problems, "notes": log.notes(), "step_range": log.step_range(),
@@ -84,9 +90,10 @@ def load_run(path, label):
         "metrics": metrics, "columns": columns, "missing": missing,
         "loss": finite_only(*loss, "training loss", problems),
         "val": finite_only(*val, "validation loss", problems),
-        "stats_steps": next(iter(metrics.values()))[0] if metrics else np.zeros(0, np.int64),
+        "stats_steps": stats_steps, "window": decision_window(stats_steps),
         "groups": layer_groups(n_layer),
-        "seq_len": sequence_length(options, config),
+        "seq_len": seq_len, "tokens_per_step": tokens_per_step(options, seq_len),
+        "init": started_from(options, log.notes()),
     }
 
 
@@ -120,13 +127,44 @@ def finite_only(steps, series, what, problems):
     return steps[good], series[good]
 
 
+def option_int(options, name, default=0):
+    try:
+        return int(options.get(name, default))
+    except (TypeError, ValueError):
+        return default
+
+
 def sequence_length(options, config):
     """T of the training sequences: the seq-len option, where 0 (or absent) means max_seq_len."""
-    try:
-        seq_len = int(options.get("seq-len", 0))
-        return seq_len if seq_len > 0 else int(config.get("max_seq_len", 0))
-    except (TypeError, ValueError):
-        return 0
+    seq_len = option_int(options, "seq-len")
+    return seq_len if seq_len > 0 else option_int(config, "max_seq_len")
+
+
+def tokens_per_step(options, seq_len):
+    """Tokens of one optimiser step: the total-batch option, where 0 (or absent) means one
+    micro-batch of batch x seq_len."""
+    total = option_int(options, "total-batch")
+    return total if total > 0 else option_int(options, "batch") * seq_len
+
+
+def started_from(options, notes):
+    """For a run started from another run's weights (-e): {"checkpoint", "steps"}, the steps the
+    weights had trained before this log's step 0 (None when the log does not say); else None."""
+    for _, text in notes:
+        match = INIT_NOTE.match(text)
+        if match:
+            return {"checkpoint": match.group(1), "steps": int(match.group(2))}
+    init = options.get("init")
+    return {"checkpoint": str(init), "steps": None} if init else None
+
+
+def decision_window(stats_steps):
+    """Indices of the stats steps the verdicts and the taxonomy average over: those in the last
+    WINDOW_FRACTION of the span from the first to the last stats step."""
+    if len(stats_steps) == 0:
+        return np.zeros(0, np.int64)
+    first, last = float(stats_steps[0]), float(stats_steps[-1])
+    return np.flatnonzero(stats_steps >= last - WINDOW_FRACTION * (last - first))
 
 
 def layer_groups(n_layer):
@@ -135,6 +173,9 @@ def layer_groups(n_layer):
     mid = n_layer // 2
     spans = {"early": [0, 1], "middle": [mid - 1, mid], "final": [n_layer - 2, n_layer - 1]}
     return {g: sorted({min(max(i, 0), n_layer - 1) for i in layers}) for g, layers in spans.items()}
+
+
+# -- derived quantities ----------------------------------------------------------------------------
 
 
 def kv_of_query(run):
@@ -151,9 +192,20 @@ def values(run, name):
     return run["metrics"][name][1].astype(np.float64)
 
 
+def per_kv(run, array):
+    """[S, L, Hkv]: the mean over the query heads that read each kv head of an [S, L, H] array."""
+    return array.reshape(array.shape[0], run["L"], run["Hkv"], run["H"] // run["Hkv"]).mean(axis=3)
+
+
 def qk_ratio(run):
     """||q|| / ||k|| of every query head, its kv head's k_norm in the denominator: [S, L, H]."""
     return values(run, "q_norm") / values(run, "k_norm@q")
+
+
+def logit_ceiling(run):
+    """[S, L, H] mean ||q|| x mean ||k|| / sqrt(D): an estimate, from the means, of the largest logit
+    a query and key of these lengths can give (reached when they point the same way)."""
+    return values(run, "q_norm") * values(run, "k_norm@q") / math.sqrt(run["D"])
 
 
 def group_curves(run, array):
@@ -176,6 +228,30 @@ def uniform_entropy(seq_len):
     """Mean entropy (nats) of uniform causal attention over T positions: row t spreads over t+1
     keys, H_t = ln(t+1), averaged over t = 0..T-1 as attn_entropy is."""
     return float(np.log(np.arange(1, seq_len + 1)).mean()) if seq_len > 0 else float("nan")
+
+
+def uniform_sink(seq_len):
+    """Mean attention on position 0 (and mean largest probability) of uniform causal attention over
+    T positions: 1/(t+1) averaged over t = 0..T-1."""
+    return float((1.0 / np.arange(1, seq_len + 1)).mean()) if seq_len > 0 else float("nan")
+
+
+def isotropic_pr(head_dim):
+    """Participation ratio of an isotropic Gaussian key in D dimensions, E(sum k^2)^2 / E sum k^4 =
+    (D^2 + 2D) / 3D = (D + 2) / 3: what k_pr reads for keys without preferred components."""
+    return (head_dim + 2) / 3
+
+
+def offset_or_collapse(erank, centred):
+    """What a change of the keys' effective rank is, from (first, last) of k_erank and of
+    k_erank_centered: a fall of k_erank with the centred rank falling less than half as much is an
+    offset shared by the keys; a fall of the centred rank too (beyond NORM_MARGIN) is fewer directions."""
+    fall, fall_centred = 1 - erank[1] / erank[0], 1 - centred[1] / centred[0]
+    if fall_centred > NORM_MARGIN:
+        return "fewer directions, not only a shared offset"
+    if fall > NORM_MARGIN and fall_centred < fall / 2:
+        return "an offset shared by the keys rather than fewer directions"
+    return "no fall of the rank beyond 5%"
 
 
 def has(run, *names):
@@ -209,20 +285,75 @@ def ranks(x):
     return result
 
 
+def rank_correlation(x, y, strata=None, permutations=PERMUTATIONS):
+    """Spearman's rho of x and y and its permutation null (PERMUTATIONS random pairings, seeded: the
+    same values always give the same p). With strata (a label per value, e.g. its layer) x and y are
+    first centred within each stratum and the pairings shuffle only within strata: the correlation
+    within layers, with the differences between layers taken out. Returns {"rho", "n", "p" (two-sided:
+    the share of pairings with |rho| at least as large), "p_negative" (one-sided, rho this low),
+    "chance" (the 95th percentile of |rho| over the pairings: what chance alone reaches)}; with
+    permutations=0 only rho."""
+    x, y = np.array(x, float), np.array(y, float)  # copies: centring within strata changes them
+    groups = [np.arange(len(x))] if strata is None else [np.flatnonzero(strata == s) for s in np.unique(strata)]
+    for idx in groups if strata is not None else ():
+        x[idx], y[idx] = x[idx] - x[idx].mean(), y[idx] - y[idx].mean()
+    nan = {"rho": float("nan"), "n": len(x), "p": float("nan"), "p_negative": float("nan"), "chance": float("nan")}
+    if len(x) < 3:
+        return nan
+    cx, cy = ranks(x) - (len(x) + 1) / 2, ranks(y) - (len(y) + 1) / 2
+    if not (cx.any() and cy.any()):  # constant values: no order to correlate
+        return nan
+    scale = math.sqrt((cx @ cx) * (cy @ cy))
+    rho = float(cx @ cy / scale)
+    if permutations == 0:
+        return dict(nan, rho=rho)
+    rng, null = np.random.default_rng(0), []
+    for start in range(0, permutations, 1000):  # in blocks, to bound the memory for many heads
+        shuffled = np.tile(cy, (min(1000, permutations - start), 1))
+        for idx in groups:
+            shuffled[:, idx] = rng.permuted(shuffled[:, idx], axis=1)
+        null.append(shuffled @ cx / scale)
+    null = np.concatenate(null)
+    return {"rho": rho, "n": len(x), "p": float((np.count_nonzero(np.abs(null) >= abs(rho) - 1e-12) + 1)
+                                                / (permutations + 1)),
+            "p_negative": float((np.count_nonzero(null <= rho + 1e-12) + 1) / (permutations + 1)),
+            "chance": float(np.quantile(np.abs(null), 0.95))}
+
+
 def spearman(x, y):
     """Spearman's rank correlation and the one-sided permutation p-value of its being this
     negative by chance: the share of random pairings of the same values with rho <= the observed."""
-    rx, ry = ranks(x), ranks(y)
-    if len(rx) < 3 or rx.std() == 0 or ry.std() == 0:
-        return float("nan"), float("nan")
-    cx, cy = rx - rx.mean(), ry - ry.mean()
-    scale = len(rx) * rx.std() * ry.std()
-    rho = float(cx @ cy / scale)
-    rng, as_low = np.random.default_rng(0), 0  # seeded: the same log always gives the same p
-    for start in range(0, PERMUTATIONS, 1000):  # in blocks, to bound the memory for many heads
-        shuffled = rng.permuted(np.tile(cy, (min(1000, PERMUTATIONS - start), 1)), axis=1)
-        as_low += np.count_nonzero(shuffled @ cx / scale <= rho + 1e-12)
-    return rho, (as_low + 1) / (PERMUTATIONS + 1)
+    result = rank_correlation(x, y)
+    return result["rho"], result["p_negative"]
+
+
+# t_0.975 with 1..30 degrees of freedom (two-sided 95%), from the tables of Student's t.
+T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+        2.045, 2.042]
+
+
+def t975(df):
+    """The 97.5% quantile of Student's t with df degrees of freedom: the table above up to 30, the
+    Cornish-Fisher expansion around the normal quantile beyond (error below 1e-4 there)."""
+    if df < 1:
+        return float("nan")
+    if df <= len(T975):
+        return T975[int(df) - 1]
+    z = 1.959963985
+    return (z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * df ** 3))
+
+
+def mean_interval(sample):
+    """(mean, half-width of its 95% t-interval, n) of a sample: t_0.975(n-1) x sd / sqrt(n), the
+    sd with n-1 in the denominator; the half-width is NaN for fewer than 2 values."""
+    sample = np.asarray(sample, float)
+    n = len(sample)
+    if n == 0:
+        return float("nan"), float("nan"), 0
+    half = t975(n - 1) * float(sample.std(ddof=1)) / math.sqrt(n) if n > 1 else float("nan")
+    return float(sample.mean()), half, n
 
 
 def finite(x):
@@ -244,173 +375,6 @@ def json_ready(value):
     return value
 
 
-# -- the hypotheses of the reports -----------------------------------------------------------------
-
-
-def hypothesis_entropy_norm(run):
-    """(a) Across heads, a larger key norm goes with sharper (lower-entropy) attention."""
-    result = {"id": "a", "title": "larger key norm, sharper attention",
-              "claim": "across query heads, k_norm (of the head's kv head) and attn_entropy are negatively "
-                       "correlated at the last stats step",
-              "rule": f"supported when Spearman's rho < 0 and its one-sided permutation p-value "
-                      f"({PERMUTATIONS} permutations) is below {SIGNIFICANCE}",
-              "statistic": "spearman_rho"}
-    reason = why_not(run, "k_norm", "attn_entropy")
-    if reason:
-        return dict(result, verdict=NO_DATA, detail=reason)
-    x, y = values(run, "k_norm@q")[-1].ravel(), values(run, "attn_entropy")[-1].ravel()
-    rho, p = spearman(x, y)
-    result.update(step=int(run["stats_steps"][-1]), n_heads=len(x), value=finite(rho), p_value=finite(p))
-    if not math.isfinite(rho):
-        return dict(result, verdict=NO_DATA, detail=f"{len(x)} heads, too few or constant values")
-    verdict = SUPPORTED if rho < 0 and p < SIGNIFICANCE else NOT_SUPPORTED
-    detail = f"rho = {rho:+.3f} over {len(x)} query heads at step {result['step']}, p = {p:.3g}"
-    if rho < 0 and p >= SIGNIFICANCE:
-        detail += " (negative, but no stronger than random pairings give)"
-    return dict(result, verdict=verdict, detail=detail)
-
-
-def hypothesis_hierarchy(run):
-    """(b) Early layers dampen their keys below sqrt(D), the final layers amplify them above. sqrt(D)
-    is also where every norm starts, so a norm counts as moved only beyond NORM_MARGIN."""
-    root = math.sqrt(run["D"])
-    low, high = (1 - NORM_MARGIN) * root, (1 + NORM_MARGIN) * root
-    result = {"id": "b", "title": "dampened early keys, amplified final keys",
-              "claim": f"at the last stats step the early group's k_norm is below sqrt(D) = {root:.2f} and "
-                       "the final group's is above it",
-              "rule": f"supported when the early group's mean k_norm is below {low:.2f} and the final group's "
-                      f"above {high:.2f}: every norm starts at sqrt(D), so one within {NORM_MARGIN:.0%} of it "
-                      "has not moved far enough to count as dampened or amplified",
-              "statistic": "group_k_norm"}
-    reason = why_not(run, "k_norm")
-    if reason:
-        return dict(result, verdict=NO_DATA, detail=reason)
-    curves = group_curves(run, values(run, "k_norm"))
-    early, final = float(curves["early"][-1]), float(curves["final"][-1])
-    result.update(step=int(run["stats_steps"][-1]), early=early, final=final, sqrt_head_dim=root,
-                  value=[early, final])
-    if set(run["groups"]["early"]) & set(run["groups"]["final"]):
-        return dict(result, verdict=NO_DATA, detail=f"{run['L']} layers: the early and final groups overlap")
-
-    def where(x):
-        return "dampened" if x < low else "amplified" if x > high else f"within {NORM_MARGIN:.0%} of {root:.2f}"
-
-    verdict = SUPPORTED if early < low and final > high else NOT_SUPPORTED
-    return dict(result, verdict=verdict, detail=f"early {early:.2f} ({where(early)}), final {final:.2f} "
-                                                f"({where(final)}) at step {result['step']}")
-
-
-def hypothesis_axis_aligned(run):
-    """(c) Outlier components: some heads put most of a key's energy into one dimension."""
-    n_heads = run["L"] * run["Hkv"]
-    result = {"id": "c", "title": "axis-aligned keys (outlier dimensions)",
-              "claim": f"by the end some kv heads are axis-aligned: k_maxabs^2 / k_norm^2 > {AXIS_THRESHOLD}",
-              "rule": "supported when at least one kv head is axis-aligned at the last stats step",
-              "statistic": "axis_aligned_count"}
-    reason = why_not(run, "k_norm", "k_maxabs")
-    if reason:
-        return dict(result, verdict=NO_DATA, detail=reason)
-    ratio = axis_ratio(run)
-    aligned = np.argwhere(ratio[-1] > AXIS_THRESHOLD)
-    count, at_start = len(aligned), int((ratio[0] > AXIS_THRESHOLD).sum())
-    top = np.unravel_index(np.argmax(ratio[-1]), ratio[-1].shape)
-    result.update(step=int(run["stats_steps"][-1]), value=count, of=n_heads, first_step_count=at_start,
-                  heads=[[int(l), int(h)] for l, h in aligned], max_ratio=float(ratio[-1][top]),
-                  max_ratio_head=[int(top[0]), int(top[1])])
-    detail = f"{count} of {n_heads} kv heads at step {result['step']}"
-    if len(ratio) > 1:
-        detail += f" ({at_start} at step {int(run['stats_steps'][0])})"
-    detail += f"; the largest share is {ratio[-1][top]:.2f}, layer {top[0]} kv head {top[1]}"
-    return dict(result, verdict=SUPPORTED if count > 0 else NOT_SUPPORTED, detail=detail)
-
-
-def hypothesis_pr_falls(run):
-    """(d) Dimensional collapse: the keys use fewer dimensions as training goes on."""
-    result = {"id": "d", "title": "dimensional collapse",
-              "claim": "the participation ratio k_pr falls during training",
-              "rule": "supported when the mean k_pr over all layers and kv heads is lower at the last stats "
-                      "step than at the first",
-              "statistic": "mean_k_pr"}
-    reason = why_not(run, "k_pr")
-    if reason:
-        return dict(result, verdict=NO_DATA, detail=reason)
-    if len(run["stats_steps"]) < 2:
-        return dict(result, verdict=NO_DATA, detail="only one stats step")
-    pr = values(run, "k_pr").mean(axis=(1, 2))
-    first, last = float(pr[0]), float(pr[-1])
-    result.update(first=first, last=last, value=[first, last], first_step=int(run["stats_steps"][0]),
-                  step=int(run["stats_steps"][-1]))
-    change = (last - first) / first
-    return dict(result, verdict=SUPPORTED if last < first else NOT_SUPPORTED,
-                detail=f"{first:.2f} at step {result['first_step']}, {last:.2f} at step {result['step']} "
-                       f"({100 * change:+.1f}%)")
-
-
-def hypotheses(run):
-    return [hypothesis_entropy_norm(run), hypothesis_hierarchy(run), hypothesis_axis_aligned(run),
-            hypothesis_pr_falls(run)]
-
-
-# -- the head taxonomy -----------------------------------------------------------------------------
-
-
-def taxonomy_rules(run):
-    """The rules, in words, with this run's thresholds filled in."""
-    root, h_uniform = math.sqrt(run["D"]), uniform_entropy(run["seq_len"])
-    focus, amplified = FOCUS_FRACTION * h_uniform, (1 + NORM_MARGIN) * root
-    return {
-        "static sink": f"attn_sink > {SINK_THRESHOLD}: more than {SINK_THRESHOLD:.0%} of the head's attention "
-                       "lands on the first position, whatever the query (the sink threshold of Gu et al. 2024)",
-        "semantic retriever": f"not a sink; focused attention, attn_entropy < {focus:.2f} nats "
-                              f"({FOCUS_FRACTION} x the {h_uniform:.2f} nats of uniform attention over "
-                              f"T = {run['seq_len']}, i.e. fewer than about {math.exp(focus):.0f} tokens "
-                              f"effectively); and an amplified key, k_norm > {amplified:.2f} "
-                              f"({1 + NORM_MARGIN:g} x sqrt(D))",
-        "syntactic gatherer": f"not a sink; diffuse attention, attn_entropy >= {focus:.2f} nats; a key that is "
-                              f"not amplified, k_norm <= {amplified:.2f}; and not axis-aligned, "
-                              f"k_maxabs^2 / k_norm^2 <= {AXIS_THRESHOLD}",
-        "other": "none of the above: focused heads without an amplified key, or diffuse heads with an "
-                 "amplified or axis-aligned key",
-    }
-
-
-def classify(sink, entropy, k_norm, axis, amplified, focus):
-    """The first rule of taxonomy_rules a head meets."""
-    if sink > SINK_THRESHOLD:
-        return "static sink"
-    if entropy < focus and k_norm > amplified:
-        return "semantic retriever"
-    if entropy >= focus and k_norm <= amplified and axis <= AXIS_THRESHOLD:
-        return "syntactic gatherer"
-    return "other"
-
-
-def taxonomy(run):
-    """Every query head at the last stats step, classified by taxonomy_rules."""
-    reason = why_not(run, "k_norm", "k_maxabs", "attn_entropy", "attn_sink")
-    if reason is None and run["seq_len"] < 1:
-        reason = "the header gives no sequence length"
-    rules = taxonomy_rules(run)
-    if reason:
-        return {"available": False, "reason": reason, "rules": rules}
-    h_uniform = uniform_entropy(run["seq_len"])
-    focus, amplified = FOCUS_FRACTION * h_uniform, (1 + NORM_MARGIN) * math.sqrt(run["D"])
-    k_norm, axis = values(run, "k_norm@q")[-1], axis_ratio(run)[-1][:, kv_of_query(run)]
-    entropy, sink = values(run, "attn_entropy")[-1], values(run, "attn_sink")[-1]
-    heads = []
-    for layer in range(run["L"]):
-        for h in range(run["H"]):
-            cls = classify(sink[layer, h], entropy[layer, h], k_norm[layer, h], axis[layer, h], amplified, focus)
-            heads.append({"layer": layer, "head": h, "kv_head": int(kv_of_query(run)[h]), "class": cls,
-                          "k_norm": float(k_norm[layer, h]), "attn_entropy": float(entropy[layer, h]),
-                          "entropy_fraction": float(entropy[layer, h] / h_uniform),
-                          "attn_sink": float(sink[layer, h]), "axis_ratio": float(axis[layer, h])})
-    counts = {cls: sum(h["class"] == cls for h in heads) for cls in rules}
-    return {"available": True, "step": int(run["stats_steps"][-1]), "rules": rules, "counts": counts,
-            "uniform_entropy": h_uniform, "focus_entropy": focus, "amplified_k_norm": amplified,
-            "seq_len": run["seq_len"], "heads": heads}
-
-
 # -- the summary -----------------------------------------------------------------------------------
 
 
@@ -424,14 +388,17 @@ def divergence_layer(run, layer_option):
     return int(np.argmax(np.ptp(k_norm[-1], axis=1))), "the layer whose kv heads differ most at the end"
 
 
-def at_step(run, index):
-    """Group means of every statistic at one stats step (index 0: first, -1: last)."""
-    out = {}
-    for metric in ("k_norm", "k_maxabs", "k_cos", "k_pr", "k_erank", "q_norm", "attn_entropy", "attn_sink"):
-        if has(run, metric):
-            out[metric] = {g: float(c[index]) for g, c in group_curves(run, values(run, metric)).items()}
+SUMMARISED = ("k_norm", "k_maxabs", "k_cos", "k_pr", "k_erank", "k_mean_share", "k_erank_centered", "q_norm",
+              "attn_entropy", "attn_sink", "attn_maxp", "attn_logit_max")
+
+
+def group_means(run, pick):
+    """{statistic: {group: value}}, value = pick(group curve [S]) for every statistic of SUMMARISED
+    the log has, and qk_ratio."""
+    out = {m: {g: float(pick(c)) for g, c in group_curves(run, values(run, m)).items()}
+           for m in SUMMARISED if has(run, m)}
     if has(run, "q_norm", "k_norm"):
-        out["qk_ratio"] = {g: float(c[index]) for g, c in group_curves(run, qk_ratio(run)).items()}
+        out["qk_ratio"] = {g: float(pick(c)) for g, c in group_curves(run, qk_ratio(run)).items()}
     return out
 
 
@@ -451,10 +418,7 @@ def loss_summary(run):
 def completeness(run):
     """Lines about what the log lacks: damage found by the reader, an early end, missing metrics."""
     lines = list(run["problems"])
-    try:
-        planned = int(run["options"].get("steps", 0))
-    except (TypeError, ValueError):
-        planned = 0
+    planned = option_int(run["options"], "steps")
     span = run["step_range"]  # (first, last) step of any intact record, or None
     if planned and span is None:
         lines.append(f"the log has no step records (the run planned {planned} steps): the run stopped before "
@@ -470,58 +434,98 @@ def completeness(run):
 def summarise(run, made=None, skipped=None, opts=None):
     """The machine-readable summary of one run, written as summary.json; report.md is written from
     it, so both show the same numbers. Its keys (null where the log lacks the data; steps are the
-    log's, counted from 0):
+    log's, counted from 0 at the start of this log, also for a run started from a checkpoint):
     log, label, created, backend, device, seed, config, options   the run, from the log's header
     head_dim, sqrt_head_dim, seq_len     D, sqrt(D) (the initial key norm), T of the training rows
+    baselines         {"uniform_entropy", "uniform_sink", "isotropic_pr"}: uniform causal attention's
+                       mean entropy (mean of ln(t+1)) and mean weight on position 0 (mean of 1/(t+1)),
+                       over t < T; the participation ratio of isotropic Gaussian keys, (D+2)/3
+    init              {"checkpoint", "steps"}: the weights this run started from (-e) and how many steps
+                       they had trained before this log's step 0 (null if the log does not say); or null
     groups            {"early": [layers], "middle": [...], "final": [...]}
     stats_steps       {"count", "first", "last"}: the steps with telemetry
+    window            {"first", "last", "count", "fraction"}: the decision window, the stats steps in the
+                       last `fraction` of the stats steps' span; verdicts and taxonomy use its means
+    training          verdicts.training_status: {"enough", "reasons" [text], "tokens_per_step",
+                       "steps_trained", "init_steps", "tokens", "min_tokens", "warmup", "last_step",
+                       "window_count", "min_window_count"}
     loss              {"steps_recorded", "first_step", "last_step", "last", "last10_mean",
                        "val_last_step", "val_last"}
-    problems          [text]: damage the reader found, an early end, missing metrics
+    problems          [text]: damage the reader found, an early end, missing metrics (too little training
+                       is not among them: see training)
     missing_metrics   [name]: metrics this report uses that the log lacks
-    notes             [[step, text]]: the notes the trainer wrote (e.g. where a resumed run resumed)
-    first_step, last_step   {statistic: {group: mean over the group's layers and heads}} at the
-                       first/last stats step, for k_norm k_maxabs k_cos k_pr k_erank q_norm
-                       attn_entropy attn_sink qk_ratio
+    notes             [[step, text]]: the notes the trainer wrote (a resumed run, a -e start)
+    first_step, last_step, window_mean   {statistic: {group: mean over the group's layers and heads}}
+                       at the first/last stats step and averaged over the decision window, for k_norm
+                       k_maxabs k_cos k_pr k_erank k_mean_share k_erank_centered q_norm attn_entropy
+                       attn_sink attn_maxp attn_logit_max qk_ratio (those the log has)
     sink_rate         {"threshold", "first", "last"}: share of query heads with attn_sink > threshold
-    hypotheses        {"a"|"b"|"c"|"d": {"id", "title", "claim", "rule", "statistic", "verdict"
-                       ("supported" | "not supported" | "not enough data"), "detail", "value", "step",
-                       and per hypothesis: a: n_heads, p_value; b: early, final, sqrt_head_dim;
-                       c: of, heads [[layer, kv_head]], first_step_count, max_ratio, max_ratio_head;
-                       d: first, last, first_step}}
-    taxonomy          {"available", "step", "rules" {class: text}, "counts" {class: n},
-                       "uniform_entropy", "focus_entropy", "amplified_k_norm", "seq_len",
+    hypotheses        {"a"|"b"|"c"|"d": verdicts.hypotheses: {"id", "title", "claim", "rule",
+                       "statistic", "verdict" ("supported" | "contradicted" | "inconclusive"), "why"
+                       ("decided" | "within the margin" | "uncertain" | "too little training" |
+                       "no data"), "detail", "tests": [{"name", "effect", "half_width", "low", "high",
+                       "margin", "uncertainty" (what half_width is), "verdict", "why"}] (empty without
+                       data), and per hypothesis (decision-window means):
+                       a: value (Spearman's rho across kv heads), n_units (kv heads), p_value (two-sided,
+                          permutations), chance (95th percentile of |rho| under random pairings), within
+                          {rho, p, chance, n, verdict} (within layers), per_step {mean, min, max, steps}
+                          (rho at each window step);
+                       b: early, final (group k_norm), value [early, final], sqrt_head_dim;
+                       c: value (kv heads above the axis threshold), of, heads [[layer, kv_head]],
+                          first_step_count, max_ratio, max_ratio_head [layer, kv_head];
+                       d: first (mean k_pr at the first stats step), last (window mean), value [first,
+                          last], first_step, erank, erank_centered, mean_share ({first, last} of k_erank,
+                          k_erank_centered, k_mean_share, when the log has them)}
+    taxonomy          {"available", "window" [first, last], "step", "rules" {class: text}, "counts"
+                       {class: n}, "uniform_entropy", "focus_entropy", "amplified_k_norm", "seq_len",
                        "heads": [{"layer", "head", "kv_head", "class", "k_norm", "attn_entropy",
-                       "entropy_fraction", "attn_sink", "axis_ratio"}]} or {"available": false, "reason"}
+                       "entropy_fraction", "attn_sink", "axis_ratio"}]} (window means), or
+                       {"available": false, "reason", "rules"}
     norm_divergence_layer   {"layer", "why"}
     figures           {"made": [file], "skipped": {file: why}}
-    comparison        (several logs, added by report.py) {"figures": {...}, "runs": [{"label", "log", "last_step",
-                       "final_loss" (mean of the last 10 steps), "val_loss", "k_norm" {group: value},
-                       "sink_rate", "spearman", "verdicts" {id: verdict}, "problems"}]}
+    comparison        (several logs, added by report.py) {"figures": {...}, "runs": [{"label", "log",
+                       "last_step", "final_loss" (mean of the last 10 steps), "val_loss", "k_norm" {group:
+                       value}, "sink_rate", "spearman" (hypothesis a's rho), "verdicts" {id: verdict},
+                       "problems"}], "replicates": [verdicts.replicate_verdicts, one per set of runs that
+                       differ only in their seed: {"runs", "seeds", "left_out" {label: why}, "hypotheses"
+                       {id: {"title", "verdict", "why", "detail", "tests": [{"name", "values", "n",
+                       "mean" (also as "effect"), "t", "half_width", "low", "high", "margin",
+                       "uncertainty", "verdict", "why"}]}}}]}
     """
-    stats_steps = run["stats_steps"]
+    import verdicts  # built on this module
+
+    stats_steps, window = run["stats_steps"], run["window"]
     root = math.sqrt(run["D"])
+    training = verdicts.training_status(run)
     out = {
         "log": run["path"], "label": run["label"],
         "created": run["header"].get("created"), "backend": run["header"].get("backend"),
         "device": run["header"].get("device"), "seed": run["header"].get("seed"),
         "config": run["config"], "options": run["options"],
         "head_dim": run["D"], "sqrt_head_dim": root, "seq_len": run["seq_len"],
+        "baselines": {"uniform_entropy": uniform_entropy(run["seq_len"]), "uniform_sink": uniform_sink(run["seq_len"]),
+                      "isotropic_pr": isotropic_pr(run["D"])},
+        "init": run["init"],
         "groups": run["groups"],
         "stats_steps": {"count": int(len(stats_steps)),
                         "first": int(stats_steps[0]) if len(stats_steps) else None,
                         "last": int(stats_steps[-1]) if len(stats_steps) else None},
+        "window": {"first": int(stats_steps[window[0]]) if len(window) else None,
+                   "last": int(stats_steps[window[-1]]) if len(window) else None,
+                   "count": int(len(window)), "fraction": WINDOW_FRACTION},
+        "training": training,
         "loss": loss_summary(run),
         "problems": completeness(run),
         "notes": [[step, text] for step, text in run["notes"]],
         "missing_metrics": run["missing"],
-        "first_step": at_step(run, 0) if len(stats_steps) else {},
-        "last_step": at_step(run, -1) if len(stats_steps) else {},
+        "first_step": group_means(run, lambda c: c[0]) if len(stats_steps) else {},
+        "last_step": group_means(run, lambda c: c[-1]) if len(stats_steps) else {},
+        "window_mean": group_means(run, lambda c: c[window].mean()) if len(stats_steps) else {},
         "sink_rate": {"threshold": SINK_THRESHOLD,
                       "first": float(sink_rate(run)[0]) if has(run, "attn_sink") else None,
                       "last": float(sink_rate(run)[-1]) if has(run, "attn_sink") else None},
-        "hypotheses": {h["id"]: h for h in hypotheses(run)},
-        "taxonomy": taxonomy(run),
+        "hypotheses": {h["id"]: h for h in verdicts.hypotheses(run, training)},
+        "taxonomy": verdicts.taxonomy(run, training),
     }
     if has(run, "k_norm"):
         layer, why = divergence_layer(run, opts["layer"] if opts else None)
@@ -529,5 +533,3 @@ def summarise(run, made=None, skipped=None, opts=None):
     if made is not None:
         out["figures"] = {"made": [name for name, _ in made], "skipped": skipped}
     return out
-
-

@@ -1,15 +1,20 @@
 """The figures of scripts/report.py. Each function draws one PNG from plain numpy arrays and knows
-nothing about the run log: analysis.py measures, report.py chooses what to show, this module draws.
+nothing about the run log: analysis.py measures, run_figures.py chooses what to show and writes the
+captions, this module draws.
 
 Colours follow the research reports on key norms: early layers blue, middle green, final red. Each
-group also gets its own line style, so the figures still read in greyscale.
+group also gets its own line style, so the figures still read in greyscale. Points of single layers
+run from light (layer 0) to dark (the last layer). STEP_LABEL names the x axis of every figure over
+training (run_figures sets it for a run started from a checkpoint).
 """
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no window
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from matplotlib.colors import TwoSlopeNorm  # noqa: E402
+from matplotlib.cm import ScalarMappable  # noqa: E402
+from matplotlib.collections import PathCollection  # noqa: E402
+from matplotlib.colors import BoundaryNorm, Normalize, TwoSlopeNorm  # noqa: E402
 
 GROUP_STYLE = {"early": ("#1f77b4", "-"), "middle": ("#2ca02c", "--"), "final": ("#d62728", "-.")}
 PHASE_STYLE = [("#1f77b4", "o"), ("#ff7f0e", "s"), ("#d62728", "^")]  # early, mid, late training
@@ -53,10 +58,11 @@ def _group_lines(ax, steps, curves, groups):
                 linewidth=1.8, label=f"{name} ({layer_span(groups[name])})")
 
 
-def group_panels(path, title, steps, panels, groups):
+def group_panels(path, title, steps, panels, groups, same_scale=()):
     """Line plots of layer-group curves over training steps, one panel per entry of panels:
-    (panel title, y label, {group: curve [S]}, reference value or None, reference label)."""
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.6), constrained_layout=True,
+    (panel title, y label, {group: curve [S]}, reference value or None, reference label). The
+    panels whose indices are in same_scale get one y range, so that they compare at a glance."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(6.2, 5.4 * len(panels)), 4.6), constrained_layout=True,
                              squeeze=False)
     for ax, (subtitle, ylabel, curves, ref, ref_label) in zip(axes[0], panels):
         _group_lines(ax, steps, curves, groups)
@@ -66,8 +72,19 @@ def group_panels(path, title, steps, panels, groups):
         ax.set_xlabel(STEP_LABEL)
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=9)
+    _same_limits([axes[0][i] for i in same_scale])
     fig.suptitle(title)
     _save(fig, path)
+
+
+def _same_limits(axes, axis="y"):
+    """One range for all these axes: the union of theirs."""
+    if len(axes) < 2:
+        return
+    get = (lambda a: a.get_ylim()) if axis == "y" else (lambda a: a.get_xlim())
+    low, high = min(get(a)[0] for a in axes), max(get(a)[1] for a in axes)
+    for a in axes:
+        (a.set_ylim if axis == "y" else a.set_xlim)(low, high)
 
 
 def layer_profile(path, title, per_layer, per_head, groups, ref, ref_label, ylabel):
@@ -122,21 +139,73 @@ def heads_over_steps(path, title, steps, values, ref, ref_label, ylabel, head_la
     _save(fig, path)
 
 
-def phase_scatter(path, title, phases, last, xlabel, ylabel, ref=None, ref_label=None):
+def phase_scatter(path, title, phases, last, xlabel, ylabel, ref=None, ref_label=None, ref_y=None, ref_y_label=None):
     """Points coloured by training phase: phases is a list of (label, x, y); last (label, x, y)
-    are the points of the last step, drawn on top with a black edge."""
+    are the points of the last step, drawn on top with a black edge. ref, ref_y: reference values
+    marked on the x and y axes."""
     fig, ax = plt.subplots(figsize=(8, 5.6), constrained_layout=True)
     for (label, x, y), (colour, marker) in zip(phases, PHASE_STYLE):
         ax.scatter(x, y, s=22, color=colour, marker=marker, alpha=0.55, linewidths=0, label=label)
     label, x, y = last
     ax.scatter(x, y, s=46, facecolors="none", edgecolors="black", linewidths=1.1, label=label)
-    if ref is not None:
-        ax.axvline(ref, color="0.35", linestyle=":", linewidth=1.5, label=ref_label)
-        _honest_limits(ax, ref, "x")
+    _references(ax, ref, ref_label, ref_y, ref_y_label)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=9, loc="best")
+    _save(fig, path)
+
+
+def _references(ax, ref_x, label_x, ref_y, label_y):
+    if ref_x is not None:
+        ax.axvline(ref_x, color="0.35", linestyle=":", linewidth=1.5, label=label_x)
+        _honest_limits(ax, ref_x, "x")
+    if ref_y is not None:
+        ax.axhline(ref_y, color="0.35", linestyle="--", linewidth=1.2, label=label_y)
+
+
+def _layer_colours(n_layer):
+    """A colour per layer, light (first layer) to dark (last), and the matching colour bar's norm."""
+    cmap = plt.get_cmap("viridis_r", n_layer)
+    return cmap, BoundaryNorm(np.arange(n_layer + 1) - 0.5, n_layer)
+
+
+def _grey_legend(ax, **kwargs):
+    """A legend whose markers are grey: the points it names take their colours from the layer."""
+    legend = ax.legend(**kwargs)
+    for handle in getattr(legend, "legend_handles", None) or legend.legendHandles:
+        if isinstance(handle, PathCollection):  # the points; lines keep their colours
+            handle.set_facecolor("0.6")
+    return legend
+
+
+def _layer_colourbar(fig, ax, n_layer):
+    cmap, norm = _layer_colours(n_layer)
+    bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="layer")
+    bar.set_ticks(np.arange(n_layer) if n_layer <= 24 else np.arange(0, n_layer, max(1, n_layer // 12)))
+    return cmap
+
+
+def layer_scatter(path, title, points, faint, n_layer, xlabel, ylabel, refs=(None, None, None, None),
+                  diagonal=False):
+    """Points coloured by layer: points (x, y, layer, legend label) drawn large; faint (the same) or
+    None drawn small and pale beneath them. refs: (x reference, its label, y reference, its label).
+    diagonal: the line y = x."""
+    fig, ax = plt.subplots(figsize=(8.4, 5.8), constrained_layout=True)
+    cmap = _layer_colourbar(fig, ax, n_layer)
+    if faint is not None:
+        x, y, layer, label = faint
+        ax.scatter(x, y, s=14, color=cmap(np.asarray(layer)), alpha=0.4, linewidths=0, label=label)
+    x, y, layer, label = points
+    ax.scatter(x, y, s=60, color=cmap(np.asarray(layer)), edgecolors="black", linewidths=0.7, zorder=3, label=label)
+    if diagonal:
+        low, high = min(ax.get_xlim()[0], ax.get_ylim()[0]), max(ax.get_xlim()[1], ax.get_ylim()[1])
+        ax.plot([low, high], [low, high], color="0.35", linestyle=":", linewidth=1.5, label="y = x")
+    _references(ax, *refs)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    _grey_legend(ax, fontsize=9, loc="best")
     _save(fig, path)
 
 
@@ -188,29 +257,122 @@ def _annotated_heatmap(fig, ax, values, cmap, vmin, vmax, colour_label, fmt="{:.
     if rows * cols <= 200:  # numbers only while the cells are big enough to hold them
         for r in range(rows):
             for c in range(cols):
-                shade = (values[r, c] - vmin) / (vmax - vmin or 1)
+                red, green, blue, _ = image.cmap(image.norm(values[r, c]))
+                dark = 0.299 * red + 0.587 * green + 0.114 * blue < 0.5  # the cell's luminance
                 ax.text(c, r, fmt.format(values[r, c]), ha="center", va="center", fontsize=8,
-                        color="white" if shade > 0.6 else "black")
+                        color="white" if dark else "black")
     ax.set_xticks(np.arange(cols))
     ax.set_yticks(np.arange(rows))
     ax.grid(False)
-    fig.colorbar(image, ax=ax, label=colour_label)
+    return fig.colorbar(image, ax=ax, label=colour_label)
 
 
-def sink_figure(path, title, steps, rate, last_sink, last_step, threshold):
-    """Left: the fraction of query heads above the sink threshold over steps; right: attn_sink of
-    every layer and query head at the last step."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8), constrained_layout=True,
-                                      gridspec_kw={"width_ratios": [1.2, 1]})
-    left.plot(steps, 100 * rate, color="black", marker="o" if len(steps) <= 30 else None, markersize=3.5)
-    left.set_ylim(-3, 103)
+def lines_and_heatmap(path, title, steps, left, right):
+    """Left: curves over training; right: an annotated heatmap. left: (panel title, y label, {label:
+    curve [S]} drawn in black or, for layer groups, in the groups' styles, groups or None, y limits
+    or None, reference value or None, its label). right: (panel title, values [rows, cols], x label,
+    colour map, vmin, vmax, colour bar label, reference on the colour bar or None, number format)."""
+    subtitle, ylabel, curves, groups, ylim, ref, ref_label = left
+    fig, (ax, heat) = plt.subplots(1, 2, figsize=(13, 4.8), constrained_layout=True,
+                                   gridspec_kw={"width_ratios": [1.2, 1]})
+    if groups is not None:
+        _group_lines(ax, steps, curves, groups)
+    else:
+        for label, curve in curves.items():
+            ax.plot(steps, curve, color="black", marker="o" if len(steps) <= 30 else None, markersize=3.5,
+                    label=label)
+    if ref is not None:
+        _reference_line(ax, ref, ref_label)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    ax.set_xlabel(STEP_LABEL)
+    ax.set_ylabel(ylabel)
+    ax.set_title(subtitle)
+    ax.legend(fontsize=9)
+    subtitle, table, xlabel, cmap, vmin, vmax, bar_label, bar_ref, fmt = right
+    bar = _annotated_heatmap(fig, heat, table, cmap, vmin, vmax, bar_label, fmt)
+    if bar_ref is not None:
+        bar.ax.axhline(bar_ref, color="#00a0ff", linewidth=2.5)
+    heat.set_xlabel(xlabel)
+    heat.set_ylabel("layer")
+    heat.set_title(subtitle)
+    fig.suptitle(title)
+    _save(fig, path)
+
+
+def layer_heatmaps(path, title, steps, panels):
+    """One panel per entry, each a layer x step heatmap: (panel title, values [S, L], colour bar label,
+    colour map, vmin, vmax, centre (a diverging scale centred there) or None, reference value marked
+    on the colour bar or None)."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels), 4.8), constrained_layout=True,
+                             squeeze=False)
+    for ax, (subtitle, table, bar_label, cmap, vmin, vmax, centre, ref) in zip(axes[0], panels):
+        norm = TwoSlopeNorm(vcenter=centre, vmin=vmin, vmax=vmax) if centre is not None else Normalize(vmin, vmax)
+        mesh = ax.pcolormesh(_edges(steps), _edges(np.arange(table.shape[1])), table.T, cmap=cmap, norm=norm,
+                             shading="flat")
+        bar = fig.colorbar(mesh, ax=ax, label=bar_label)
+        if ref is not None:
+            bar.ax.axhline(ref, color="#00a0ff" if centre is None else "black", linewidth=2.5)
+        ax.set_yticks(np.arange(table.shape[1]) if table.shape[1] <= 24 else
+                      np.arange(0, table.shape[1], max(1, table.shape[1] // 12)))
+        ax.invert_yaxis()
+        ax.set_xlabel(STEP_LABEL)
+        ax.set_ylabel("layer")
+        ax.set_title(subtitle)
+        ax.grid(False)
+    fig.suptitle(title)
+    _save(fig, path)
+
+
+def logit_figure(path, title, steps, observed, ceiling, groups, points, n_layer):
+    """Left: each layer group's largest logit (solid) and its ceiling estimate (dotted, same colour)
+    over training; right: (x ceiling, y observed, layer, label) per query head, coloured by layer,
+    with the line y = x."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5), constrained_layout=True)
+    _group_lines(left, steps, observed, groups)
+    for name, curve in ceiling.items():
+        left.plot(steps, curve, color=GROUP_STYLE[name][0], linestyle=":", linewidth=1.6)
+    left.plot([], [], color="0.3", linestyle=":", label="dotted: ceiling estimate")
     left.set_xlabel(STEP_LABEL)
-    left.set_ylabel(f"query heads with attn_sink > {threshold} (%)")
-    left.set_title("sink rate")
-    _annotated_heatmap(fig, right, last_sink, "magma_r", 0.0, 1.0, "attention mass on position 0")
-    right.set_xlabel("query head")
-    right.set_ylabel("layer")
-    right.set_title(f"attn_sink at step {last_step}")
+    left.set_ylabel("logit q . k / sqrt(D)")
+    left.set_title("largest logit (solid) and mean ||q|| ||k|| / sqrt(D) (dotted)")
+    left.legend(fontsize=9)
+    cmap = _layer_colourbar(fig, right, n_layer)
+    x, y, layer, label = points
+    right.scatter(x, y, s=46, color=cmap(np.asarray(layer)), edgecolors="black", linewidths=0.6, label=label)
+    low, high = min(right.get_xlim()[0], right.get_ylim()[0]), max(right.get_xlim()[1], right.get_ylim()[1])
+    right.plot([low, high], [low, high], color="0.35", linestyle=":", linewidth=1.5, label="y = x: at the ceiling")
+    right.set_xlabel("ceiling estimate, mean ||q|| x mean ||k|| / sqrt(D)")
+    right.set_ylabel("largest logit attn_logit_max")
+    right.set_title("each query head")
+    _grey_legend(right, fontsize=9, loc="upper left")
+    fig.suptitle(title)
+    _save(fig, path)
+
+
+def gain_figure(path, title, steps, final_q, final_k, final_step, rms, groups):
+    """Top: every layer's g_q and g_k at the last step (layer x dimension, one colour scale centred
+    on 1); bottom: the RMS gain of each layer group over training, for q and for k on one scale.
+    rms: {"q": {group: [S]}, "k": {group: [S]}}."""
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8.6), constrained_layout=True)
+    norm = _gain_norm(final_q, final_k)
+    for ax, gains, name in zip(axes[0], (final_q, final_k), ("g_q", "g_k")):
+        mesh = ax.pcolormesh(_edges(np.arange(gains.shape[1])), _edges(np.arange(gains.shape[0])), gains,
+                             cmap="RdBu_r", norm=norm, shading="flat")
+        ax.set_xlabel("dimension of the head")
+        ax.set_ylabel("layer")
+        ax.invert_yaxis()
+        ax.set_title(f"{name} at step {final_step}")
+        ax.grid(False)
+    fig.colorbar(mesh, ax=axes[0].tolist(), label="gain (1 = initial value)")
+    for ax, name in zip(axes[1], ("q", "k")):
+        _group_lines(ax, steps, rms[name], groups)
+        _reference_line(ax, 1.0, "1, the initial gain")
+        ax.set_xlabel(STEP_LABEL)
+        ax.set_ylabel(f"RMS of g_{name} over dimensions")
+        ax.set_title(f"g_{name}: RMS gain by layer group")
+        ax.legend(fontsize=9)
+    _same_limits(list(axes[1]))
     fig.suptitle(title)
     _save(fig, path)
 

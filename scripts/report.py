@@ -1,16 +1,19 @@
 #!/usr/bin/python3
 """Turns the trainer's run log into the figures and findings of the research reports on attention
 keys (what the trainer measures: docs/telemetry.md). What it presents is computed by
-scripts/analysis.py; this script draws the figures and writes the report.
+scripts/analysis.py (statistics) and scripts/verdicts.py (verdicts, taxonomy, replicates) and drawn
+by scripts/run_figures.py; this script writes the report.
 
-    /usr/bin/python3 scripts/report.py RUN.attnlog [MORE.attnlog ...] [-o OUTDIR] [--layer N]
+    /usr/bin/python3 scripts/report.py RUN.attnlog [MORE.attnlog ...] [-o OUTDIR] [--layer N] [--label NAME ...]
+    /usr/bin/python3 scripts/report.py --follow RUN.attnlog [--interval SECONDS] [--idle SECONDS]
+        renders the report again whenever the log of a training run grows, until the run has ended
 
 Writes into OUTDIR (default: a report/ folder beside the first log):
     *.png          the figures of the first run (names as in the reports: key_norm_evolution.png, ...)
     compare_*.png  with several logs: each run's layer-group curves overlaid
     report.md      configuration, figures with captions computed from the run, the reports'
                    hypotheses checked on it, a taxonomy of the heads, problems found in the log
-    report.html    the same, one self-contained file (figures embedded)
+    report.html    the same, one self-contained file (figures embedded, long tables folded away)
     summary.json   every number of the report, for programs (its keys: analysis.summarise)
 
 Needs numpy and matplotlib (Debian's /usr/bin/python3 has both). A log that cannot be read, a
@@ -25,6 +28,7 @@ import math
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -32,227 +36,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import attnlog  # noqa: E402
 import figures  # noqa: E402
-from analysis import (AXIS_THRESHOLD, SINK_THRESHOLD, ReportError, divergence_layer, group_curves,  # noqa: E402
-                      has, json_ready, load_run, qk_ratio, sink_rate, spearman, summarise, values, why_not)
-
-GROUPS = ("early", "middle", "final")
-COMPARED = [("k_norm", "mean key norm k_norm"), ("k_maxabs", "mean largest key component k_maxabs"),
-            ("k_cos", "mean cosine similarity of key pairs k_cos"),
-            ("k_pr", "participation ratio k_pr (dimensions)"), ("attn_entropy", "attention entropy (nats)")]
-
-
-# -- figures and their captions --------------------------------------------------------------------
-
-
-def group_change(curves, fmt="{:.2f}"):
-    """'early 8.00 -> 6.12, middle ..., final ...'."""
-    return "; ".join(f"{g} {fmt.format(c[0])} \u2192 {fmt.format(c[-1])}" for g, c in curves.items())
-
-
-def span(run):
-    steps = run["stats_steps"]
-    return f"from step {steps[0]} to step {steps[-1]}"
-
-
-def figure_key_norm(run, path, opts):
-    curves = group_curves(run, values(run, "k_norm"))
-    root = math.sqrt(run["D"])
-    figures.group_panels(path, "Key norm by layer group", run["stats_steps"],
-                         [("mean ||k|| after k_norm and its gain, before RoPE", "mean key L2 norm k_norm",
-                           curves, root, f"sqrt(D) = {root:.2f}, the initial norm")], run["groups"])
-    return (f"Mean key norm of each layer group, {span(run)}: {group_change(curves)}. The dotted line is "
-            f"sqrt(D) = {root:.2f}, the norm of a key whose components have unit mean square (gain 1).")
-
-
-def figure_outliers(run, path, opts):
-    maxabs = values(run, "k_maxabs")
-    curves = group_curves(run, maxabs)
-    last = maxabs[-1]
-    l, h = np.unravel_index(np.argmax(last), last.shape)
-    share = (last[l, h] / values(run, "k_norm")[-1][l, h]) ** 2
-    figures.group_panels(path, "Outlier magnitude: the largest key component", run["stats_steps"],
-                         [("mean over keys of max_i |k_i|", "mean largest |component| k_maxabs", curves, None, None)],
-                         run["groups"])
-    return (f"Mean largest absolute key component per group, {span(run)}: {group_change(curves)}. At the last "
-            f"step the largest is layer {l}, kv head {h}: {last[l, h]:.2f}, whose square is {share:.0%} of "
-            f"the squared key norm ({AXIS_THRESHOLD:.0%} would make it axis-aligned).")
-
-
-def figure_cos(run, path, opts):
-    curves = group_curves(run, values(run, "k_cos"))
-    figures.group_panels(path, "Latent redundancy: how alike the keys are", run["stats_steps"],
-                         [("mean cosine similarity over pairs of distinct keys", "mean pairwise cosine k_cos",
-                           curves, None, None)], run["groups"])
-    above = [g for g, c in curves.items() if c[-1] > 0.5]
-    return (f"Mean cosine similarity between keys per group, {span(run)}: {group_change(curves, '{:.3f}')}. "
-            + (f"Above 0.5 at the end (the reports' 'semantic convergence'): {', '.join(above)}."
-               if above else "No group ends above 0.5, the reports' mark of 'semantic convergence'."))
-
-
-def figure_profile(run, path, opts):
-    last = values(run, "k_norm")[-1]
-    per_layer, root = last.mean(axis=1), math.sqrt(run["D"])
-    step = run["stats_steps"][-1]
-    figures.layer_profile(path, f"Key magnitude profile at step {step}", per_layer, last, run["groups"], root,
-                          f"sqrt(D) = {root:.2f}", "mean key L2 norm k_norm")
-    below = [i for i, v in enumerate(per_layer) if v < root]
-    return (f"Mean k_norm of every layer at step {step} (bars; dots are single kv heads). Lowest: layer "
-            f"{np.argmin(per_layer)} ({per_layer.min():.2f}); highest: layer {np.argmax(per_layer)} "
-            f"({per_layer.max():.2f}). {len(below)} of {run['L']} layers are below sqrt(D) = {root:.2f}"
-            + (f": {', '.join(map(str, below))}." if below else "."))
-
-
-def figure_divergence(run, path, opts):
-    k_norm = values(run, "k_norm")
-    layer, why = divergence_layer(run, opts["layer"])
-    heads, root = k_norm[:, layer, :], math.sqrt(run["D"])
-    figures.heads_over_steps(path, f"Norm divergence of the kv heads of layer {layer}", run["stats_steps"], heads,
-                             root, f"sqrt(D) = {root:.2f}", "mean key L2 norm k_norm")
-    if run["Hkv"] == 1:
-        return (f"Layer {layer} ({why}) has a single kv head: its k_norm goes from {heads[0, 0]:.2f} to "
-                f"{heads[-1, 0]:.2f}; with one kv head per layer there is nothing to diverge.")
-    lo, hi = int(np.argmin(heads[-1])), int(np.argmax(heads[-1]))
-    return (f"k_norm of each kv head of layer {layer} ({why}). At step {run['stats_steps'][-1]} they range "
-            f"from {heads[-1, lo]:.2f} (kv head {lo}) to {heads[-1, hi]:.2f} (kv head {hi}), a spread of "
-            f"{heads[-1, hi] - heads[-1, lo]:.2f}; at step {run['stats_steps'][0]} the spread was "
-            f"{np.ptp(heads[0]):.2f}.")
-
-
-def phases(n_steps):
-    """The stats steps split into three consecutive, nearly equal parts: early, mid, late training."""
-    return [(name, idx) for name, idx in zip(("early", "mid", "late"), np.array_split(np.arange(n_steps), 3))
-            if len(idx)]
-
-
-def figure_scatter(run, path, opts):
-    x, y, steps = values(run, "k_norm@q"), values(run, "attn_entropy"), run["stats_steps"]
-    parts = [(f"{name} training (steps {steps[idx[0]]}-{steps[idx[-1]]})", x[idx].ravel(), y[idx].ravel())
-             for name, idx in phases(len(steps))]
-    root = math.sqrt(run["D"])
-    figures.phase_scatter(path, "Entropy against key norm, one point per query head and stats step", parts,
-                          (f"step {steps[-1]} (last)", x[-1].ravel(), y[-1].ravel()),
-                          "k_norm of the head's kv head", "attention entropy (nats)", root, f"sqrt(D) = {root:.2f}")
-    rho, p = spearman(x[-1].ravel(), y[-1].ravel())
-    corr = (f"Spearman's rho across the {x[-1].size} heads at the last step is {rho:+.3f} (permutation p = {p:.3g})"
-            if math.isfinite(rho) else "At the last step the values are too few or constant for a rank correlation")
-    return (f"Each point is one query head at one stats step ({x.shape[1] * x.shape[2]} heads x {len(steps)} steps), "
-            f"coloured by training phase; circled: the last step. Entropy at the last step ranges from "
-            f"{y[-1].min():.2f} to {y[-1].max():.2f} nats, key norm from {x[-1].min():.2f} to {x[-1].max():.2f}. "
-            f"{corr}.")
-
-
-def figure_rank(run, path, opts):
-    pr, er = group_curves(run, values(run, "k_pr")), group_curves(run, values(run, "k_erank"))
-    figures.group_panels(path, f"Effective rank of the keys (D = {run['D']})", run["stats_steps"],
-                         [("participation ratio of a key's components", "k_pr (dimensions)", pr, None, None),
-                          ("effective rank of the keys matrix (Roy & Vetterli)", "k_erank (dimensions)", er,
-                           None, None)], run["groups"])
-    return (f"Left, the participation ratio (how many components a key spreads over), {span(run)}: "
-            f"{group_change(pr, '{:.1f}')}. Right, the effective rank of all keys of a head together: "
-            f"{group_change(er, '{:.1f}')}. Both can reach D = {run['D']}.")
-
-
-def figure_gamma(run, path, opts):
-    gains, steps = values(run, "g_k"), run["stats_steps"]
-    if opts["layer"] is not None or has(run, "k_norm"):
-        layer, why = divergence_layer(run, opts["layer"])  # the layer of norm_divergence.png
-    else:  # no key norms: the layer whose gains moved furthest from 1
-        layer, why = int(np.argmax(np.abs(gains[-1] - 1).mean(axis=1))), "the layer whose gains moved most"
-    figures.gain_heatmaps(path, "k_norm gain g_k: which dimensions are amplified", steps, gains[:, layer, :], layer,
-                          gains[-1], steps[-1])
-    final = gains[-1, layer]
-    top = np.argsort(final)[::-1][:3]
-    l, d = np.unravel_index(np.argmax(gains[-1]), gains[-1].shape)
-    return (f"Left: layer {layer}'s gain of every dimension over training ({why}; 1 at initialisation). At step "
-            f"{steps[-1]} its gains range from {final.min():.2f} to {final.max():.2f}; the largest are "
-            + ", ".join(f"dimension {i} ({final[i]:.2f})" for i in top)
-            + f". Right: every layer at step {steps[-1]}; the largest gain of all is {gains[-1][l, d]:.2f} "
-              f"(layer {l}, dimension {d}). Red amplifies, blue dampens.")
-
-
-def figure_qk(run, path, opts):
-    curves = group_curves(run, qk_ratio(run))
-    q, k = values(run, "q_norm").mean(axis=(1, 2)), values(run, "k_norm").mean(axis=(1, 2))
-    figures.group_panels(path, "Who turns the volume knob: ||q|| / ||k||", run["stats_steps"],
-                         [("mean over query heads of q_norm / k_norm of its kv head", "||q|| / ||k||", curves,
-                           1.0, "equal norms")], run["groups"])
-    return (f"Mean ratio of query norm to key norm per group, {span(run)}: {group_change(curves, '{:.3f}')}. Over all "
-            f"layers, mean ||q|| went {q[0]:.2f} \u2192 {q[-1]:.2f} and mean ||k|| {k[0]:.2f} \u2192 {k[-1]:.2f}.")
-
-
-def figure_sinks(run, path, opts):
-    sink, rate, steps = values(run, "attn_sink"), sink_rate(run), run["stats_steps"]
-    figures.sink_figure(path, "Attention sinks: attention mass on the first position", steps, rate, sink[-1],
-                        steps[-1], SINK_THRESHOLD)
-    l, h = np.unravel_index(np.argmax(sink[-1]), sink[-1].shape)
-    return (f"Left: share of the {run['L'] * run['H']} query heads with attn_sink > {SINK_THRESHOLD}, "
-            f"{span(run)}: {100 * rate[0]:.0f}% \u2192 {100 * rate[-1]:.0f}%. Right: attn_sink of every head at "
-            f"step {steps[-1]}; the strongest sink is layer {l}, query head {h} ({sink[-1][l, h]:.2f} of its "
-            f"attention on position 0).")
-
-
-def figure_loss(run, path, opts):
-    steps, loss = run["loss"]
-    val_steps, val = run["val"]
-    figures.loss_figure(path, "Loss", steps, loss.astype(float), val_steps, val.astype(float))
-    tail = loss[-10:].mean()
-    text = (f"Training loss of every step, {steps[0]} to {steps[-1]}: {loss[0]:.3f} at the first step, "
-            f"{tail:.3f} averaged over the last {min(10, len(loss))}.")
-    if len(val):
-        text += f" Validation loss: {val[0]:.3f} at step {val_steps[0]}, {val[-1]:.3f} at step {val_steps[-1]}."
-    else:
-        text += " The log has no validation loss."
-    return text
-
-
-# name, what it needs, how to draw it
-FIGURES = [
-    ("key_norm_evolution.png", ["k_norm"], figure_key_norm),
-    ("outlier_magnitude.png", ["k_maxabs", "k_norm"], figure_outliers),
-    ("latent_redundancy.png", ["k_cos"], figure_cos),
-    ("key_magnitude_profile.png", ["k_norm"], figure_profile),
-    ("norm_divergence.png", ["k_norm"], figure_divergence),
-    ("entropy_norm_scatter.png", ["k_norm", "attn_entropy"], figure_scatter),
-    ("effective_rank.png", ["k_pr", "k_erank"], figure_rank),
-    ("gamma_heatmap.png", ["g_k"], figure_gamma),
-    ("qk_ratio.png", ["q_norm", "k_norm"], figure_qk),
-    ("sink_rate.png", ["attn_sink"], figure_sinks),
-    ("loss.png", [], figure_loss),
-]
-
-
-def draw_figures(run, outdir, opts):
-    """Draws what the log allows: ([(file, caption)], {file: why it was skipped})."""
-    made, skipped = [], {}
-    for name, needs, draw in FIGURES:
-        reason = why_not(run, *needs) if needs else (None if len(run["loss"][0]) else "the log has no step records")
-        if reason:
-            skipped[name] = reason
-            continue
-        made.append((name, draw(run, str(outdir / name), opts)))
-    return made, skipped
-
-
-def draw_comparison(runs, outdir):
-    """compare_<metric>.png for each compared statistic: ([(file, caption)], {file: why skipped})."""
-    made, skipped = [], {}
-    same_d = len({r["D"] for r in runs}) == 1
-    for metric, label in COMPARED:
-        have = [r for r in runs if has(r, metric)]
-        name = f"compare_{metric}.png"
-        if not have:
-            skipped[name] = f"no log has {metric}"
-            continue
-        curves = [(r["label"], r["stats_steps"], group_curves(r, values(r, metric))) for r in have]
-        ref = math.sqrt(runs[0]["D"]) if metric == "k_norm" and same_d else None
-        figures.compare_figure(str(outdir / name), f"{label}: the runs compared", label, curves, ref,
-                               f"sqrt(D) = {ref:.2f}" if ref else None)
-        ends = "; ".join(f"{lab}: " + ", ".join(f"{g} {c[g][-1]:.2f}" for g in GROUPS) for lab, _, c in curves)
-        lacking = [r["label"] for r in runs if not has(r, metric)]
-        made.append((name, f"{label} by layer group, one line per run. At each run's last stats step: {ends}."
-                     + (f" Not in the figure (no {metric}): {', '.join(lacking)}." if lacking else "")))
-    return made, skipped
-
+from analysis import ReportError, json_ready, load_run, summarise  # noqa: E402
+from run_figures import GROUPS, draw_comparison, draw_figures  # noqa: E402
+from verdicts import CONTRADICTED, INCONCLUSIVE, RULE, SUPPORTED, replicate_sets, replicate_verdicts  # noqa: E402
 
 # -- writing the report ----------------------------------------------------------------------------
 # The report is a list of blocks, written out twice: as Markdown and as HTML.
@@ -282,17 +68,19 @@ def run_blocks(summary, made, skipped):
                         + f"; stats steps: {s['stats_steps']['count']}"
                         + (f" ({s['stats_steps']['first']}..{s['stats_steps']['last']})"
                            if s['stats_steps']['count'] else "") + "."))
+    if s["init"]:
+        blocks.append(("p", started_text(s["init"])))
     overlap = len({layer for layers in s["groups"].values() for layer in layers}) < 6
     blocks.append(("p", "Layer groups: " + ", ".join(f"{g} = {figures.layer_span(l)}" for g, l in s["groups"].items())
                    + (" (with fewer than 6 layers the groups share layers)" if overlap else "")
                    + f". Final training loss {number(loss['last10_mean'], '{:.3f}')} (mean of the last 10 steps), "
                      f"validation loss {number(loss['val_last'], '{:.3f}')}"
                    + (f" at step {loss['val_last_step']}." if loss["val_last_step"] is not None else ".")))
+    blocks.append(("p", training_text(s)))
 
     blocks.append(("h2", "Problems and missing data"))
-    if s["problems"] or skipped:
-        items = list(s["problems"])
-        items += [f"skipped {code(name)}: {why}" for name, why in skipped.items()]
+    if problem_lines(s) or skipped:
+        items = problem_lines(s) + [f"skipped {code(name)}: {why}" for name, why in skipped.items()]
         blocks.append(("list", items))
     else:
         blocks.append(("p", "None: the log is intact and has every metric this report uses."))
@@ -302,9 +90,12 @@ def run_blocks(summary, made, skipped):
         blocks.append(("list", [f"step {step}: {text}" for step, text in s["notes"]]))
 
     blocks.append(("h2", "The reports' hypotheses, checked on this run"))
-    rows = [[f"({h['id']}) {h['title']}", h["claim"], h["detail"] if "detail" in h else "", f"**{h['verdict']}**"]
-            for h in s["hypotheses"].values()]
-    blocks.append(("table", ["hypothesis", "claim", "what this run shows", "verdict"], rows))
+    blocks.append(("p", f"Verdicts are {SUPPORTED}, {CONTRADICTED} or {INCONCLUSIVE}: {RULE}. Each effect is taken "
+                        "from the decision window's means, never from one stats step."))
+    rows = [[f"({h['id']}) {h['title']}", h["claim"], h.get("detail", ""), tests_text(h["tests"]),
+             f"**{h['verdict']}**"] for h in s["hypotheses"].values()]
+    blocks.append(("table", ["hypothesis", "claim", "what this run shows", "effect e \u00b1 u (margin m)", "verdict"],
+                   rows))
     blocks.append(("list", [f"({h['id']}) decided as: {h['rule']}." for h in s["hypotheses"].values()]))
 
     blocks.append(("h2", "Head taxonomy"))
@@ -312,8 +103,9 @@ def run_blocks(summary, made, skipped):
     if not tax["available"]:
         blocks.append(("p", f"Not available: {tax['reason']}."))
     else:
-        blocks.append(("p", f"Every query head at step {tax['step']}, placed by the first rule it meets (top to "
-                            "bottom). Key statistics are those of the head's kv head."))
+        blocks.append(("p", f"Every query head, by its means over steps {tax['window'][0]}-{tax['window'][1]} (the "
+                            "decision window), placed by the first rule it meets (top to bottom). Key statistics "
+                            "are those of the head's kv head."))
         rows = []
         for cls, rule in tax["rules"].items():
             members = [h for h in tax["heads"] if h["class"] == cls]
@@ -331,7 +123,45 @@ def run_blocks(summary, made, skipped):
     return blocks
 
 
-def comparison_blocks(summaries, made, skipped):
+def started_text(init):
+    if init["steps"] is None:
+        return (f"This run started from the weights of {code(init['checkpoint'])} (-e); the log does not say how "
+                "long they had trained. Its steps count from 0 at that point.")
+    return (f"This run started from the weights of {code(init['checkpoint'])} (-e), which had trained "
+            f"{init['steps']} steps. Its steps count from 0 at that point: step s of this report is step "
+            f"{init['steps']} + s of the weights' training. The step axes of the figures are this run's, and so "
+            f"is the warm-up; the training tokens count the {init['steps']} steps before it too.")
+
+
+def training_text(s):
+    t, w = s["training"], s["window"]
+    text = (f"Training: {t['tokens']:,} tokens ({t['steps_trained']} steps x {t['tokens_per_step']:,} tokens"
+            + (f", the {t['init_steps']} steps of the checkpoint included" if t["init_steps"] else "")
+            + f"), warm-up {t['warmup']} steps. ")
+    if w["count"]:
+        text += (f"Verdicts and the taxonomy use the decision window: the {w['count']} stats steps from step "
+                 f"{w['first']} to step {w['last']}, the last {w['fraction']:.0%} of the stats steps' span. ")
+    if t["enough"]:
+        return text + (f"Enough for verdicts: past warm-up, at least {t['min_tokens']:,} tokens and "
+                       f"{t['min_window_count']} stats steps in the window.")
+    return text + "**Too little training for verdicts**: " + "; ".join(t["reasons"]) + "."
+
+
+def problem_lines(s):
+    """The problems of a run's log, and too little training for verdicts when it is so."""
+    if s["training"]["enough"]:
+        return list(s["problems"])
+    reasons = "; ".join(s["training"]["reasons"])
+    return s["problems"] + [f"too little training for verdicts or a head taxonomy: {reasons}"]
+
+
+def tests_text(tests):
+    """'name: e +- u (m), verdict' for each test of a hypothesis."""
+    return "; ".join(f"{t['name']}: {number(t['effect'], '{:+.3f}')} \u00b1 {number(t['half_width'], '{:.3f}')} "
+                     f"(m = {t['margin']:g})" for t in tests) or "n/a"
+
+
+def comparison_blocks(summaries, made, skipped, replicates):
     blocks = [("h2", "Comparison of the runs")]
     rows = []
     for s in summaries:
@@ -346,11 +176,14 @@ def comparison_blocks(summaries, made, skipped):
     blocks.append(("table", ["run"] + [f"({i})" for i in "abcd"],
                    [[s["label"]] + [s["hypotheses"][i]["verdict"] for i in "abcd"] for s in summaries]))
     runs = "; ".join(f"{s['label']} = {code(s['log'])}" for s in summaries)
-    blocks.append(("p", "Group values are at each run's last stats step. The hypotheses (a)-(d), and the rules "
-                        f"that decide them, are set out in the first run's section below. Runs: {runs}."))
+    blocks.append(("p", "Group values are at each run's last stats step; rho (a) is across kv heads, over each "
+                        "run's decision window. The hypotheses (a)-(d), and the rules that decide them, are set out "
+                        f"in the first run's section below. Runs: {runs}."))
     for s in summaries:
-        if s["problems"]:
-            blocks.append(("p", f"Problems of {s['label']}: " + "; ".join(s["problems"]) + "."))
+        if problem_lines(s):
+            blocks.append(("p", f"Problems of {s['label']}: " + "; ".join(problem_lines(s)) + "."))
+    for rep in replicates:
+        blocks += replicate_blocks(rep)
     if skipped:
         blocks.append(("list", [f"skipped {code(n)}: {why}" for n, why in skipped.items()]))
     for name, caption in made:
@@ -358,16 +191,94 @@ def comparison_blocks(summaries, made, skipped):
     return blocks
 
 
+def replicate_blocks(rep):
+    """The verdicts over the seeds of one configuration."""
+    blocks = [("h3", "Replicates: " + ", ".join(rep["runs"]))]
+    left = "".join(f" Left out: {label}, {why}." for label, why in rep["left_out"].items())
+    blocks.append(("p", f"These {len(rep['runs'])} runs differ only in their seed (and options that do not change "
+                        f"what a run computes). Seeds counted: {', '.join(map(str, rep['seeds'])) or 'none'}.{left} "
+                        "Each test's effect is taken from every counted run (its decision-window value), and the "
+                        "verdict applies the same rule to their mean and its 95% t-interval across the seeds, "
+                        "mean \u00b1 t_0.975(n-1) x sd / sqrt(n)."))
+    rows = []
+    for key, h in rep["hypotheses"].items():
+        for t in h["tests"] or [{"name": "n/a", "values": [], "n": 0}]:
+            rows.append([f"({key}) {h['title']}", t["name"], ", ".join(f"{v:+.3f}" for v in t["values"]) or "none",
+                         f"{number(t.get('mean'), '{:+.3f}')} \u00b1 {number(t.get('half_width'), '{:.3f}')}"
+                         + (f" (n = {t['n']}, t = {t['t']:.3f})" if t["n"] > 1 else ""),
+                         f"{t['margin']:g}" if "margin" in t else "", t.get("verdict", ""), f"**{h['verdict']}**"])
+    blocks.append(("table", ["hypothesis", "test", "effect of each seed", "mean \u00b1 95% half-width", "margin",
+                             "test's verdict", "verdict over the seeds"], rows))
+    return blocks
+
+
+LONG = 8  # in the HTML report, a list or table of more items than this is collapsed
+HEADINGS = ("h1", "h2", "h3")
+
+
+def plain(text):
+    """Text without its **bold** and `code` marks."""
+    return re.sub(r"`(.*?)`", r"\1", re.sub(r"\*\*(.+?)\*\*", r"\1", str(text)))
+
+
+def anchors(blocks):
+    """The anchor of every heading, in order, as GitHub makes them (so that report.md's links work
+    there and report.html uses the same ids): the text without marks, in lower case, without
+    anything but letters, digits, _, - and spaces, spaces made -; a repeated one gets -1, -2, ..."""
+    out = []
+    for block in blocks:
+        if block[0] in HEADINGS:
+            slug = re.sub(r"[^\w\- ]", "", plain(block[1]).strip().lower()).replace(" ", "-") or "section"
+            anchor, n = slug, 0
+            while anchor in out:
+                n += 1
+                anchor = f"{slug}-{n}"
+            out.append(anchor)
+    return out
+
+
+def contents(blocks):
+    """The table of contents: [(h2 text, anchor, [(h3 text, anchor)])], the h3s under the h2 before them."""
+    toc = []
+    headings = [b for b in blocks if b[0] in HEADINGS]
+    for (kind, text, *_), anchor in zip(headings, anchors(blocks)):
+        if kind == "h2" or (kind == "h3" and not toc):
+            toc.append((text, anchor, []))
+        elif kind == "h3":
+            toc[-1][2].append((text, anchor))
+    return toc
+
+
+def with_contents(blocks, contents_block):
+    """The blocks with the table of contents after the title (the h1), or first when there is none."""
+    at = 1 if blocks and blocks[0][0] == "h1" else 0
+    return blocks[:at] + [contents_block] + blocks[at:]
+
+
+def empty_code(text):
+    """An empty value shows as nothing (code() of "" gives an empty pair of backticks)."""
+    return "" if str(text) == "``" else str(text)
+
+
 def inline_md(text):
-    return str(text).replace("|", "\\|")
+    return empty_code(text).replace("|", "\\|")
+
+
+def md_link(text, anchor):
+    return "[" + re.sub(r"([\[\]])", r"\\\1", plain(text)) + f"](#{anchor})"
 
 
 def to_markdown(blocks):
+    toc = contents(blocks)
+    links = [f"- {md_link(text, anchor)}" + "".join(f"\n  - {md_link(t, a)}" for t, a in subs)
+             for text, anchor, subs in toc]
     out = []
-    for block in blocks:
+    for block in with_contents(blocks, ("contents", links)) if toc else blocks:
         kind = block[0]
-        if kind in ("h1", "h2", "h3"):
+        if kind in HEADINGS:
             out.append("#" * int(kind[1]) + " " + block[1] + "\n")
+        elif kind == "contents":
+            out.append("**Contents**\n\n" + "\n".join(block[1]) + "\n")
         elif kind == "p":
             out.append(block[1] + "\n")
         elif kind == "list":
@@ -383,9 +294,29 @@ def to_markdown(blocks):
 
 
 def inline_html(text):
-    text = html.escape(str(text), quote=False)
+    text = html.escape(empty_code(text), quote=False)
     text = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", text)
     return re.sub(r"`(.+?)`", r"<code>\1</code>", text)
+
+
+def collapsed(summary, inner):
+    return f"<details><summary>{html.escape(summary, quote=False)}</summary>{inner}</details>"
+
+
+def html_cell(text):
+    """A table cell; one holding a long list of single words ("L0H1, L0H3, ...") is collapsed."""
+    items = str(text).split(", ")
+    if len(items) > LONG and all(item and not re.search(r"[\s,]", item) for item in items):
+        return collapsed(", ".join(items[:3]) + f", \u2026 ({len(items)} in all)", inline_html(text))
+    return inline_html(text)
+
+
+def html_contents(toc):
+    def item(text, anchor, subs=()):
+        inner = "".join(item(t, a) for t, a in subs)
+        return (f'<li><a href="#{anchor}">{html.escape(plain(text), quote=False)}</a>'
+                + (f"<ul>{inner}</ul>" if inner else "") + "</li>")
+    return '<nav class="toc"><p><strong>Contents</strong></p><ul>' + "".join(item(*e) for e in toc) + "</ul></nav>"
 
 
 STYLE = """body { font-family: sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; line-height: 1.45; }
@@ -395,27 +326,43 @@ th { background: #eee; }
 figure { margin: 2em 0; }
 img { max-width: 100%; border: 1px solid #ddd; }
 figcaption { font-size: 0.95em; color: #333; margin-top: 0.4em; }
-code { background: #f3f3f3; padding: 0 0.2em; }"""
+code { background: #f3f3f3; padding: 0 0.2em; }
+nav.toc { border: 1px solid #ddd; background: #fafafa; padding: 0.2em 1em; margin: 1em 0; }
+nav.toc ul { margin: 0.2em 0; }
+details { margin: 0.5em 0; }
+summary { cursor: pointer; color: #225; }"""
 
 
-def to_html(blocks, title, outdir):
-    body = []
-    for block in blocks:
+def to_html(blocks, title, outdir, refresh=None):
+    """The report as one self-contained page; refresh: seconds after which a browser reloads it
+    (while the run it reports is still training), or None."""
+    body, ids = [], iter(anchors(blocks))
+    toc = contents(blocks)
+    for block in with_contents(blocks, ("contents",)) if toc else blocks:
         kind = block[0]
-        if kind in ("h1", "h2", "h3", "p"):
-            body.append(f"<{kind}>{inline_html(block[1])}</{kind}>")
+        if kind in HEADINGS:
+            body.append(f'<{kind} id="{html.escape(next(ids))}">{inline_html(block[1])}</{kind}>')
+        elif kind == "contents":
+            body.append(html_contents(toc))
+        elif kind == "p":
+            body.append(f"<p>{inline_html(block[1])}</p>")
         elif kind == "list":
-            body.append("<ul>" + "".join(f"<li>{inline_html(i)}</li>" for i in block[1]) + "</ul>")
+            items = "<ul>" + "".join(f"<li>{inline_html(i)}</li>" for i in block[1]) + "</ul>"
+            body.append(collapsed(f"{len(block[1])} items", items) if len(block[1]) > LONG else items)
         elif kind == "table":
             head = "".join(f"<th>{inline_html(h)}</th>" for h in block[1])
-            rows = "".join("<tr>" + "".join(f"<td>{inline_html(c)}</td>" for c in row) + "</tr>" for row in block[2])
-            body.append(f"<table><tr>{head}</tr>{rows}</table>")
+            rows = "".join("<tr>" + "".join(f"<td>{html_cell(c)}</td>" for c in row) + "</tr>" for row in block[2])
+            table = f"<table><tr>{head}</tr>{rows}</table>"
+            summary = f"{len(block[2])} rows: " + ", ".join(plain(h) for h in block[1])
+            body.append(collapsed(summary, table) if len(block[2]) > LONG else table)
         elif kind == "figure":
             data = base64.b64encode((outdir / block[1]).read_bytes()).decode("ascii")
             body.append(f'<figure><img alt="{html.escape(block[1])}" src="data:image/png;base64,{data}">'
                         f"<figcaption>{inline_html(block[2])}</figcaption></figure>")
-    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-            f"<style>{STYLE}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+    meta = f'<meta http-equiv="refresh" content="{int(refresh)}">' if refresh else ""
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">{meta}"
+            f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>\n" + "\n".join(body)
+            + "\n</body></html>\n")
 
 
 # -- command line ----------------------------------------------------------------------------------
@@ -427,20 +374,12 @@ class Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def run_labels(paths):
-    """Short names for the runs: folder/file (the trainer names every log run.attnlog, so the folder
-    is what tells runs apart); the same file given twice gets a number."""
-    labels = [f"{Path(p).resolve().parent.name}/{Path(p).stem}" for p in paths]
-    seen = {}
-    for i, label in enumerate(labels):
-        seen[label] = seen.get(label, 0) + 1
-        if seen[label] > 1:
-            labels[i] = f"{label} ({seen[label]})"
-    return labels
-
-
-def make_report(paths, outdir, layer):
-    runs = [load_run(p, label) for p, label in zip(paths, run_labels(paths))]
+def make_report(paths, outdir, layer, refresh=None, labels=()):
+    """labels: the names of the first runs (--label), in order; the others are named by
+    attnlog.run_labels (folder/file stem)."""
+    if len(labels) > len(paths):
+        raise ReportError(f"--label given {len(labels)} times for {len(paths)} logs: one label per log, in order")
+    runs = [load_run(p, label) for p, label in zip(paths, attnlog.run_labels(paths, labels))]
     primary = runs[0]
     if layer is not None and not 0 <= layer < primary["L"]:
         raise ReportError(f"--layer {layer}: the model of {primary['path']} has layers 0..{primary['L'] - 1}")
@@ -452,7 +391,8 @@ def make_report(paths, outdir, layer):
     if len(runs) > 1:
         summaries = [summary] + [summarise(r) for r in runs[1:]]
         compare_made, compare_skipped = draw_comparison(runs, outdir)
-        blocks += comparison_blocks(summaries, compare_made, compare_skipped)
+        replicates = [replicate_verdicts([summaries[i] for i in members]) for members in replicate_sets(summaries)]
+        blocks += comparison_blocks(summaries, compare_made, compare_skipped, replicates)
         blocks.append(("h2", f"The first run in detail: {primary['label']}"))
         summary["comparison"] = {
             "figures": {"made": [n for n, _ in compare_made], "skipped": compare_skipped},
@@ -461,13 +401,22 @@ def make_report(paths, outdir, layer):
                       "k_norm": s["last_step"].get("k_norm"), "sink_rate": s["sink_rate"]["last"],
                       "spearman": s["hypotheses"]["a"].get("value"),
                       "verdicts": {i: s["hypotheses"][i]["verdict"] for i in "abcd"},
-                      "problems": s["problems"]} for s in summaries]}
+                      "problems": s["problems"]} for s in summaries],
+            "replicates": replicates}
     blocks += run_blocks(summary, made, skipped)
-    (outdir / "report.md").write_text(to_markdown(blocks), encoding="utf-8")
-    (outdir / "report.html").write_text(to_html(blocks, blocks[0][1], outdir), encoding="utf-8")
+    write_whole(outdir / "report.md", to_markdown(blocks))
+    write_whole(outdir / "report.html", to_html(blocks, blocks[0][1], outdir, refresh))
     text = json.dumps(json_ready(summary), indent=1, ensure_ascii=False, allow_nan=False)
-    (outdir / "summary.json").write_text(text + "\n", encoding="utf-8")
+    write_whole(outdir / "summary.json", text + "\n")
     return summary
+
+
+def write_whole(path, text):
+    """Writes a file so that a reader (a browser reloading the report) never sees half of it: into
+    a file beside it, then renamed over it."""
+    part = path.with_name(f".{path.name}.part")
+    part.write_text(text, encoding="utf-8")
+    os.replace(part, path)
 
 
 def main(argv=None):
@@ -477,10 +426,27 @@ def main(argv=None):
     parser.add_argument("-o", "--out", metavar="OUTDIR", help="output folder (default: report/ beside the first log)")
     parser.add_argument("--layer", type=int, metavar="N", help="the layer of norm_divergence.png and the "
                         "left of gamma_heatmap.png (default: the layer whose kv heads' norms differ most at the end)")
+    parser.add_argument("--label", action="append", default=[], metavar="NAME", help="the name of a run in "
+                        "comparisons, once per log in the order given (default: the log's folder/file stem)")
+    parser.add_argument("--follow", action="store_true", help="follow one run while it trains: render the report "
+                        "again whenever its log grows, until the run has ended")
+    parser.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
+                        help="with --follow: how often to look at the log's size (default 2)")
+    parser.add_argument("--idle", type=float, default=600.0, metavar="SECONDS",
+                        help="with --follow: stop when the log has not grown (or, missing, not appeared) for this "
+                        "long (default 600)")
     args = parser.parse_args(argv)
+    if args.follow and len(args.logs) != 1:
+        parser.error(f"--follow follows one log, not {len(args.logs)}")
+    if not (args.interval > 0 and args.idle > 0):
+        parser.error("--interval and --idle take a number of seconds above 0")
     outdir = Path(args.out) if args.out else Path(args.logs[0]).parent / "report"
     try:
-        summary = make_report(args.logs, outdir, args.layer)
+        if args.follow:
+            return follow(args.logs[0], outdir,
+                          lambda refresh: make_report(args.logs, outdir, args.layer, refresh, args.label),
+                          args.interval, args.idle)
+        summary = make_report(args.logs, outdir, args.layer, labels=args.label)
     except (attnlog.LogError, ReportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -494,6 +460,89 @@ def main(argv=None):
     return 0
 
 
+def planned_steps(log):
+    """The number of steps the run plans: option steps of the header, or of the latest note of a
+    resumed run ("resumed at ...; run: {...}"), which may train for longer."""
+    options = log.header.get("options")
+    for _, text in log.notes():
+        members = text.partition("; run: ")[2]
+        try:
+            options = json.loads(members)["options"] if members else options
+        except (ValueError, TypeError, KeyError):
+            pass
+    try:
+        return int(options["steps"])
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+def progress(path):
+    """(last step of the step records or None, planned steps or None, whether the validation loss of
+    the last planned step is in, whether the log has any validation loss) of a run log."""
+    log = attnlog.open_log(path)
+    planned = planned_steps(log)
+    steps = log.scalars(log.scalar_names()[0])[0] if log.scalar_names() else np.zeros(0, np.int64)
+    val_steps = log.val_loss()[0] if "val" in log.record_types else np.zeros(0, np.int64)
+    last = int(steps[-1]) if len(steps) else None
+    return last, planned, planned is not None and planned - 1 in val_steps, len(val_steps) > 0
+
+
+def follow(path, outdir, render, interval, idle):
+    """Renders the report of a run while it trains, again whenever its log grows (its size, looked
+    at every interval seconds), with a tag that makes an open browser tab reload it; then once more,
+    without the tag, when the run has ended or the log has not grown for idle seconds. The run has
+    ended when its step records reach the last planned step and the validation loss of that step,
+    written after it, is in too (for a run without validation: and the log did not grow over the
+    last interval). A log that does not exist yet is waited for. Returns the exit status."""
+    refresh = max(1, math.ceil(interval))
+    size, changed, at_last = -1, time.monotonic(), False  # size: None while the log does not exist
+    try:
+        while True:
+            try:
+                now = os.stat(path).st_size
+            except FileNotFoundError:
+                now = None
+            grew = now != size
+            if grew:
+                size, changed = now, time.monotonic()
+                if size is None:
+                    print(f"waiting for {path}", flush=True)
+            if size is not None and (grew or at_last):
+                last, planned, final_val, any_val = progress(path)
+                at_last = None not in (last, planned) and last >= planned - 1
+                if at_last and (final_val or not (any_val or grew)):
+                    say_done(outdir, render(None))
+                    print(f"the run has ended: the log holds step {last}, the last of the {planned} planned")
+                    return 0
+                if grew and render_again(render, refresh, size):
+                    done = "no step yet" if last is None else f"step {last}" + (f" of {planned}" if planned else "")
+                    print(f"{outdir}/report.html: {done}; reloads every {refresh} s", flush=True)
+            if time.monotonic() - changed >= idle:
+                if size is None:
+                    raise ReportError(f"{path}: does not exist, and did not appear in {idle:g} s")
+                say_done(outdir, render(None))
+                print(f"stopped following: {path} has not grown for {idle:g} s (the run stopped early, or stalls)")
+                return 0
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        print("stopped following: interrupted")
+        return 130
+
+
+def render_again(render, refresh, size):
+    """Renders the report of a run that is still training; a failure on a log caught mid-record is
+    reported and left for the next render, an unreadable log or an unwritable folder ends following."""
+    try:
+        render(refresh)
+        return True
+    except (attnlog.LogError, ReportError, OSError):
+        raise
+    except Exception as e:  # noqa: BLE001 (the next render may well succeed)
+        print(f"warning: the report of the log at {size} bytes failed ({type(e).__name__}: {e}); "
+              "trying again when it grows", file=sys.stderr, flush=True)
+        return False
+
+
 def say_done(outdir, summary):
     """Where the report went, and its verdicts and problems, on stdout."""
     figs = summary["figures"]
@@ -503,7 +552,11 @@ def say_done(outdir, summary):
           + (f", {len(compared)} comparison figures" if compared else ""))
     for h in summary["hypotheses"].values():
         print(f"  ({h['id']}) {h['title']}: {h['verdict']}" + (f" ({h['detail']})" if h.get("detail") else ""))
-    for problem in summary["problems"]:
+    for rep in summary.get("comparison", {}).get("replicates", []):
+        print(f"  over the seeds {', '.join(map(str, rep['seeds']))} of {', '.join(rep['runs'])}:")
+        for key, h in rep["hypotheses"].items():
+            print(f"    ({key}) {h['title']}: {h['verdict']} ({h['detail']})")
+    for problem in problem_lines(summary):
         print(f"  problem: {problem}")
 
 

@@ -8,13 +8,16 @@ independently, from the log.
 The trainer and the data tool must be built first (make train prepare_data); TRAIN_BIN and
 PREPARE_DATA_BIN name other builds of them.
 """
+import csv
 import json
 import os
 import re
 import struct
 import subprocess
 import sys
+import time
 import zlib
+from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
@@ -32,9 +35,15 @@ PREPARE_BIN = Path(os.environ.get("PREPARE_DATA_BIN", ROOT / "prepare_data"))
 LAYERS, HEADS, KV_HEADS, D, T, STEPS = 6, 4, 2, 64, 64, 30
 TRAIN_ARGS = ["--n-layer", LAYERS, "--n-head", HEADS, "--n-kv-head", KV_HEADS, "--d-ff", 128, "--max-seq-len", T,
               "-b", 4, "-x", STEPS, "-s", 2, "-v", 10, "--val-batches", 2, "--samples", 0]
-FIGURES = ["key_norm_evolution.png", "outlier_magnitude.png", "latent_redundancy.png", "key_magnitude_profile.png",
-           "norm_divergence.png", "entropy_norm_scatter.png", "effective_rank.png", "gamma_heatmap.png",
-           "qk_ratio.png", "sink_rate.png", "loss.png"]
+# The same model trained past the guards against too little training (-u 20 of 300 steps, 76,800 tokens).
+TRAINED_STEPS = 300
+TRAINED_ARGS = ["--n-layer", LAYERS, "--n-head", HEADS, "--n-kv-head", KV_HEADS, "--d-ff", 128, "--max-seq-len", T,
+                "-b", 4, "-x", TRAINED_STEPS, "-u", 20, "-s", 5, "-v", 50, "--val-batches", 2, "--samples", 0,
+                "--threads", 1]
+FIGURES = ["key_norm_evolution.png", "layer_heatmaps.png", "outlier_magnitude.png", "axis_share.png",
+           "latent_redundancy.png", "key_magnitude_profile.png", "norm_divergence.png", "entropy_norm_scatter.png",
+           "entropy_norm_by_layer.png", "effective_rank.png", "key_offset.png", "gamma_heatmap.png", "gains_q_k.png",
+           "qk_ratio.png", "logit_ceiling.png", "attn_maxp.png", "sink_rate.png", "loss.png"]
 COMPARED = ["k_norm", "k_maxabs", "k_cos", "k_pr", "attn_entropy"]
 TELEMETRY = 3
 
@@ -140,7 +149,7 @@ def test_html_is_self_contained(made):
     page = (outdir / "report.html").read_text()
     assert page.count('<img alt="') == len(FIGURES)
     assert page.count('src="data:image/png;base64,') == len(FIGURES)
-    assert not re.search(r'(src|href)="(?!data:)', page)  # nothing fetched from elsewhere
+    assert not re.search(r'(src|href)="(?!data:|#)', page)  # nothing fetched from elsewhere
     assert "<link" not in page and "<script" not in page
 
 
@@ -158,7 +167,6 @@ def test_summary_describes_the_run(made, log):
     assert summary["loss"]["last10_mean"] == pytest.approx(loss[-10:].mean(), rel=1e-6)
     assert summary["loss"]["val_last"] == pytest.approx(val[-1]) and summary["loss"]["val_last_step"] == val_steps[-1]
     assert f"{loss[-10:].mean():.3f} (mean of the last 10 steps)" in text
-    assert "None: the log is intact" in text
 
 
 def test_group_means_at_the_last_step(made, log):
@@ -184,16 +192,16 @@ def test_sink_rate(made, log):
 
 
 def test_hypothesis_a_spearman(made, log):
+    """The 30-step run: the correlation is computed per kv head over the decision window, and the
+    verdict is inconclusive, the run being too short (inside its warm-up of 40 steps)."""
     _, summary, text, _ = made
-    x = last(log, "k_norm")[:, KV_OF].ravel()  # each query head gets its kv head's key norm
-    y = last(log, "attn_entropy").ravel()
-    rho = spearman(x, y)
+    x, y = window_kv_means(log)
     h = summary["hypotheses"]["a"]
-    assert h["n_heads"] == LAYERS * HEADS
-    assert h["value"] == pytest.approx(rho, abs=1e-9)
+    assert h["n_units"] == LAYERS * KV_HEADS
+    assert h["value"] == pytest.approx(spearman(x.ravel(), y.ravel()), abs=1e-9)
     assert 0 < h["p_value"] <= 1
-    assert h["verdict"] == ("supported" if rho < 0 and h["p_value"] < 0.05 else "not supported")
-    assert f"rho = {rho:+.3f}" in text
+    assert (h["verdict"], h["why"]) == ("inconclusive", "too little training")
+    assert f"rho = {h['value']:+.3f}" in text
     row = next(line for line in text.splitlines() if line.startswith("| (a)"))
     assert row.endswith(f"**{h['verdict']}** |")
 
@@ -209,60 +217,23 @@ def test_ranks_average_ties():
     assert np.isnan(module.spearman([1, 1, 1], [1, 2, 3])[0])
 
 
-def test_hypothesis_b_norm_hierarchy(made, log):
-    _, summary, text, _ = made
-    k_norm = last(log, "k_norm")
-    early, final = group_mean(k_norm, "early"), group_mean(k_norm, "final")
-    h = summary["hypotheses"]["b"]
-    assert (h["early"], h["final"]) == (pytest.approx(early), pytest.approx(final))
-    # Every norm starts at sqrt(D) = 8: a group counts as dampened or amplified beyond 5% of it.
-    assert h["verdict"] == ("supported" if early < 0.95 * 8 and final > 1.05 * 8 else "not supported")
-    assert f"early {early:.2f}" in text and f"final {final:.2f}" in text
-
-
-def test_hypothesis_c_axis_aligned_heads(made, log):
-    _, summary, _, _ = made
-    share = (last(log, "k_maxabs") / last(log, "k_norm")) ** 2
-    h = summary["hypotheses"]["c"]
-    assert h["value"] == int((share > 0.5).sum()) and h["of"] == LAYERS * KV_HEADS
-    assert h["max_ratio"] == pytest.approx(share.max())
-    assert h["verdict"] == ("supported" if (share > 0.5).any() else "not supported")
-
-
-def test_hypothesis_d_participation_ratio(made, log):
-    _, summary, _, _ = made
-    pr = log.metric("k_pr")[1].astype(float)
-    first, final = pr[0].mean(), pr[-1].mean()
-    h = summary["hypotheses"]["d"]
-    assert (h["first"], h["last"]) == (pytest.approx(first), pytest.approx(final))
-    assert h["verdict"] == ("supported" if final < first else "not supported")
-
-
-def test_taxonomy(made, log):
-    _, summary, text, _ = made
-    k_norm = last(log, "k_norm")[:, KV_OF]
-    share = ((last(log, "k_maxabs") / last(log, "k_norm")) ** 2)[:, KV_OF]
-    entropy, sink = last(log, "attn_entropy"), last(log, "attn_sink")
-    focus = 0.5 * np.mean(np.log(np.arange(1, T + 1)))  # half the entropy of uniform causal attention
-    expected = {}
-    for layer in range(LAYERS):
-        for h in range(HEADS):
-            if sink[layer, h] > 0.3:
-                cls = "static sink"
-            elif entropy[layer, h] < focus and k_norm[layer, h] > 1.05 * 8:
-                cls = "semantic retriever"
-            elif entropy[layer, h] >= focus and k_norm[layer, h] <= 1.05 * 8 and share[layer, h] <= 0.5:
-                cls = "syntactic gatherer"
-            else:
-                cls = "other"
-            expected[(layer, h)] = cls
-    tax = summary["taxonomy"]
-    assert tax["available"] and tax["step"] == int(log.metric("k_norm")[0][-1])
-    assert {(x["layer"], x["head"]): x["class"] for x in tax["heads"]} == expected
-    counts = {cls: list(expected.values()).count(cls) for cls in tax["rules"]}
-    assert tax["counts"] == counts and sum(counts.values()) == LAYERS * HEADS
-    for cls, rule in tax["rules"].items():  # each rule is written next to its class, with its count
-        assert f"| {cls} | {rule} | {counts[cls]} |" in text
+def test_too_little_training(made, log):
+    """The 30-step run has not left its warm-up (40 steps) and trained on 30 x 256 tokens: every verdict
+    is inconclusive, saying why, and there is no head taxonomy."""
+    _, summary, text, stdout = made
+    training = summary["training"]
+    assert training["enough"] is False and training["tokens"] == STEPS * 4 * T
+    assert training["reasons"][:2] == [f"the run has not left warm-up (last step {STEPS - 1} < warmup 40)",
+                                       f"{STEPS * 4 * T:,} training tokens ({STEPS} steps x {4 * T}), fewer than the "
+                                       "65,536 a verdict needs"]
+    for key, h in summary["hypotheses"].items():
+        assert (h["verdict"], h["why"]) == ("inconclusive", "too little training")
+        assert h["detail"].startswith("too little training (the run has not left warm-up")
+        assert f"({key}) {h['title']}: inconclusive (too little training" in stdout
+    assert summary["taxonomy"]["available"] is False
+    assert summary["taxonomy"]["reason"].startswith("too little training")
+    assert "Not available: too little training" in text
+    assert "too little training for verdicts or a head taxonomy" in text and "None: the log is intact" not in text
 
 
 def test_norm_divergence_layer(made, log):
@@ -345,15 +316,16 @@ def test_log_without_some_metrics(log_path, tmp_path):
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     text = (tmp_path / "out" / "report.md").read_text()
     assert summary["missing_metrics"] == ["k_erank", "attn_sink"]
-    assert summary["figures"]["skipped"] == {"effective_rank.png": "the log has no k_erank",
-                                             "sink_rate.png": "the log has no attn_sink"}
-    assert summary["figures"]["made"] == [f for f in FIGURES if f not in ("effective_rank.png", "sink_rate.png")]
+    skipped = {"layer_heatmaps.png": "the log has no attn_sink", "effective_rank.png": "the log has no k_erank",
+               "key_offset.png": "the log has no k_erank", "sink_rate.png": "the log has no attn_sink"}
+    assert summary["figures"]["skipped"] == skipped
+    assert summary["figures"]["made"] == [f for f in FIGURES if f not in skipped]
     assert not (tmp_path / "out" / "sink_rate.png").exists()
     assert "metrics missing from the log: k_erank, attn_sink" in text
     assert "skipped `sink_rate.png`: the log has no attn_sink" in text
     assert summary["taxonomy"]["available"] is False and "attn_sink" in summary["taxonomy"]["reason"]
     assert summary["sink_rate"]["last"] is None
-    assert all(summary["hypotheses"][k]["verdict"] != "not enough data" for k in "abcd")
+    assert all(summary["hypotheses"][k]["why"] != "no data" for k in "abcd")  # they need neither
 
 
 def with_payloads(data, change):
@@ -421,7 +393,7 @@ def test_log_without_telemetry(log_path, tmp_path):
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["figures"]["made"] == ["loss.png"]
-    assert all(h["verdict"] == "not enough data" for h in summary["hypotheses"].values())
+    assert all((h["verdict"], h["why"]) == ("inconclusive", "no data") for h in summary["hypotheses"].values())
 
 
 def test_log_without_records(log_path, tmp_path):
@@ -499,15 +471,27 @@ def test_comparison(log_path, tmp_path):
     for row, path in zip(comparison["runs"], (log_path, short)):
         log = attnlog.open_log(path)
         loss, k_norm = log.scalars("loss")[1], last(log, "k_norm")
-        x, y = k_norm[:, KV_OF].ravel(), last(log, "attn_entropy").ravel()
+        x, y = window_kv_means(log)
         assert row["final_loss"] == pytest.approx(loss[-10:].mean(), rel=1e-6)
         assert row["val_loss"] == pytest.approx(log.val_loss()[1][-1])
         assert row["k_norm"] == {g: pytest.approx(group_mean(k_norm, g)) for g in GROUPS}
         assert row["sink_rate"] == pytest.approx(np.mean(last(log, "attn_sink") > 0.3))
-        assert row["spearman"] == pytest.approx(spearman(x, y), abs=1e-9)
+        assert row["spearman"] == pytest.approx(spearman(x.ravel(), y.ravel()), abs=1e-9)
         assert f"| {row['label']} | {row['last_step']} | {row['final_loss']:.3f} |" in text
     assert comparison["runs"][1]["last_step"] < comparison["runs"][0]["last_step"]
     assert "Problems of short/run: the log ends at step" in text
+    assert comparison["replicates"] == []  # one seed twice is no replicate
+
+
+def test_labels(log_path, tmp_path):
+    result = report(log_path, log_path, "-o", tmp_path / "out", "--label", "first")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [r["label"] for r in summary["comparison"]["runs"]] == ["first", f"{log_path.parent.name}/run"]
+    assert summary["label"] == "first"
+    assert "# Attention-key report: first" in (tmp_path / "out" / "report.md").read_text()
+    assert_one_line_error(report(log_path, "--label", "a", "--label", "b", "-o", tmp_path / "x"),
+                          "--label given 2 times for 1 logs")
 
 
 def test_comparison_with_a_run_lacking_a_metric(log_path, tmp_path):
@@ -519,3 +503,520 @@ def test_comparison_with_a_run_lacking_a_metric(log_path, tmp_path):
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["comparison"]["figures"]["made"] == [f"compare_{m}.png" for m in COMPARED]
     assert "Not in the figure (no k_cos): older/run." in (tmp_path / "out" / "report.md").read_text()
+
+
+# -- a run trained past the guards, two seeds -----------------------------------------------------------
+
+
+def window(steps):
+    """The decision window: the stats steps in the last quarter of their span."""
+    return steps >= steps[-1] - 0.25 * (steps[-1] - steps[0])
+
+
+def window_kv_means(log):
+    """Decision-window means of k_norm [L, Hkv] and of the entropy of each kv head's query heads."""
+    steps, k_norm = log.metric("k_norm")
+    entropy = log.metric("attn_entropy")[1].astype(float)
+    per_kv = entropy.reshape(len(steps), LAYERS, KV_HEADS, HEADS // KV_HEADS).mean(axis=3)
+    w = window(steps)
+    return k_norm[w].astype(float).mean(axis=0), per_kv[w].mean(axis=0)
+
+
+T975 = {1: 12.706, 2: 4.303, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110}  # Student's t, 97.5%
+
+
+def t_interval(sample):
+    sample = np.asarray(sample, float)
+    return sample.mean(), T975[len(sample) - 1] * sample.std(ddof=1) / np.sqrt(len(sample))
+
+
+def rule(effect, half, margin):
+    """docs/research.md: the one rule every verdict follows."""
+    return "supported" if effect - half > margin else "contradicted" if effect + half < -margin else "inconclusive"
+
+
+@pytest.fixture(scope="module")
+def trained_paths(log_path):
+    """The tiny model trained for 300 steps past a warm-up of 20 (76,800 tokens, 16 stats steps in the
+    decision window), with two seeds."""
+    data, paths = log_path.parent.parent / "data", []
+    for seed in (1337, 7):
+        out = log_path.parent.parent / f"trained_{seed}"
+        run([TRAIN_BIN, "-i", data / "train_*.bin", "-j", data / "val_*.bin", *TRAINED_ARGS, "--seed", seed,
+             "-o", out], "the trainer")
+        paths.append(out / "run.attnlog")
+    return paths
+
+
+@pytest.fixture(scope="module")
+def trained(trained_paths):
+    """report.py on the first seed's log: (output folder, summary.json, report.md, stdout, the log)."""
+    result = report(trained_paths[0])
+    assert result.returncode == 0, result.stderr
+    outdir = trained_paths[0].parent / "report"
+    return (outdir, json.loads((outdir / "summary.json").read_text()), (outdir / "report.md").read_text(),
+            result.stdout, attnlog.open_log(trained_paths[0]))
+
+
+def test_trained_run_passes_the_guards(trained):
+    outdir, summary, text, _, log = trained
+    steps = log.metric("k_norm")[0]
+    assert summary["training"]["enough"] and summary["training"]["reasons"] == []
+    assert summary["training"]["tokens"] == TRAINED_STEPS * 4 * T
+    assert summary["window"] == {"first": int(steps[window(steps)][0]), "last": TRAINED_STEPS - 1,
+                                 "count": int(window(steps).sum()), "fraction": 0.25}
+    assert summary["problems"] == [] and "None: the log is intact" in text
+    assert summary["figures"] == {"made": FIGURES, "skipped": {}}
+    for name in FIGURES:
+        assert (outdir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for words in ("(D+2)/3 = 22.0", "Uniform causal attention over T = 64", "It is an estimate from the means",
+                  "not the share of sink heads", "k_erank beside k_erank_centered", "are above 0.5"):
+        assert words in text, words
+
+
+def test_trained_hypothesis_a(trained):
+    _, summary, text, _, log = trained
+    x, y = window_kv_means(log)
+    rho = spearman(x.ravel(), y.ravel())
+    within = spearman((x - x.mean(axis=1, keepdims=True)).ravel(), (y - y.mean(axis=1, keepdims=True)).ravel())
+    h = summary["hypotheses"]["a"]
+    assert h["n_units"] == LAYERS * KV_HEADS and h["value"] == pytest.approx(rho, abs=1e-9)
+    assert h["within"]["rho"] == pytest.approx(within, abs=1e-9)
+    (t,) = h["tests"]
+    assert t["effect"] == pytest.approx(-rho) and t["half_width"] == h["chance"] and t["margin"] == 0.1
+    assert 0 < h["chance"] < 1 and h["verdict"] == rule(-rho, h["chance"], 0.1)
+    row = next(line for line in text.splitlines() if line.startswith("| (a)"))
+    assert row.endswith(f"**{h['verdict']}** |") and f"rho = {rho:+.3f} across {LAYERS * KV_HEADS} kv heads" in row
+
+
+def test_trained_hypothesis_b(trained):
+    _, summary, text, _, log = trained
+    steps, k_norm = log.metric("k_norm")
+    w = window(steps)
+    h = summary["hypotheses"]["b"]
+    for t, group, sign in zip(h["tests"], ("early", "final"), (-1, 1)):
+        mean, half = t_interval([group_mean(table, group) for table in k_norm[w].astype(float)])
+        assert h[group] == pytest.approx(mean)
+        assert t["effect"] == pytest.approx(sign * (mean - 8) / 8) and t["half_width"] == pytest.approx(half / 8)
+        assert t["verdict"] == rule(t["effect"], t["half_width"], 0.05)
+    verdicts = [t["verdict"] for t in h["tests"]]
+    assert h["verdict"] == ("contradicted" if "contradicted" in verdicts else
+                            "supported" if verdicts == ["supported"] * 2 else "inconclusive")
+    assert f"early {h['early']:.2f}" in text and f"final {h['final']:.2f}" in text
+
+
+def test_trained_hypothesis_c(trained):
+    _, summary, _, _, log = trained
+    steps, maxabs = log.metric("k_maxabs")
+    share = (maxabs.astype(float) / log.metric("k_norm")[1]) ** 2
+    means = share[window(steps)].mean(axis=0)
+    top = np.unravel_index(np.argmax(means), means.shape)
+    mean, half = t_interval(share[window(steps), top[0], top[1]])
+    h = summary["hypotheses"]["c"]
+    assert h["value"] == int((means > 0.5).sum()) and h["of"] == LAYERS * KV_HEADS
+    assert h["max_ratio"] == pytest.approx(mean) and h["max_ratio_head"] == [int(top[0]), int(top[1])]
+    assert h["tests"][0]["effect"] == pytest.approx(mean / 0.5 - 1)
+    assert h["verdict"] == rule(mean / 0.5 - 1, half / 0.5, 0.05)
+
+
+def test_trained_hypothesis_d(trained):
+    _, summary, _, _, log = trained
+    steps, pr = log.metric("k_pr")
+    pr = pr.astype(float).mean(axis=(1, 2))
+    mean, half = t_interval(pr[window(steps)])
+    h = summary["hypotheses"]["d"]
+    assert (h["first"], h["last"]) == (pytest.approx(pr[0]), pytest.approx(mean))
+    assert h["tests"][0]["effect"] == pytest.approx((pr[0] - mean) / pr[0])
+    assert h["verdict"] == rule((pr[0] - mean) / pr[0], half / pr[0], 0.05)
+    assert "k_erank_centered" in h["detail"] and set(h) >= {"erank", "erank_centered", "mean_share"}
+
+
+def test_taxonomy(trained):
+    _, summary, text, _, log = trained
+    w = window(log.metric("k_norm")[0])
+
+    def mean(name):
+        return log.metric(name)[1][w].astype(float).mean(axis=0)
+
+    k_norm, share = mean("k_norm")[:, KV_OF], ((log.metric("k_maxabs")[1] / log.metric("k_norm")[1])[w] ** 2)
+    share = share.astype(float).mean(axis=0)[:, KV_OF]
+    entropy, sink = mean("attn_entropy"), mean("attn_sink")
+    focus = 0.5 * np.mean(np.log(np.arange(1, T + 1)))  # half the entropy of uniform causal attention
+    expected = {}
+    for layer in range(LAYERS):
+        for h in range(HEADS):
+            if sink[layer, h] > 0.3:
+                cls = "static sink"
+            elif entropy[layer, h] < focus and k_norm[layer, h] > 1.05 * 8:
+                cls = "semantic retriever"
+            elif entropy[layer, h] >= focus and k_norm[layer, h] <= 1.05 * 8 and share[layer, h] <= 0.5:
+                cls = "syntactic gatherer"
+            else:
+                cls = "other"
+            expected[(layer, h)] = cls
+    tax = summary["taxonomy"]
+    assert tax["available"] and tax["step"] == TRAINED_STEPS - 1 and tax["window"][1] == TRAINED_STEPS - 1
+    assert {(x["layer"], x["head"]): x["class"] for x in tax["heads"]} == expected
+    counts = {cls: list(expected.values()).count(cls) for cls in tax["rules"]}
+    assert tax["counts"] == counts and sum(counts.values()) == LAYERS * HEADS
+    for cls, rule_text in tax["rules"].items():  # each rule is written next to its class, with its count
+        assert f"| {cls} | {rule_text} | {counts[cls]} |" in text
+
+
+def test_replicates(trained_paths, trained, tmp_path):
+    """Two seeds of one configuration: per test, the mean of the runs' effects and its 95% t-interval
+    (t = 12.706 for 2 runs) decide the verdict over the seeds."""
+    second = report(trained_paths[1], "-o", tmp_path / "second")
+    assert second.returncode == 0, second.stderr
+    summaries = [trained[1], json.loads((tmp_path / "second" / "summary.json").read_text())]
+    result = report(*trained_paths, "-o", tmp_path / "both", "--label", "seed 1337", "--label", "seed 7")
+    assert result.returncode == 0, result.stderr
+    both = json.loads((tmp_path / "both" / "summary.json").read_text())
+    text = (tmp_path / "both" / "report.md").read_text()
+    (rep,) = both["comparison"]["replicates"]
+    assert rep["runs"] == ["seed 1337", "seed 7"] and rep["seeds"] == ["1337", "7"] and rep["left_out"] == {}
+    for key, h in rep["hypotheses"].items():
+        for j, t in enumerate(h["tests"]):
+            effects = [s["hypotheses"][key]["tests"][j]["effect"] for s in summaries]
+            mean, half = np.mean(effects), 12.706 * np.std(effects, ddof=1) / np.sqrt(2)
+            assert t["values"] == pytest.approx(effects) and t["n"] == 2 and t["t"] == 12.706
+            assert (t["mean"], t["half_width"]) == (pytest.approx(mean), pytest.approx(half))
+            assert t["verdict"] == rule(mean, half, t["margin"])
+    assert "### Replicates: seed 1337, seed 7" in text
+    assert "over the seeds 1337, 7 of seed 1337, seed 7:" in result.stdout
+
+
+def test_twelve_step_run(log_path, tmp_path):
+    """A run of 12 steps gives only inconclusive verdicts and no taxonomy, whatever its numbers."""
+    data = log_path.parent.parent / "data"
+    run([TRAIN_BIN, "-i", data / "train_*.bin", "-j", data / "val_*.bin", *TRAIN_ARGS, "-x", 12, "--threads", 1,
+         "-o", tmp_path / "run"], "the trainer")
+    result = report(tmp_path / "run" / "run.attnlog")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "run" / "report" / "summary.json").read_text())
+    text = (tmp_path / "run" / "report" / "report.md").read_text()
+    assert [h["verdict"] for h in summary["hypotheses"].values()] == ["inconclusive"] * 4
+    assert all(h["why"] == "too little training" for h in summary["hypotheses"].values())
+    assert summary["taxonomy"]["available"] is False and "syntactic gatherer | not a sink" not in text
+    assert "None: the log is intact" not in text and "the run has not left warm-up (last step 11 < warmup 40)" in text
+    for key, h in summary["hypotheses"].items():
+        assert f"({key}) {h['title']}: inconclusive (too little training" in result.stdout
+
+
+def test_started_from_a_checkpoint(log_path, tmp_path):
+    """A run started with -e from the 30-step run's weights: the log's note is read, the report says
+    where its steps start, and the check for too little training counts the checkpoint's steps."""
+    data, checkpoint = log_path.parent.parent / "data", log_path.parent / "model.ckpt"
+    run([TRAIN_BIN, "-i", data / "train_*.bin", "-j", data / "val_*.bin", *TRAIN_ARGS, "-x", 12, "--threads", 1,
+         "-e", checkpoint, "-o", tmp_path / "run"], "the trainer")
+    result = report(tmp_path / "run" / "run.attnlog")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "run" / "report" / "summary.json").read_text())
+    text = (tmp_path / "run" / "report" / "report.md").read_text()
+    assert summary["init"] == {"checkpoint": str(checkpoint), "steps": STEPS}
+    assert summary["training"]["init_steps"] == STEPS and summary["training"]["steps_trained"] == STEPS + 12
+    assert summary["training"]["tokens"] == (STEPS + 12) * 4 * T
+    assert f"which had trained {STEPS} steps. Its steps count from 0 at that point" in text
+    assert f"the {STEPS} steps of the checkpoint included" in text
+    assert "the run has not left warm-up (last step 11 < warmup 40)" in text  # its own warm-up, from its step 0
+    import analysis
+    assert analysis.started_from({"init": "w.ckpt"}, []) == {"checkpoint": "w.ckpt", "steps": None}
+    assert analysis.started_from({"init": ""}, [(0, "resumed at step 5")]) is None
+
+
+# -- the verdict rule, on constructed data -------------------------------------------------------------
+
+
+def constructed_run(k_norm, entropy, steps=None, **metrics):
+    """A run as analysis.load_run returns it, from arrays: k_norm [S, L, Hkv], attn_entropy [S, L, H] and
+    any other metric (name=array); enough training for verdicts."""
+    import analysis
+    steps = np.arange(len(k_norm)) * 10 if steps is None else np.asarray(steps)
+    arrays = dict(metrics, k_norm=k_norm, attn_entropy=entropy)
+    return {"L": k_norm.shape[1], "Hkv": k_norm.shape[2], "H": entropy.shape[2], "D": 64, "seq_len": T,
+            "metrics": {name: (steps, np.asarray(a, float)) for name, a in arrays.items()},
+            "columns": {name: "q_head" if name.startswith("attn") else "kv_head" for name in arrays},
+            "missing": [m for m in analysis.USED_METRICS if m not in arrays], "stats_steps": steps,
+            "window": analysis.decision_window(steps),
+            "groups": analysis.layer_groups(k_norm.shape[1]), "init": None, "options": {"warmup": "0"},
+            "step_range": (0, int(steps[-1])), "tokens_per_step": 10 ** 6}
+
+
+def correlated(sign, layers=6, kv=4, heads=4, steps=20, seed=0):
+    """k_norm and entropy with entropy = 10 + sign * k_norm (+ small noise), or independent (sign 0)."""
+    rng = np.random.default_rng(seed)
+    k_norm = np.broadcast_to(rng.uniform(6, 10, (1, layers, kv)), (steps, layers, kv)) + \
+        0.01 * rng.standard_normal((steps, layers, kv))
+    per_q = np.repeat(k_norm, heads // kv, axis=2)
+    entropy = (10 + sign * per_q if sign else rng.uniform(1, 3, (1, layers, heads))) + \
+        0.05 * rng.standard_normal((steps, layers, heads))
+    return k_norm, entropy
+
+
+def test_three_way_verdicts_of_a_correlation():
+    import verdicts
+    for sign, expected in ((-1, "supported"), (1, "contradicted"), (0, "inconclusive")):
+        run = constructed_run(*correlated(sign))
+        h = verdicts.hypotheses(run, verdicts.training_status(run))[0]
+        assert h["verdict"] == expected, (sign, h["detail"])
+        assert h["n_units"] == 6 * 4
+    again = verdicts.hypothesis_entropy_norm(constructed_run(*correlated(0)))
+    assert again["p_value"] == verdicts.hypothesis_entropy_norm(constructed_run(*correlated(0)))["p_value"]
+
+
+def test_per_kv_head_units():
+    """8 query heads reading 2 kv heads in each of 6 layers: 12 independent units, each kv head with the
+    mean entropy of its 4 query heads."""
+    import verdicts
+    k_norm, entropy = correlated(-1, layers=6, kv=2, heads=8)
+    h = verdicts.hypothesis_entropy_norm(constructed_run(k_norm, entropy))
+    assert h["n_units"] == 12 and h["within"]["n"] == 12
+    per_kv = entropy.reshape(20, 6, 2, 4).mean(axis=3)
+    w = slice(15, 20)  # steps 150..190: the last quarter of 0..190
+    assert h["value"] == pytest.approx(spearman(k_norm[w].mean(axis=0).ravel(), per_kv[w].mean(axis=0).ravel()))
+
+
+def test_one_dead_band_for_every_hypothesis():
+    import verdicts
+    assert verdicts.decide(0.2, 0.05, 0.1) == ("supported", "decided")
+    assert verdicts.decide(-0.2, 0.05, 0.1) == ("contradicted", "decided")
+    assert verdicts.decide(0.12, 0.05, 0.1) == ("inconclusive", "uncertain")  # beyond the margin, not its interval
+    assert verdicts.decide(0.08, 0.001, 0.1) == ("inconclusive", "within the margin")
+    assert verdicts.decide(float("nan"), 0.1, 0.1) == ("inconclusive", "no data")
+    flat = np.full((20, 6, 4), 8.0)
+    entropy = np.full((20, 6, 4), 2.0)
+    for fall, expected in ((0.041, "inconclusive"), (0.10, "supported"), (-0.10, "contradicted")):
+        pr = np.concatenate([np.full((1, 6, 4), 22.0), np.full((19, 6, 4), 22.0 * (1 - fall))])
+        h = verdicts.hypothesis_pr_falls(constructed_run(flat, entropy, k_pr=pr))
+        assert verdicts.combine(h["tests"])[0] == expected, fall  # (d): a fall of 4.1% is no collapse
+    for early, final, expected in ((0.96, 1.04, "inconclusive"), (0.9, 1.1, "supported"), (1.1, 1.1, "contradicted")):
+        k_norm = flat.copy()
+        k_norm[:, :2], k_norm[:, -2:] = 8 * early, 8 * final
+        h = verdicts.hypothesis_hierarchy(constructed_run(k_norm, entropy))
+        assert verdicts.combine(h["tests"])[0] == expected, (early, final)  # (b): the same 5% margin
+
+
+def test_t_interval_by_hand():
+    import analysis
+    mean, half, n = analysis.mean_interval([0.1, 0.3, 0.2])
+    assert (mean, n) == (pytest.approx(0.2), 3) and half == pytest.approx(4.303 * 0.1 / np.sqrt(3))
+    assert analysis.t975(1) == 12.706 and analysis.t975(30) == 2.042
+    assert analysis.t975(40) == pytest.approx(2.021, abs=1e-3) and analysis.t975(120) == pytest.approx(1.980, abs=1e-3)
+    assert np.isnan(analysis.mean_interval([0.5])[1])
+
+# -- the HTML and Markdown pages: contents, anchors, collapsed lists, empty values ---------------------
+
+
+class Page(HTMLParser):
+    """The elements of an HTML page: ids, their tags, links, and for each element the tags it lies in."""
+    VOID = {"meta", "img", "br", "hr", "link", "input"}
+
+    def __init__(self, text):
+        super().__init__()
+        self.open, self.ids, self.links, self.elements = [], [], [], []  # elements: (tag, attrs, inside, text)
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        self.elements.append([tag, attrs, [t for t, _ in self.open], ""])
+        if "id" in attrs:
+            self.ids.append((tag, attrs["id"]))
+        if tag == "a" and "href" in attrs:
+            self.links.append(attrs["href"])
+        if tag not in self.VOID:
+            self.open.append((tag, self.elements[-1]))
+
+    def handle_endtag(self, tag):
+        while self.open and self.open.pop()[0] != tag:
+            pass
+
+    def handle_data(self, data):
+        for _, element in self.open:
+            element[3] += data
+
+
+def github_anchor(heading, seen):
+    """GitHub's anchor of a Markdown heading: marks dropped, lower case, punctuation dropped, spaces
+    to hyphens, -1, -2, ... for a repeat (seen counts the slugs so far)."""
+    slug = re.sub(r"[^\w\- ]", "", heading.replace("`", "").replace("**", "").lower()).replace(" ", "-")
+    seen[slug] = seen.get(slug, -1) + 1
+    return f"{slug}-{seen[slug]}" if seen[slug] else slug
+
+
+def test_html_contents_and_anchors(made):
+    outdir, _, _, _ = made
+    page = Page((outdir / "report.html").read_text())
+    ids = [i for _, i in page.ids]
+    assert len(ids) == len(set(ids))  # unique
+    headings = [e for e in page.elements if e[0] in ("h2", "h3")]
+    assert headings and all("id" in e[1] for e in headings)
+    toc = [e[1]["href"] for e in page.elements if e[0] == "a" and "nav" in e[2]]
+    assert toc == ["#" + e[1]["id"] for e in headings]  # every heading, in order
+    assert all(link[1:] in ids for link in page.links if link.startswith("#"))
+    nav = next(i for i, e in enumerate(page.elements) if e[0] == "nav")
+    assert nav < page.elements.index(headings[0])  # at the top
+
+
+def test_markdown_contents(made):
+    _, _, text, _ = made
+    headings = re.findall(r"^(#{1,3}) (.+)$", text, re.M)
+    seen = {}
+    anchors = {title: github_anchor(title, seen) for _, title in headings}
+    links = re.findall(r"^\s*- \[(.+?)\]\(#(.+?)\)$", text, re.M)
+    assert [(title, anchors[title]) for level, title in headings if level != "#"] == links
+    assert text.index("**Contents**") < text.index("\n## ")
+    assert "| option | value |" in text and "|---|---|" in text  # tables stay tables
+
+
+def test_long_tables_collapsed_and_empty_values(made, log):
+    outdir, _, text, _ = made
+    page = Page((outdir / "report.html").read_text())
+    options = log.header["options"]
+    empty = [name for name, value in options.items() if value == ""]
+    assert empty  # -e and -r were not given
+    tables = [e for e in page.elements if e[0] == "table"]
+    option_table = next(e for e in tables if e[3].startswith("optionvalue"))
+    assert "details" in option_table[2]
+    summaries = [e[3] for e in page.elements if e[0] == "summary"]
+    assert f"{len(options)} rows: option, value" in summaries
+    for name in empty:
+        assert f"<tr><td>{name}</td><td></td></tr>" in (outdir / "report.html").read_text()
+        assert f"| {name} |  |" in text
+    assert "``" not in text and "<code></code>" not in (outdir / "report.html").read_text()
+
+
+def test_html_blocks():
+    import report as report_module
+    blocks = [("h1", "Title"), ("h2", "Same"), ("h3", "Part `one`"), ("h2", "Same"), ("p", "text"),
+              ("list", [f"item {i}" for i in range(12)]), ("list", ["short", "list"]),
+              ("table", ["a", "b"], [["x", "L0H0, L0H1, L0H2, L0H3, L1H0, L1H1, L1H2, L1H3, L2H0"]])]
+    page = Page(report_module.to_html(blocks, "Title", Path("."), refresh=3))
+    assert [i for _, i in page.ids] == ["title", "same", "part-one", "same-1"]
+    assert [e[1]["href"] for e in page.elements if e[0] == "a"] == ["#same", "#part-one", "#same-1"]
+    lists = [e for e in page.elements if e[0] == "ul" and "nav" not in e[2]]
+    assert ["details" in e[2] for e in lists] == [True, False]  # 12 items collapsed, 2 not
+    assert [e[3] for e in page.elements if e[0] == "summary"] == ["12 items", "L0H0, L0H1, L0H2, \u2026 (9 in all)"]
+    assert [e[1] for e in page.elements if e[0] == "meta" and "http-equiv" in e[1]] == \
+        [{"http-equiv": "refresh", "content": "3"}]
+    assert "http-equiv" not in report_module.to_html(blocks, "Title", Path("."))
+    text = report_module.to_markdown(blocks)
+    assert "- [Same](#same)\n  - [Part one](#part-one)\n- [Same](#same-1)\n" in text
+
+
+# -- export of a real run ------------------------------------------------------------------------------
+
+
+def test_export_of_a_real_run(log_path, log, tmp_path):
+    out = tmp_path / "run.csv"
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "attnlog.py"), "export", log_path, "-o", out],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+    values = {}
+    for r in rows:
+        values.setdefault(r["metric"], []).append(float(r["value"]))  # float64, as pandas reads it
+    expected = {name: log.scalars(name)[1] for name in log.scalar_names()}
+    expected["val_loss"] = log.val_loss()[1]
+    expected.update({name: log.metric(name)[1] for name in log.metric_names()})
+    assert len(rows) == sum(v.size for v in expected.values())
+    for name, array in expected.items():  # the exact float32 values, not a rounding of them
+        assert values[name] == array.astype(np.float64).ravel().tolist(), name
+
+
+# -- following a run while it trains -------------------------------------------------------------------
+
+
+def follow(log, outdir, *args):
+    return subprocess.Popen([sys.executable, str(SCRIPT), "--follow", str(log), "-o", str(outdir), *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+REFRESH = '<meta http-equiv="refresh"'
+
+
+def test_follow_a_growing_log(log_path, tmp_path):
+    """A log that grows in pieces, cut anywhere (torn tails): rendered while it grows, with the reload
+    tag, and a last time without it when its last step and that step's validation loss are in."""
+    data = log_path.read_bytes()
+    records = frames(data)
+    growing, outdir = tmp_path / "run.attnlog", tmp_path / "live"
+    first = records[len(records) // 3][0] + 50  # a third of the records and part of one more
+    growing.write_bytes(data[:first])
+    proc = follow(growing, outdir, "--interval", 0.2, "--idle", 60)
+    try:
+        deadline = time.monotonic() + 60
+        while not (outdir / "summary.json").exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.communicate()
+        summary = json.loads((outdir / "summary.json").read_text())
+        assert REFRESH in (outdir / "report.html").read_text()
+        assert summary["loss"]["last_step"] < STEPS - 1
+        assert any(p.startswith("torn tail") for p in summary["problems"])
+        final_val = records[-1][0]  # the validation loss of the last step, the last record
+        for cut in (first + (final_val - first) // 2, final_val + 7, len(data)):  # it torn, then whole
+            with open(growing, "ab") as f:
+                f.write(data[growing.stat().st_size:cut])
+            time.sleep(0.5)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert f"the run has ended: the log holds step {STEPS - 1}, the last of the {STEPS} planned" in out
+    page = (outdir / "report.html").read_text()
+    summary = json.loads((outdir / "summary.json").read_text())
+    assert REFRESH not in page
+    assert summary["loss"]["last_step"] == STEPS - 1 and summary["loss"]["val_last_step"] == STEPS - 1
+    assert not [p for p in summary["problems"] if "torn" in p or "ends at step" in p]
+    assert not [p for p in outdir.iterdir() if p.name.endswith(".part")]
+
+
+def test_follow_a_training_run(log_path, tmp_path):
+    data = log_path.parent.parent / "data"
+    train = subprocess.Popen([str(a) for a in [TRAIN_BIN, "-i", data / "train_*.bin", "-j", data / "val_*.bin",
+                                               *TRAIN_ARGS, "--threads", 1, "-o", tmp_path / "live"]],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = follow(tmp_path / "live" / "run.attnlog", tmp_path / "out", "--interval", 1, "--idle", 60)
+    try:
+        out, err = proc.communicate(timeout=60)
+        assert train.wait(timeout=30) == 0, train.stderr.read()
+    finally:
+        proc.kill()
+        train.kill()
+    assert proc.returncode == 0, err
+    assert f"the run has ended: the log holds step {STEPS - 1}" in out
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["loss"]["last_step"] == STEPS - 1 and summary["loss"]["val_last_step"] == STEPS - 1
+    assert summary["stats_steps"]["last"] == STEPS - 1
+    assert not [p for p in summary["problems"] if "torn" in p or "ends at step" in p]
+    assert REFRESH not in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_follow_stops_when_the_log_stops_growing(log_path, tmp_path):
+    data = log_path.read_bytes()
+    stalled = tmp_path / "run.attnlog"
+    stalled.write_bytes(data[:frames(data)[-1][0]])  # the last step in, its validation loss not yet
+    proc = follow(stalled, tmp_path / "out", "--interval", 0.2, "--idle", 1)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert f"stopped following: {stalled} has not grown for 1 s" in out and "has ended" not in out
+    assert REFRESH not in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_follow_a_run_without_validation(log_path, tmp_path):
+    data = log_path.read_bytes()
+    header_end = 20 + struct.unpack_from("<I", data, 12)[0]
+    no_val = tmp_path / "run.attnlog"  # ends with the last step's records; no validation loss anywhere
+    no_val.write_bytes(data[:header_end] + b"".join(data[pos:pos + 24 + n] for pos, rtype, _, n in frames(data)
+                                                     if rtype != 2))
+    proc = follow(no_val, tmp_path / "out", "--interval", 0.2, "--idle", 60)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert f"the run has ended: the log holds step {STEPS - 1}" in out
+
+
+def test_follow_options(log_path, tmp_path):
+    assert_one_line_error(report("--follow", log_path, log_path), "--follow follows one log")
+    assert_one_line_error(report("--follow", log_path, "--interval", 0), "--interval")
+    assert_one_line_error(report("--follow", tmp_path / "absent.attnlog", "--idle", 0.5, "--interval", 0.1),
+                          "absent.attnlog", "did not appear")

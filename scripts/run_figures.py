@@ -1,0 +1,431 @@
+"""The figures of a run's report and their captions: which figures a log allows (FIGURES), each
+drawn with scripts/figures.py from the numbers scripts/analysis.py derives, with a caption written
+from the run's own values; and the figures that compare several runs.
+"""
+import math
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import figures  # noqa: E402
+from analysis import (AXIS_THRESHOLD, SINK_THRESHOLD, axis_ratio, divergence_layer, group_curves, has,  # noqa: E402
+                      isotropic_pr, logit_ceiling, offset_or_collapse, per_kv, qk_ratio, rank_correlation, sink_rate,
+                      uniform_entropy, uniform_sink, values, why_not)
+
+GROUPS = ("early", "middle", "final")
+COMPARED = [("k_norm", "mean key norm k_norm"), ("k_maxabs", "mean largest key component k_maxabs"),
+            ("k_cos", "mean cosine similarity of key pairs k_cos"),
+            ("k_pr", "participation ratio k_pr (dimensions)"), ("attn_entropy", "attention entropy (nats)")]
+
+
+def group_change(curves, fmt="{:.2f}"):
+    """'early 8.00 -> 6.12, middle ..., final ...'."""
+    return "; ".join(f"{g} {fmt.format(c[0])} \u2192 {fmt.format(c[-1])}" for g, c in curves.items())
+
+
+def span(run):
+    steps = run["stats_steps"]
+    return f"from step {steps[0]} to step {steps[-1]}"
+
+
+def window_span(run):
+    steps, w = run["stats_steps"], run["window"]
+    return f"steps {steps[w[0]]}-{steps[w[-1]]}"
+
+
+def window_mean(run, array):
+    """The mean over the decision window of an [S, ...] array."""
+    return array[run["window"]].mean(axis=0)
+
+
+def layer_of(table):
+    """The layer index of every value of an [L, cols] table, flattened as table.ravel() is."""
+    return np.repeat(np.arange(table.shape[0]), table.shape[1])
+
+
+def step_label(run):
+    """The x axis of every figure over training; a run started from a checkpoint says how its steps
+    relate to the weights' whole training."""
+    init = run["init"]
+    if init is None:
+        return "training step"
+    before = f"{init['steps']} steps" if init["steps"] is not None else "an unknown number of steps"
+    return f"step of this run (its weights had trained {before} before its step 0)"
+
+
+# -- the run's figures -------------------------------------------------------------------------------
+
+
+def figure_key_norm(run, path, opts):
+    curves = group_curves(run, values(run, "k_norm"))
+    root = math.sqrt(run["D"])
+    figures.group_panels(path, "Key norm by layer group", run["stats_steps"],
+                         [("mean ||k|| after k_norm and its gain, before RoPE", "mean key L2 norm k_norm",
+                           curves, root, f"sqrt(D) = {root:.2f}, the initial norm")], run["groups"])
+    return (f"Mean key norm of each layer group, {span(run)}: {group_change(curves)}. The dotted line is "
+            f"sqrt(D) = {root:.2f}, the norm of a key whose components have unit mean square (gain 1).")
+
+
+def figure_layer_heatmaps(run, path, opts):
+    steps, root, T = run["stats_steps"], math.sqrt(run["D"]), run["seq_len"]
+    k_norm = values(run, "k_norm").mean(axis=2)
+    entropy, sink = values(run, "attn_entropy").mean(axis=2), values(run, "attn_sink").mean(axis=2)
+    reach = max(np.abs(k_norm - root).max(), 0.05 * root)
+    h_uniform, s_uniform = uniform_entropy(T), uniform_sink(T)
+    figures.layer_heatmaps(path, "Every layer over training", steps, [
+        ("k_norm, mean over the layer's kv heads", k_norm, f"k_norm (centred on sqrt(D) = {root:.2f})", "RdBu_r",
+         root - reach, root + reach, root, None),
+        ("attn_entropy, mean over the layer's query heads", entropy,
+         f"nats (line: uniform attention, {h_uniform:.2f})", "viridis", 0.0, 1.04 * max(entropy.max(), h_uniform), None,
+         h_uniform),
+        ("attn_sink, mean over the layer's query heads", sink, f"mass on position 0 (line: uniform, {s_uniform:.3f})",
+         "magma_r", 0.0, max(sink.max(), 1.5 * s_uniform), None, s_uniform)])
+    low, high = int(np.argmin(k_norm[-1])), int(np.argmax(k_norm[-1]))
+    sharp = int(np.argmin(entropy[-1]))
+    return (f"Left to right: each layer's mean k_norm, mean attention entropy and mean attn_sink (the mean over "
+            f"its query heads of the attention on position 0, not the share of sink heads), {span(run)}; one row "
+            f"per layer, layer 0 at the top. At step {steps[-1]} the shortest keys are layer {low}'s "
+            f"({k_norm[-1, low]:.2f}), the longest layer {high}'s ({k_norm[-1, high]:.2f}); the sharpest "
+            f"attention is layer {sharp}'s ({entropy[-1, sharp]:.2f} nats); mean attn_sink ranges "
+            f"{sink[-1].min():.3f}-{sink[-1].max():.3f}. Lines on the colour bars: uniform causal attention over "
+            f"T = {T}, entropy {h_uniform:.2f} nats (mean of ln(t+1)) and mass on position 0 {s_uniform:.3f} "
+            f"(mean of 1/(t+1)).")
+
+
+def figure_outliers(run, path, opts):
+    maxabs = values(run, "k_maxabs")
+    curves = group_curves(run, maxabs)
+    last = maxabs[-1]
+    l, h = np.unravel_index(np.argmax(last), last.shape)
+    share = (last[l, h] / values(run, "k_norm")[-1][l, h]) ** 2
+    figures.group_panels(path, "Outlier magnitude: the largest key component", run["stats_steps"],
+                         [("mean over keys of max_i |k_i|", "mean largest |component| k_maxabs", curves, None, None)],
+                         run["groups"])
+    return (f"Mean largest absolute key component per group, {span(run)}: {group_change(curves)}. At the last "
+            f"step the largest is layer {l}, kv head {h}: {last[l, h]:.2f}, whose square is {share:.0%} of "
+            f"the squared key norm ({AXIS_THRESHOLD:.0%} would make it axis-aligned).")
+
+
+def figure_axis_share(run, path, opts):
+    share = axis_ratio(run)
+    curves, final = group_curves(run, share), window_mean(run, share)
+    l, h = np.unravel_index(np.argmax(final), final.shape)
+    figures.lines_and_heatmap(path, "Axis share: the key energy in its largest component", run["stats_steps"],
+                              ("(k_maxabs / k_norm)^2 by layer group", "share of the squared key norm", curves,
+                               run["groups"], (0, 1), AXIS_THRESHOLD, f"{AXIS_THRESHOLD}: axis-aligned above"),
+                              (f"every kv head, mean over {window_span(run)}", final, "kv head", "magma_r", 0.0, 1.0,
+                               f"share (line: {AXIS_THRESHOLD})", AXIS_THRESHOLD, "{:.2f}"))
+    above = int((final > AXIS_THRESHOLD).sum())
+    return (f"The share (k_maxabs / k_norm)^2 of a key's squared norm in its largest component (from the means over "
+            f"tokens), {span(run)}: {group_change(curves, '{:.3f}')}. Right: every kv head, averaged over the "
+            f"decision window ({window_span(run)}); the largest is layer {l}, kv head {h}, {final[l, h]:.3f}. "
+            f"{above} of {final.size} kv heads are above {AXIS_THRESHOLD}, where one component holds most of the "
+            "energy (the reports' axis-aligned keys).")
+
+
+def figure_cos(run, path, opts):
+    curves = group_curves(run, values(run, "k_cos"))
+    figures.group_panels(path, "Latent redundancy: how alike the keys are", run["stats_steps"],
+                         [("mean cosine similarity over pairs of distinct keys", "mean pairwise cosine k_cos",
+                           curves, None, None)], run["groups"])
+    above = [g for g, c in curves.items() if c[-1] > 0.5]
+    return (f"Mean cosine similarity between keys per group, {span(run)}: {group_change(curves, '{:.3f}')}. "
+            + (f"Above 0.5 at the end (the reports' 'semantic convergence'): {', '.join(above)}."
+               if above else "No group ends above 0.5, the reports' mark of 'semantic convergence'."))
+
+
+def figure_profile(run, path, opts):
+    last = values(run, "k_norm")[-1]
+    per_layer, root = last.mean(axis=1), math.sqrt(run["D"])
+    step = run["stats_steps"][-1]
+    figures.layer_profile(path, f"Key magnitude profile at step {step}", per_layer, last, run["groups"], root,
+                          f"sqrt(D) = {root:.2f}", "mean key L2 norm k_norm")
+    below = [i for i, v in enumerate(per_layer) if v < root]
+    return (f"Mean k_norm of every layer at step {step} (bars; dots are single kv heads). Lowest: layer "
+            f"{np.argmin(per_layer)} ({per_layer.min():.2f}); highest: layer {np.argmax(per_layer)} "
+            f"({per_layer.max():.2f}). {len(below)} of {run['L']} layers are below sqrt(D) = {root:.2f}"
+            + (f": {', '.join(map(str, below))}." if below else "."))
+
+
+def figure_divergence(run, path, opts):
+    k_norm = values(run, "k_norm")
+    layer, why = divergence_layer(run, opts["layer"])
+    heads, root = k_norm[:, layer, :], math.sqrt(run["D"])
+    figures.heads_over_steps(path, f"Norm divergence of the kv heads of layer {layer}", run["stats_steps"], heads,
+                             root, f"sqrt(D) = {root:.2f}", "mean key L2 norm k_norm")
+    if run["Hkv"] == 1:
+        return (f"Layer {layer} ({why}) has a single kv head: its k_norm goes from {heads[0, 0]:.2f} to "
+                f"{heads[-1, 0]:.2f}; with one kv head per layer there is nothing to diverge.")
+    lo, hi = int(np.argmin(heads[-1])), int(np.argmax(heads[-1]))
+    return (f"k_norm of each kv head of layer {layer} ({why}). At step {run['stats_steps'][-1]} they range "
+            f"from {heads[-1, lo]:.2f} (kv head {lo}) to {heads[-1, hi]:.2f} (kv head {hi}), a spread of "
+            f"{heads[-1, hi] - heads[-1, lo]:.2f}; at step {run['stats_steps'][0]} the spread was "
+            f"{np.ptp(heads[0]):.2f}.")
+
+
+def phases(n_steps):
+    """The stats steps split into three consecutive, nearly equal parts: early, mid, late training."""
+    return [(name, idx) for name, idx in zip(("early", "mid", "late"), np.array_split(np.arange(n_steps), 3))
+            if len(idx)]
+
+
+def kv_correlations(run):
+    """(k_norm [L, Hkv], entropy [L, Hkv], rho across kv heads, rho within layers) of the
+    decision-window means, each kv head with the mean entropy of its query heads: hypothesis (a)."""
+    x = window_mean(run, values(run, "k_norm"))
+    y = window_mean(run, per_kv(run, values(run, "attn_entropy")))
+    return x, y, rank_correlation(x.ravel(), y.ravel()), rank_correlation(x.ravel(), y.ravel(), layer_of(x))
+
+
+def correlation_text(across, within):
+    if not math.isfinite(across["rho"]):
+        return "too few kv heads, or constant values, for a rank correlation"
+    text = f"rho = {across['rho']:+.3f} across the {across['n']} kv heads (p = {across['p']:.3g}; chance " \
+           f"reaches \u00b1{across['chance']:.3f})"
+    if math.isfinite(within["rho"]):
+        text += f", {within['rho']:+.3f} within layers (p = {within['p']:.3g})"
+    return text
+
+
+def figure_scatter(run, path, opts):
+    x, y, steps = values(run, "k_norm@q"), values(run, "attn_entropy"), run["stats_steps"]
+    parts = [(f"{name} training (steps {steps[idx[0]]}-{steps[idx[-1]]})", x[idx].ravel(), y[idx].ravel())
+             for name, idx in phases(len(steps))]
+    root, h_uniform = math.sqrt(run["D"]), uniform_entropy(run["seq_len"])
+    figures.phase_scatter(path, "Entropy against key norm, one point per query head and stats step", parts,
+                          (f"step {steps[-1]} (last)", x[-1].ravel(), y[-1].ravel()),
+                          "k_norm of the head's kv head", "attention entropy (nats)", root, f"sqrt(D) = {root:.2f}",
+                          h_uniform, f"uniform attention, {h_uniform:.2f} nats")
+    _, _, across, within = kv_correlations(run)
+    return (f"Each point is one query head at one stats step ({x.shape[1] * x.shape[2]} heads x {len(steps)} steps), "
+            f"coloured by training phase; circled: the last step. Entropy at the last step ranges from "
+            f"{y[-1].min():.2f} to {y[-1].max():.2f} nats (uniform causal attention: {h_uniform:.2f}), key norm "
+            f"from {x[-1].min():.2f} to {x[-1].max():.2f}. Query heads that share a kv head share its key norm, so "
+            f"the correlation is taken over kv heads (decision-window means, {window_span(run)}): "
+            f"{correlation_text(across, within)}.")
+
+
+def figure_scatter_by_layer(run, path, opts):
+    x, y, across, within = kv_correlations(run)
+    qx = window_mean(run, values(run, "k_norm@q"))
+    qy = window_mean(run, values(run, "attn_entropy"))
+    root, h_uniform = math.sqrt(run["D"]), uniform_entropy(run["seq_len"])
+    figures.layer_scatter(path, f"Entropy against key norm by layer, means over {window_span(run)}",
+                          (x.ravel(), y.ravel(), layer_of(x), "kv head (entropy: mean of its query heads)"),
+                          (qx.ravel(), qy.ravel(), layer_of(qy), "query head") if run["H"] > run["Hkv"] else None,
+                          run["L"], "k_norm of the kv head", "attention entropy (nats)",
+                          (root, f"sqrt(D) = {root:.2f}", h_uniform, f"uniform attention, {h_uniform:.2f} nats"))
+    means = y.mean(axis=1)
+    return (f"Each kv head's key norm against the mean attention entropy of the query heads reading it (large points; "
+            f"small: single query heads), averaged over the decision window, coloured by layer (light: layer 0). "
+            f"{correlation_text(across, within)}: the within-layer figure takes out what differs between layers, "
+            f"so a trend across layers alone does not make it. Mean entropy by layer: "
+            + ", ".join(f"{i}: {v:.2f}" for i, v in enumerate(means)) + ".")
+
+
+def figure_rank(run, path, opts):
+    pr, er = group_curves(run, values(run, "k_pr")), group_curves(run, values(run, "k_erank"))
+    iso = isotropic_pr(run["D"])
+    figures.group_panels(path, f"Effective rank of the keys (D = {run['D']})", run["stats_steps"],
+                         [("participation ratio of a key's components", "k_pr (dimensions)", pr, iso,
+                           f"(D+2)/3 = {iso:.1f}: isotropic Gaussian keys"),
+                          ("effective rank of the keys matrix (Roy & Vetterli)", "k_erank (dimensions)", er,
+                           None, None)], run["groups"])
+    return (f"Left, the participation ratio (how many components a key spreads over), {span(run)}: "
+            f"{group_change(pr, '{:.1f}')}; the dotted line, (D+2)/3 = {iso:.1f}, is what isotropic Gaussian keys "
+            f"give, so a value near it says nothing about collapse. Right, the effective rank of all keys of a head "
+            f"together: {group_change(er, '{:.1f}')}. Both can reach D = {run['D']}.")
+
+
+def figure_offset(run, path, opts):
+    er, centred = group_curves(run, values(run, "k_erank")), group_curves(run, values(run, "k_erank_centered"))
+    share = group_curves(run, values(run, "k_mean_share"))
+    figures.group_panels(path, "Fewer directions, or one shared offset?", run["stats_steps"],
+                         [("effective rank of the keys", "k_erank (dimensions)", er, None, None),
+                          ("effective rank once their mean is removed", "k_erank_centered (dimensions)", centred,
+                           None, None),
+                          ("share of the keys' energy in their mean", "k_mean_share", share, None, None)],
+                         run["groups"], same_scale=(0, 1))
+    lines = [f"{g}: k_erank {er[g][0]:.1f} \u2192 {er[g][-1]:.1f}, centred {centred[g][0]:.1f} \u2192 "
+             f"{centred[g][-1]:.1f}, mean share {share[g][0]:.2f} \u2192 {share[g][-1]:.2f} "
+             f"({offset_or_collapse((er[g][0], er[g][-1]), (centred[g][0], centred[g][-1]))})" for g in GROUPS]
+    return (f"k_erank beside k_erank_centered (the same rank with each head's mean key removed) and k_mean_share "
+            f"(the share of the keys' energy in that mean), {span(run)}. A common offset lowers k_erank and raises "
+            f"k_mean_share while k_erank_centered stays high; keys that really use fewer directions lower both "
+            f"ranks. " + "; ".join(lines) + ".")
+
+
+def figure_gamma(run, path, opts):
+    gains, steps = values(run, "g_k"), run["stats_steps"]
+    if opts["layer"] is not None or has(run, "k_norm"):
+        layer, why = divergence_layer(run, opts["layer"])  # the layer of norm_divergence.png
+    else:  # no key norms: the layer whose gains moved furthest from 1
+        layer, why = int(np.argmax(np.abs(gains[-1] - 1).mean(axis=1))), "the layer whose gains moved most"
+    figures.gain_heatmaps(path, "k_norm gain g_k: which dimensions are amplified", steps, gains[:, layer, :], layer,
+                          gains[-1], steps[-1])
+    final = gains[-1, layer]
+    top = np.argsort(final)[::-1][:3]
+    l, d = np.unravel_index(np.argmax(gains[-1]), gains[-1].shape)
+    return (f"Left: layer {layer}'s gain of every dimension over training ({why}; 1 at initialisation). At step "
+            f"{steps[-1]} its gains range from {final.min():.2f} to {final.max():.2f}; the largest are "
+            + ", ".join(f"dimension {i} ({final[i]:.2f})" for i in top)
+            + f". Right: every layer at step {steps[-1]}; the largest gain of all is {gains[-1][l, d]:.2f} "
+              f"(layer {l}, dimension {d}). Red amplifies, blue dampens.")
+
+
+def figure_gains(run, path, opts):
+    g_q, g_k, steps = values(run, "g_q"), values(run, "g_k"), run["stats_steps"]
+    rms = {name: group_curves(run, np.sqrt((g ** 2).mean(axis=2, keepdims=True)))
+           for name, g in (("q", g_q), ("k", g_k))}
+    figures.gain_figure(path, "The q and k norm gains side by side", steps, g_q[-1], g_k[-1], steps[-1], rms,
+                        run["groups"])
+    return (f"Top: the gains g_q (query norm) and g_k (key norm) of every layer and dimension at step {steps[-1]}, on "
+            f"one colour scale (red amplifies, blue dampens). Bottom: the root mean square of each layer group's "
+            f"gains, which scales the normalised vector's length (sqrt(D) x RMS gain), {span(run)}: g_q "
+            f"{group_change(rms['q'], '{:.3f}')}; g_k {group_change(rms['k'], '{:.3f}')}.")
+
+
+def figure_qk(run, path, opts):
+    curves = group_curves(run, qk_ratio(run))
+    q_curves, k_curves = group_curves(run, values(run, "q_norm")), group_curves(run, values(run, "k_norm"))
+    q, k = values(run, "q_norm").mean(axis=(1, 2)), values(run, "k_norm").mean(axis=(1, 2))
+    root = math.sqrt(run["D"])
+    figures.group_panels(path, "Who turns the volume knob: ||q||, ||k|| and their ratio", run["stats_steps"],
+                         [("mean ||q|| of the query heads", "q_norm", q_curves, root, f"sqrt(D) = {root:.2f}"),
+                          ("mean ||k|| of the kv heads", "k_norm", k_curves, root, f"sqrt(D) = {root:.2f}"),
+                          ("mean over query heads of q_norm / k_norm of its kv head", "||q|| / ||k||", curves,
+                           1.0, "equal norms")], run["groups"], same_scale=(0, 1))
+    return (f"Left and middle, on one scale: the query and key norms by group, {span(run)}: ||q|| "
+            f"{group_change(q_curves)}; ||k|| {group_change(k_curves)}. Right: their ratio, "
+            f"{group_change(curves, '{:.3f}')}. Over all layers, mean ||q|| went {q[0]:.2f} \u2192 {q[-1]:.2f} "
+            f"and mean ||k|| {k[0]:.2f} \u2192 {k[-1]:.2f}.")
+
+
+def figure_logits(run, path, opts):
+    observed, ceiling = values(run, "attn_logit_max"), logit_ceiling(run)
+    obs, ceil = window_mean(run, observed), window_mean(run, ceiling)
+    ratio = obs / ceil
+    figures.logit_figure(path, "The largest attention logit against a ceiling estimated from the mean norms",
+                         run["stats_steps"], group_curves(run, observed), group_curves(run, ceiling), run["groups"],
+                         (ceil.ravel(), obs.ravel(), layer_of(obs), f"query head, means over {window_span(run)}"),
+                         run["L"])
+    l, h = np.unravel_index(np.argmax(ratio), ratio.shape)
+    return (f"attn_logit_max, the largest logit q . k / sqrt(D) of any row of the step's batch, against mean ||q|| x "
+            f"mean ||k|| / sqrt(D) (of the head and its kv head): what a logit would be if a query and a key of "
+            f"mean length pointed the same way. It is an estimate from the means, not a bound: the longest queries "
+            f"and keys are longer than the means, so a head can exceed it. Over the decision window the ratio "
+            f"largest logit / estimate has median {np.median(ratio):.2f} across query heads (from {ratio.min():.2f} "
+            f"to {ratio.max():.2f}, the highest layer {l}, query head {h}); near 1 or above, the head's largest "
+            f"logits come from a query and key that are nearly parallel.")
+
+
+def figure_maxp(run, path, opts):
+    maxp, steps, T = values(run, "attn_maxp"), run["stats_steps"], run["seq_len"]
+    curves, final, base = group_curves(run, maxp), window_mean(run, maxp), uniform_sink(T)
+    figures.lines_and_heatmap(path, "Peak attention probability", steps,
+                              ("mean over rows of max_j p_tj, by layer group", "attn_maxp", curves, run["groups"],
+                               (0, 1), base, f"uniform attention, {base:.3f}"),
+                              (f"every query head, mean over {window_span(run)}", final, "query head", "viridis",
+                               0.0, 1.0, f"attn_maxp (line: uniform, {base:.3f})", base, "{:.2f}"))
+    l, h = np.unravel_index(np.argmax(final), final.shape)
+    return (f"The mean over rows of the largest attention probability, by group, {span(run)}: "
+            f"{group_change(curves, '{:.3f}')}. Right: every query head over the decision window; the most peaked "
+            f"is layer {l}, query head {h} ({final[l, h]:.2f}). Uniform causal attention over T = {T} gives "
+            f"{base:.3f} (mean of 1/(t+1)); 1 is attention on a single key.")
+
+
+def figure_sinks(run, path, opts):
+    sink, rate, steps, T = values(run, "attn_sink"), sink_rate(run), run["stats_steps"], run["seq_len"]
+    base = uniform_sink(T)
+    figures.lines_and_heatmap(path, "Attention sinks: attention mass on the first position", steps,
+                              ("sink rate", f"query heads with attn_sink > {SINK_THRESHOLD} (%)",
+                               {"all layers": 100 * rate}, None, (-3, 103), None, None),
+                              (f"attn_sink at step {steps[-1]}", sink[-1], "query head", "magma_r", 0.0, 1.0,
+                               f"attention mass on position 0 (line: uniform, {base:.3f})", base, "{:.2f}"))
+    l, h = np.unravel_index(np.argmax(sink[-1]), sink[-1].shape)
+    return (f"Left: share of the {run['L'] * run['H']} query heads with attn_sink > {SINK_THRESHOLD}, "
+            f"{span(run)}: {100 * rate[0]:.0f}% \u2192 {100 * rate[-1]:.0f}%. Right: attn_sink of every head at "
+            f"step {steps[-1]}; the strongest sink is layer {l}, query head {h} ({sink[-1][l, h]:.2f} of its "
+            f"attention on position 0). Uniform causal attention over T = {T} puts {base:.3f} there (mean of "
+            "1/(t+1)).")
+
+
+def figure_loss(run, path, opts):
+    steps, loss = run["loss"]
+    val_steps, val = run["val"]
+    figures.loss_figure(path, "Loss", steps, loss.astype(float), val_steps, val.astype(float))
+    tail = loss[-10:].mean()
+    text = (f"Training loss of every step, {steps[0]} to {steps[-1]}: {loss[0]:.3f} at the first step, "
+            f"{tail:.3f} averaged over the last {min(10, len(loss))}.")
+    if len(val):
+        text += f" Validation loss: {val[0]:.3f} at step {val_steps[0]}, {val[-1]:.3f} at step {val_steps[-1]}."
+    else:
+        text += " The log has no validation loss."
+    return text
+
+
+# name, what it needs, how to draw it
+FIGURES = [
+    ("key_norm_evolution.png", ["k_norm"], figure_key_norm),
+    ("layer_heatmaps.png", ["k_norm", "attn_entropy", "attn_sink"], figure_layer_heatmaps),
+    ("outlier_magnitude.png", ["k_maxabs", "k_norm"], figure_outliers),
+    ("axis_share.png", ["k_maxabs", "k_norm"], figure_axis_share),
+    ("latent_redundancy.png", ["k_cos"], figure_cos),
+    ("key_magnitude_profile.png", ["k_norm"], figure_profile),
+    ("norm_divergence.png", ["k_norm"], figure_divergence),
+    ("entropy_norm_scatter.png", ["k_norm", "attn_entropy"], figure_scatter),
+    ("entropy_norm_by_layer.png", ["k_norm", "attn_entropy"], figure_scatter_by_layer),
+    ("effective_rank.png", ["k_pr", "k_erank"], figure_rank),
+    ("key_offset.png", ["k_erank", "k_erank_centered", "k_mean_share"], figure_offset),
+    ("gamma_heatmap.png", ["g_k"], figure_gamma),
+    ("gains_q_k.png", ["g_q", "g_k"], figure_gains),
+    ("qk_ratio.png", ["q_norm", "k_norm"], figure_qk),
+    ("logit_ceiling.png", ["attn_logit_max", "q_norm", "k_norm"], figure_logits),
+    ("attn_maxp.png", ["attn_maxp"], figure_maxp),
+    ("sink_rate.png", ["attn_sink"], figure_sinks),
+    ("loss.png", [], figure_loss),
+]
+
+
+def draw_figures(run, outdir, opts):
+    """Draws what the log allows: ([(file, caption)], {file: why it was skipped})."""
+    made, skipped = [], {}
+    default, figures.STEP_LABEL = figures.STEP_LABEL, step_label(run)
+    try:
+        for name, needs, draw in FIGURES:
+            reason = why_not(run, *needs) if needs else (None if len(run["loss"][0]) else "the log has no step records")
+            if reason is None and {"attn_entropy", "attn_sink", "attn_maxp"} & set(needs) and run["seq_len"] < 1:
+                reason = "the header gives no sequence length"
+            if reason:
+                skipped[name] = reason
+                continue
+            made.append((name, draw(run, str(outdir / name), opts)))
+    finally:
+        figures.STEP_LABEL = default
+    return made, skipped
+
+
+# -- several runs --------------------------------------------------------------------------------------
+
+
+def draw_comparison(runs, outdir):
+    """compare_<metric>.png for each compared statistic: ([(file, caption)], {file: why skipped})."""
+    made, skipped = [], {}
+    same_d = len({r["D"] for r in runs}) == 1
+    for metric, label in COMPARED:
+        have = [r for r in runs if has(r, metric)]
+        name = f"compare_{metric}.png"
+        if not have:
+            skipped[name] = f"no log has {metric}"
+            continue
+        curves = [(r["label"], r["stats_steps"], group_curves(r, values(r, metric))) for r in have]
+        ref = math.sqrt(runs[0]["D"]) if metric == "k_norm" and same_d else None
+        figures.compare_figure(str(outdir / name), f"{label}: the runs compared", label, curves, ref,
+                               f"sqrt(D) = {ref:.2f}" if ref else None)
+        ends = "; ".join(f"{lab}: " + ", ".join(f"{g} {c[g][-1]:.2f}" for g in GROUPS) for lab, _, c in curves)
+        lacking = [r["label"] for r in runs if not has(r, metric)]
+        made.append((name, f"{label} by layer group, one line per run. At each run's last stats step: {ends}."
+                     + (f" Not in the figure (no {metric}): {', '.join(lacking)}." if lacking else "")))
+    return made, skipped
