@@ -5,7 +5,7 @@
 #pragma once
 #include "cuda_common.cuh"
 #include "math.h"
-#include "rmsnorm.cuh"  // column_sum
+#include "rmsnorm.cuh"  // warp_row_rstd, column_sum
 
 // qkv [N, QKV] raw projections (queries, keys, values); heads 0..H-1 are queries, H..H+Hkv-1 keys.
 // Writes qk_rope [N, NH, D], qk_rstd [N, NH] and, when qk_normed is non-null, qk_normed [N, NH, D]
@@ -19,12 +19,7 @@ __global__ void qk_norm_rope_forward_kernel(bf16* qk_rope, float* qk_normed, flo
     int n = item / NH, h = item % NH, t = n % T, half = D / 2;
     const bf16* x = qkv + (size_t)n * QKV + (size_t)h * D;
     const bf16* g = h < H ? g_q : g_k;
-    float ss = 0.0f;
-    for (int i = lane; i < D; i += 32) {
-        float v = __bfloat162float(x[i]);
-        ss += v * v;
-    }
-    float r = rmsnorm_rstd(warp_sum(ss), D, eps);
+    float r = warp_row_rstd(x, D, eps, lane);
     if (lane == 0) qk_rstd[item] = r;
     bf16* z = qk_rope + (size_t)item * D;
     for (int i = lane; i < half; i += 32) {

@@ -5,16 +5,21 @@
 #include "cuda_common.cuh"
 #include "math.h"
 
+// 1 / rms of a row of n values, the lanes of a warp striding it; every lane gets it.
+__device__ __forceinline__ float warp_row_rstd(const bf16* x, int n, float eps, int lane) {
+    float ss = 0.0f;
+    for (int i = lane; i < n; i += 32) {
+        float v = __bfloat162float(x[i]);
+        ss += v * v;
+    }
+    return rmsnorm_rstd(warp_sum(ss), n, eps);
+}
+
 __global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, const bf16* x, const bf16* g, int N, int C, float eps) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= N) return;
     const bf16* xr = x + (size_t)row * C;
-    float ss = 0.0f;
-    for (int i = lane; i < C; i += 32) {
-        float v = __bfloat162float(xr[i]);
-        ss += v * v;
-    }
-    float r = rmsnorm_rstd(warp_sum(ss), C, eps);
+    float r = warp_row_rstd(xr, C, eps, lane);
     if (lane == 0) rstd[row] = r;
     bf16* o = out + (size_t)row * C;
     for (int i = lane; i < C; i += 32) o[i] = __float2bfloat16(rmsnorm_out(__bfloat162float(xr[i]), r, __bfloat162float(g[i])));
