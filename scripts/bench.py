@@ -1,7 +1,8 @@
 """Benchmarks, printed as figures (never asserted):
 
     /usr/bin/python3 scripts/bench.py cpu   ./train against PyTorch on the same model, data,
-                                            machine and threads; and the cost of telemetry
+                                            machine and threads (1 and all cores), alternating over
+                                            several repetitions; and the cost of telemetry
     /usr/bin/python3 scripts/bench.py gpu   the d22 model at T = 2048 on the GPU: tokens/s, ms/step,
                                             MFU, a per-phase breakdown, telemetry every step vs never
 
@@ -11,6 +12,7 @@ every comparison is measured within the one invocation, on the same machine.
 import argparse
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -23,26 +25,28 @@ sys.path.insert(0, os.path.join(ROOT, "test"))
 import attnlog  # noqa: E402
 
 
-def run_train(args, out_dir, extra):
+def run_train(args, out_dir, extra, threads=None):
     """Runs ./train; returns (median ms per step after warm-up, profile lines, log)."""
+    threads = threads or max(args.threads)
     cmd = [os.path.join(ROOT, "train"), "-o", out_dir, "-g", "0", "-v", "0", "--val-batches", "1",
-           "--threads", str(args.threads)] + extra
+           "--threads", str(threads)] + extra
     proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         sys.exit(f"error: ./train failed ({' '.join(cmd)}):\n{proc.stdout[-2000:]}")
     log = attnlog.open_log(os.path.join(out_dir, "run.attnlog"))
     steps, ms = log.scalars("ms")
-    timed = ms[args.warmup:]
+    timed = [float(x) for x in ms[args.warmup:]]
     profile = [line for line in proc.stdout.splitlines() if line.startswith("profile")]
-    return statistics.median(timed), profile, log
+    return timed, profile, log
 
 
-def bench_torch(args, c, B, T):
-    """The PyTorch reference (test/reference.py) training the same model on the same shard."""
+def bench_torch(args, c, B, T, threads):
+    """The PyTorch reference (test/reference.py) training the same model on the same shard: the ms
+    of each step after the warm-up."""
     import numpy as np
     import torch
     import reference
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(threads)
     shard = os.path.join(ROOT, args.data_dir, "train_000000.bin")
     header = np.fromfile(shard, dtype="<i4", count=256)
     tokens = np.fromfile(shard, dtype="<u2" if header[1] == 1 else "<u4", offset=1024).astype(np.int64)
@@ -62,39 +66,95 @@ def bench_torch(args, c, B, T):
             group["lr"] = 1e-3
         opt.step()
         times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times[args.warmup:])
+    return times[args.warmup:]
+
+
+def vector_isa():
+    """The widest x86 vector instruction set the processor has (/proc/cpuinfo's flags)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        flags = set()
+    return next((name for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("sse4_2", "SSE4.2"))
+                 if flag in flags), "unknown")
+
+
+def blas_kernels():
+    """The kernels OpenBLAS chose for this processor (its core name), as ./train loads it."""
+    import ctypes
+    import glob
+    for path in glob.glob("/usr/lib/*/openblas-openmp/libopenblas.so*"):
+        try:
+            lib = ctypes.CDLL(path)
+            lib.openblas_get_corename.restype = ctypes.c_char_p
+            return lib.openblas_get_corename().decode()
+        except (OSError, AttributeError):
+            continue
+    return "unknown"
+
+
+def spread(ms):
+    """'median X ms (min Y)' of a list of step times."""
+    return f"{statistics.median(ms):8.1f} ms/step median, {min(ms):8.1f} min"
 
 
 def cpu(args):
+    """./train against PyTorch at each thread count, the two alternating over several repetitions
+    (on a noisy machine one run of each is not a comparison), and the cost of telemetry."""
     import reference
+    import torch
     B, T = 8, 256
-    with tempfile.TemporaryDirectory() as tmp:
-        run = lambda name, extra: run_train(args, os.path.join(tmp, name), ["-x", str(args.steps), "-b", str(B), "-t", str(T)] + extra)
-        ms_never, _, log = run("never", ["-s", "0"])
-        # Telemetry cost, measured inside one run: statistics on every second step, so steps with
-        # and without them alternate under the same conditions.
-        _, profile, _ = run("alternate", ["-s", "2", "--profile", "1", "-x", str(2 * args.steps)])
-        cfg = log.config
-        c = reference.Config(cfg["vocab_size"], cfg["n_layer"], cfg["n_head"], cfg["n_kv_head"], cfg["head_dim"],
-                             cfg["d_ff"], cfg["max_seq_len"])
-        ms_torch = bench_torch(args, c, B, T)
+    usage = re.search(r"CPU capability usage: (\w+)", torch.__config__.show())
+    capability = usage.group(1) if usage else "unknown"
+    print(f"CPU benchmark: d6 preset, batch {B} x {T} tokens, {args.steps} steps a run ({args.warmup} warm-up steps "
+          f"left out), {args.repeats} repetitions alternating ./train and PyTorch {torch.__version__}")
+    print(f"  processor: {cpu_name()}; vector instructions: {vector_isa()}; OpenBLAS kernels: {blas_kernels()}; "
+          f"PyTorch kernels: {capability}")
     tok = B * T
-    step_ms = {}
-    for line in profile:  # "profile, steps with(out) statistics (N steps): ... step X ms"
-        kind = "with" if "with statistics" in line else "without"
-        step_ms[kind] = float(line.rsplit("step", 1)[1].split("ms")[0])
-    extra = step_ms["with"] - step_ms["without"]
-    device = log.header.get("device", "CPU")
-    print(f"CPU benchmark on {device}: d6 preset, batch {B} x {T} tokens, {args.steps} steps "
-          f"({args.warmup} warm-up steps left out), {args.threads} threads")
-    print(f"  ./train (no telemetry)   {ms_never:8.1f} ms/step  {tok / ms_never * 1e3:8.0f} tokens/s")
-    print(f"  PyTorch {__import__('torch').__version__:<16} {ms_torch:8.1f} ms/step  {tok / ms_torch * 1e3:8.0f} tokens/s")
-    print(f"  ./train is {ms_torch / ms_never:.2f}x the speed of PyTorch")
-    print(f"telemetry cost, from one run with statistics on every second step ({args.steps} of each):")
-    print(f"  step without statistics {step_ms['without']:8.1f} ms, with {step_ms['with']:8.1f} ms: "
-          f"+{extra:.1f} ms per stats step")
-    print(f"  statistics every step:     {1 + extra / step_ms['without']:.4f}x the time of a step without")
-    print(f"  statistics every 10 steps: {1 + extra / 10 / step_ms['without']:.4f}x (the default)")
+    for threads in args.threads:
+        ours, theirs, with_stats, without_stats = [], [], [], []
+        with tempfile.TemporaryDirectory() as tmp:
+            def run_ours(rep):
+                timed, _, log = run_train(args, os.path.join(tmp, f"never{rep}"),
+                                          ["-x", str(args.steps), "-b", str(B), "-t", str(T), "-s", "0"], threads)
+                ours.extend(timed)
+                return log
+
+            log = run_ours("first")
+            cfg = log.config
+            c = reference.Config(cfg["vocab_size"], cfg["n_layer"], cfg["n_head"], cfg["n_kv_head"], cfg["head_dim"],
+                                 cfg["d_ff"], cfg["max_seq_len"])
+            ours.clear()
+            for rep in range(args.repeats):
+                order = [lambda: run_ours(rep), lambda: theirs.extend(bench_torch(args, c, B, T, threads))]
+                for step in (order if rep % 2 == 0 else order[::-1]):
+                    step()
+                # Telemetry cost inside one run: statistics on every second step, so steps with and
+                # without them alternate under the same conditions.
+                _, profile, _ = run_train(args, os.path.join(tmp, f"alternate{rep}"),
+                                          ["-x", str(2 * args.steps), "-b", str(B), "-t", str(T), "-s", "2", "--profile",
+                                           "1"], threads)
+                for line in profile:  # "profile, steps with(out) statistics (N steps): ... step X ms"
+                    ms = float(line.rsplit("step", 1)[1].split("ms")[0])
+                    (with_stats if "with statistics" in line else without_stats).append(ms)
+        print(f"{threads} thread{'s' if threads > 1 else ''}:")
+        print(f"  ./train (no telemetry)  {spread(ours)}  {tok / statistics.median(ours) * 1e3:8.0f} tokens/s")
+        print(f"  PyTorch                 {spread(theirs)}  {tok / statistics.median(theirs) * 1e3:8.0f} tokens/s")
+        print(f"  ./train is {statistics.median(theirs) / statistics.median(ours):.2f}x the speed of PyTorch "
+              f"(medians; {min(theirs) / min(ours):.2f}x on the fastest steps)")
+        extra = statistics.median(with_stats) - statistics.median(without_stats)
+        base = statistics.median(without_stats)
+        print(f"  telemetry: +{extra:.1f} ms per stats step ({len(with_stats)} runs with statistics on every second "
+              f"step); every step {1 + extra / base:.4f}x, every 10 steps {1 + extra / 10 / base:.4f}x (the default)")
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
+    except OSError:
+        return "unknown"
 
 
 def bench_torch_gpu(args, cfg, B, T, steps):
@@ -167,8 +227,9 @@ def gpu(args):
     B, T = args.batch, 2048
     extra = ["-m", "d22", "-x", str(args.steps), "-b", str(B), "-t", str(T), "--profile", "1"]
     with tempfile.TemporaryDirectory() as tmp:
-        ms_never, prof_never, log = run_train(args, os.path.join(tmp, "never"), extra + ["-s", "0"])
-        ms_every, prof_every, _ = run_train(args, os.path.join(tmp, "every"), extra + ["-s", "1"])
+        never, prof_never, log = run_train(args, os.path.join(tmp, "never"), extra + ["-s", "0"])
+        every, prof_every, _ = run_train(args, os.path.join(tmp, "every"), extra + ["-s", "1"])
+    ms_never, ms_every = statistics.median(never), statistics.median(every)
     cfg = log.config
     L, H, D, C, F, V = cfg["n_layer"], cfg["n_head"], cfg["head_dim"], cfg["d_model"], cfg["d_ff"], cfg["vocab_size"]
     Hkv = cfg["n_kv_head"]
@@ -199,7 +260,9 @@ def main():
     ap.add_argument("what", choices=["cpu", "gpu"])
     ap.add_argument("--steps", type=int, default=None, help="timed steps per run (default: 12 on the CPU, 30 on the GPU)")
     ap.add_argument("--warmup", type=int, default=2, help="first steps left out of the medians")
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--threads", type=lambda v: [int(t) for t in v.split(",")], default=sorted({1, os.cpu_count()}),
+                    help="CPU: thread counts to compare at, comma-separated (default: 1 and every core)")
+    ap.add_argument("--repeats", type=int, default=3, help="CPU: repetitions, alternating ./train and PyTorch")
     ap.add_argument("--batch", type=int, default=8, help="GPU micro-batch size")
     ap.add_argument("--data-dir", default="data/brown", help="the prepared default corpus (./train prepares it)")
     ap.add_argument("--torch-compile", action="store_true", help="GPU: also compile the PyTorch model")
