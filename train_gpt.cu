@@ -104,7 +104,7 @@ static void gpu_carve(GpuModel& g, Arena& a) {
     g.params_bf16 = a.take<bf16>(P);
     g.rope_cos = a.take<float>((size_t)c.max_seq_len * D / 2);
     g.rope_sin = a.take<float>((size_t)c.max_seq_len * D / 2);
-    carve_activations(g.acts, activation_dims(c, g.max_B, g.max_T, g.Vp), GPU, a);
+    carve_activations(g.acts, activation_dims(c, g.max_B, g.max_T, g.Vp), Where::GPU, a);
     g.dgain_scratch = a.take<float>(std::max((size_t)rmsnorm_backward_blocks((int)N) * c.d_model,
                                              (size_t)qk_norm_rope_backward_blocks((int)N, (int)NH) * 2 * D));
     g.stats = a.take<float>(g.stats_layout.total);
@@ -136,7 +136,8 @@ static MemoryNeed memory_need(const GpuModel&, const ModelConfig& c, int B, int 
     gpu_set_shape(g, c, B, T);
     Arena count;
     gpu_carve(g, count);
-    return {(4.0 * sizeof(float) + sizeof(bf16)) * g.P, (double)count.used + g.mm.workspace_bytes};
+    const double handles = 256e6;  // the CUDA context's and the cuBLAS handles' own memory, a margin
+    return {(4.0 * sizeof(float) + sizeof(bf16)) * g.P, (double)count.used + g.mm.workspace_bytes + handles};
 }
 
 static double memory_available(const GpuModel&) {
@@ -227,6 +228,7 @@ static float* gpu_grad(GpuModel& g, int kind, int l = 0) { return g.grads + para
 static float model_forward(GpuModel& g, const int* tokens, const int* targets, int B, int T, Telemetry* tm) {
     const ModelConfig& c = g.cfg;
     if (B > g.max_B || T > g.max_T) fail("internal: batch %dx%d exceeds the allocated %dx%d", B, T, g.max_B, g.max_T);
+    if (tm) model_wait_stats(g);  // the host buffers the statistics are copied into are free again
     g.B = B;
     g.T = T;
     int N = B * T, C = c.d_model, F = c.d_ff, L = c.n_layer, H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim;

@@ -48,7 +48,8 @@
     X(dswi, act_t, BOTH, 1, (N, F), "gradient of swi")                                                                 \
     X(att_delta, float, GPU, 1, (B, H, T), "dY . Y of each attention row, for the attention backward kernels")
 
-enum Backend { CPU = 1, GPU = 2, BOTH = CPU | GPU };
+// Which backends have a buffer.
+enum class Where { CPU = 1, GPU = 2, BOTH = 3 };
 
 template <typename act_t>
 struct Activations {
@@ -95,10 +96,10 @@ constexpr size_t shape_numel(Dims... dims) {
 // Points every buffer of the table that `backend` has into the arena, sized for the dims of the
 // largest micro-batch.
 template <typename act_t>
-inline void carve_activations(Activations<act_t>& a, const ActivationDims& d, Backend backend, Arena& arena) {
+inline void carve_activations(Activations<act_t>& a, const ActivationDims& d, Where backend, Arena& arena) {
     ACTIVATION_LETTERS(d);
 #define CARVE_ACTIVATION(name, type, where, layers, shape, meaning) \
-    if ((where) & backend) a.name = arena.take<type>((layers) * shape_numel shape);
+    if ((int)Where::where & (int)backend) a.name = arena.take<type>((layers) * shape_numel shape);
     ACTIVATION_TABLE(CARVE_ACTIVATION)
 #undef CARVE_ACTIVATION
 }

@@ -44,6 +44,7 @@ inline uint32_t pointer_alignment(const void* p) {
 inline void matmul_init(Matmul& mm) {
     cublasCheck(cublasLtCreate(&mm.handle));
     cublasCheck(cublasCreate(&mm.blas));
+    cublasCheck(cublasSetMathMode(mm.blas, CUBLAS_PEDANTIC_MATH));  // exact float64, the same bits every run
     cudaCheck(cudaMalloc(&mm.workspace, mm.workspace_bytes));
 }
 

@@ -64,10 +64,10 @@ inline void model_init(CpuModel& m, const ModelConfig& cfg, int max_B, int max_T
         }
     ActivationDims dims = activation_dims(cfg, max_B, max_T, cfg.vocab_size);
     Arena count;
-    carve_activations(m.acts, dims, CPU, count);
+    carve_activations(m.acts, dims, Where::CPU, count);
     m.act_memory.reset(new char[count.used + 256]());  // zeroed; + 256 to align the start
     Arena block{(char*)(((uintptr_t)m.act_memory.get() + 255) / 256 * 256)};
-    carve_activations(m.acts, dims, CPU, block);
+    carve_activations(m.acts, dims, Where::CPU, block);
 }
 
 // Memory the model needs (weights, gradients, AdamW state; then the activations of a B x T
@@ -75,7 +75,7 @@ inline void model_init(CpuModel& m, const ModelConfig& cfg, int max_B, int max_T
 inline MemoryNeed memory_need(const CpuModel&, const ModelConfig& c, int B, int T) {
     Activations<float> a;
     Arena count;
-    carve_activations(a, activation_dims(c, B, T, c.vocab_size), CPU, count);
+    carve_activations(a, activation_dims(c, B, T, c.vocab_size), Where::CPU, count);
     double weights = 4.0 * sizeof(float) * num_parameters(c);
     return {weights, weights + count.used};
 }

@@ -178,6 +178,9 @@ inline void telemetry_layer(float* stats, double* grams, const TelemetryLayout& 
                             const float* g_k, int B, int T, const ModelConfig& c, int layer, cudaStream_t s) {
     int N = B * T, H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, NH = H + Hkv, W = D + 1;
     int chunks = ceil_div(N, kStatRowsPerBlock);
+    if (chunks > 65535)  // the grid's second dimension
+        fail("options -b (--batch) and -t (--seq-len): %d tokens in a micro-batch is more than the statistics take (%d); "
+             "use a smaller batch with gradient accumulation (-d)", N, 65535 * kStatRowsPerBlock);
     size_t smem = (size_t)kStatWarps * head_record_floats(D) * sizeof(float);
     head_row_stats_kernel<<<dim3(NH, chunks), kStatWarps * 32, smem, s>>>(partial, qk_normed, N, H, NH, D);
     cuda_check_launch();

@@ -43,6 +43,8 @@ static void check_layer(int B, int T, int H, int Hkv, int layer) {
     cudaCheck(cudaMalloc(&d_grams, lay.gram_doubles * sizeof(double)));
     cudaCheck(cudaMalloc(&d_keys_f64, keys_f64.size() * sizeof(double)));
     cudaCheck(cudaMalloc(&d_partial, telemetry_partial_floats(N, c) * sizeof(float)));
+    cudaCheck(cudaMemset(d_stats, 0, lay.total * sizeof(float)));  // the layers not measured stay defined
+    cudaCheck(cudaMemset(d_grams, 0, lay.gram_doubles * sizeof(double)));
     Matmul mm;
     matmul_init(mm);
     auto run_layer = [&] {
