@@ -10,6 +10,7 @@ import re
 import struct
 import subprocess
 import sys
+import time
 import zlib
 from pathlib import Path
 
@@ -324,6 +325,20 @@ def test_damaged_frame_resynchronises(tmp_path, data, where):
     check_values(log, range(10), missing={(TELEMETRY, 3)})
 
 
+def test_resume_notes_set_aside_what_they_replace(tmp_path, data):
+    """Records written before a note "resumed from step S" for steps S and later are set aside, each
+    counted by the first such note after it that covers its step; records after the last note stay,
+    whatever their step."""
+    resumed = [make_record(NOTE, 8, b"resumed from step 8 at noon"), make_record(STEP, 8, bytes(20)),
+               make_record(NOTE, 4, b"resumed from step 4"), make_record(STEP, 2**63 - 1, bytes(20)),
+               make_record(STEP, -(2**63), bytes(20))]
+    log = attnlog.open_log(saved(tmp_path, data + b"".join(resumed)))
+    # the first note: step 8, 9, val 9, telemetry 9; the second: step 4..7 and the new 8, val 5, telemetry 6
+    assert log.superseded == [(8, 4), (4, 7)]
+    assert log.scalars("loss")[0].tolist() == [-(2**63), 0, 1, 2, 3, 2**63 - 1]
+    assert log.problems == []
+
+
 def test_unknown_record_type_skipped(tmp_path, data):
     records = frames(data)
     second, last = records[1][0], records[-1][0]
@@ -591,3 +606,203 @@ def test_export_errors(tmp_path, log_path):
     assert_one_line_error(run_cli("export", log_path, "-o", tmp_path / "no" / "such.npz"), "such.npz", "cannot write")
     assert out.read_text() == "an earlier export\n"  # nothing written, nothing left behind
     assert sorted(p.name for p in tmp_path.iterdir()) == ["loss.attnlog", "out.csv"]
+
+
+# -- hostile input: headers with a right checksum and wrong content, damage full of false markers -------
+
+
+def header_of(data):
+    return json.loads(data[20:20 + struct.unpack_from("<I", data, 12)[0]])
+
+
+def edited(data, edit):
+    """The log with its header changed by edit(header), checksum made to match."""
+    header = header_of(data)
+    edit(header)
+    return with_header(data, json.dumps(header).encode())
+
+
+def setter(*path, value):
+    def edit(header):
+        for key in path[:-1]:
+            header = header[key]
+        header[path[-1]] = value
+    return edit
+
+
+MALFORMED_HEADERS = [  # (what, edit of the header or its text, parts of the one-line error)
+    ("config number as bool", setter("config", "n_layer", value=True), ["config.n_layer is true, not a number"]),
+    ("config null", setter("config", value=None), ["config is null, not an object"]),
+    ("config missing", lambda h: h.pop("config"), ["it has no model configuration"]),
+    ("option not a string", setter("options", "lr", value=0.003), ["options.lr is 0.003, not a string"]),
+    ("seed negative", setter("seed", value=-1), ["seed is -1, not an unsigned 64-bit integer"]),
+    ("device a list", setter("device", value=["gpu"]), ['device is ["gpu"], not a string']),
+    ("version as bool", setter("version", value=True), ["the text says format 'attnlog' version True"]),
+    ("records null", setter("records", value=None), ["its record table is malformed: records is null, not a list"]),
+    ("record type null", setter("records", 1, value=None), ["records[1] is null, not an object"]),
+    ("type id as bool", setter("records", 1, "type", value=True), ["records[1].type is true, not an integer"]),
+    ("type id too large", setter("records", 1, "type", value=70000), ["records[1].type is 70000, not a record type"]),
+    ("type id twice", setter("records", 1, "type", value=1), ["records[1] repeats the type 1 of records[0]"]),
+    ("type name twice", setter("records", 1, "name", value="step"), ['records[1] repeats the name "step"']),
+    ("field name twice", setter("records", 0, "fields", 1, "name", value="loss"),
+     ["records[0].fields[1].name \"loss\" names a field of record type 'step' twice"]),
+    ("fields an object", setter("records", 2, "fields", value={}), ["records[2].fields is {}, not a list"]),
+    ("field without shape", lambda h: h["records"][2]["fields"][0].pop("shape"),
+     ["records[2].fields[0] has no 'shape'"]),
+    ("shape with a float", setter("records", 2, "fields", 0, "shape", value=[3, 2.5]),
+     ["records[2].fields[0].shape[1] is 2.5, not an integer"]),
+    ("shape negative", setter("records", 2, "fields", 0, "shape", value=[3, -2]), ["shape[1] is -2, not a dimension"]),
+    ("shape huge", setter("records", 2, "fields", 0, "shape", value=[3, 2**40]),
+     ["shape[1] is 1099511627776, not a dimension (0 .. 2^31)"]),
+    ("shape beyond a payload", setter("records", 2, "fields", 0, "shape", value=[2**31, 2**31]),
+     ["spans more than the 4294967295 bytes a record's payload can hold"]),
+    ("shape empty but vast", setter("records", 2, "fields", 0, "shape", value=[2**31, 0]), ["spans more than"]),
+    ("shape of 40 dimensions", lambda h: h["records"][2]["fields"][0].update(shape=[1] * 40, dims=["x"] * 40),
+     ["records[2].fields[0].shape has 40 dimensions, more than 16"]),
+    ("dims not one per dimension", setter("records", 2, "fields", 0, "dims", value=["layer"]),
+     ['dims is ["layer"], not one name per dimension of the shape [3, 2]']),
+    ("unknown dtype", setter("records", 2, "fields", 0, "dtype", value="float16"), ['dtype is "float16", not one of']),
+    ("text field not last", lambda h: h["records"][3]["fields"].append(h["records"][1]["fields"][0]),
+     ["records[3].fields[1] follows the text field of record type 'note'"]),
+    ("NaN", b'{"format": "attnlog", "version": 1, "config": {"x": NaN}, "records": []}', ["NaN is no JSON number"]),
+    ("Infinity", b'{"format": "attnlog", "version": 1, "config": {"x": -Infinity}, "records": []}',
+     ["-Infinity is no JSON number"]),
+    ("number too large", b'{"format": "attnlog", "version": 1, "config": {"x": 1e999}, "records": []}',
+     ["the number 1e999 is too large for a float"]),
+    ("integer of 5000 digits", b'{"config": {"x": ' + b"9" * 5000 + b"}}", ["not valid JSON", "digits"]),
+    ("nested 65 deep", b'{"x": ' + b"[" * 64 + b"]" * 64 + b"}", ["nested deeper than 64 levels"]),
+    ("nested a million deep", b'{"x": ' + b"[" * 10**6 + b"]" * 10**6 + b"}", ["nested deeper than 64 levels"]),
+    ("lone surrogate", setter("device", value="\ud800"), ["a string holds a lone surrogate ('\\ud800')"]),
+    ("null", b"null", ["its text is not valid JSON of a header (null, not an object)"]),
+    ("an array", b'["format", "attnlog"]',
+     ['its text is not valid JSON of a header (["format", "attnlog"], not an object)']),
+]
+
+
+@pytest.mark.parametrize("what, edit, parts", MALFORMED_HEADERS, ids=[case[0] for case in MALFORMED_HEADERS])
+def test_malformed_header_is_one_line(tmp_path, data, what, edit, parts):
+    """A header whose checksum is right but whose content is not what the format says: one line naming
+    what is wrong and where, from the library and from the command line, never a traceback."""
+    text = edit if isinstance(edit, bytes) else None
+    damaged = with_header(data, text) if text else edited(data, edit)
+    expect_log_error(saved(tmp_path, damaged), "damaged header: ", "19 intact records follow", *parts)
+
+
+def test_surrogate_pair_is_text(tmp_path, data):
+    """An escaped surrogate pair is one character, not a lone surrogate."""
+    text = json.dumps({**header_of(data), "device": "\U0001f600"}, ensure_ascii=True).encode()
+    assert b"\\ud83d\\ude00" in text
+    assert attnlog.open_log(saved(tmp_path, with_header(data, text))).header["device"] == "\U0001f600"
+
+
+def test_newer_version_with_odd_members(tmp_path, data):
+    """The members of a newer version's header that the reader shows are only the well-formed ones,
+    and its one line stays one line whatever they hold."""
+    header = header_of(data)
+    header.update(version=2, created="a\nb\u2028c", config={"n_layer": [3]}, options=None)
+    error = expect_log_error(saved(tmp_path, with_header(data, json.dumps(header).encode(), version=2)),
+                             "format version 2 is newer", "created a\\nb\\u2028c")
+    assert "config" not in error.header and "options" not in error.header and error.header["created"] == "a\nb\u2028c"
+
+
+def test_names_with_line_breaks_stay_on_one_line(tmp_path, data):
+    """Problems name record types by the header's names, whatever they hold: still one line each."""
+    offset = next(f[0] for f in frames(data) if f[1] == STEP and f[3] == 2)
+    damaged = bytearray(edited(data, setter("records", 0, "name", value="step\nor\rnot")))
+    damaged[len(damaged) - len(data) + offset + 30] ^= 1
+    log = attnlog.open_log(saved(tmp_path, bytes(damaged)))
+    assert [p.startswith("checksum mismatch in the step\\nor\\rnot record") for p in log.problems] == [True]
+    result = run_cli("info", saved(tmp_path, bytes(damaged)))
+    assert result.returncode == 0 and "  checksum mismatch in the step\\nor\\rnot record" in result.stdout
+
+
+def test_odd_but_well_formed_layouts(tmp_path, data):
+    """A record table laid out otherwise than the writer's, but as the format allows: telemetry fields
+    of one dimension, of three, of a single value (its records then no longer fit the table), a step
+    field of int32: every command reads it, and csv --metric says in one line that it writes
+    layer-by-column metrics only."""
+    def edit(header):
+        telemetry = header["records"][2]["fields"]
+        telemetry[0].update(shape=[6], dims=["x"])  # k_norm: as many values as its [3, 2]
+        telemetry[1].update(shape=[3, 2, 1], dims=["layer", "kv_head", "one"])
+        telemetry[2].update(shape=[], dims=[])  # 1 value instead of 6: the records no longer fit
+        header["records"][0]["fields"][4].update(dtype="int32")
+    changed = edited(data, edit)
+    log = attnlog.open_log(saved(tmp_path, changed))
+    path, first = Path(log.path), frames(data)[3][0] + len(changed) - len(data)  # the step 0 telemetry record
+    assert log.problems == [f"4 telemetry records skipped: their payload is not the {TELEMETRY_BYTES - 20} bytes of "
+                            f"the record table (the first at offset {first})"]
+    steps, ms = log.scalars("ms")
+    assert ms.dtype == np.int32 and steps.tolist() == list(range(10))
+    for command in (["info"], ["dump"], ["dump", "--metric", METRICS[0][0]], ["csv"], ["csv", "--val"],
+                    ["export", "-o", tmp_path / "all.csv"]):
+        result = run_cli(command[0], path, *command[1:])
+        assert result.returncode == 0 and result.stderr == "", (command, result.stderr)
+    assert f"{METRICS[1][0]} [layer x kv_head x one]" in run_cli("info", path).stdout
+    assert_one_line_error(run_cli("csv", path, "--metric", METRICS[0][0]), "has the shape [6], not layer by column")
+
+
+def test_text_field_after_numbers(tmp_path, data):
+    """A note type of a number then the text: the text is found after the number, and a record too
+    short for the number is skipped, said once."""
+    def edit(header):
+        header["records"][3]["fields"].insert(0, {"name": "count", "dtype": "int64", "shape": [], "dims": []})
+    changed = edited(data, edit)
+    log = attnlog.open_log(saved(tmp_path, changed + make_record(NOTE, 5, b"1234567")))
+    assert log.problems == ["1 note records skipped: their payload is shorter than the 8 bytes of the record "
+                            f"table (the first at offset {len(changed)})"]
+    texts = [note_text(0, 0).encode(), note_text(7, 0).encode()]
+    steps, count = log.read("note", "count")
+    assert steps.tolist() == [0, 7] and count.tolist() == [struct.unpack_from("<q", t)[0] for t in texts]
+    assert log.notes() == [(0, texts[0][8:].decode()), (7, texts[1][8:].decode())]
+
+
+def test_names_of_text_fields_are_no_scalars(tmp_path, data):
+    path = saved(tmp_path, edited(data, lambda h: h["records"][0]["fields"].append(
+        {"name": "comment", "dtype": "utf8", "shape": [-1], "dims": ["byte"]})))
+    log = attnlog.open_log(path)
+    assert log.scalar_names() == SCALARS and "comment" in log.record_types["step"].fields
+    assert run_cli("dump", path, "--step", 1).returncode == 0
+
+
+def test_range_crcs_equal_zlib():
+    """The CRCs of many overlapping ranges, from the CRCs of the prefixes, are zlib's."""
+    rng = np.random.default_rng(5)
+    buf = rng.bytes(100_000)
+    a, b = np.sort(rng.integers(0, len(buf) + 1, (2, 2000)), axis=0)
+    b[:5] = a[:5]  # empty ranges too
+    got = attnlog._range_crcs(buf, a, b)
+    assert got.tolist() == [zlib.crc32(buf[x:y]) for x, y in zip(a.tolist(), b.tolist())]
+
+
+def false_markers(size):
+    """size bytes of b"\\xffREC" over and over: every frame claims a payload of 0x434552FF bytes."""
+    return b"\xffREC" * (size // 4)
+
+
+def claiming_frames(size):
+    """size bytes of frames, each claiming a payload that runs to 30 bytes before the end of them
+    (every one fits in the file, none checks out), two markers every 16 bytes."""
+    out, n = bytearray(), size // 16
+    for i in range(n):
+        rest = max((n - i) * 16 - 30, 8)
+        out += b"\xffREC\xffREC" + struct.pack("<II", rest, rest - 4)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("make", [false_markers, claiming_frames])
+def test_damage_full_of_false_markers_is_linear(tmp_path, data, make):
+    """4 MB of false markers between the records: the reader skips them in time linear in their size,
+    and finds the records on either side. (Checking each marker by the CRC of the record it claims,
+    as the rules read literally do, takes time quadratic in the size: 25 s for 1 MB of claiming_frames.)"""
+    cut = frames(data)[8][0]
+    path = saved(tmp_path, data[:cut] + make(4 << 20) + data[cut:])
+    start = time.perf_counter()
+    log = attnlog.open_log(path)
+    took = time.perf_counter() - start
+    print(f"\n{make.__name__}: 4 MB read in {took:.2f} s")
+    assert took < 10, took  # about 0.05 s (false_markers) and 0.3 s (claiming_frames) on 2 cores
+    check_values(log, range(10))
+    said = {false_markers: f"damaged bytes: {4 << 20} bytes at offset {cut} skipped",
+            claiming_frames: f"checksum mismatch in the record of type 21247 at offset {cut} (step "}[make]
+    assert len(log.problems) == 1 and log.problems[0].startswith(said) and f" {4 << 20} bytes" in log.problems[0]
