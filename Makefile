@@ -1,6 +1,9 @@
 # make train    builds ./train (the CUDA backend too when nvcc is installed)
 # make test     builds everything, generates the PyTorch reference, runs every test
 # make bench    CPU benchmarks: ./train against PyTorch, and the cost of telemetry
+# make fuzz     builds the libFuzzer harnesses of test/fuzz and runs each for FUZZ_RUNS inputs
+# make sanitize builds the CPU tests and a CPU-only ./train with ASan + UBSan into build/sanitize
+#               and runs them, a short training run with a checkpoint and a resume included
 # make clean
 
 # A Python that imports torch: Debian's, whatever `python3` on the PATH is.
@@ -27,7 +30,7 @@ HEADERS = $(wildcard llmc/*.h llmc/*.cuh)
 DEPS_STAMP = build/.deps-build
 TEST_DEPS_STAMP = build/.deps-test
 
-.PHONY: test bench clean
+.PHONY: test bench clean fuzz sanitize
 .DEFAULT_GOAL := train
 
 $(DEPS_STAMP): dev/install_deps.sh
@@ -80,8 +83,60 @@ build/dev_%: dev/cuda/%.cu dev/cuda/common.h $(HEADERS) | $(DEPS_STAMP)
 	$(NVCC) $(NVCCFLAGS) $< -o $@ $(NVLDLIBS)
 endif
 
-test: $(TEST_DEPS_STAMP) $(TEST_BINS) build/ref/debug_state.bin
-	@$(PYTHON) test/run_tests.py
+# Fuzzing: harnesses of the checkpoint, shard and run log parsers, built with clang's libFuzzer,
+# ASan and UBSan, and with -DFAIL_THROWS: a rejected input is a normal return (test/fuzz/fuzz.h).
+# Each starts from seeds that make_seeds writes with the project's own writers.
+FUZZ_CXX ?= clang++
+FUZZ_FLAGS = -std=c++17 -g -O1 -fno-omit-frame-pointer -DFAIL_THROWS -I. -Itest/fuzz
+FUZZ_HARNESSES = $(patsubst test/fuzz/%.cpp,build/fuzz/%,$(wildcard test/fuzz/fuzz_*.cpp))
+FUZZ_RUNS ?= 1000000
+# Inputs up to 64 KB; an allocation above 64 MB (1000 times the largest input) is a finding.
+FUZZ_OPTIONS = -max_len=65536 -malloc_limit_mb=64 -timeout=10 -print_final_stats=1
+CPU_HEADERS = $(wildcard llmc/*.h)
+
+build/fuzz/fuzz_%: test/fuzz/fuzz_%.cpp test/fuzz/fuzz.h $(CPU_HEADERS) | $(TEST_DEPS_STAMP)
+	@mkdir -p build/fuzz
+	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $< -o $@
+
+build/fuzz/make_seeds: test/fuzz/make_seeds.cpp test/fuzz/fuzz.h $(CPU_HEADERS) | $(TEST_DEPS_STAMP)
+	@mkdir -p build/fuzz
+	$(FUZZ_CXX) $(FUZZ_FLAGS) $< -o $@
+
+build/fuzz/seeds/.made: build/fuzz/make_seeds
+	rm -rf build/fuzz/seeds
+	build/fuzz/make_seeds build/fuzz/seeds && touch $@
+
+# New inputs that reach new code go into build/fuzz/corpus/NAME; a finding into build/fuzz/NAME-crash-*.
+fuzz: $(FUZZ_HARNESSES) build/fuzz/seeds/.made
+	@for h in $(patsubst build/fuzz/fuzz_%,%,$(FUZZ_HARNESSES)); do \
+	    mkdir -p build/fuzz/corpus/$$h; echo "== fuzz_$$h: $(FUZZ_RUNS) runs"; start=$$(date +%s); \
+	    build/fuzz/fuzz_$$h -runs=$(FUZZ_RUNS) $(FUZZ_OPTIONS) -artifact_prefix=build/fuzz/$$h- \
+	        build/fuzz/corpus/$$h build/fuzz/seeds/$$h 2>build/fuzz/$$h.log || { tail -n 60 build/fuzz/$$h.log; exit 1; }; \
+	    grep -E '^(Done|stat::number_of_executed_units|stat::peak_rss_mb)' build/fuzz/$$h.log; \
+	    echo "   $$(( $$(date +%s) - start )) s, no finding (log: build/fuzz/$$h.log)"; \
+	done
+
+# The sanitizers' build: the CPU tests and a CPU-only ./train with ASan and UBSan, every error
+# fatal (test/run_tests.py sets the options and the suppressions of test/sanitize/lsan.supp).
+SANITIZE_FLAGS = -std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
+                 -fopenmp -Wall -Wextra -I. -I$(OPENBLAS_INC)
+SANITIZE_BINS = build/sanitize/test_cpu_units build/sanitize/test_data build/sanitize/test_runlog \
+                build/sanitize/test_gpt_cpu build/sanitize/train
+
+build/sanitize/test_%: test/test_%.cpp test/testing.h test/tensorfile.h $(CPU_HEADERS) | $(DEPS_STAMP)
+	@mkdir -p build/sanitize
+	$(CXX) $(SANITIZE_FLAGS) $< -o $@ $(LDLIBS)
+
+build/sanitize/train: train_gpt.cu $(CPU_HEADERS) | $(DEPS_STAMP)
+	@mkdir -p build/sanitize
+	$(CXX) $(SANITIZE_FLAGS) -x c++ $< -o $@ $(LDLIBS)
+
+sanitize: $(TEST_DEPS_STAMP) $(SANITIZE_BINS) prepare_data build/ref/debug_state.bin
+	@FUZZ_OPTIONS='$(FUZZ_OPTIONS)' $(PYTHON) test/run_tests.py --only sanitize
+
+# Everything, with the fuzzers' smoke runs and the sanitizers' build.
+test: $(TEST_DEPS_STAMP) $(TEST_BINS) $(FUZZ_HARNESSES) build/fuzz/seeds/.made $(SANITIZE_BINS) build/ref/debug_state.bin
+	@FUZZ_OPTIONS='$(FUZZ_OPTIONS)' $(PYTHON) test/run_tests.py
 
 bench: train $(TEST_DEPS_STAMP)
 	$(PYTHON) scripts/bench.py cpu

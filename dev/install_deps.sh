@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages a step needs, once: `build` (compile ./train and prepare the
-# default corpus) or `test` (also the PyTorch reference and the Python tests).
+# default corpus) or `test` (also the PyTorch reference, the Python tests and the fuzzers).
 # As root it runs apt-get; otherwise it prints the one command to run and fails.
 set -euo pipefail
 what=${1:-build}
@@ -17,6 +17,9 @@ need_file /usr/include/sentencepiece_processor.h libsentencepiece-dev
 need_cmd npm npm
 need_cmd tar tar
 if [ "$what" = test ]; then
+    # clang with libFuzzer's runtime, for the fuzzing harnesses of test/fuzz.
+    need_cmd clang++ clang
+    ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a >/dev/null 2>&1 || missing+=(libclang-rt-dev)
     for mod in torch:python3-torch numpy:python3-numpy matplotlib:python3-matplotlib pytest:python3-pytest; do
         /usr/bin/python3 -c "import ${mod%%:*}" >/dev/null 2>&1 || missing+=("${mod#*:}")
     done

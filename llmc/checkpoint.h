@@ -99,13 +99,24 @@ inline void checkpoint_write(const std::string& path, const CheckpointInfo& info
     atomic_commit(f);
 }
 
+// Checkpoints hold at most 2^59 parameters: their size in bytes, 256 + 12 P, then fits in an
+// int64, and the count of a configuration (sizes up to 2^24 each) is checked against it before
+// num_parameters, which wraps around past 2^64, is trusted.
+static const uint64_t kCheckpointMaxParameters = 1ull << 59;
+
+inline bool parameter_count_fits(const ModelConfig& c) {
+    uint64_t per_layer = layer_numel(c), rest = param_numel(c, P_WTE) + param_numel(c, P_FINAL_NORM);  // < 2^52 each
+    return rest <= kCheckpointMaxParameters && per_layer <= (kCheckpointMaxParameters - rest) / (uint64_t)c.n_layer;
+}
+
 // Reads and checks the header only (magic, version, header checksum, a possible configuration,
 // file size). Fails with one line naming the file for anything wrong.
 inline CheckpointInfo checkpoint_read_header(const std::string& path) {
-    FILE* f = open_or_fail(path.c_str(), "rb");
     uint8_t h[kCheckpointHeaderBytes];
-    if (fread(h, 1, sizeof h, f) != sizeof h) fail("%s: not a checkpoint (shorter than its 256-byte header)", path.c_str());
-    fclose(f);
+    {
+        ScopedFile f(open_or_fail(path.c_str(), "rb"));
+        if (fread(h, 1, sizeof h, f) != sizeof h) fail("%s: not a checkpoint (shorter than its 256-byte header)", path.c_str());
+    }
     if (memcmp(h, kCheckpointMagic, 8) != 0) fail("%s: not a checkpoint (bad magic)", path.c_str());
     uint32_t version, hbytes, flags, dtype, crc_payload, crc_header;
     memcpy(&version, h + 8, 4);
@@ -160,6 +171,8 @@ inline CheckpointInfo checkpoint_read_header(const std::string& path) {
         fail("%s: checkpoint's data position %lld is negative", path.c_str(), (long long)info.data_position);
     }
     if (dtype != 0) fail("%s: checkpoint dtype %u is not float32", path.c_str(), dtype);
+    if (!parameter_count_fits(c))
+        fail("%s: checkpoint holds an impossible configuration: more than 2^59 parameters", path.c_str());
     if (P != (int64_t)num_parameters(c)) fail("%s: checkpoint parameter count does not match its configuration", path.c_str());
     long long want = kCheckpointHeaderBytes + (long long)P * 4 * (info.has_optimizer_state ? 3 : 1);
     long long have = file_size_or_fail(path.c_str());
@@ -172,7 +185,7 @@ inline CheckpointInfo checkpoint_read_header(const std::string& path) {
 inline CheckpointInfo checkpoint_read(const std::string& path, float* params, float* adam_m, float* adam_v) {
     CheckpointInfo info = checkpoint_read_header(path);
     size_t P = num_parameters(info.config);
-    FILE* f = open_or_fail(path.c_str(), "rb");
+    ScopedFile f(open_or_fail(path.c_str(), "rb"));
     uint8_t h[kCheckpointHeaderBytes];
     read_or_fail(f, h, sizeof h, path.c_str(), "the header");
     uint32_t crc_want;
@@ -190,7 +203,6 @@ inline CheckpointInfo checkpoint_read(const std::string& path, float* params, fl
         read_or_fail(f, adam_v, P * sizeof(float), path.c_str(), "the AdamW second moments");
         crc = crc32_update(crc, adam_v, P * sizeof(float));
     }
-    fclose(f);
     if (crc != crc_want) fail("%s: checkpoint data is damaged (checksum mismatch)", path.c_str());
     return info;
 }

@@ -171,9 +171,10 @@ inline long long check_shard_header(const char* path, int* version) {
     if (size < kShardHeaderBytes)
         fail("%s: truncated: %lld bytes, shorter than the %lld-byte shard header", path, size, kShardHeaderBytes);
     int32_t header[kShardHeaderInts];
-    FILE* f = open_or_fail(path, "rb");
-    read_or_fail(f, header, sizeof header, path, "the shard header");
-    fclose(f);
+    {
+        ScopedFile f(open_or_fail(path, "rb"));
+        read_or_fail(f, header, sizeof header, path, "the shard header");
+    }
     if (header[0] != kShardMagic) fail("%s: not a token shard: magic number %d, expected %d", path, header[0], kShardMagic);
     if (header[1] != 1 && header[1] != 2)
         fail("%s: unknown shard version %d (1 = uint16 tokens, 2 = uint32 tokens)", path, header[1]);
@@ -209,11 +210,10 @@ inline void scan_token_ids(FILE* f, const char* path, long long n, int vocab_siz
 }
 
 inline void check_shard_tokens(const char* path, long long n, int version, int vocab_size) {
-    FILE* f = open_or_fail(path, "rb");
+    ScopedFile f(open_or_fail(path, "rb"));
     if (fseek(f, kShardHeaderBytes, SEEK_SET) != 0) fail("%s: cannot seek past the header (%s)", path, strerror(errno));
     if (version == 1) scan_token_ids<uint16_t>(f, path, n, vocab_size);
     else scan_token_ids<uint32_t>(f, path, n, vocab_size);
-    fclose(f);
 }
 
 // Brings shard s into memory, checking every token id against the vocabulary.
@@ -222,7 +222,7 @@ inline void load_shard(DataLoader* L, int s) {
     const char* path = L->files[s].c_str();
     long long n = L->file_tokens[s];
     int width = shard_token_bytes(L->file_versions[s]);
-    FILE* f = open_or_fail(path, "rb");
+    ScopedFile f(open_or_fail(path, "rb"));
     if (fseek(f, kShardHeaderBytes, SEEK_SET) != 0) fail("%s: cannot seek past the header (%s)", path, strerror(errno));
     L->tokens.resize(n);
     std::vector<uint8_t> chunk;
@@ -245,7 +245,6 @@ inline void load_shard(DataLoader* L, int s) {
             L->tokens[start + i] = id;
         }
     }
-    fclose(f);
     L->loaded_shard = s;
 }
 

@@ -239,7 +239,7 @@ inline ModelConfig resolve_config(const Options& o, const std::set<std::string>&
     apply_preset(c, *p);
     c.vocab_size = tokenizer_vocab;
     for (const Explicit& e : ints)
-        if (e.value < 0) fail("option %s must be positive", e.option);
+        if (e.value < 0 || (e.value == 0 && given.count(e.option))) fail("option %s must be at least 1", e.option);
         else if (e.value) c.*e.field = e.value;
     c.d_model = c.n_head * c.head_dim;
     c.rope_theta = o.rope_theta;

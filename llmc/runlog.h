@@ -305,88 +305,311 @@ inline void runlog_note(RunLog& log, int64_t step, const std::string& text) {
 // ---------------------------------------------------------------------------------------------
 // Resuming: checking and repairing an existing log before appending to it
 
-// Splits a JSON object into (key, raw value text) pairs: just enough JSON for the resume check to
-// find the header's "config" object and its numbers. Keys come back as written (escapes kept),
-// which is all a comparison with plain ASCII names needs. Returns false on malformed text.
-inline bool json_members(const std::string& s, std::vector<std::pair<std::string, std::string>>& out) {
-    size_t i = 0, n = s.size();
-    auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; };
-    auto skip_space = [&] {
-        while (i < n && is_space(s[i])) i++;
-    };
-    auto skip_string = [&] {  // from the opening quote to just past the closing one
-        for (i++; i < n && s[i] != '"'; i++)
-            if (s[i] == '\\') i++;
-        i++;
-        return i <= n;
-    };
-    auto skip_value = [&] {  // up to the ',' or the bracket that ends the value
-        int depth = 0;
-        while (i < n) {
-            char c = s[i];
-            if (depth == 0 && (c == ',' || c == '}' || c == ']')) return true;
-            if (c == '"') {
-                if (!skip_string()) return false;
+// The header read back: a strict JSON parser (RFC 8259 and nothing more, and none of what
+// scripts/attnlog.py refuses besides: integers of more than 4300 digits, floats too large for a
+// double, lone surrogates, nesting deeper than 64), so that the appender accepts no header the
+// reader rejects.
+struct JsonValue {
+    enum Kind { NUL, BOOL, NUMBER, STRING, ARRAY, OBJECT };
+    Kind kind = NUL;
+    std::string text;                                        // a string decoded; a number as written; true, false
+    std::vector<JsonValue> items;                            // an array's
+    std::vector<std::pair<std::string, JsonValue>> members;  // an object's, in file order
+
+    // The member named `key`, the last one when the name repeats (as json.loads keeps it), else nullptr.
+    const JsonValue* get(const std::string& key) const {
+        for (size_t i = members.size(); i-- > 0;)
+            if (members[i].first == key) return &members[i].second;
+        return nullptr;
+    }
+};
+
+static const int kJsonMaxDepth = 64;             // the header nests 5 deep
+static const size_t kJsonMaxIntegerDigits = 4300;  // Python's int() refuses longer ones
+
+struct JsonParser {
+    const std::string& s;
+    size_t i = 0;
+    int depth = 0;
+
+    bool at(char c) const { return i < s.size() && s[i] == c; }
+    bool digit() const { return i < s.size() && s[i] >= '0' && s[i] <= '9'; }
+    void skip_space() {
+        while (at(' ') || at('\t') || at('\n') || at('\r')) i++;
+    }
+    bool hex4(uint32_t& u) {
+        if (i + 4 > s.size()) return false;
+        u = 0;
+        for (int k = 0; k < 4; k++) {
+            char c = s[i++];
+            int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+            if (v < 0) return false;
+            u = u * 16 + (uint32_t)v;
+        }
+        return true;
+    }
+    static void put_utf8(std::string& out, uint32_t u) {
+        if (u < 0x80) {
+            out += (char)u;
+        } else if (u < 0x800) {
+            out += (char)(0xC0 | u >> 6);
+            out += (char)(0x80 | (u & 0x3F));
+        } else if (u < 0x10000) {
+            out += (char)(0xE0 | u >> 12);
+            out += (char)(0x80 | (u >> 6 & 0x3F));
+            out += (char)(0x80 | (u & 0x3F));
+        } else {
+            out += (char)(0xF0 | u >> 18);
+            out += (char)(0x80 | (u >> 12 & 0x3F));
+            out += (char)(0x80 | (u >> 6 & 0x3F));
+            out += (char)(0x80 | (u & 0x3F));
+        }
+    }
+    bool string(std::string& out) {  // from the opening quote to just past the closing one
+        for (i++; i < s.size();) {
+            unsigned char c = s[i++];
+            if (c == '"') return true;
+            if (c < 0x20) return false;  // control characters must be escaped
+            if (c != '\\') {
+                out += (char)c;
                 continue;
             }
-            if (c == '{' || c == '[') depth++;
-            if (c == '}' || c == ']') depth--;
-            i++;
+            if (i >= s.size()) return false;
+            char e = s[i++];
+            static const char escapes[] = "\"\\/bfnrt", meanings[] = "\"\\/\b\f\n\r\t";
+            const char* plain = e ? strchr(escapes, e) : nullptr;
+            if (plain) {
+                out += meanings[plain - escapes];
+                continue;
+            }
+            uint32_t u, low;
+            if (e != 'u' || !hex4(u)) return false;
+            if (u >= 0xD800 && u < 0xDC00) {  // the first of a surrogate pair: the second must follow
+                if (s.compare(i, 2, "\\u") != 0) return false;
+                i += 2;
+                if (!hex4(low) || low < 0xDC00 || low >= 0xE000) return false;
+                u = 0x10000 + ((u - 0xD800) << 10) + (low - 0xDC00);
+            } else if (u >= 0xDC00 && u < 0xE000) {
+                return false;  // a lone surrogate is no Unicode text
+            }
+            put_utf8(out, u);
         }
         return false;
-    };
-    skip_space();
-    if (i >= n || s[i] != '{') return false;
-    i++;
-    skip_space();
-    if (i < n && s[i] == '}') return true;
-    while (true) {
+    }
+    bool number(std::string& out) {
+        size_t start = i;
+        if (at('-')) i++;
+        if (at('0')) i++;
+        else if (digit()) while (digit()) i++;
+        else return false;
+        bool integer = true;
+        if (at('.')) {
+            i++;
+            if (!digit()) return false;
+            while (digit()) i++;
+            integer = false;
+        }
+        if (at('e') || at('E')) {
+            i++;
+            if (at('+') || at('-')) i++;
+            if (!digit()) return false;
+            while (digit()) i++;
+            integer = false;
+        }
+        out = s.substr(start, i - start);
+        if (integer) return out.size() - (out[0] == '-') <= kJsonMaxIntegerDigits;
+        return std::isfinite(strtod(out.c_str(), nullptr));  // 1e999 is too large for a float
+    }
+    bool value(JsonValue& v) {
         skip_space();
-        if (i >= n || s[i] != '"') return false;
-        size_t key_start = i + 1;
-        if (!skip_string()) return false;
-        std::string key = s.substr(key_start, i - 1 - key_start);
-        skip_space();
-        if (i >= n || s[i] != ':') return false;
+        if (i >= s.size()) return false;
+        char c = s[i];
+        if (c == '"') {
+            v.kind = JsonValue::STRING;
+            return string(v.text);
+        }
+        if (c == '-' || (c >= '0' && c <= '9')) {
+            v.kind = JsonValue::NUMBER;
+            return number(v.text);
+        }
+        for (const char* word : {"true", "false", "null"})
+            if (s.compare(i, strlen(word), word) == 0) {
+                i += strlen(word);
+                v.kind = word[0] == 'n' ? JsonValue::NUL : JsonValue::BOOL;
+                v.text = word;
+                return true;
+            }
+        if (c != '[' && c != '{') return false;
+        if (++depth > kJsonMaxDepth) return false;
+        bool object = c == '{';
+        v.kind = object ? JsonValue::OBJECT : JsonValue::ARRAY;
         i++;
         skip_space();
-        size_t value_start = i;
-        if (!skip_value()) return false;
-        size_t value_end = i;
-        while (value_end > value_start && is_space(s[value_end - 1])) value_end--;
-        out.emplace_back(key, s.substr(value_start, value_end - value_start));
-        if (s[i] == '}') return true;
-        if (s[i] != ',') return false;
-        i++;
+        if (at(object ? '}' : ']')) {
+            i++;
+            depth--;
+            return true;
+        }
+        while (true) {
+            JsonValue item;
+            if (object) {
+                skip_space();
+                std::string key;
+                if (!at('"') || !string(key)) return false;
+                skip_space();
+                if (!at(':')) return false;
+                i++;
+                if (!value(item)) return false;
+                v.members.emplace_back(std::move(key), std::move(item));
+            } else {
+                if (!value(item)) return false;
+                v.items.push_back(std::move(item));
+            }
+            skip_space();
+            if (at(',')) {
+                i++;
+                continue;
+            }
+            if (!at(object ? '}' : ']')) return false;
+            i++;
+            depth--;
+            return true;
+        }
+    }
+};
+
+// Parses one JSON value that is the whole of `text` (whitespace around it allowed), which must
+// be valid UTF-8. Returns false on anything else.
+inline bool json_parse(const std::string& text, JsonValue& out) {
+    if (utf8_sanitized(text) != text) return false;
+    JsonParser parser{text};
+    if (!parser.value(out)) return false;
+    parser.skip_space();
+    return parser.i == text.size();
+}
+
+// Compact JSON text of a value, for messages.
+inline std::string json_text(const JsonValue& v) {
+    switch (v.kind) {
+        case JsonValue::STRING: return json_string(v.text);
+        case JsonValue::ARRAY: {
+            std::string j = "[";
+            for (size_t k = 0; k < v.items.size(); k++) j += (k ? ", " : "") + json_text(v.items[k]);
+            return j + "]";
+        }
+        case JsonValue::OBJECT: {
+            std::string j = "{";
+            for (size_t k = 0; k < v.members.size(); k++)
+                j += (k ? ", " : "") + json_string(v.members[k].first) + ": " + json_text(v.members[k].second);
+            return j + "}";
+        }
+        default: return v.kind == JsonValue::NUL ? "null" : v.text;
     }
 }
 
-// Empty when the header's model configuration equals `config`, else a sentence naming the first
-// field that differs.
-inline std::string runlog_config_difference(const std::string& header, const ModelConfig& config) {
-    std::vector<std::pair<std::string, std::string>> top, fields;
-    std::string logged_config;
-    if (json_members(header, top))
-        for (auto& member : top)
-            if (member.first == "config") logged_config = member.second;
-    if (logged_config.empty() || !json_members(logged_config, fields))
-        return "the header holds no readable model configuration";
+inline bool json_equal(const JsonValue* a, const JsonValue* b) {
+    return a && b && json_text(*a) == json_text(*b);
+}
+
+// Empty when the header's model configuration `logged` (its "config" object) equals `config`,
+// else a sentence naming the first field that differs.
+inline std::string runlog_config_difference(const JsonValue& logged, const ModelConfig& config) {
     for (const ConfigField& f : kConfigFields) {
-        auto it = std::find_if(fields.begin(), fields.end(), [&](auto& m) { return m.first == f.name; });
-        if (it == fields.end()) return strprintf("the model configuration in the header has no %s", f.name);
-        const char* logged = it->second.c_str();
-        bool same = f.int_field ? strtoll(logged, nullptr, 10) == config.*f.int_field
-                                : strtof(logged, nullptr) == config.*f.float_field;
+        const JsonValue* v = logged.get(f.name);
+        if (!v) return strprintf("the model configuration in the header has no %s", f.name);
+        char* end = nullptr;
+        bool same = v->kind == JsonValue::NUMBER &&
+                    (f.int_field ? strtoll(v->text.c_str(), &end, 10) == config.*f.int_field
+                                 : strtof(v->text.c_str(), &end) == config.*f.float_field) &&
+                    *end == '\0';
         if (!same)
-            return "the model configuration differs from this run's: " + std::string(f.name) + " is " + it->second +
+            return "the model configuration differs from this run's: " + std::string(f.name) + " is " + json_text(*v) +
                    " in the log, " + config_value_text(config, f) + " in this run";
     }
     return "";
 }
 
+inline bool json_is_integer(const JsonValue* v) {
+    return v && v->kind == JsonValue::NUMBER && v->text.find_first_of(".eE") == std::string::npos;
+}
+
+// Empty when the members of the header besides the record table hold what docs/log_format.md
+// says, as the reader checks them: created, backend and device strings, options an object of
+// strings, seed an integer in [0, 2^64), config an object of numbers. Else where it is wrong.
+inline std::string runlog_header_members_problem(const JsonValue& header) {
+    for (const char* key : {"created", "backend", "device"}) {
+        const JsonValue* v = header.get(key);
+        if (v && v->kind != JsonValue::STRING) return strprintf("its %s is %s, not a string", key, json_text(*v).substr(0, 40).c_str());
+    }
+    const JsonValue *options = header.get("options"), *seed = header.get("seed"), *config = header.get("config");
+    if (options && options->kind != JsonValue::OBJECT) return "its options are not an object";
+    for (size_t k = 0; options && k < options->members.size(); k++)
+        if (options->members[k].second.kind != JsonValue::STRING)
+            return "its option " + json_string(options->members[k].first).substr(0, 40) + " is not a string";
+    std::string digits = json_is_integer(seed) ? seed->text : "";
+    if (digits == "-0") digits = "0";
+    if (seed && (digits.empty() || digits[0] == '-' || digits.size() > 20 || (digits.size() == 20 && digits > "18446744073709551615")))
+        return "its seed is " + json_text(*seed).substr(0, 40) + ", not an unsigned 64-bit integer";
+    if (!config || config->kind != JsonValue::OBJECT) return "it holds no model configuration";
+    for (const auto& member : config->members)
+        if (member.second.kind != JsonValue::NUMBER)
+            return "its config member " + json_string(member.first).substr(0, 40) + " is not a number";
+    return "";
+}
+
+// A field of the record table in a few words: name, dtype, shape and dims.
+inline std::string runlog_field_text(const JsonValue& field) {
+    std::string t;
+    for (const char* key : {"name", "dtype", "shape", "dims"}) {
+        const JsonValue* v = field.get(key);
+        t += (t.empty() ? "" : " ") + (v ? json_text(*v) : strprintf("(no %s)", key));
+    }
+    return t;
+}
+
+// Empty when the log's record table `logged` decodes records as `ours`, the table this program
+// writes, does: the same record types (type and name) in the same order, each with the same
+// fields (name, dtype, shape, dims) in the same order. Only the meanings may be worded otherwise.
+// Else a sentence saying where they first differ.
+inline std::string runlog_table_difference(const JsonValue* logged, const JsonValue& ours) {
+    if (!logged || logged->kind != JsonValue::ARRAY) return "the header has no record table";
+    if (logged->items.size() != ours.items.size())
+        return strprintf("it lists %zu record types, this program writes %zu", logged->items.size(), ours.items.size());
+    for (size_t t = 0; t < ours.items.size(); t++) {
+        const JsonValue &a = logged->items[t], &b = ours.items[t];
+        const JsonValue* name = b.get("name");
+        if (!json_equal(a.get("type"), b.get("type")) || !json_equal(a.get("name"), name)) {
+            auto type_text = [](const JsonValue& entry) {
+                const JsonValue *n = entry.get("name"), *id = entry.get("type");
+                return (n ? json_text(*n) : "(no name)") + " (type " + (id ? json_text(*id) : "none") + ")";
+            };
+            return strprintf("record type %zu is %s in the log, %s in this program", t + 1, type_text(a).c_str(),
+                             type_text(b).c_str());
+        }
+        const JsonValue *fa = a.get("fields"), *fb = b.get("fields");
+        if (!fa || fa->kind != JsonValue::ARRAY || fa->items.size() != fb->items.size())
+            return strprintf("the %s record has %s fields in the log, %zu in this program", name->text.c_str(),
+                             fa && fa->kind == JsonValue::ARRAY ? std::to_string(fa->items.size()).c_str() : "no list of",
+                             fb->items.size());
+        for (size_t k = 0; k < fb->items.size(); k++) {
+            const JsonValue &x = fa->items[k], &y = fb->items[k];
+            for (const char* key : {"name", "dtype", "shape", "dims"})
+                if (!json_equal(x.get(key), y.get(key)))
+                    return strprintf("field %zu of the %s record is %s in the log, %s in this program", k + 1,
+                                     name->text.c_str(), runlog_field_text(x).c_str(), runlog_field_text(y).c_str());
+            const JsonValue* meaning = x.get("meaning");
+            if (meaning && meaning->kind != JsonValue::STRING)
+                return strprintf("field %zu of the %s record has a meaning that is not text", k + 1, name->text.c_str());
+        }
+    }
+    return "";
+}
+
 // Checks the preamble and header of an existing log a resumed run will append to (`data` holds
-// the file's first bytes, the header included when the file has all of it); returns the offset of
-// its first record.
+// the file's first bytes, the header included when the file has all of it): a version 1 log whose
+// header scripts/attnlog.py reads (valid JSON, format "attnlog", the preamble's version, a model
+// configuration), of the same model, with the record table this program writes. Fails naming the
+// first thing wrong; returns the offset of the first record.
 inline size_t runlog_check_header(const std::string& path, const std::vector<uint8_t>& data, const ModelConfig& c) {
     const char* p = path.c_str();
     if (!data.empty() && memcmp(data.data(), kRunLogMagic, std::min(data.size(), sizeof kRunLogMagic)) != 0)
@@ -403,21 +626,89 @@ inline size_t runlog_check_header(const std::string& path, const std::vector<uin
         fail("%s: truncated header (%u bytes announced, %zu present)", p, header_bytes, data.size() - kPreambleBytes);
     if (crc32_of(&data[kPreambleBytes], header_bytes) != header_crc)
         fail("%s: the header is damaged (checksum mismatch); cannot append to it", p);
-    std::string difference = runlog_config_difference(
-        std::string((const char*)&data[kPreambleBytes], header_bytes), c);
+    JsonValue header;
+    if (!json_parse(std::string((const char*)&data[kPreambleBytes], header_bytes), header) ||
+        header.kind != JsonValue::OBJECT)
+        fail("%s: the header is damaged (not a JSON object in UTF-8); cannot append to it", p);
+    const JsonValue *format = header.get("format"), *text_version = header.get("version");
+    if (!format || format->kind != JsonValue::STRING || format->text != "attnlog")
+        fail("%s: the header is damaged (its format is %s, not \"attnlog\"); cannot append to it", p,
+             format ? json_text(*format).substr(0, 80).c_str() : "missing");
+    if (!json_is_integer(text_version) || text_version->text != std::to_string(version))
+        fail("%s: the header is damaged (its text says version %s, the preamble %u); cannot append to it", p,
+             text_version ? json_text(*text_version).substr(0, 80).c_str() : "nothing", version);
+    std::string difference = runlog_header_members_problem(header);
+    if (!difference.empty()) fail("%s: the header is damaged (%s); cannot append to it", p, difference.c_str());
+    difference = runlog_config_difference(*header.get("config"), c);
     if (!difference.empty()) fail("%s: %s", p, difference.c_str());
+    JsonValue ours;
+    if (!json_parse("{" + runlog_record_table(c) + "}", ours)) fail("internal: the record table is not valid JSON");
+    difference = runlog_table_difference(header.get("records"), *ours.get("records"));
+    if (!difference.empty())
+        fail("%s: the record table differs from the one this program writes: %s; cannot append to it", p, difference.c_str());
     return kPreambleBytes + header_bytes;
 }
 
-// Size of the record at `pos` when its marker, length and checksum agree, else 0.
-inline size_t runlog_intact_size(const std::vector<uint8_t>& d, size_t pos) {
+// ---------------------------------------------------------------------------------------------
+// Where the intact records end
+
+// CRC-32 arithmetic (zlib's crc32_combine): a * b modulo the CRC polynomial, bits reflected.
+inline uint32_t crc32_multiply(uint32_t a, uint32_t b) {
+    uint32_t product = 0;
+    for (uint32_t m = 1u << 31; m; m >>= 1) {
+        if (a & m) product ^= b;
+        b = b & 1 ? (b >> 1) ^ 0xEDB88320u : b >> 1;
+    }
+    return product;
+}
+
+// x^(8n) modulo the polynomial: crc32(A + B) = crc32_multiply(crc32_x8n(len(B)), crc32(A)) ^ crc32(B).
+inline uint32_t crc32_x8n(uint64_t n) {
+    struct Squares {
+        uint32_t v[64];  // x^(8 * 2^k)
+        Squares() {
+            v[0] = 1u << 23;  // x^8
+            for (int k = 1; k < 64; k++) v[k] = crc32_multiply(v[k - 1], v[k - 1]);
+        }
+    };
+    static const Squares squares;
+    uint32_t power = 1u << 31;  // x^0
+    for (int k = 0; n; k++, n >>= 1)
+        if (n & 1) power = crc32_multiply(power, squares.v[k]);
+    return power;
+}
+
+// The CRC-32 of any byte range of a buffer in time independent of the range's length, from the
+// CRCs of the prefixes that end at multiples of kBlock bytes: crc(a..b) = crc(0..b) ^ crc(0..a)
+// shifted by b - a bytes. What keeps a scan over candidate records that overlap linear.
+struct RangeCrc {
+    static const size_t kBlock = 256;
+    const uint8_t* data;
+    std::vector<uint32_t> prefix;  // prefix[k]: the CRC of the first k * kBlock bytes
+
+    explicit RangeCrc(const std::vector<uint8_t>& d) : data(d.data()), prefix(d.size() / kBlock + 1) {
+        for (size_t k = 1; k < prefix.size(); k++) prefix[k] = crc32_update(prefix[k - 1], data + (k - 1) * kBlock, kBlock);
+    }
+    uint32_t up_to(size_t end) const {
+        size_t k = end / kBlock;
+        return crc32_update(prefix[k], data + k * kBlock, end - k * kBlock);
+    }
+    uint32_t of(size_t begin, size_t end) const {
+        return up_to(end) ^ crc32_multiply(crc32_x8n(end - begin), up_to(begin));
+    }
+};
+
+// Size of the record at `pos` when its marker, length and checksum agree, else 0. The checksum
+// comes from `ranges` when given, else it is computed over the record.
+inline size_t runlog_intact_size(const std::vector<uint8_t>& d, size_t pos, const RangeCrc* ranges = nullptr) {
     if (pos + kRecordOverhead > d.size() || memcmp(&d[pos], kRecordMarker, 4) != 0) return 0;
     uint32_t payload_bytes, crc;
     memcpy(&payload_bytes, &d[pos + 8], 4);
     size_t crc_at = pos + kFrameBytes + payload_bytes;
     if (crc_at + 4 > d.size()) return 0;
     memcpy(&crc, &d[crc_at], 4);
-    return crc32_of(&d[pos + 4], crc_at - pos - 4) == crc ? crc_at + 4 - pos : 0;
+    uint32_t actual = ranges ? ranges->of(pos + 4, crc_at) : crc32_of(&d[pos + 4], crc_at - pos - 4);
+    return actual == crc ? crc_at + 4 - pos : 0;
 }
 
 // Where the intact records end, found the way readers find them: after a damaged record reading
@@ -428,19 +719,26 @@ struct RunLogScan {
     int64_t last_step;  // that record's step, -1 when there is none
 };
 
+// Visits every marker from `pos` on, in order, skipping those inside a record taken: the first at
+// or after the current position that frames an intact record is the next record a reader takes.
+// Each marker costs the same whatever length its frame claims, so a damaged region full of
+// markers takes time linear in its size.
 inline RunLogScan runlog_scan(const std::vector<uint8_t>& d, size_t pos) {
     RunLogScan scan = {pos, -1};
+    RangeCrc ranges(d);
+    const uint8_t *begin = d.data(), *end = begin + d.size();
     while (pos < d.size()) {
-        size_t size = runlog_intact_size(d, pos);
-        if (size) {
-            memcpy(&scan.last_step, &d[pos + 12], 8);
-            pos += size;
-            scan.intact_end = pos;
+        const uint8_t* marker = std::search(begin + pos, end, kRecordMarker, kRecordMarker + 4);
+        if (marker == end) break;
+        pos = marker - begin;
+        size_t size = runlog_intact_size(d, pos, &ranges);
+        if (!size) {
+            pos++;
             continue;
         }
-        auto next = std::search(d.begin() + pos + 1, d.end(), kRecordMarker, kRecordMarker + 4);
-        if (next == d.end()) break;
-        pos = next - d.begin();
+        memcpy(&scan.last_step, &d[pos + 12], 8);
+        pos += size;
+        scan.intact_end = pos;
     }
     return scan;
 }
@@ -479,8 +777,35 @@ inline bool runlog_ends_intact(const RunLog& log, size_t pos, size_t size, RunLo
     return true;
 }
 
-// Opens an existing log to continue a run: checks that it is a version 1 log of the same model,
-// removes a torn tail, and appends a note saying when the run resumed and with which options.
+// Checks an existing log, open as log.fd, before a resumed run of the model `c` appends to it: its
+// preamble and header (runlog_check_header), then where its intact records end; *size is the
+// file's size, and the bytes from scan.intact_end to it are a torn tail. Reads and changes nothing
+// else: the parser the fuzzing harness test/fuzz/fuzz_runlog.cpp drives.
+inline RunLogScan runlog_check_existing(const RunLog& log, const ModelConfig& c, size_t* size) {
+    struct stat st;
+    if (fstat(log.fd, &st) != 0) fail("%s: cannot open (%s)", log.path.c_str(), strerror(errno));
+    *size = (size_t)st.st_size;
+    // The preamble, then the header it announces: as much of both as the file holds.
+    std::vector<uint8_t> head(std::min(*size, kPreambleBytes));
+    runlog_read_at(log, head.data(), head.size(), 0);
+    if (head.size() == kPreambleBytes) {
+        uint32_t header_bytes;
+        memcpy(&header_bytes, &head[12], 4);
+        head.resize(std::min(*size, kPreambleBytes + header_bytes));
+        runlog_read_at(log, head.data() + kPreambleBytes, head.size() - kPreambleBytes, kPreambleBytes);
+    }
+    size_t records_start = runlog_check_header(log.path, head, c);
+    RunLogScan scan;
+    if (!runlog_ends_intact(log, records_start, *size, scan)) {
+        std::vector<uint8_t> data(*size);
+        runlog_read_at(log, data.data(), *size, 0);
+        scan = runlog_scan(data, records_start);
+    }
+    return scan;
+}
+
+// Opens an existing log to continue a run: checks that it is a version 1 log of the same model
+// with the record table this program writes, whose header the reader accepts, removes a torn tail, and appends a note saying when the run resumed and with which options.
 // With resume_step >= 0 (the step of the checkpoint the run resumes from) the note sits at that
 // step and begins "resumed from step S": a reader then takes the records written before it for
 // steps S and later as those of an abandoned continuation. `changes` (may be empty) says which
@@ -491,23 +816,8 @@ inline RunLog runlog_open_append(const std::string& path, const RunInfo& info, i
     log.path = path;
     log.fd = open(path.c_str(), O_RDWR | O_APPEND | O_CLOEXEC);
     if (log.fd < 0) fail("%s: cannot open (%s)", path.c_str(), strerror(errno));
-    size_t size = (size_t)file_size_or_fail(path.c_str());
-    // The preamble, then the header it announces: as much of both as the file holds.
-    std::vector<uint8_t> head(std::min(size, kPreambleBytes));
-    runlog_read_at(log, head.data(), head.size(), 0);
-    if (head.size() == kPreambleBytes) {
-        uint32_t header_bytes;
-        memcpy(&header_bytes, &head[12], 4);
-        head.resize(std::min(size, kPreambleBytes + header_bytes));
-        runlog_read_at(log, head.data() + kPreambleBytes, head.size() - kPreambleBytes, kPreambleBytes);
-    }
-    size_t records_start = runlog_check_header(path, head, info.config);
-    RunLogScan scan;
-    if (!runlog_ends_intact(log, records_start, size, scan)) {
-        std::vector<uint8_t> data(size);
-        runlog_read_at(log, data.data(), size, 0);
-        scan = runlog_scan(data, records_start);
-    }
+    size_t size;
+    RunLogScan scan = runlog_check_existing(log, info.config, &size);
     size_t torn_bytes = size - scan.intact_end;
     if (torn_bytes && ftruncate(log.fd, (off_t)scan.intact_end) != 0)
         fail("%s: cannot remove the torn tail (%s)", path.c_str(), strerror(errno));

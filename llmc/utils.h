@@ -14,15 +14,34 @@
 #include <string>
 #include <sys/stat.h>
 #include <unistd.h>
+#ifdef FAIL_THROWS
+#include <stdexcept>
+#endif
+
+#ifdef FAIL_THROWS
+// Built with -DFAIL_THROWS (the fuzzing harnesses of test/fuzz), fail() throws this instead of
+// printing and exiting, so that a rejected input ends as a caught exception; what() is the line
+// without "error: ". Every other build prints the line and exits with status 1.
+struct FailError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+#endif
 
 [[noreturn]] inline void fail(const char* fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
+#ifdef FAIL_THROWS
+    char line[1024];
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    throw FailError(line);
+#else
     fputs("error: ", stderr);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);
     exit(1);
+#endif
 }
 
 inline FILE* open_or_fail(const char* path, const char* mode) {
@@ -30,6 +49,19 @@ inline FILE* open_or_fail(const char* path, const char* mode) {
     if (!f) fail("%s: cannot open (%s)", path, strerror(errno));
     return f;
 }
+
+// A FILE* closed when it goes out of scope: at every return, and when fail() throws in a
+// FAIL_THROWS build, so that rejecting a file never leaves it open.
+struct ScopedFile {
+    FILE* f;
+    explicit ScopedFile(FILE* file) : f(file) {}
+    ~ScopedFile() {
+        if (f) fclose(f);
+    }
+    ScopedFile(const ScopedFile&) = delete;
+    ScopedFile& operator=(const ScopedFile&) = delete;
+    operator FILE*() const { return f; }
+};
 
 // Reads exactly n bytes or fails naming the file: a short read means a truncated file.
 inline void read_or_fail(FILE* f, void* dst, size_t n, const char* path, const char* what) {
@@ -176,6 +208,12 @@ inline std::string absolute_path(const std::string& path) {
 // The directory of the running program (./train's: where the default corpus is cached and
 // scripts/ lies, wherever it is started from).
 inline std::string program_dir() {
-    std::string exe = absolute_path("/proc/self/exe");
+    char buf[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+    if (n <= 0) return ".";
+    std::string exe(buf, (size_t)n);
+    const std::string deleted = " (deleted)";  // the file was replaced while the program runs
+    if (exe.size() > deleted.size() && exe.compare(exe.size() - deleted.size(), deleted.size(), deleted) == 0)
+        exe.resize(exe.size() - deleted.size());
     return exe.substr(0, exe.find_last_of('/'));
 }

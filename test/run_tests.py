@@ -2,9 +2,14 @@
 
 C++ test programs print one line per check ("PASS name" / "FAIL name: why"); pytest suites are
 counted from their JUnit report. Tests that need a GPU run only when one is present; otherwise one
-line says they were skipped. Run through `make test`, which builds what this runs first.
+line says they were skipped. Each fuzzing harness of test/fuzz runs briefly from its seeds (one
+line each), and the CPU tests and a short training run run again built with ASan and UBSan.
+Run through `make test`, which builds what this runs first; `--only sanitize` runs the sanitizers'
+part alone (`make sanitize`).
 """
+import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -13,9 +18,9 @@ import xml.etree.ElementTree as ET
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_cpp(name, argv, totals):
+def run_cpp(name, argv, totals, env=None):
     print(f"== {name}: {' '.join(argv)}", flush=True)
-    proc = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     passed = failed = 0
     for line in proc.stdout.splitlines():
         if line.startswith("PASS "):
@@ -52,6 +57,70 @@ def run_pytest(files, totals):
         totals[1] += failed
 
 
+# The fuzzing harnesses' smoke runs: each for FUZZ_SMOKE_RUNS inputs or FUZZ_SMOKE_SECONDS,
+# whichever comes first, with the options of `make fuzz` (the Makefile passes them).
+FUZZ_HARNESSES = ("checkpoint", "shard", "runlog")
+FUZZ_SMOKE_RUNS, FUZZ_SMOKE_SECONDS = 50000, 10
+
+
+def run_fuzz_smoke(name, totals):
+    options = os.environ.get("FUZZ_OPTIONS", "-max_len=65536 -malloc_limit_mb=64 -timeout=10").split()
+    with tempfile.TemporaryDirectory() as corpus:
+        argv = [f"build/fuzz/fuzz_{name}", f"-runs={FUZZ_SMOKE_RUNS}", f"-max_total_time={FUZZ_SMOKE_SECONDS}", "-seed=1",
+                *options, f"-artifact_prefix={corpus}/", corpus, f"build/fuzz/seeds/{name}"]
+        print(f"== fuzzing smoke run: {' '.join(argv)}", flush=True)
+        proc = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    done = re.search(r"^Done (\d+) runs in (\d+) second", proc.stdout, re.M)
+    if proc.returncode == 0 and done:
+        totals[0] += 1
+        print(f"PASS fuzz_{name}: {done.group(1)} inputs in {done.group(2)} s, no finding", flush=True)
+    else:
+        totals[1] += 1
+        print(proc.stdout[-6000:])
+        print(f"FAIL fuzz_{name}: libFuzzer exited with status {proc.returncode} (its finding is above)", flush=True)
+
+
+# The sanitizers' options: every error fatal, with status 86 (a user error's is 1), the report
+# into a file of a fresh folder that run_sanitized reads back (stderr is what the tests check).
+# test/sanitize/lsan.supp says which leaks are not findings, and why.
+def sanitizer_env(reports):
+    env = dict(os.environ)
+    common = f"halt_on_error=1:exitcode=86:log_path={reports}/report"
+    env["ASAN_OPTIONS"] = common + ":detect_leaks=1"
+    env["UBSAN_OPTIONS"] = common + ":print_stacktrace=1"
+    env["LSAN_OPTIONS"] = f"suppressions={ROOT}/test/sanitize/lsan.supp:print_suppressions=0"
+    return env
+
+
+# The one line a report may hold that is not a finding: a test forks a child after OpenMP has
+# started threads, and at the child's exit LeakSanitizer notes that the parent's threads, which
+# the child does not have, were not suspended. A leak it then finds is still reported.
+FORK_NOTE = re.compile(r"^==\d+==Running thread \d+ was not suspended\. False leaks are possible\.$")
+
+
+def run_sanitized(name, argv, totals):
+    with tempfile.TemporaryDirectory() as reports:
+        run_cpp(f"{name}, ASan + UBSan", argv, totals, env=sanitizer_env(reports))
+        findings = []
+        for report in sorted(os.listdir(reports)):
+            with open(os.path.join(reports, report), errors="replace") as f:
+                lines = [line for line in f.read().splitlines() if line.strip() and not FORK_NOTE.match(line)]
+            findings += lines
+    if findings:
+        totals[1] += 1
+        print("\n".join(findings[:200]))
+        print(f"FAIL {name}: the sanitizers reported the findings above", flush=True)
+
+
+def run_sanitize_tests(totals):
+    run_sanitized("CPU parity with the PyTorch reference", ["build/sanitize/test_gpt_cpu", "build/ref"], totals)
+    run_sanitized("CPU building blocks", ["build/sanitize/test_cpu_units"], totals)
+    run_sanitized("data shards, loader, tokenizer, corpus preparation", ["build/sanitize/test_data"], totals)
+    run_sanitized("run log writer", ["build/sanitize/test_runlog"], totals)
+    run_sanitized("training, checkpoint and resume", [sys.executable, "test/sanitize/train_run.py", "build/sanitize/train"],
+                  totals)
+
+
 def gpu_present():
     try:
         return subprocess.run(["nvidia-smi", "-L"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -61,7 +130,14 @@ def gpu_present():
 
 
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", choices=["sanitize"], help="run only the sanitizers' build")
+    args = parser.parse_args()
     totals = [0, 0]
+    if args.only == "sanitize":
+        run_sanitize_tests(totals)
+        print(f"{totals[0]} passed, {totals[1]} failed")
+        return 1 if totals[1] else 0
     run_cpp("CPU parity with the PyTorch reference", ["build/test_gpt_cpu", "build/ref"], totals)
     run_cpp("CPU building blocks", ["build/test_cpu_units"], totals)
     run_cpp("data shards, loader, tokenizer, corpus preparation", ["build/test_data"], totals)
@@ -70,8 +146,12 @@ def main():
         run_cpp("CUDA parity with the PyTorch reference", ["build/test_gpt_cuda", "build/ref"], totals)
     else:
         print("== CUDA parity: skipped (no GPU on this machine)")
-    tests = sorted(f"test/{f}" for f in os.listdir(os.path.join(ROOT, "test")) if f.startswith("test_") and f.endswith(".py"))
+    tests = sorted(f"{folder}/{f}" for folder in ("test", "test/fuzz") for f in os.listdir(os.path.join(ROOT, folder))
+                   if f.startswith("test_") and f.endswith(".py"))
     run_pytest(tests, totals)
+    for name in FUZZ_HARNESSES:
+        run_fuzz_smoke(name, totals)
+    run_sanitize_tests(totals)
     print(f"{totals[0]} passed, {totals[1]} failed")
     return 1 if totals[1] else 0
 

@@ -371,6 +371,22 @@ static void test_checkpoint() {
         fclose(f);
         return p;
     };
+    // A configuration of more than 2^59 parameters (2^24 layers of d_ff 2^24), its count in the
+    // header: refused by name, before the count times 12 bytes overflows 64 bits.
+    std::vector<char> big_bytes = bytes;
+    int32_t huge[8] = {2, 1 << 24, 32, 1, 64, 2048, 1 << 24, 4};
+    ModelConfig big = c;
+    big.vocab_size = huge[0], big.n_layer = huge[1], big.n_head = huge[2], big.n_kv_head = huge[3];
+    big.head_dim = huge[4], big.d_model = huge[5], big.d_ff = huge[6], big.max_seq_len = huge[7];
+    int64_t big_count = (int64_t)num_parameters(big);
+    memcpy(&big_bytes[16], huge, sizeof huge);
+    memcpy(&big_bytes[72], &big_count, 8);
+    uint32_t crc = header_crc((const uint8_t*)big_bytes.data());
+    memcpy(&big_bytes[92], &crc, 4);
+    big_bytes.resize(kCheckpointHeaderBytes);
+    std::string too_big = write_variant("too_big.ckpt", big_bytes);
+    expect_user_error("checkpoint: more than 2^59 parameters", [&] { checkpoint_read_header(too_big); }, too_big,
+                      "more than 2^59 parameters", too_big);
     std::vector<float> sink(P);
     std::string truncated = write_variant("truncated.ckpt", std::vector<char>(bytes.begin(), bytes.end() - 100));
     expect_user_error("checkpoint: truncated file", [&] { checkpoint_read(truncated, sink.data(), nullptr, nullptr); }, truncated, "checkpoint is truncated", truncated);

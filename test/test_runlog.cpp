@@ -5,6 +5,9 @@
 //   test_runlog write PATH   writes a log of known values, for test/test_attnlog.py
 //   test_runlog append PATH  resumes that log and re-does steps 6..11 with other values
 //   test_runlog --metrics    the telemetry metrics of llmc/telemetry.h as JSON, for test_attnlog.py
+//   test_runlog check-append PATH...   resumes each log (as `append` does, without new records) in
+//                            a child process and prints a line per log: "accepted" or
+//                            "refused: <its error line>", for test/fuzz/test_append_vs_reader.py
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -209,11 +212,12 @@ static void test_header() {
         if (missing.empty() && !contains(f.header, e)) missing = e;
     report(missing.empty(), "header_json_escaping_and_fields", missing.empty() ? "" : "missing " + missing);
 
-    std::vector<std::pair<std::string, std::string>> members;
-    bool parsed = json_members(f.header, members);
-    report(parsed && members.size() == 9 && members[0].first == "format" && members.back().first == "records" &&
-               runlog_config_difference(f.header, test_config()).empty(),
-           "header_json_structure", strprintf("%zu top-level members", members.size()));
+    JsonValue header;
+    bool parsed = json_parse(f.header, header);
+    const JsonValue* config = header.get("config");
+    report(parsed && header.members.size() == 9 && header.members[0].first == "format" &&
+               header.members.back().first == "records" && config && runlog_config_difference(*config, test_config()).empty(),
+           "header_json_structure", strprintf("%zu top-level members", header.members.size()));
 }
 
 static void test_append_removes_torn_tail() {
@@ -329,6 +333,160 @@ static void test_append_refusals() {
     check_user_error("append_refuses_missing_file", r, absent, "cannot open");
 }
 
+// The log `bytes` with its header text replaced by `header`, the preamble's length and CRC set to
+// match: a header that only its content makes wrong.
+static std::string with_header(const std::string& bytes, const std::string& header) {
+    uint32_t old_bytes, header_bytes = (uint32_t)header.size(), crc = crc32_of(header.data(), header.size());
+    memcpy(&old_bytes, &bytes[12], 4);
+    std::string out = bytes.substr(0, 20) + header + bytes.substr(20 + old_bytes);
+    memcpy(&out[12], &header_bytes, 4);
+    memcpy(&out[16], &crc, 4);
+    return out;
+}
+
+static std::string replaced(std::string s, const std::string& from, const std::string& to) {
+    size_t at = s.find(from);
+    if (at == std::string::npos) fail("internal: \"%s\" is not in the header", from.c_str());
+    return s.replace(at, from.size(), to);
+}
+
+static void test_append_refuses_headers_readers_reject() {
+    // Headers whose checksum is right but whose content the reader (scripts/attnlog.py) rejects,
+    // or whose record table is not the one this program writes: each refused with one line, the
+    // file untouched.
+    std::string path = temp_path("headers.log");
+    write_three_steps(path);
+    std::string bytes = read_text(path);
+    std::string h = read_log(path).header;
+    std::string k_pr_field = h.substr(h.find("      {\"name\": \"k_pr\""));
+    k_pr_field = k_pr_field.substr(0, k_pr_field.find('\n') + 1);
+    const struct {
+        const char* name;
+        std::string header, says;
+    } cases[] = {
+        {"other_format", replaced(h, R"("format": "attnlog")", R"("format": "attnlog2")"), R"(its format is "attnlog2")"},
+        {"format_repeated_last_differs", replaced(h, R"("format": "attnlog",)", R"("format": "attnlog", "format": "x",)"),
+         R"(its format is "x")"},
+        {"text_version_differs", replaced(h, R"("version": 1)", R"("version": 2)"), "its text says version 2, the preamble 1"},
+        {"text_version_float", replaced(h, R"("version": 1)", R"("version": 1.0)"), "its text says version 1.0, the preamble 1"},
+        {"text_version_missing", replaced(h, R"("version": 1)", R"("versions": 1)"), "its text says version nothing"},
+        {"text_after_the_object", h + "{}", "not a JSON object in UTF-8"},
+        {"not_an_object", "[" + h + "]", "not a JSON object in UTF-8"},
+        {"raw_control_character", replaced(h, R"("backend": "cpu")", "\"backend\": \"c\tpu\""), "not a JSON object"},
+        {"invalid_utf8", replaced(h, R"("backend": "cpu")", "\"backend\": \"c\xff" "u\""), "not a JSON object"},
+        {"bad_escape", replaced(h, R"("backend": "cpu")", R"("backend": "c\xu")"), "not a JSON object"},
+        {"lone_surrogate", replaced(h, R"("backend": "cpu")", R"("backend": "c\ud800")"), "not a JSON object"},
+        {"integer_too_long_for_python", replaced(h, "18446744073709551615", std::string(4301, '7')), "not a JSON object"},
+        {"float_too_large", replaced(h, R"("rope_theta": 500000.0)", R"("rope_theta": 1e999)"), "not a JSON object"},
+        {"leading_zero", replaced(h, R"("n_layer": 3)", R"("n_layer": 03)"), "not a JSON object"},
+        {"seed_too_large", replaced(h, "18446744073709551615", "18446744073709551616"), "its seed is 18446744073709551616"},
+        {"seed_negative", replaced(h, "18446744073709551615", "-1"), "its seed is -1"},
+        {"option_not_text", replaced(h, R"("lr": "0.003")", R"("lr": 0.003)"), R"(its option "lr" is not a string)"},
+        {"backend_not_text", replaced(h, R"("backend": "cpu")", R"("backend": null)"), "its backend is null, not a string"},
+        {"no_config", replaced(h, R"("config": {)", R"("konfig": {)"), "it holds no model configuration"},
+        {"config_as_text", replaced(h, R"("n_layer": 3)", R"("n_layer": "3")"), R"(its config member "n_layer" is not a number)"},
+        {"config_integer_as_float", replaced(h, R"("n_layer": 3)", R"("n_layer": 3.0)"), "n_layer is 3.0 in the log, 3 in this run"},
+        {"no_record_table", replaced(h, R"("records": [)", R"("recs": [)"), "the header has no record table"},
+        {"metric_renamed", replaced(h, R"({"name": "k_pr")", R"({"name": "k_px")"),
+         R"(field 3 of the telemetry record is "k_px" "float32" [3, 2] ["layer", "kv_head"] in the log, "k_pr" "float32" [3, 2])"},
+        {"metric_shape", replaced(h, R"("shape": [3, 2])", R"("shape": [3, 3])"), R"(field 1 of the telemetry record is "k_norm" "float32" [3, 3])"},
+        {"metric_dims", replaced(h, R"(["layer", "kv_head"])", R"(["layer", "q_head"])"), R"("k_norm" "float32" [3, 2] ["layer", "q_head"] in the log)"},
+        {"metric_dtype", replaced(h, R"("dtype": "float32", "shape": [3, 2])", R"("dtype": "float64", "shape": [3, 2])"),
+         R"("k_norm" "float64" [3, 2])"},
+        {"metric_missing", replaced(h, k_pr_field, ""), "the telemetry record has 13 fields in the log, 14 in this program"},
+        {"step_field_missing_key", replaced(h, R"({"name": "loss", "dtype": "float32", )", R"({"name": "loss", )"),
+         R"(field 1 of the step record is "loss" (no dtype) [] [] in the log)"},
+        {"meaning_not_text", replaced(h, R"("meaning": "learning rate the step used")", R"("meaning": 5)"),
+         "field 2 of the step record has a meaning that is not text"},
+        {"record_type_renamed", replaced(h, R"("name": "val")", R"("name": "valid")"),
+         R"(record type 2 is "valid" (type 2) in the log, "val" (type 2) in this program)"},
+        {"record_type_renumbered", replaced(h, R"("type": 4)", R"("type": 5)"), R"(record type 4 is "note" (type 5) in the log)"},
+        {"record_type_added", replaced(h, R"("records": [)", R"("records": [{"type": 9, "name": "x", "fields": []},)"),
+         "it lists 5 record types, this program writes 4"},
+    };
+    for (const auto& c : cases) {
+        write_text(path, with_header(bytes, c.header));
+        expect_user_error(std::string("append_refuses_header_") + c.name, [&] { runlog_open_append(path, test_info()); },
+                          path, c.says, path);
+    }
+
+    // The meanings are words for people: a log whose meanings are worded otherwise is appended to.
+    std::string reworded = with_header(bytes, replaced(h, "mean cosine similarity", "average cosine similarity"));
+    write_text(path, reworded);
+    ChildResult r = run_child([&] {
+        RunLog log = runlog_open_append(path, test_info());
+        runlog_close(log);
+    });
+    LogFile f = read_log(path);
+    report(r.status == 0 && read_text(path).compare(0, reworded.size(), reworded) == 0 && f.records.size() == 4 &&
+               f.records[3].type == REC_NOTE,
+           "append_accepts_reworded_meanings", strprintf("status %d, %zu records", r.status, f.records.size()) + r.err);
+}
+
+static void test_range_crc() {
+    // runlog_scan's checksums of arbitrary ranges against crc32_of over the same bytes.
+    std::vector<uint8_t> d(5000);
+    Rng rng{7};
+    for (uint8_t& b : d) b = (uint8_t)rng_next(rng);
+    RangeCrc ranges(d);
+    int wrong = 0;
+    for (int k = 0; k < 2000; k++) {
+        size_t a = rng_next(rng) % (d.size() + 1), b = rng_next(rng) % (d.size() + 1);
+        if (a > b) std::swap(a, b);
+        if (k < 3) a = b = k * RangeCrc::kBlock;  // empty ranges, on a block boundary
+        if (ranges.of(a, b) != crc32_of(d.data() + a, b - a)) wrong++;
+    }
+    report(wrong == 0, "range_crc_equals_crc_of_the_bytes", strprintf("%d of 2000 ranges wrong", wrong));
+}
+
+// A log of three steps, then a damaged region of `region` bytes, an intact step record (step 9)
+// and a torn tail of 10 bytes: the appender must keep the region and the record after it, remove
+// the tail, and take time linear in the region's size.
+static void check_scan_of_region(const std::string& name, const std::string& region) {
+    std::string path = temp_path("markers.log");
+    remove(path.c_str());
+    write_three_steps(path);
+    FILE* f = open_or_fail(path.c_str(), "ab");
+    write_or_fail(f, region.data(), region.size(), path.c_str());
+    fclose(f);
+    RunLog log;
+    log.path = path;
+    log.fd = open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+    runlog_step(log, 9, 9.0f, 1e-3f, 1.0f, 100.0f, 5.0f);
+    runlog_write(log, (const uint8_t*)"\xffREC\x01\x00\x00\x00\x00\x00", 10);
+    runlog_close(log);
+    size_t before = (size_t)file_size_or_fail(path.c_str());
+    double start = now_seconds();
+    RunLog appended = runlog_open_append(path, test_info());
+    runlog_close(appended);
+    double seconds = now_seconds() - start;
+    std::string after = read_text(path);
+    size_t note = after.rfind("\xffREC");
+    int64_t step = -1;
+    if (note != std::string::npos && note + 20 <= after.size()) memcpy(&step, &after[note + 12], 8);
+    bool ok = note == before - 10 && step == 9 && contains(after.substr(note), "removed a torn tail of 10 bytes");
+    report(ok, "append_scans_" + name, strprintf("%.1f MB region, %.2f s", region.size() / 1048576.0, seconds));
+    report(seconds < 30, "append_scan_is_fast_" + name, strprintf("%.2f s for %.1f MB (limit 30 s)", seconds, region.size() / 1048576.0));
+    remove(path.c_str());
+}
+
+static void test_append_false_marker_regions() {
+    const size_t region = 4 << 20;
+    // The marker over and over: each frames a length past the end of the file.
+    std::string markers;
+    while (markers.size() < region) markers += "\xffREC";
+    check_scan_of_region("4MB_of_markers", markers);
+    // False frames, 24 bytes apart, each claiming a payload that reaches the end of the region: a
+    // scan that checks each claim by reading it takes time quadratic in the region's size (hours).
+    std::string frames(region, '\0');
+    for (size_t pos = 0; pos + 24 <= region; pos += 24) {
+        uint32_t payload_bytes = (uint32_t)(region - pos - 24);
+        memcpy(&frames[pos], "\xffREC\x01\x00\x00\x00", 8);
+        memcpy(&frames[pos + 8], &payload_bytes, 4);
+    }
+    check_scan_of_region("4MB_of_false_frames", frames);
+}
+
 static void test_disk_full() {
     // The file size limit makes the disk "full" after 10 step records (44 bytes each) and 13
     // bytes of the 11th.
@@ -391,12 +549,23 @@ int main(int argc, char** argv) {
         runlog_close(log);
         return 0;
     }
+    if (argc >= 3 && strcmp(argv[1], "check-append") == 0) {
+        for (int i = 2; i < argc; i++) {
+            ChildResult r = run_child([&] {
+                RunLog log = runlog_open_append(argv[i], test_info());
+                runlog_close(log);
+            });
+            std::string line = r.err.substr(0, r.err.find('\n'));
+            printf("%s\n", r.status == 0 ? "accepted" : ("refused: " + line).c_str());
+        }
+        return 0;
+    }
     if (argc == 2 && strcmp(argv[1], "--metrics") == 0) {
         print_metrics();
         return 0;
     }
     if (argc != 1) {
-        fprintf(stderr, "usage: %s [write PATH | append PATH | --metrics]\n", argv[0]);
+        fprintf(stderr, "usage: %s [write PATH | append PATH | check-append PATH... | --metrics]\n", argv[0]);
         return 1;
     }
     char dir[] = "/tmp/test_runlog.XXXXXX";
@@ -409,10 +578,13 @@ int main(int argc, char** argv) {
     test_append_removes_damaged_last_record();
     test_append_clean_log();
     test_append_refusals();
+    test_append_refuses_headers_readers_reject();
+    test_range_crc();
+    test_append_false_marker_regions();
     test_disk_full();
     test_telemetry_size_check();
     for (const char* name : {"existing.log", "header.log", "torn.log", "damaged.log", "last.log", "clean.log", "refusals.log",
-                             "full.log", "sizes.log"})
+                             "headers.log", "full.log", "sizes.log"})
         remove(temp_path(name).c_str());
     rmdir(dir);
     return test_exit_code();

@@ -273,6 +273,7 @@ def test_unfinished_dataset(data, tmp_path):
     (["--stats-every", "-1"], ["-s (--stats-every)"]),
     (["--bogus", "1"], ["unknown option '--bogus'"]),
     (["-i", ""], ["option -i (--train): the pattern is empty"]),
+    (["--n-layer", "0"], ["option --n-layer must be at least 1"]),
     (["-x"], ["option -x (--steps) needs a value"]),
     (["-m", "d99"], ["unknown preset 'd99'"]),
     (["-b", "2000000000"], ["-b (--batch) 2000000000", "too many"]),
