@@ -9,7 +9,6 @@
 // model_backward, ...), and the training loop is written once over them. Built by nvcc when the
 // CUDA toolkit is installed; without it, the same file compiles as plain C++ (g++ -x c++) and
 // holds the CPU backend only.
-#include <dirent.h>
 #include <omp.h>
 #include <signal.h>
 #include <algorithm>
@@ -118,15 +117,17 @@ static void gpu_carve(GpuModel& g, Arena& a) {
     g.segments = a.take<ParamSegment>(g.num_segments);
 }
 
-// The sizes everything is carved to.
-static void gpu_set_shape(GpuModel& g, const ModelConfig& c, int max_B, int max_T) {
+// The sizes everything is carved to; returns the AdamW segments (g.num_segments of them).
+static std::vector<ParamSegment> gpu_set_shape(GpuModel& g, const ModelConfig& c, int max_B, int max_T) {
     g.cfg = c;
     g.max_B = max_B;
     g.max_T = max_T;
     g.Vp = (c.vocab_size + 127) / 128 * 128;
     g.P = num_parameters(c);
     g.stats_layout = telemetry_layout(c);
-    g.num_segments = (int)adamw_segments(c).size();
+    std::vector<ParamSegment> segments = adamw_segments(c);
+    g.num_segments = (int)segments.size();
+    return segments;
 }
 
 // Device memory the model needs (weights, gradients, AdamW state, bf16 weights; then the
@@ -149,8 +150,7 @@ static double memory_available(const GpuModel&) {
 static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T) {
     if (c.head_dim != 64 && c.head_dim != 128) fail("the CUDA backend supports head_dim 64 and 128, not %d", c.head_dim);
     if (c.d_ff % 8 != 0) fail("the CUDA backend needs d_ff to be a multiple of 8 (got %d)", c.d_ff);
-    gpu_set_shape(g, c, max_B, max_T);
-    std::vector<ParamSegment> segments = adamw_segments(c);
+    std::vector<ParamSegment> segments = gpu_set_shape(g, c, max_B, max_T);
     cudaCheck(cudaStreamCreate(&g.stream));
     matmul_init(g.mm);
 
@@ -513,19 +513,13 @@ static void load_weights(Model& m, Run& r, int* start_step, long long* data_posi
     model_upload(m);
 }
 
-// The names of the checkpoint files in `dir` that start with `prefix` and end with `suffix`, sorted.
+// The names in `dir` (sorted) that start with `prefix` and end with `suffix`.
 static std::vector<std::string> files_in(const std::string& dir, const std::string& prefix, const std::string& suffix) {
     std::vector<std::string> names;
-    if (DIR* d = opendir(dir.c_str())) {
-        while (dirent* e = readdir(d)) {
-            std::string n = e->d_name;
-            if (n.size() >= prefix.size() + suffix.size() && n.compare(0, prefix.size(), prefix) == 0 &&
-                n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0)
-                names.push_back(n);
-        }
-        closedir(d);
-    }
-    std::sort(names.begin(), names.end());
+    for (const std::string& n : list_dir(dir))
+        if (n.size() >= prefix.size() + suffix.size() && n.compare(0, prefix.size(), prefix) == 0 &&
+            n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0)
+            names.push_back(n);
     return names;
 }
 

@@ -16,9 +16,7 @@
 #include <unistd.h>
 #ifdef FAIL_THROWS
 #include <stdexcept>
-#endif
 
-#ifdef FAIL_THROWS
 // Built with -DFAIL_THROWS (the fuzzing harnesses of test/fuzz), fail() throws this instead of
 // printing and exiting, so that a rejected input ends as a caught exception; what() is the line
 // without "error: ". Every other build prints the line and exits with status 1.
