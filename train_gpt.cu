@@ -507,7 +507,10 @@ static void load_weights(Model& m, Run& r, int* start_step, long long* data_posi
             r.changes = schedule_changes(info.schedule, training_schedule(r));
             if (!r.changes.empty() && !o.allow_changes)
                 fail("options %s differ from the run of %s; resume with its options, or add --allow-changes 1 to go on "
-                     "with these (the run log records the change)", r.changes.c_str(), r.ckpt.c_str());
+                     "with these (the run log records the change)%s", r.changes.c_str(), r.ckpt.c_str(),
+                     r.changes.find("--threads") == std::string::npos ? "" :
+                     "; another thread count changes the last bits of the CPU's float sums, so the run would not "
+                     "repeat an uninterrupted one bit for bit");
         }
     }
     model_upload(m);
@@ -521,6 +524,23 @@ static std::vector<std::string> files_in(const std::string& dir, const std::stri
             n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0)
             names.push_back(n);
     return names;
+}
+
+// A new run into a directory that already holds a run log: when that run left a checkpoint, it can
+// be resumed and is refused here; when it left none (killed before its first one), nothing can
+// resume it, so its log is kept under a dated name and the new run starts its own.
+static void set_aside_unresumable_log(const std::string& out_dir, const std::string& log_path) {
+    std::vector<std::string> ckpts = files_in(out_dir, "model", ".ckpt");
+    if (!ckpts.empty()) {
+        std::sort(ckpts.begin(), ckpts.end());  // model.ckpt, the final one, sorts first
+        if (ckpts.front() != "model.ckpt") std::swap(ckpts.front(), ckpts.back());
+        fail("%s: a run log is already there; resume it (-r %s/%s) or choose another output directory (-o)",
+             log_path.c_str(), out_dir.c_str(), ckpts.front().c_str());
+    }
+    std::string kept = out_dir + "/" + utc_time("run-%Y%m%d-%H%M%S.attnlog");
+    for (int n = 2; file_exists(kept); n++) kept = out_dir + "/" + utc_time("run-%Y%m%d-%H%M%S") + strprintf("-%d.attnlog", n);
+    if (rename(log_path.c_str(), kept.c_str()) != 0) fail("%s: cannot rename it to %s: %s", log_path.c_str(), kept.c_str(), strerror(errno));
+    printf("%s holds a run that left no checkpoint; kept as %s\n", log_path.c_str(), kept.c_str());
 }
 
 // The output directory (absolute) and the run log: a new log, or the resumed run's, appended to.
@@ -543,7 +563,7 @@ static RunLog open_run_log(Run& r, int start_step, std::string* log_path) {
     run.backend = r.on_gpu ? "cuda" : "cpu";
     run.device = r.device_name;
     if (!o.resume_ckpt.empty() && file_exists(*log_path)) return runlog_open_append(*log_path, run, start_step, r.changes);
-    if (file_exists(*log_path)) fail("%s: a run log is already there; choose another output directory (-o) or resume (-r)", log_path->c_str());
+    if (file_exists(*log_path)) set_aside_unresumable_log(o.out_dir, *log_path);
     RunLog log = runlog_create(*log_path, run);
     if (!o.resume_ckpt.empty())  // a resumed run in a new directory: its log says where it began
         runlog_note(log, start_step, strprintf("resumed from step %d of the run of %s", start_step, absolute_path(r.ckpt).c_str()) +

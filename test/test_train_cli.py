@@ -152,6 +152,8 @@ def test_resume_with_other_training_options(full_run, data, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     notes = attnlog.open_log(run_dir / "run.attnlog").notes()
     assert any("changed options: -l (--lr) 0.003 -> 0.01" in text for _, text in notes)
+    threads = [a if a != "2" or args[i - 1] != "--threads" else "1" for i, a in enumerate(args) if a not in ("-l", "0.01")]
+    assert_one_line_error(run(threads), "--threads 2 -> 1", "would not repeat an uninterrupted one bit for bit")
 
 
 def test_keep_the_latest_checkpoints(data, tmp_path):
@@ -318,8 +320,27 @@ def test_checkpoint_that_does_not_match(full_run, data, tmp_path):
 def test_existing_run_is_not_overwritten(full_run, data):
     out, _ = full_run
     before = (out / "run.attnlog").read_bytes()
-    assert_one_line_error(train(data, out, "-x", "2"), "run.attnlog", "already there")
+    assert_one_line_error(train(data, out, "-x", "2"), "run.attnlog", "already there", f"-r {out}/model.ckpt")
     assert (out / "run.attnlog").read_bytes() == before
+
+
+def test_restart_after_a_kill_before_the_first_checkpoint(data, tmp_path):
+    """A run killed before it wrote a checkpoint cannot be resumed; the same command starts again in
+    the same directory and keeps the dead run's log, byte for byte, under a dated name."""
+    out = tmp_path / "run"
+    proc = start_training(data, out, "-x", "100000", "-b", "64", "-s", "1", "-g", "0")
+    wait_for_step(proc, 2)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert not list(out.glob("*.ckpt"))
+    dead = (out / "run.attnlog").read_bytes()
+    r = train(data, out, "-x", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    kept = list(out.glob("run-*.attnlog"))
+    assert len(kept) == 1 and kept[0].read_bytes() == dead and f"kept as {kept[0]}" in r.stdout
+    assert list(attnlog.open_log(out / "run.attnlog").scalars("loss")[0]) == [0, 1]
+    partial = train(data, out, "-x", "2")  # now there is a checkpoint to resume: refused again
+    assert_one_line_error(partial, "already there", f"-r {out}/model.ckpt")
 
 
 def test_nan_loss_stops_cleanly(data, tmp_path):
