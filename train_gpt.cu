@@ -68,7 +68,8 @@ struct GpuModel {
     double* norm_partial;
     float* grad_norm;
     ParamSegment* segments;
-    int num_segments = 0;
+    int max_segments = 0, num_segments = 0;  // room carved; in use (the frozen kinds have none)
+    uint32_t frozen = 0;                      // parameter kinds held fixed (config.h's frozen_kinds)
     // On the host: pinned buffers the device copies into, the statistics' host share (effective
     // ranks) running beside the backward pass, and the host copy of the weights and AdamW state.
     float *stats_host = nullptr, *losses_host = nullptr;
@@ -114,20 +115,27 @@ static void gpu_carve(GpuModel& g, Arena& a) {
     g.buckets = a.take<int>(3 * N + 1);
     g.norm_partial = a.take<double>(kNormBlocks);
     g.grad_norm = a.take<float>(1);
-    g.segments = a.take<ParamSegment>(g.num_segments);
+    g.segments = a.take<ParamSegment>(g.max_segments);
 }
 
-// The sizes everything is carved to; returns the AdamW segments (g.num_segments of them).
-static std::vector<ParamSegment> gpu_set_shape(GpuModel& g, const ModelConfig& c, int max_B, int max_T) {
+// The sizes everything is carved to.
+static void gpu_set_shape(GpuModel& g, const ModelConfig& c, int max_B, int max_T) {
     g.cfg = c;
     g.max_B = max_B;
     g.max_T = max_T;
     g.Vp = (c.vocab_size + 127) / 128 * 128;
     g.P = num_parameters(c);
     g.stats_layout = telemetry_layout(c);
-    std::vector<ParamSegment> segments = adamw_segments(c);
+    g.max_segments = P_NUM_KINDS * c.n_layer + 2;  // one per tensor, the most any frozen set leaves
+}
+
+// Holds the parameter kinds in `asked` (and those the variant leaves unused) fixed from now on:
+// AdamW gets the segments of the others only.
+static void model_freeze(GpuModel& g, uint32_t asked) {
+    g.frozen = frozen_kinds(g.cfg, asked);
+    std::vector<ParamSegment> segments = adamw_segments(g.cfg, g.frozen);
     g.num_segments = (int)segments.size();
-    return segments;
+    cudaCheck(cudaMemcpy(g.segments, segments.data(), segments.size() * sizeof(ParamSegment), cudaMemcpyHostToDevice));
 }
 
 // Device memory the model needs (weights, gradients, AdamW state, bf16 weights; then the
@@ -150,7 +158,7 @@ static double memory_available(const GpuModel&) {
 static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T) {
     if (c.head_dim != 64 && c.head_dim != 128) fail("the CUDA backend supports head_dim 64 and 128, not %d", c.head_dim);
     if (c.d_ff % 8 != 0) fail("the CUDA backend needs d_ff to be a multiple of 8 (got %d)", c.d_ff);
-    std::vector<ParamSegment> segments = gpu_set_shape(g, c, max_B, max_T);
+    gpu_set_shape(g, c, max_B, max_T);
     cudaCheck(cudaStreamCreate(&g.stream));
     matmul_init(g.mm);
 
@@ -175,7 +183,7 @@ static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T) 
         }
     cudaCheck(cudaMemcpy(g.rope_cos, cs.data(), cs.size() * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(g.rope_sin, sn.data(), sn.size() * sizeof(float), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(g.segments, segments.data(), segments.size() * sizeof(ParamSegment), cudaMemcpyHostToDevice));
+    model_freeze(g, 0);
     cudaCheck(cudaMallocHost(&g.stats_host, g.stats_layout.total * sizeof(float)));
     cudaCheck(cudaMallocHost(&g.grams_host, g.stats_layout.gram_doubles * sizeof(double)));
     cudaCheck(cudaMallocHost(&g.losses_host, (size_t)max_B * max_T * sizeof(float)));
@@ -245,7 +253,8 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
         rmsnorm_forward(la.ln1, la.ln1_rstd, x, gpu_param(g, P_ATTN_NORM, l), N, C, c.norm_eps, s);
         matmul_forward(g.mm, la.qkv, la.ln1, gpu_param(g, P_WQ, l), nullptr, N, C, QKV, s);  // [Wq; Wk; Wv] in one product
         qk_norm_rope_forward(la.qk_rope, tm ? la.qk_normed : nullptr, la.qk_rstd, la.qkv, gpu_param(g, P_Q_GAIN, l),
-                             gpu_param(g, P_K_GAIN, l), g.rope_cos, g.rope_sin, N, T, H, Hkv, D, c.norm_eps, s);
+                             gpu_param(g, P_K_GAIN, l), g.rope_cos, g.rope_sin, N, T, H, Hkv, D, c.norm_eps,
+                             c.qk_norm != QK_NORM_NONE, s);
         attention_forward(la.atty, la.att_lse, tm ? la.row_stats : nullptr, la.qk_rope, la.qkv, B, T, H, Hkv, D, s);
         if (tm)
             telemetry_layer(g.stats, g.grams, g.stats_layout, g.stats_partial, a.keys_f64, g.mm, la.qk_normed, la.row_stats,
@@ -311,13 +320,18 @@ static void model_backward(GpuModel& g, const int* tokens, const int* targets, f
         attention_backward(a.dqk, a.dqkv, a.att_delta, a.datty, la.atty, la.att_lse, la.qk_rope, la.qkv, B, T, H, Hkv, D, s);
         qk_norm_rope_backward(a.dqkv, gpu_grad(g, P_Q_GAIN, l), gpu_grad(g, P_K_GAIN, l), g.dgain_scratch, a.dqk, la.qkv,
                               la.qk_rstd, gpu_param(g, P_Q_GAIN, l), gpu_param(g, P_K_GAIN, l), g.rope_cos, g.rope_sin, N,
-                              T, H, Hkv, D, s);
+                              T, H, Hkv, D, c.qk_norm != QK_NORM_NONE, s);
         matmul_backward(g.mm, a.dln, gpu_grad(g, P_WQ, l), a.dqkv, la.ln1, gpu_param(g, P_WQ, l), N, C, QKV, s);
         rmsnorm_backward(a.dres, gpu_grad(g, P_ATTN_NORM, l), g.dgain_scratch, a.dln, x, la.ln1_rstd,
                          gpu_param(g, P_ATTN_NORM, l), N, C, s);
     }
     group_positions_by_token(g.host_buckets, tokens, N, V);
     embedding_backward(gpu_grad(g, P_WTE), a.dres, g.host_buckets, g.buckets, N, C, s);
+    // Frozen parameters have no gradient: they stay out of the gradient norm.
+    for (int kind = 0; kind < P_NUM_KINDS; kind++)
+        if (g.frozen & param_kind_bit(kind))
+            for (int l = 0; l < (param_is_per_layer(kind) ? L : 1); l++)
+                cudaCheck(cudaMemsetAsync(gpu_grad(g, kind, l), 0, param_numel(c, kind) * sizeof(float), s));
 }
 
 // Returns once the statistics of the last forward pass with statistics are complete.
@@ -376,6 +390,7 @@ struct Run {
     std::string ckpt;  // the checkpoint of -r or -e
     std::string changes;  // -r: the training options that differ from the checkpoint's run
     ModelConfig c;
+    uint32_t frozen = 0;  // the parameter kinds held fixed: --freeze and those the variant leaves unused
     int B = 0, T = 0, accum = 0;  // micro-batch and micro-batches per step
     DataLoader train, val;
     bool have_val = false;
@@ -417,6 +432,9 @@ static void prepare_data_and_config(Run& r) {
     if (r.have_tokenizer) tokenizer_load(&r.tok, o.tokenizer);
     r.ckpt = o.resume_ckpt.empty() ? o.init_ckpt : o.resume_ckpt;
     r.c = resolve_config(o, r.given, r.have_tokenizer ? tokenizer_vocab_size(&r.tok) : 0, r.ckpt);
+    std::string unknown;
+    parse_param_kinds(o.freeze, &r.frozen, &unknown);  // checked by parse_options
+    r.frozen = frozen_kinds(r.c, r.frozen);
     const ModelConfig& c = r.c;
     int T = o.seq_len ? o.seq_len : c.max_seq_len, B = o.batch;
     if (T > c.max_seq_len) fail("option -t (--seq-len) %d is above the model's max_seq_len %d", T, c.max_seq_len);
@@ -443,7 +461,8 @@ static void prepare_data_and_config(Run& r) {
 
 static TrainingSchedule training_schedule(const Run& r) {
     const Options& o = r.o;
-    return {o.lr, o.lr_floor, o.weight_decay, o.clip, o.beta1, o.beta2, o.warmup, o.steps, r.on_gpu ? 0 : r.threads};
+    return {o.lr, o.lr_floor, o.weight_decay, o.clip, o.beta1, o.beta2, o.warmup, o.steps, r.on_gpu ? 0 : r.threads,
+            r.frozen};
 }
 
 // The training options of this run that differ from those of the checkpoint's, as
@@ -463,6 +482,9 @@ static std::string schedule_changes(const TrainingSchedule& was, const TrainingS
     differ("-u (--warmup)", was.warmup, now.warmup);
     differ("-x (--steps)", was.steps, now.steps);
     if (was.cpu_threads && now.cpu_threads) differ("--threads", was.cpu_threads, now.cpu_threads);
+    if (was.frozen != now.frozen)
+        changes += strprintf("%s--freeze %s -> %s", changes.empty() ? "" : ", ", param_kinds_text(was.frozen).c_str(),
+                             param_kinds_text(now.frozen).c_str());
     return changes;
 }
 
@@ -513,7 +535,9 @@ static void load_weights(Model& m, Run& r, int* start_step, long long* data_posi
                      "repeat an uninterrupted one bit for bit");
         }
     }
+    hold_unused_gains(r.c, h.params);
     model_upload(m);
+    model_freeze(m, r.frozen);
 }
 
 // The names in `dir` (sorted) that start with `prefix` and end with `suffix`.
@@ -574,8 +598,10 @@ static RunLog open_run_log(Run& r, int start_step, std::string* log_path) {
 static void print_run_summary(const Run& r) {
     const ModelConfig& c = r.c;
     const Options& o = r.o;
-    printf("model: %d layers, %d heads (%d key/value), head_dim %d, d_model %d, d_ff %d, vocab %d: %.2fM parameters\n",
-           c.n_layer, c.n_head, c.n_kv_head, c.head_dim, c.d_model, c.d_ff, c.vocab_size, num_parameters(c) / 1e6);
+    printf("model: %d layers, %d heads (%d key/value), head_dim %d, d_model %d, d_ff %d, vocab %d, qk-norm %s: %.2fM "
+           "parameters\n", c.n_layer, c.n_head, c.n_kv_head, c.head_dim, c.d_model, c.d_ff, c.vocab_size,
+           kQkNormNames[c.qk_norm], num_parameters(c) / 1e6);
+    if (r.frozen) printf("frozen: %s\n", param_kinds_text(r.frozen).c_str());
     printf("training: %d steps of %d tokens (batch %d x seq %d, %d micro-batch%s), lr %g, stats every %d steps\n",
            o.steps, o.total_batch, r.B, r.T, r.accum, r.accum > 1 ? "es" : "", o.lr, o.stats_every);
     printf("data: %s (%lld tokens)%s%s\n", o.train_pattern.c_str(), r.train.total_tokens,

@@ -43,11 +43,12 @@ struct ParamSegment {
     int decay;
 };
 
-// The parameter layout of config.h as the fewest segments: consecutive tensors with the same
-// weight decay flag merged.
-inline std::vector<ParamSegment> adamw_segments(const ModelConfig& c) {
+// The parameter layout of config.h without the frozen kinds, as the fewest segments: consecutive
+// tensors with the same weight decay flag merged.
+inline std::vector<ParamSegment> adamw_segments(const ModelConfig& c, uint32_t frozen) {
     std::vector<ParamSegment> segs, merged;
     for (int kind = 0; kind < P_NUM_KINDS; kind++) {
+        if (frozen & param_kind_bit(kind)) continue;
         int layers = param_is_per_layer(kind) ? c.n_layer : 1;
         for (int l = 0; l < layers; l++)
             segs.push_back({(long long)param_offset(c, kind, l), (long long)param_numel(c, kind), param_is_matrix(kind) ? 1 : 0});

@@ -9,7 +9,9 @@
 //   88 u32 CRC-32 of the payload        92 u32 CRC-32 of header bytes [0, 92) and [96, 256)
 //   96 i32 x 4  the run's batch, seq_len, total_batch, shuffle    112 i64 the run's seed
 //               (what the data order depends on; zero when not recorded)
-//   120..255 zero
+//   120 f32 x 6, i32 x 3  the run's schedule (TrainingSchedule, zero when not recorded)
+//   156 i32 qk_norm (config.h's QkNorm)   160 u32 the run's frozen parameter kinds (config.h)
+//   164..255 zero
 //   256 payload: params[P] (then m[P], v[P] when flag bit 0)
 // Files are written to "<path>.tmp" and renamed, so a crash never leaves a half-written checkpoint
 // under the real name.
@@ -43,6 +45,7 @@ struct TrainingSchedule {
     float lr = 0, lr_floor = 0, weight_decay = 0, clip = 0, beta1 = 0, beta2 = 0;
     int32_t warmup = 0, steps = 0;
     int32_t cpu_threads = 0;  // CPU runs: the threads (float sums may depend on them); 0 on the GPU
+    uint32_t frozen = 0;      // parameter kinds held fixed (--freeze, and the gains a variant leaves unused)
 };
 
 struct CheckpointInfo {
@@ -88,6 +91,8 @@ inline void checkpoint_write(const std::string& path, const CheckpointInfo& info
     int32_t sched_ints[3] = {t.warmup, t.steps, t.cpu_threads};
     memcpy(h + 120, sched, sizeof sched);
     memcpy(h + 144, sched_ints, sizeof sched_ints);
+    put32(156, (uint32_t)c.qk_norm);
+    put32(160, t.frozen);
     put32(92, header_crc(h));
     AtomicFile f = atomic_open(path);
     atomic_write(f, h, sizeof h);
@@ -154,6 +159,10 @@ inline CheckpointInfo checkpoint_read_header(const std::string& path) {
     memcpy(sched, h + 120, sizeof sched);
     memcpy(sched_ints, h + 144, sizeof sched_ints);
     info.schedule = {sched[0], sched[1], sched[2], sched[3], sched[4], sched[5], sched_ints[0], sched_ints[1], sched_ints[2]};
+    memcpy(&c.qk_norm, h + 156, 4);
+    memcpy(&info.schedule.frozen, h + 160, 4);
+    if (info.schedule.frozen & ~kAllParamKinds)
+        fail("%s: checkpoint's frozen parameter mask 0x%x names kinds that do not exist", path.c_str(), info.schedule.frozen);
     std::string err = config_error(c);
     if (!err.empty()) fail("%s: checkpoint holds an impossible configuration: %s", path.c_str(), err.c_str());
     if (info.step < 0 || info.step > INT32_MAX) fail("%s: checkpoint step %lld is out of range", path.c_str(), (long long)info.step);

@@ -12,6 +12,13 @@
 #include "rand.h"
 #include "utils.h"
 
+// How the queries and keys of each head are normalised before RoPE (--qk-norm): RMSNorm with a
+// learnable gain per component (the default, the model of the research reports), RMSNorm without
+// one (the gains stay in the parameter layout, held at 1 and never trained), or not at all (the
+// classic GPT; the gains are likewise unused).
+enum QkNorm { QK_NORM_GAIN = 0, QK_NORM_PLAIN = 1, QK_NORM_NONE = 2, QK_NORM_NUM };
+static const char* const kQkNormNames[QK_NORM_NUM] = {"gain", "plain", "none"};
+
 struct ModelConfig {
     int vocab_size = 8192;  // V
     int n_layer = 6;        // L
@@ -23,6 +30,7 @@ struct ModelConfig {
     int max_seq_len = 256;  // longest sequence the model is trained for
     float rope_theta = 10000.0f;
     float norm_eps = 1e-5f;
+    int qk_norm = QK_NORM_GAIN;
 
     int qkv_dim() const { return (n_head + 2 * n_kv_head) * head_dim; }  // rows of [Wq; Wk; Wv]
     int group_size() const { return n_head / n_kv_head; }  // query heads per key/value head
@@ -88,6 +96,7 @@ inline std::string config_error(const ModelConfig& c) {
     if (c.max_seq_len < 1) return strprintf("max_seq_len %d must be at least 1", c.max_seq_len);
     if (!(c.rope_theta > 1.0f) || !std::isfinite(c.rope_theta)) return "rope_theta must be a finite number greater than 1";
     if (!(c.norm_eps > 0.0f) || !std::isfinite(c.norm_eps)) return "norm_eps must be a finite positive number";
+    if (c.qk_norm < 0 || c.qk_norm >= QK_NORM_NUM) return strprintf("qk_norm %d is not 0 (gain), 1 (plain) or 2 (none)", c.qk_norm);
     return "";
 }
 
@@ -158,6 +167,54 @@ inline size_t param_offset(const ModelConfig& c, int kind, int l = 0) {
     size_t off = wte + (size_t)l * layer_numel(c);
     for (int k = P_ATTN_NORM; k < kind; k++) off += param_numel(c, k);
     return off;
+}
+
+// Frozen parameters: a bit mask over ParamKind (bit k: every tensor of kind k). They keep their
+// values: no update, no weight decay, no part in the gradient norm.
+inline uint32_t param_kind_bit(int kind) { return 1u << kind; }
+static const uint32_t kAllParamKinds = (1u << P_NUM_KINDS) - 1;
+
+// The kinds frozen in a run: those asked for, and the gains a --qk-norm variant without gains
+// holds at 1.
+inline uint32_t frozen_kinds(const ModelConfig& c, uint32_t asked) {
+    return asked | (c.qk_norm == QK_NORM_GAIN ? 0u : param_kind_bit(P_Q_GAIN) | param_kind_bit(P_K_GAIN));
+}
+
+// "k_gain,q_gain" as a mask (an empty string: no kind). Returns false, with *unknown set to the
+// word, when a word is not a parameter kind.
+inline bool parse_param_kinds(const std::string& names, uint32_t* mask, std::string* unknown) {
+    *mask = 0;
+    if (names.empty()) return true;
+    for (size_t start = 0, end; start <= names.size(); start = end + 1) {
+        end = names.find(',', start);
+        if (end == std::string::npos) end = names.size();
+        std::string word = names.substr(start, end - start);
+        int kind = 0;
+        while (kind < P_NUM_KINDS && word != kParamNames[kind]) kind++;
+        if (kind == P_NUM_KINDS) {
+            *unknown = word;
+            return false;
+        }
+        *mask |= param_kind_bit(kind);
+    }
+    return true;
+}
+
+// The kinds of a mask as "q_gain,k_gain" (layout order), or "none".
+inline std::string param_kinds_text(uint32_t mask) {
+    std::string text;
+    for (int kind = 0; kind < P_NUM_KINDS; kind++)
+        if (mask & param_kind_bit(kind)) text += (text.empty() ? "" : ",") + std::string(kParamNames[kind]);
+    return text.empty() ? "none" : text;
+}
+
+// The variants without gains compute with gains of 1: their gains are set to 1 wherever weights
+// come in, so that every path (both backends, the checkpoint, the reference) sees the same model.
+inline void hold_unused_gains(const ModelConfig& c, float* params) {
+    if (c.qk_norm == QK_NORM_GAIN) return;
+    for (int l = 0; l < c.n_layer; l++)
+        for (int kind : {P_Q_GAIN, P_K_GAIN})
+            for (size_t i = 0; i < param_numel(c, kind); i++) params[param_offset(c, kind, l) + i] = 1.0f;
 }
 
 // Initialisation of model.md: matrices ~ N(0, 0.02), the output projections wo and w2 with the

@@ -36,6 +36,8 @@ HD float rmsnorm_out(float x, float r, float g) { return x * r * g; }
 
 // Backward, with xhat = x r: dx_i = r (g_i dy_i - xhat_i m), where m = mean_i g_i dy_i xhat_i
 // is the mean of rmsnorm_dot_term over the row; the gain's gradient sums dy_i xhat_i over rows.
+// With r = 1 and m = 0 the norm is the identity times g, forward and backward: the path of
+// --qk-norm none, which has no normalisation.
 HD float rmsnorm_dot_term(float g, float dy, float x, float r) { return g * dy * x * r; }
 
 HD float rmsnorm_dx(float g, float dy, float x, float r, float mean_dot) { return r * (g * dy - x * r * mean_dot); }

@@ -39,6 +39,7 @@ struct CpuModel {
     Activations<float> acts;
     std::unique_ptr<char[]> act_memory;
     int B = 0, T = 0;  // shape of the last forward pass
+    uint32_t frozen = 0;  // parameter kinds held fixed (config.h's frozen_kinds)
 };
 
 inline float* param_ptr(CpuModel& m, int kind, int l = 0) { return m.params.data() + param_offset(m.cfg, kind, l); }
@@ -53,6 +54,7 @@ inline void model_init(CpuModel& m, const ModelConfig& cfg, int max_B, int max_T
     m.grads.assign(P, 0.0f);
     m.adam_m.assign(P, 0.0f);
     m.adam_v.assign(P, 0.0f);
+    m.frozen = frozen_kinds(cfg, 0);
     int D = cfg.head_dim, half = D / 2;
     m.rope_cos.resize((size_t)cfg.max_seq_len * half);
     m.rope_sin.resize((size_t)cfg.max_seq_len * half);
@@ -69,6 +71,9 @@ inline void model_init(CpuModel& m, const ModelConfig& cfg, int max_B, int max_T
     Arena block{(char*)(((uintptr_t)m.act_memory.get() + 255) / 256 * 256)};
     carve_activations(m.acts, dims, Where::CPU, block);
 }
+
+// Holds the parameter kinds in `asked` (and those the variant leaves unused) fixed from now on.
+inline void model_freeze(CpuModel& m, uint32_t asked) { m.frozen = frozen_kinds(m.cfg, asked); }
 
 // Memory the model needs (weights, gradients, AdamW state; then the activations of a B x T
 // micro-batch), to check before model_init allocates it.
@@ -146,7 +151,8 @@ inline void rmsnorm_backward(float* dx, float* dg, const float* dy, const float*
     }
 }
 
-// Per-head RMSNorm of the queries and keys with their gains, then RoPE. Reads the raw
+// Per-head RMSNorm of the queries and keys with their gains, then RoPE (--qk-norm none: no
+// norm, rstd 1; plain: the gains are 1, config.h's hold_unused_gains). Reads the raw
 // projections in qkv [N, QKV] (queries, keys, values side by side), writes their RoPE rotations
 // qk_rope [N, H+Hkv, D] and the rstds; when qk_normed is not null, also the normalised vectors
 // before RoPE (the point the key statistics measure), [N, H+Hkv, D].
@@ -154,6 +160,7 @@ inline void qk_norm_rope_forward(float* qk_normed, float* qk_rope, float* qk_rst
                                  const float* g_q, const float* g_k, const float* rope_cos,
                                  const float* rope_sin, int B, int T, const ModelConfig& c) {
     int D = c.head_dim, half = D / 2, NH = c.n_head + c.n_kv_head, QKV = c.qkv_dim();
+    bool normalise = c.qk_norm != QK_NORM_NONE;
 #pragma omp parallel for collapse(2)
     for (int n = 0; n < B * T; n++) {
         for (int h = 0; h < NH; h++) {
@@ -162,7 +169,7 @@ inline void qk_norm_rope_forward(float* qk_normed, float* qk_rope, float* qk_rst
             const float* g = h < c.n_head ? g_q : g_k;
             float ss = 0.0f;
             for (int i = 0; i < D; i++) ss += x[i] * x[i];
-            float r = rmsnorm_rstd(ss, D, c.norm_eps);
+            float r = normalise ? rmsnorm_rstd(ss, D, c.norm_eps) : 1.0f;
             qk_rstd[(size_t)n * NH + h] = r;
             float* y = qk_normed ? qk_normed + ((size_t)n * NH + h) * D : nullptr;
             float* z = qk_rope + ((size_t)n * NH + h) * D;
@@ -186,6 +193,7 @@ inline void qk_norm_rope_backward(float* dqkv, float* dg_q, float* dg_k, const f
                                   const ModelConfig& c) {
     int D = c.head_dim, half = D / 2, NH = c.n_head + c.n_kv_head, QKV = c.qkv_dim();
     int N = B * T;
+    bool normalise = c.qk_norm != QK_NORM_NONE;
     // dy = gradient before RoPE, kept in a per-thread row; dx through the norm.
 #pragma omp parallel
     {
@@ -201,7 +209,7 @@ inline void qk_norm_rope_backward(float* dqkv, float* dg_q, float* dg_k, const f
                 const float* g = h < c.n_head ? g_q : g_k;
                 float r = qk_rstd[(size_t)n * NH + h], dot = 0.0f;
                 for (int i = 0; i < D; i++) dot += rmsnorm_dot_term(g[i], dy[i], x[i], r);
-                dot /= D;
+                dot = normalise ? dot / D : 0.0f;
                 float* dx = dqkv + (size_t)n * QKV + (size_t)h * D;
                 for (int i = 0; i < D; i++) dx[i] = rmsnorm_dx(g[i], dy[i], x[i], r, dot);
             }
@@ -554,6 +562,11 @@ inline void model_backward(CpuModel& m, const int* tokens, const int* targets, f
         const float* d = a.dres + (size_t)n * C;
         for (int i = 0; i < C; i++) row[i] += d[i];
     }
+    // Frozen parameters have no gradient: they stay out of the gradient norm.
+    for (int kind = 0; kind < P_NUM_KINDS; kind++)
+        if (m.frozen & param_kind_bit(kind))
+            for (int l = 0; l < (param_is_per_layer(kind) ? L : 1); l++)
+                std::fill_n(grad_ptr(m, kind, l), param_numel(c, kind), 0.0f);
 }
 
 inline void model_zero_grad(CpuModel& m) { std::fill(m.grads.begin(), m.grads.end(), 0.0f); }
@@ -587,6 +600,7 @@ inline void model_adamw_step(CpuModel& m, const AdamWSettings& o, int t, float g
     float grad_scale = clip_scale(grad_norm, clip);
     float bc1 = 1.0f - powf(o.beta1, (float)t), bc2 = 1.0f - powf(o.beta2, (float)t);
     for (int kind = 0; kind < P_NUM_KINDS; kind++) {
+        if (m.frozen & param_kind_bit(kind)) continue;
         int layers = param_is_per_layer(kind) ? c.n_layer : 1;
         float wd = param_is_matrix(kind) ? o.weight_decay : 0.0f;
         long long n = (long long)param_numel(c, kind);

@@ -16,7 +16,7 @@
 
 struct Options {
     std::string train_pattern, val_pattern, tokenizer, out_dir, init_ckpt, resume_ckpt;
-    std::string preset = "d6", device = "auto", data_dir = "data/brown";
+    std::string preset = "d6", device = "auto", data_dir = "data/brown", qk_norm = "gain", freeze;
     int n_layer = 0, n_head = 0, n_kv_head = 0, head_dim = 0, d_ff = 0, max_seq_len = 0, vocab_size = 0;
     float rope_theta = 10000.0f, norm_eps = 1e-5f;
     int batch = 4, seq_len = 0, total_batch = 0, steps = 800, warmup = 40;
@@ -55,9 +55,11 @@ static const OptSpec kOptions[] = {
     OPT("", "--vocab-size", OPT_INT, vocab_size, "vocabulary size (default: the tokenizer's; required for shards without one)"),
     OPT("", "--rope-theta", OPT_FLOAT, rope_theta, "RoPE base"),
     OPT("", "--norm-eps", OPT_FLOAT, norm_eps, "epsilon inside every RMSNorm"),
+    OPT("", "--qk-norm", OPT_STR, qk_norm, "how each query and key head is normalised before RoPE: gain (RMSNorm with learnable gains), plain (RMSNorm, no gains), none"),
+    OPT("", "--freeze", OPT_STR, freeze, "parameter kinds kept at their initial or loaded values, comma-separated (e.g. k_gain or q_gain,k_gain)"),
     OPT("-e", "--init", OPT_STR, init_ckpt, "start from the weights of this checkpoint (optimiser state fresh)"),
     OPT("-r", "--resume", OPT_STR, resume_ckpt, "resume this checkpoint's run: weights, AdamW state, step, data position, log"),
-    OPT("", "--allow-changes", OPT_INT, allow_changes, "1: let -r go on with training options (-l -u -q -x -c --clip --beta1 --beta2, CPU threads) other than the checkpoint's run had; the log records them"),
+    OPT("", "--allow-changes", OPT_INT, allow_changes, "1: let -r go on with training options (-l -u -q -x -c --clip --beta1 --beta2 --freeze, CPU threads) other than the checkpoint's run had; the log records them"),
     // optimisation
     OPT("-b", "--batch", OPT_INT, batch, "micro-batch size, in sequences"),
     OPT("-t", "--seq-len", OPT_INT, seq_len, "sequence length (default: max_seq_len)"),
@@ -114,6 +116,12 @@ inline void print_help() {
 
 inline std::string option_label(const OptSpec& s) {
     return s.short_name[0] ? strprintf("%s (%s)", s.short_name, s.long_name) : std::string(s.long_name);
+}
+
+inline int qk_norm_index(const std::string& name) {
+    for (int v = 0; v < QK_NORM_NUM; v++)
+        if (name == kQkNormNames[v]) return v;
+    return -1;
 }
 
 // Fills `given` with the long names of the options on the command line.
@@ -186,6 +194,12 @@ inline Options parse_options(int argc, char** argv, std::set<std::string>& given
     need(o.allow_changes == 0 || o.allow_changes == 1, "--allow-changes", "must be 0 or 1");
     need(o.device == "auto" || o.device == "cpu" || o.device == "cuda", "--device", "must be auto, cpu or cuda");
     need(o.init_ckpt.empty() || o.resume_ckpt.empty(), "-e (--init)", "cannot be combined with -r (--resume)");
+    need(qk_norm_index(o.qk_norm) >= 0, "--qk-norm", "must be gain, plain or none");
+    uint32_t frozen;
+    std::string unknown;
+    if (!parse_param_kinds(o.freeze, &frozen, &unknown))
+        fail("option --freeze: '%s' is not a parameter kind (wte, attn_norm, wq, wk, wv, q_gain, k_gain, wo, mlp_norm, "
+             "w1, w3, w2, final_norm)", unknown.c_str());
     return o;
 }
 
@@ -232,6 +246,9 @@ inline ModelConfig resolve_config(const Options& o, const std::set<std::string>&
         if ((given.count("--rope-theta") && o.rope_theta != c.rope_theta) || (given.count("--norm-eps") && o.norm_eps != c.norm_eps))
             fail("option %s does not match the checkpoint %s (rope_theta %g, norm_eps %g)",
                  given.count("--rope-theta") ? "--rope-theta" : "--norm-eps", ckpt.c_str(), c.rope_theta, c.norm_eps);
+        if (given.count("--qk-norm") && qk_norm_index(o.qk_norm) != c.qk_norm)
+            fail("option --qk-norm %s does not match the checkpoint %s, which has %s", o.qk_norm.c_str(), ckpt.c_str(),
+                 kQkNormNames[c.qk_norm]);
         return c;
     }
     const Preset* p = find_preset(o.preset.c_str());
@@ -244,6 +261,7 @@ inline ModelConfig resolve_config(const Options& o, const std::set<std::string>&
     c.d_model = c.n_head * c.head_dim;
     c.rope_theta = o.rope_theta;
     c.norm_eps = o.norm_eps;
+    c.qk_norm = qk_norm_index(o.qk_norm);
     if (tokenizer_vocab && o.vocab_size && o.vocab_size != tokenizer_vocab)
         fail("option --vocab-size %d does not match the tokenizer's %d", o.vocab_size, tokenizer_vocab);
     if (!c.vocab_size) fail("option --vocab-size: needed when the shards have no tokenizer (-k)");

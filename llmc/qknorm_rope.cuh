@@ -1,4 +1,5 @@
-// Per-head RMSNorm of the queries and keys with their gains ("QK-norm"), then RoPE. One warp per
+// Per-head RMSNorm of the queries and keys with their gains ("QK-norm"), then RoPE; with
+// normalise = 0 (--qk-norm none) no norm, rstd 1 (math.h). One warp per
 // (token, head); lane i holds the RoPE pairs (i, i + D/2), (i + 32, i + 32 + D/2), ...
 // On stats steps the forward pass also writes the normalised vectors before RoPE, in float32: the
 // keys at the point the telemetry of telemetry.md measures, without a bf16 rounding.
@@ -13,13 +14,13 @@
 __global__ void qk_norm_rope_forward_kernel(bf16* qk_rope, float* qk_normed, float* qk_rstd, const bf16* qkv,
                                             const bf16* g_q, const bf16* g_k, const float* rope_cos,
                                             const float* rope_sin, int N, int T, int H, int NH, int D, int QKV,
-                                            float eps) {
+                                            float eps, int normalise) {
     int item = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (item >= N * NH) return;
     int n = item / NH, h = item % NH, t = n % T, half = D / 2;
     const bf16* x = qkv + (size_t)n * QKV + (size_t)h * D;
     const bf16* g = h < H ? g_q : g_k;
-    float r = warp_row_rstd(x, D, eps, lane);
+    float r = normalise ? warp_row_rstd(x, D, eps, lane) : 1.0f;
     if (lane == 0) qk_rstd[item] = r;
     bf16* z = qk_rope + (size_t)item * D;
     for (int i = lane; i < half; i += 32) {
@@ -38,11 +39,11 @@ __global__ void qk_norm_rope_forward_kernel(bf16* qk_rope, float* qk_normed, flo
 
 inline void qk_norm_rope_forward(bf16* qk_rope, float* qk_normed, float* qk_rstd, const bf16* qkv, const bf16* g_q,
                                  const bf16* g_k, const float* rope_cos, const float* rope_sin, int N, int T, int H,
-                                 int Hkv, int D, float eps, cudaStream_t s) {
+                                 int Hkv, int D, float eps, bool normalise, cudaStream_t s) {
     const int warps = 8;
     int NH = H + Hkv, QKV = (H + 2 * Hkv) * D;
     qk_norm_rope_forward_kernel<<<ceil_div((long long)N * NH, warps), warps * 32, 0, s>>>(
-        qk_rope, qk_normed, qk_rstd, qkv, g_q, g_k, rope_cos, rope_sin, N, T, H, NH, D, QKV, eps);
+        qk_rope, qk_normed, qk_rstd, qkv, g_q, g_k, rope_cos, rope_sin, N, T, H, NH, D, QKV, eps, normalise);
     cuda_check_launch();
 }
 
@@ -54,7 +55,7 @@ static const int kQkItemsPerBlock = 256;
 __global__ void qk_norm_rope_backward_kernel(bf16* dqkv, float* dg_partial, const bf16* dqk, const bf16* qkv,
                                              const float* qk_rstd, const bf16* g_q, const bf16* g_k,
                                              const float* rope_cos, const float* rope_sin, int N, int T, int H,
-                                             int NH, int D, int QKV) {
+                                             int NH, int D, int QKV, int normalise) {
     extern __shared__ float warp_dg[];  // [warps][2D]
     int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32, half = D / 2;
     float* my_dg = warp_dg + (size_t)warp * 2 * D;
@@ -76,7 +77,7 @@ __global__ void qk_norm_rope_backward_kernel(bf16* dqkv, float* dg_partial, cons
             dot += rmsnorm_dot_term(__bfloat162float(g[i]), dy0, __bfloat162float(x[i]), r) +
                    rmsnorm_dot_term(__bfloat162float(g[i + half]), dy1, __bfloat162float(x[i + half]), r);
         }
-        dot = warp_sum(dot) / D;
+        dot = normalise ? warp_sum(dot) / D : 0.0f;
         bf16* dx = dqkv + (size_t)n * QKV + (size_t)h * D;
         for (int i = lane; i < half; i += 32) {
             float dy0, dy1;
@@ -103,12 +104,13 @@ inline int qk_norm_rope_backward_blocks(int N, int NH) { return ceil_div((long l
 // qk_norm_rope_backward_blocks(N, NH) * 2D floats.
 inline void qk_norm_rope_backward(bf16* dqkv, float* dg_q, float* dg_k, float* scratch, const bf16* dqk, const bf16* qkv,
                                   const float* qk_rstd, const bf16* g_q, const bf16* g_k, const float* rope_cos,
-                                  const float* rope_sin, int N, int T, int H, int Hkv, int D, cudaStream_t s) {
+                                  const float* rope_sin, int N, int T, int H, int Hkv, int D, bool normalise,
+                                  cudaStream_t s) {
     const int warps = 8;
     int NH = H + Hkv, QKV = (H + 2 * Hkv) * D, blocks = qk_norm_rope_backward_blocks(N, NH);
     size_t smem = (size_t)warps * 2 * D * sizeof(float);
     qk_norm_rope_backward_kernel<<<blocks, warps * 32, smem, s>>>(dqkv, scratch, dqk, qkv, qk_rstd, g_q, g_k, rope_cos,
-                                                                  rope_sin, N, T, H, NH, D, QKV);
+                                                                  rope_sin, N, T, H, NH, D, QKV, normalise);
     cuda_check_launch();
     column_sum(dg_q, scratch, blocks, D, 2 * D, s);
     column_sum(dg_k, scratch + D, blocks, D, 2 * D, s);

@@ -63,8 +63,9 @@ static const ConfigField kConfigFields[] = {
     {"head_dim", &ModelConfig::head_dim, nullptr},     {"d_model", &ModelConfig::d_model, nullptr},
     {"d_ff", &ModelConfig::d_ff, nullptr},             {"max_seq_len", &ModelConfig::max_seq_len, nullptr},
     {"rope_theta", nullptr, &ModelConfig::rope_theta}, {"norm_eps", nullptr, &ModelConfig::norm_eps},
+    {"qk_norm", &ModelConfig::qk_norm, nullptr},  // config.h's QkNorm: 0 gain, 1 plain, 2 none
 };
-static_assert(sizeof(ModelConfig) == 8 * sizeof(int) + 2 * sizeof(float),
+static_assert(sizeof(ModelConfig) == 9 * sizeof(int) + 2 * sizeof(float),
               "ModelConfig has changed: list every one of its fields in kConfigFields");
 
 // The step record's fields, in payload order: the arguments of runlog_step.
@@ -516,6 +517,7 @@ inline bool json_equal(const JsonValue* a, const JsonValue* b) {
 inline std::string runlog_config_difference(const JsonValue& logged, const ModelConfig& config) {
     for (const ConfigField& f : kConfigFields) {
         const JsonValue* v = logged.get(f.name);
+        if (!v && f.int_field == &ModelConfig::qk_norm && config.qk_norm == QK_NORM_GAIN) continue;  // logs before variants
         if (!v) return strprintf("the model configuration in the header has no %s", f.name);
         char* end = nullptr;
         bool same = v->kind == JsonValue::NUMBER &&

@@ -1,131 +1,33 @@
 """The PyTorch reference of docs/model.md and docs/telemetry.md.
 
-Plain PyTorch, written to be obviously correct rather than fast: the attention matrix is
-materialised, the statistics are computed from their definitions in float64 (pairwise cosines
-from the full N x N matrix, the effective rank from an SVD). It runs on PyTorch 1.13 on the CPU.
+The model is scripts/model_torch.py; the statistics here are computed from their definitions in
+float64 (pairwise cosines from the full N x N matrix, the effective rank from an SVD). It runs
+on PyTorch 1.13 on the CPU.
 
     python3 test/reference.py --out DIR
 
 builds a small configuration from a seed, writes its weights as a checkpoint (DIR/model.ckpt,
 the format of llmc/checkpoint.h) and a debug state (DIR/debug_state.bin, the format of
 test/tensorfile.h): the batch, the logits, the loss, every gradient, every statistic, and the
-losses and final parameters of a few AdamW steps. Then the same for a trained state whose deeper
-layers' keys are close to low rank (DIR/trained.ckpt, DIR/debug_trained.bin; no AdamW steps).
-The C++ and CUDA tests compare against both.
+losses and final parameters of a few AdamW steps. The same for the --qk-norm variants (DIR/plain.ckpt,
+DIR/debug_plain.bin, DIR/none.ckpt, DIR/debug_none.bin) and for --freeze wk,k_gain (DIR/debug_freeze.bin,
+from model.ckpt). Then a trained state whose deeper layers' keys are close to low rank
+(DIR/trained.ckpt, DIR/debug_trained.bin; no AdamW steps). The C++ and CUDA tests compare against
+all of them.
 """
 import argparse
+import copy
 import math
 import os
 import struct
 import sys
-import zlib
 
 import numpy as np
 import torch
 
-# ------------------------------------------------------------------------------------------------
-# Configuration and parameter layout (llmc/config.h)
-
-CONFIG_FIELDS = ["vocab_size", "n_layer", "n_head", "n_kv_head", "head_dim", "d_model", "d_ff", "max_seq_len"]
-LAYER_TENSORS = ["attn_norm", "wq", "wk", "wv", "q_gain", "k_gain", "wo", "mlp_norm", "w1", "w3", "w2"]
-
-
-class Config:
-    def __init__(self, vocab_size, n_layer, n_head, n_kv_head, head_dim, d_ff, max_seq_len,
-                 rope_theta=10000.0, norm_eps=1e-5):
-        self.vocab_size, self.n_layer, self.n_head, self.n_kv_head = vocab_size, n_layer, n_head, n_kv_head
-        self.head_dim, self.d_model, self.d_ff, self.max_seq_len = head_dim, n_head * head_dim, d_ff, max_seq_len
-        self.rope_theta, self.norm_eps = rope_theta, norm_eps
-
-
-def tensor_shapes(c):
-    """(name, shape) of every parameter tensor in layout order."""
-    D, C, F = c.head_dim, c.d_model, c.d_ff
-    per_layer = {"attn_norm": (C,), "wq": (c.n_head * D, C), "wk": (c.n_kv_head * D, C),
-                 "wv": (c.n_kv_head * D, C), "q_gain": (D,), "k_gain": (D,), "wo": (C, c.n_head * D),
-                 "mlp_norm": (C,), "w1": (F, C), "w3": (F, C), "w2": (C, F)}
-    out = [("wte", (c.vocab_size, C))]
-    for l in range(c.n_layer):
-        out += [(f"layers.{l}.{name}", per_layer[name]) for name in LAYER_TENSORS]
-    out.append(("final_norm", (C,)))
-    return out
-
-
-def is_matrix(name):
-    return name.split(".")[-1] in ("wte", "wq", "wk", "wv", "wo", "w1", "w3", "w2")
-
-
-def init_params(c, seed):
-    """Initialisation of model.md: N(0, 0.02), output projections N(0, 0.02/sqrt(2L)), gains 1."""
-    g = torch.Generator().manual_seed(seed)
-    params = {}
-    for name, shape in tensor_shapes(c):
-        short = name.split(".")[-1]
-        if short.endswith("norm"):
-            params[name] = torch.ones(shape)
-        else:
-            std = 0.02 / math.sqrt(2 * c.n_layer) if short in ("wo", "w2") else 0.02
-            params[name] = torch.randn(shape, generator=g) * std
-    return params
-
-
-# ------------------------------------------------------------------------------------------------
-# The model
-
-def rmsnorm(x, gain, eps):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gain
-
-
-def rope_tables(c, T, dtype):
-    """cos and sin of t * theta^(-2i/D), formed in float64 and rounded to float32 as the C++ does."""
-    half = c.head_dim // 2
-    inv_freq = torch.tensor([c.rope_theta ** (-2.0 * i / c.head_dim) for i in range(half)], dtype=torch.float64)
-    angle = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq[None, :]
-    return angle.cos().float().to(dtype), angle.sin().float().to(dtype)
-
-
-def rope(x, cos, sin):
-    """Rotate-half RoPE on x [B, T, heads, D]: (x_i, x_{i+D/2}) turns by angle[t, i]."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    c, s = cos[None, :, None, :], sin[None, :, None, :]
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
-
-
-def forward(p, c, tokens, targets, taps=None):
-    """Logits [B, T, V] and mean cross-entropy. taps, if a dict, receives per layer the queries and
-    keys after their norms (before RoPE) and after RoPE: the points where telemetry measures."""
-    B, T = tokens.shape
-    H, Hkv, D = c.n_head, c.n_kv_head, c.head_dim
-    cos, sin = rope_tables(c, T, p["wte"].dtype)
-    x = p["wte"][tokens]
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
-    for l in range(c.n_layer):
-        w = lambda name: p[f"layers.{l}.{name}"]
-        h = rmsnorm(x, w("attn_norm"), c.norm_eps)
-        q = (h @ w("wq").T).view(B, T, H, D)
-        k = (h @ w("wk").T).view(B, T, Hkv, D)
-        v = (h @ w("wv").T).view(B, T, Hkv, D)
-        q = rmsnorm(q, w("q_gain"), c.norm_eps)
-        k = rmsnorm(k, w("k_gain"), c.norm_eps)
-        qr, kr = rope(q, cos, sin), rope(k, cos, sin)
-        if taps is not None:
-            taps[l] = {"q": q.detach(), "k": k.detach(), "qr": qr.detach(), "kr": kr.detach()}
-        group = H // Hkv
-        kr_h = kr.transpose(1, 2).repeat_interleave(group, dim=1)  # [B, H, T, D]: head h reads h // group
-        v_h = v.transpose(1, 2).repeat_interleave(group, dim=1)
-        s = (qr.transpose(1, 2) @ kr_h.transpose(-1, -2)) / math.sqrt(D)
-        s = s.masked_fill(~causal, float("-inf"))
-        att = torch.softmax(s, dim=-1)
-        y = (att @ v_h).transpose(1, 2).reshape(B, T, H * D)
-        x = x + y @ w("wo").T
-        h = rmsnorm(x, w("mlp_norm"), c.norm_eps)
-        x = x + (torch.nn.functional.silu(h @ w("w1").T) * (h @ w("w3").T)) @ w("w2").T
-    x = rmsnorm(x, p["final_norm"], c.norm_eps)
-    logits = x @ p["wte"].T
-    loss = torch.nn.functional.cross_entropy(logits.view(B * T, -1), targets.reshape(-1))
-    return logits, loss
-
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
+from model_torch import (CONFIG_FIELDS, Config, forward, frozen_kinds, frozen_mask, init_params,  # noqa: E402
+                         is_matrix, num_params, tensor_shapes, write_checkpoint)
 
 # ------------------------------------------------------------------------------------------------
 # Statistics, straight from telemetry.md's definitions, in float64
@@ -216,55 +118,18 @@ def lr_at_step(step, total, warmup, peak, floor):
     return floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * progress))
 
 
-def make_optimizer(p, weight_decay):
-    decay = [t for n, t in p.items() if is_matrix(n)]
-    no_decay = [t for n, t in p.items() if not is_matrix(n)]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=1.0, betas=(0.9, 0.95), eps=1e-8)
+def make_optimizer(p, weight_decay, frozen):
+    """AdamW over the parameters whose kind is not in `frozen` (names of parameter kinds)."""
+    free = {n: t for n, t in p.items() if n.split(".")[-1] not in frozen}
+    decay = [t for n, t in free.items() if is_matrix(n)]
+    no_decay = [t for n, t in free.items() if not is_matrix(n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=1.0, betas=(0.9, 0.95), eps=1e-8)
+    return opt, list(free.values())
 
 
 # ------------------------------------------------------------------------------------------------
 # Files
-
-CKPT_MAGIC = b"ATTNCKPT"
-
-
-def write_checkpoint(path, c, params, step=0):
-    flat = np.concatenate([params[n].detach().float().numpy().reshape(-1) for n, _ in tensor_shapes(c)])
-    payload = flat.astype("<f4").tobytes()
-    head = bytearray(256)
-    head[0:8] = CKPT_MAGIC
-    struct.pack_into("<II", head, 8, 1, 256)
-    struct.pack_into("<8i", head, 16, *[getattr(c, f) for f in CONFIG_FIELDS])
-    struct.pack_into("<ff", head, 48, c.rope_theta, c.norm_eps)
-    struct.pack_into("<qIIqq", head, 56, step, 0, 0, flat.size, 0)
-    struct.pack_into("<I", head, 88, zlib.crc32(payload))
-    struct.pack_into("<I", head, 92, zlib.crc32(bytes(head[96:]), zlib.crc32(bytes(head[:92]))))
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(head)
-        f.write(payload)
-    os.replace(tmp, path)
-
-
-def read_checkpoint(path):
-    """Config and parameters (float32 tensors by name) of a checkpoint file."""
-    with open(path, "rb") as f:
-        data = f.read()
-    if data[:8] != CKPT_MAGIC:
-        raise ValueError(f"{path}: not a checkpoint")
-    ints = struct.unpack_from("<8i", data, 16)
-    theta, eps = struct.unpack_from("<ff", data, 48)
-    c = Config(ints[0], ints[1], ints[2], ints[3], ints[4], ints[6], ints[7], theta, eps)
-    (P,) = struct.unpack_from("<q", data, 72)
-    flat = np.frombuffer(data, dtype="<f4", count=P, offset=256)
-    params, off = {}, 0
-    for name, shape in tensor_shapes(c):
-        n = int(np.prod(shape))
-        params[name] = torch.from_numpy(flat[off:off + n].copy()).view(shape)
-        off += n
-    return c, params
-
 
 TF_MAGIC = b"ATTNTNSR"
 TF_DTYPES = {np.dtype("<f4"): 0, np.dtype("<i4"): 1, np.dtype("<f8"): 2}
@@ -295,7 +160,9 @@ def exact_state(params32, c, tokens, targets):
     taps = {}
     logits, loss = forward(p, c, tokens, targets, taps)
     loss.backward()
-    grads = np.concatenate([p[n].grad.numpy().reshape(-1) for n, _ in tensor_shapes(c)])
+    # Parameters the variant does not use (the gains of --qk-norm plain and none) get no gradient.
+    grads = np.concatenate([(p[n].grad if p[n].grad is not None else torch.zeros_like(p[n])).numpy().reshape(-1)
+                            for n, _ in tensor_shapes(c)])
     tensors = [
         ("config", np.array([getattr(c, f) for f in CONFIG_FIELDS], dtype="<i4")),
         ("tokens", tokens.numpy().astype("<i4")),
@@ -308,15 +175,16 @@ def exact_state(params32, c, tokens, targets):
     return p, tensors
 
 
-def adamw_steps(p, c, tokens, targets, steps, lr_of_step, weight_decay, clip):
-    """AdamW steps on float64 master weights; returns the losses and gradient norms of the steps."""
-    opt = make_optimizer(p, weight_decay)
+def adamw_steps(p, c, tokens, targets, steps, lr_of_step, weight_decay, clip, frozen=()):
+    """AdamW steps on float64 master weights, the kinds in `frozen` held fixed and left out of the
+    gradient norm; returns the losses and gradient norms of the steps."""
+    opt, free = make_optimizer(p, weight_decay, frozen_kinds(frozen_mask(frozen), c))
     losses, norms = [], []
     for step in range(steps):
         opt.zero_grad(set_to_none=True)
         _, step_loss = forward(p, c, tokens, targets)
         step_loss.backward()
-        norms.append(torch.nn.utils.clip_grad_norm_(list(p.values()), clip).item())
+        norms.append(torch.nn.utils.clip_grad_norm_(free, clip).item())
         for group in opt.param_groups:
             group["lr"] = lr_of_step(step)
         opt.step()
@@ -329,7 +197,7 @@ def main():
     ap.add_argument("--out", required=True, help="directory for the checkpoints and debug states")
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--steps", type=int, default=10, help="AdamW steps whose losses are recorded")
-    ap.add_argument("--train-steps", type=int, default=20, help="AdamW steps (lr 1e-2) to the trained state")
+    ap.add_argument("--train-steps", type=int, default=20, help="AdamW steps (lr 2e-2) to the trained state")
     args = ap.parse_args()
     torch.manual_seed(args.seed)
     # Several layers, GQA on (4 query heads share 2 key/value heads), D = 64, a vocabulary that is
@@ -348,38 +216,44 @@ def main():
     tokens, targets = seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
     os.makedirs(args.out, exist_ok=True)
 
-    # The initial state, and AdamW steps from it with the trainer's schedule.
-    write_checkpoint(os.path.join(args.out, "model.ckpt"), c, params32)
-    p, tensors = exact_state(params32, c, tokens, targets)
-    loss = dict(tensors)["loss"][0]
-    losses, norms = adamw_steps(p, c, tokens, targets, args.steps,
-                                lambda step: lr_at_step(step, args.steps, warmup, lr, lr * floor_frac), weight_decay, clip)
-    final = np.concatenate([p[n].detach().numpy().reshape(-1) for n, _ in tensor_shapes(c)])
-    tensors += [
-        ("hyper", np.array([args.steps, warmup, lr, floor_frac, weight_decay, clip], dtype="<f8")),
-        ("step_losses", np.array(losses, dtype="<f8")),
-        ("step_grad_norms", np.array(norms, dtype="<f8")),
-        ("final_params", final.astype("<f8")),
-    ]
-    write_tensorfile(os.path.join(args.out, "debug_state.bin"), tensors)
+    # The initial state, and AdamW steps from it with the trainer's schedule; then the same for the
+    # other --qk-norm variants (plain.ckpt, none.ckpt) and for --freeze wk,k_gain (the same weights).
+    schedule = lambda step: lr_at_step(step, args.steps, warmup, lr, lr * floor_frac)
+    hyper = np.array([args.steps, warmup, lr, floor_frac, weight_decay, clip], dtype="<f8")
+    cases = [("model.ckpt", "debug_state.bin", "gain", []), ("plain.ckpt", "debug_plain.bin", "plain", []),
+             ("none.ckpt", "debug_none.bin", "none", []), (None, "debug_freeze.bin", "gain", ["wk", "k_gain"])]
+    for ckpt, debug, variant, frozen in cases:
+        cv = copy.copy(c)
+        cv.qk_norm = variant
+        if ckpt:
+            write_checkpoint(os.path.join(args.out, ckpt), cv, params32)
+        p, tensors = exact_state(params32, cv, tokens, targets)
+        losses, norms = adamw_steps(p, cv, tokens, targets, args.steps, schedule, weight_decay, clip, frozen)
+        final = np.concatenate([p[n].detach().numpy().reshape(-1) for n, _ in tensor_shapes(cv)])
+        tensors += [
+            ("hyper", hyper),
+            ("freeze", np.array([frozen_mask(frozen)], dtype="<i4")),
+            ("step_losses", np.array(losses, dtype="<f8")),
+            ("step_grad_norms", np.array(norms, dtype="<f8")),
+            ("final_params", final.astype("<f8")),
+        ]
+        write_tensorfile(os.path.join(args.out, debug), tensors)
+        if ckpt == "model.ckpt":
+            loss, first_losses = dict(tensors)["loss"][0], losses
 
     # A trained state: a few steps at a high learning rate on the same batch take the deeper
-    # layers' keys close to low rank (effective rank about 2 of 64, most of their energy in a
+    # layers' keys close to low rank (effective rank about 4 of 64, up to two thirds of their energy in a
     # common direction), where statistics computed carelessly lose their digits.
     p = {n: t.double().requires_grad_(True) for n, t in params32.items()}
-    adamw_steps(p, c, tokens, targets, args.train_steps, lambda step: 1e-2, weight_decay, clip)
+    adamw_steps(p, c, tokens, targets, args.train_steps, lambda step: 2e-2, weight_decay, clip)
     trained32 = {n: t.detach().float() for n, t in p.items()}
     write_checkpoint(os.path.join(args.out, "trained.ckpt"), c, trained32)
     _, trained = exact_state(trained32, c, tokens, targets)
     write_tensorfile(os.path.join(args.out, "debug_trained.bin"), trained)
     trained = dict(trained)
     erank = trained["stat.k_erank"]
-    print(f"reference: {num_params(c)} parameters, loss {loss:.6f}, {args.steps} AdamW steps to loss {losses[-1]:.6f}; "
+    print(f"reference: {num_params(c)} parameters, loss {loss:.6f}, {args.steps} AdamW steps to loss {first_losses[-1]:.6f}; "
           f"trained state: loss {trained['loss'][0]:.6f}, k_erank {erank.min():.2f}..{erank.max():.2f}; wrote {args.out}")
-
-
-def num_params(c):
-    return sum(int(np.prod(s)) for _, s in tensor_shapes(c))
 
 
 if __name__ == "__main__":

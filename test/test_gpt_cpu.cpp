@@ -1,8 +1,9 @@
 // Parity of the CPU backend with the PyTorch reference (test/reference.py): logits, loss, every
 // parameter gradient and every telemetry statistic, at the initial weights and at a trained state
-// whose deeper layers' keys are close to low rank; and the losses and final weights of AdamW steps.
+// whose deeper layers' keys are close to low rank; and the losses and final weights of AdamW steps;
+// the same for the --qk-norm variants plain and none and for --freeze wk,k_gain.
 // The reference ran in float64 from the same float32 weights; this backend runs in float32.
-//   test_gpt_cpu REFERENCE_DIR   (holding model.ckpt, debug_state.bin, trained.ckpt, debug_trained.bin)
+//   test_gpt_cpu REFERENCE_DIR   (the files test/reference.py writes)
 #include <string>
 #include <vector>
 #include "../llmc/checkpoint.h"
@@ -39,7 +40,7 @@ static void check_state(CpuModel& m, const std::string& label, const std::string
         tokens[i] = (int)tokens_t.values[i];
         targets[i] = (int)tensor_or_fail(ref, "targets", dbg).values[i];
     }
-    if (m.max_B < B || m.max_T < T) model_init(m, c, B, T);
+    model_init(m, c, B, T);
     checkpoint_read(ckpt, m.params.data(), nullptr, nullptr);
 
     Telemetry stats;
@@ -70,21 +71,16 @@ static void check_state(CpuModel& m, const std::string& label, const std::string
     }
 }
 
-int main(int argc, char** argv) {
-    if (argc != 2) fail("usage: test_gpt_cpu REFERENCE_DIR");
-    std::string dir = argv[1], dbg = dir + "/debug_state.bin";
-    CpuModel m;
+// AdamW steps from the checkpoint's weights on the reference's batch, with its hyperparameters
+// and frozen parameter kinds, against the reference's losses, gradient norms and final weights.
+static void check_adamw_steps(CpuModel& m, const std::string& label, const std::string& ckpt, const std::string& dbg) {
     std::vector<int> tokens, targets;
-    // The trained state's sharper attention makes the float32 rounding of the smallest gradient
-    // elements larger: 1e-5 of a tensor's largest gradient (a wrong formula errs by far more).
-    check_state(m, "trained state: ", dir + "/trained.ckpt", dir + "/debug_trained.bin", 1e-5, tokens, targets);
-    check_state(m, "", dir + "/model.ckpt", dbg, kRtol * 1e-2, tokens, targets);
-
-    // AdamW steps from the initial weights on the same batch with the reference's hyperparameters.
+    check_state(m, label, ckpt, dbg, kRtol * 1e-2, tokens, targets);
     auto ref = read_tensorfile(dbg);
     const std::vector<double>& hyper = tensor_or_fail(ref, "hyper", dbg).values;
     int steps = (int)hyper[0], warmup = (int)hyper[1], B = m.B, T = m.T;
     float peak = (float)hyper[2], floor = (float)(hyper[2] * hyper[3]), clip = (float)hyper[5];
+    model_freeze(m, (uint32_t)tensor_or_fail(ref, "freeze", dbg).values[0]);
     AdamWSettings opt;
     opt.weight_decay = (float)hyper[4];
     std::vector<float> losses(steps), norms(steps);
@@ -96,12 +92,26 @@ int main(int argc, char** argv) {
         opt.lr = lr_at_step(step, steps, warmup, peak, floor);
         model_adamw_step(m, opt, step + 1, norms[step], clip);
     }
-    compare("adamw step losses", losses.data(), tensor_or_fail(ref, "step_losses", dbg).values.data(), steps);
-    compare("adamw step grad norms", norms.data(), tensor_or_fail(ref, "step_grad_norms", dbg).values.data(), steps);
+    compare(label + "adamw step losses", losses.data(), tensor_or_fail(ref, "step_losses", dbg).values.data(), steps);
+    compare(label + "adamw step grad norms", norms.data(), tensor_or_fail(ref, "step_grad_norms", dbg).values.data(), steps);
     // AdamW divides by sqrt(v): where a gradient is float32 rounding noise, its sign (and so a
     // step of up to lr) can differ. atol is 1% of one step's largest move, lr: a wrong bias
     // correction, weight decay or clipping moves weights by a good fraction of lr and fails.
     const std::vector<double>& final_params = tensor_or_fail(ref, "final_params", dbg).values;
-    check_close("adamw final parameters", m.params.data(), final_params.data(), m.params.size(), kRtol, 0.01 * peak);
+    check_close(label + "adamw final parameters", m.params.data(), final_params.data(), m.params.size(), kRtol, 0.01 * peak);
+}
+
+int main(int argc, char** argv) {
+    if (argc != 2) fail("usage: test_gpt_cpu REFERENCE_DIR");
+    std::string dir = argv[1];
+    CpuModel m;
+    std::vector<int> tokens, targets;
+    // The trained state's sharper attention makes the float32 rounding of the smallest gradient
+    // elements larger: 1e-5 of a tensor's largest gradient (a wrong formula errs by far more).
+    check_state(m, "trained state: ", dir + "/trained.ckpt", dir + "/debug_trained.bin", 1e-5, tokens, targets);
+    check_adamw_steps(m, "", dir + "/model.ckpt", dir + "/debug_state.bin");
+    check_adamw_steps(m, "qk-norm plain: ", dir + "/plain.ckpt", dir + "/debug_plain.bin");
+    check_adamw_steps(m, "qk-norm none: ", dir + "/none.ckpt", dir + "/debug_none.bin");
+    check_adamw_steps(m, "freeze wk,k_gain: ", dir + "/model.ckpt", dir + "/debug_freeze.bin");
     return test_exit_code();
 }

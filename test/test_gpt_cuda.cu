@@ -1,7 +1,8 @@
 // Parity of the CUDA backend with the PyTorch reference (test/reference.py), with bf16
 // tolerances: |a - b| <= atol + 0.079 |b| per element with a per-tensor atol, AdamW losses within
 // 0.05, statistics within 1%, at the initial weights and at the trained state whose deeper
-// layers' keys are close to low rank. Also checks that two runs give the same bits.
+// layers' keys are close to low rank; the --qk-norm variants and frozen parameters. Also checks
+// that two runs give the same bits.
 //   test_gpt_cuda REFERENCE_DIR
 #define TESTING
 #include "../train_gpt.cu"
@@ -44,6 +45,28 @@ static void check_forward(GpuModel& g, const std::string& label, const std::stri
         check_close(label + "stat " + kMetrics[k].name, stats.values[k].data(), want.values.data(), want.numel(), 0.01,
                     1e-3 * maxabs);
     }
+}
+
+// AdamW steps from the loaded weights with the reference's hyperparameters: the losses.
+static void check_adamw_losses(GpuModel& g, const std::string& label, const std::string& dbg, const std::vector<int>& tokens,
+                               const std::vector<int>& targets, int B, int T) {
+    auto ref = read_tensorfile(dbg);
+    const std::vector<double>& hyper = tensor_or_fail(ref, "hyper", dbg).values;
+    int steps = (int)hyper[0], warmup = (int)hyper[1];
+    float peak = (float)hyper[2], floor = (float)(hyper[2] * hyper[3]), clip = (float)hyper[5];
+    AdamWSettings opt;
+    opt.weight_decay = (float)hyper[4];
+    std::vector<float> losses(steps);
+    for (int step = 0; step < steps; step++) {
+        losses[step] = model_forward(g, tokens.data(), targets.data(), B, T, nullptr);
+        model_zero_grad(g);
+        model_backward(g, tokens.data(), targets.data(), 1.0f);
+        float norm = model_grad_norm(g);
+        opt.lr = lr_at_step(step, steps, warmup, peak, floor);
+        model_adamw_step(g, opt, step + 1, norm, clip);
+    }
+    check_close(label + "adamw step losses (within 0.05)", losses.data(), tensor_or_fail(ref, "step_losses", dbg).values.data(),
+                steps, 0.0, 0.05);
 }
 
 int main(int argc, char** argv) {
@@ -103,23 +126,31 @@ int main(int argc, char** argv) {
     for (int k = 0; k < M_NUM_METRICS; k++) same &= stats.values[k] == stats2.values[k];
     report(same, "cuda determinism: two runs give identical gradients and statistics");
 
-    // AdamW steps with the reference's hyperparameters.
-    const std::vector<double>& hyper = tensor_or_fail(ref, "hyper", dbg).values;
-    int steps = (int)hyper[0], warmup = (int)hyper[1];
-    float peak = (float)hyper[2], floor = (float)(hyper[2] * hyper[3]), clip = (float)hyper[5];
-    AdamWSettings opt;
-    opt.weight_decay = (float)hyper[4];
-    std::vector<float> losses(steps);
-    for (int step = 0; step < steps; step++) {
-        losses[step] = model_forward(g, tokens.data(), targets.data(), B, T, nullptr);
-        model_zero_grad(g);
-        model_backward(g, tokens.data(), targets.data(), 1.0f);
-        float norm = model_grad_norm(g);
-        opt.lr = lr_at_step(step, steps, warmup, peak, floor);
-        model_adamw_step(g, opt, step + 1, norm, clip);
-    }
-    check_close("cuda adamw step losses (within 0.05)", losses.data(), tensor_or_fail(ref, "step_losses", dbg).values.data(),
-                steps, 0.0, 0.05);
+    check_adamw_losses(g, "cuda ", dbg, tokens, targets, B, T);
     model_free(g);
+
+    // The --qk-norm variants and frozen parameters: the forward pass, and AdamW steps that leave
+    // the frozen tensors exactly as they were.
+    struct { const char* label; const char* ckpt; const char* dbg; } variants[] = {
+        {"cuda qk-norm plain: ", "plain.ckpt", "debug_plain.bin"},
+        {"cuda qk-norm none: ", "none.ckpt", "debug_none.bin"},
+        {"cuda freeze wk,k_gain: ", "model.ckpt", "debug_freeze.bin"}};
+    for (const auto& v : variants) {
+        std::string vckpt = dir + "/" + v.ckpt, vdbg = dir + "/" + v.dbg;
+        model_init(g, checkpoint_read_header(vckpt).config, B, T);
+        check_forward(g, v.label, vckpt, vdbg, tokens, targets, B, T, stats);
+        model_freeze(g, (uint32_t)tensor_or_fail(read_tensorfile(vdbg), "freeze", vdbg).values[0]);
+        std::vector<float> before(g.host_params);
+        check_adamw_losses(g, v.label, vdbg, tokens, targets, B, T);
+        model_download(g);
+        bool kept = true;
+        for (int kind = 0; kind < P_NUM_KINDS; kind++)
+            for (int l = 0; l < (param_is_per_layer(kind) ? c.n_layer : 1) && (g.frozen & param_kind_bit(kind)); l++) {
+                size_t off = param_offset(c, kind, l);
+                kept &= memcmp(&before[off], &g.host_params[off], param_numel(c, kind) * sizeof(float)) == 0;
+            }
+        report(kept && g.frozen, std::string(v.label) + "frozen parameters unchanged by AdamW");
+        model_free(g);
+    }
     return test_exit_code();
 }

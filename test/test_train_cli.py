@@ -17,10 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import attnlog  # noqa: E402
+import model_torch  # noqa: E402
 
 TRAIN = Path(os.environ.get("TRAIN_BIN", ROOT / "train"))
 PREPARE = Path(os.environ.get("PREPARE_DATA_BIN", ROOT / "prepare_data"))
@@ -279,6 +281,8 @@ def test_unfinished_dataset(data, tmp_path):
     (["-x"], ["option -x (--steps) needs a value"]),
     (["-m", "d99"], ["unknown preset 'd99'"]),
     (["-b", "2000000000"], ["-b (--batch) 2000000000", "too many"]),
+    (["--qk-norm", "rms"], ["--qk-norm", "gain, plain or none"]),
+    (["--freeze", "k_gain,bias"], ["--freeze", "'bias' is not a parameter kind"]),
 ])
 def test_impossible_options(data, tmp_path, args, parts):
     out = tmp_path / "out"
@@ -362,3 +366,39 @@ def test_nan_loss_stops_cleanly(data, tmp_path):
     (payload_crc,) = struct.unpack_from("<I", raw, 88)
     assert zlib.crc32(raw[256:]) == payload_crc and len(raw) == 256 + 3 * 4 * P
     assert np.all(np.isfinite(np.frombuffer(raw, "<f4", P, 256)))
+
+
+def test_qk_norm_variants_and_frozen_parameters(full_run, data, tmp_path):
+    """--qk-norm and --freeze train, and the checkpoint and the log header record them: the frozen
+    tensors end bit for bit where they began, the others move; -e and -r refuse a mismatch."""
+    out, _ = full_run
+    runs = {}
+    for name, args in {"none": ["--qk-norm", "none"], "plain": ["--qk-norm", "plain"],
+                       "frozen": ["--freeze", "k_gain,wv", "-e", out / "model.ckpt"]}.items():
+        r = train(data, tmp_path / name, "-x", "3", "-s", "1", *args)
+        assert r.returncode == 0, r.stdout + r.stderr
+        runs[name] = model_torch.read_checkpoint(str(tmp_path / name / "model.ckpt"))
+    _, start, _ = model_torch.read_checkpoint(str(out / "model.ckpt"))
+    c, frozen, info = runs["frozen"]
+    assert c.qk_norm == "gain" and model_torch.frozen_kinds(info.frozen) == ["wv", "k_gain"]
+    for name in start:
+        same = torch.equal(frozen[name], start[name])
+        assert same == (name.endswith(".k_gain") or name.endswith(".wv")), name
+    for variant in ("none", "plain"):
+        c, params, info = runs[variant]
+        assert c.qk_norm == variant and model_torch.frozen_kinds(info.frozen) == ["q_gain", "k_gain"]
+        assert all(torch.all(params[f"layers.{l}.{g}"] == 1) for l in range(c.n_layer) for g in ("q_gain", "k_gain"))
+        log = attnlog.open_log(tmp_path / variant / "run.attnlog")
+        assert log.header["config"]["qk_norm"] == model_torch.QK_NORMS.index(variant)
+        assert log.header["options"]["qk-norm"] == variant and np.all(np.isfinite(log.metric("k_norm")[1]))
+    assert attnlog.open_log(tmp_path / "frozen" / "run.attnlog").header["options"]["freeze"] == "k_gain,wv"
+    # Keys that no norm holds at sqrt(D) are far shorter at initialisation: the statistic sees it.
+    k_none = attnlog.open_log(tmp_path / "none" / "run.attnlog").metric("k_norm")[1][0]
+    k_plain = attnlog.open_log(tmp_path / "plain" / "run.attnlog").metric("k_norm")[1][0]
+    assert np.all(k_none < 0.5 * k_plain) and np.allclose(k_plain, 8.0, rtol=0.01)
+
+    assert_one_line_error(train(data, tmp_path / "o", "-x", "2", "-e", tmp_path / "none" / "model.ckpt", "--qk-norm", "gain"),
+                          "--qk-norm gain does not match the checkpoint", "which has none")
+    resumed = train(data, tmp_path / "frozen", "-x", "6", "-n", "2", "-r", tmp_path / "frozen" / "model.ckpt",
+                    "--freeze", "k_gain")
+    assert_one_line_error(resumed, "--freeze wv,k_gain -> k_gain", "--allow-changes 1")

@@ -36,8 +36,10 @@ static void check_rmsnorm(int N, int C) {
         cudaCheck(cudaFree(p));
 }
 
-static void check_qk_norm_rope(int B, int T, int H, int Hkv) {
+static void check_qk_norm_rope(int B, int T, int H, int Hkv, int qk_norm = QK_NORM_GAIN) {
     ModelConfig c;
+    c.qk_norm = qk_norm;
+    bool normalise = qk_norm != QK_NORM_NONE;
     c.n_head = H;
     c.n_kv_head = Hkv;
     c.head_dim = 64;
@@ -66,9 +68,11 @@ static void check_qk_norm_rope(int B, int T, int H, int Hkv) {
     cudaCheck(cudaMalloc(&d_normed, (size_t)N * NH * D * sizeof(float)));
     cudaCheck(cudaMalloc(&d_rstd, (size_t)N * NH * sizeof(float)));
     cudaCheck(cudaMalloc(&d_scratch, (size_t)qk_norm_rope_backward_blocks(N, NH) * 2 * D * sizeof(float)));
-    qk_norm_rope_forward(d_rope, d_normed, d_rstd, d_qkv, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 1e-5f, 0);
-    qk_norm_rope_backward(d_dqkv, d_dg, d_dg + D, d_scratch, d_dqk, d_qkv, d_rstd, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 0);
-    std::string tag = " B" + std::to_string(B) + " T" + std::to_string(T) + " H" + std::to_string(H) + ":" + std::to_string(Hkv);
+    qk_norm_rope_forward(d_rope, d_normed, d_rstd, d_qkv, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 1e-5f, normalise, 0);
+    qk_norm_rope_backward(d_dqkv, d_dg, d_dg + D, d_scratch, d_dqk, d_qkv, d_rstd, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D,
+                          normalise, 0);
+    std::string tag = " B" + std::to_string(B) + " T" + std::to_string(T) + " H" + std::to_string(H) + ":" + std::to_string(Hkv) +
+                      " qk-norm " + kQkNormNames[qk_norm];
     compare_to_reference("qk norm forward, before RoPE" + tag, download(d_normed, normed.size()), normed);
     compare_to_reference("qk norm forward, after RoPE" + tag, download_bf16(d_rope, rope.size()), rope);
     compare_to_reference("qk norm rstd" + tag, download(d_rstd, rstd.size()), rstd);
@@ -76,8 +80,8 @@ static void check_qk_norm_rope(int B, int T, int H, int Hkv) {
     std::vector<float> dg_cpu(dg_q);
     dg_cpu.insert(dg_cpu.end(), dg_k.begin(), dg_k.end());
     compare_to_reference("qk norm backward gains" + tag, download(d_dg, 2 * D), dg_cpu);
-    float fwd = time_ms([&] { qk_norm_rope_forward(d_rope, nullptr, d_rstd, d_qkv, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 1e-5f, 0); });
-    float bwd = time_ms([&] { qk_norm_rope_backward(d_dqkv, d_dg, d_dg + D, d_scratch, d_dqk, d_qkv, d_rstd, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 0); });
+    float fwd = time_ms([&] { qk_norm_rope_forward(d_rope, nullptr, d_rstd, d_qkv, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 1e-5f, normalise, 0); });
+    float bwd = time_ms([&] { qk_norm_rope_backward(d_dqkv, d_dg, d_dg + D, d_scratch, d_dqk, d_qkv, d_rstd, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, normalise, 0); });
     printf("   qk norm + rope%s: forward %.3f ms, backward %.3f ms\n", tag.c_str(), fwd, bwd);
     for (void* p : {(void*)d_qkv, (void*)d_gq, (void*)d_gk, (void*)d_dqk, (void*)d_rope, (void*)d_normed, (void*)d_dqkv,
                     (void*)d_cs, (void*)d_sn, (void*)d_rstd, (void*)d_dg, (void*)d_scratch})
@@ -89,6 +93,7 @@ int main() {
     check_rmsnorm(37, 96);
     check_rmsnorm(8 * 2048, 512);
     check_qk_norm_rope(2, 17, 4, 2);
+    check_qk_norm_rope(2, 17, 4, 2, QK_NORM_NONE);
     check_qk_norm_rope(8, 2048, 8, 8);
     return test_exit_code();
 }

@@ -1,6 +1,6 @@
 // Checks and times the optimiser kernels (llmc/adamw.cuh) against the CPU backend: the global
 // gradient norm (deterministic two-stage sum) and AdamW with clipping and per-segment weight
-// decay, including the refreshed bf16 copy of the weights. Build: make build/dev_optimizer.
+// decay, frozen parameter kinds left out, including the refreshed bf16 copy of the weights. Build: make build/dev_optimizer.
 #include "dev/cuda/common.h"
 #include "llmc/adamw.cuh"
 #include "llmc/model_cpu.h"
@@ -20,6 +20,8 @@ int main() {
     cpu.grads = grads;
     cpu.adam_m = m;
     cpu.adam_v = v;
+    uint32_t frozen = param_kind_bit(P_WK) | param_kind_bit(P_K_GAIN);  // a matrix and a gain held fixed
+    model_freeze(cpu, frozen);
     float norm = model_grad_norm(cpu);
     AdamWSettings opt;
     opt.lr = 1e-3f;
@@ -32,7 +34,7 @@ int main() {
     cudaCheck(cudaMalloc(&d_norm, sizeof(float)));
     cudaCheck(cudaMalloc(&d_partial, kNormBlocks * sizeof(double)));
     cudaCheck(cudaMalloc(&d_bf16, P * sizeof(bf16)));
-    std::vector<ParamSegment> segs = adamw_segments(c);
+    std::vector<ParamSegment> segs = adamw_segments(c, frozen);
     ParamSegment* d_segs = upload(segs);
     global_norm(d_norm, d_partial, d_grads, (long long)P, 0);
     float gpu_norm = download(d_norm, 1)[0];

@@ -1,0 +1,245 @@
+"""The model of docs/model.md in plain PyTorch, and the one loader of the trainer's checkpoints.
+
+The same model ./train trains, written to be read: the attention matrix is materialised, every
+intermediate is a named tensor. test/reference.py checks the C++ and CUDA backends against it; the
+probes (probe.py) and the export (export_hf.py) run checkpoints through it. It runs on PyTorch
+1.13 and later, on the CPU.
+
+    c, params, info = read_checkpoint("runs/x/model.ckpt")   # Config, {name: float32 tensor}, header
+    logits, loss = forward(params, c, tokens, targets)
+"""
+import math
+import os
+import struct
+import zlib
+
+import numpy as np
+import torch
+
+# ------------------------------------------------------------------------------------------------
+# Configuration and parameter layout (llmc/config.h)
+
+CONFIG_FIELDS = ["vocab_size", "n_layer", "n_head", "n_kv_head", "head_dim", "d_model", "d_ff", "max_seq_len"]
+LAYER_TENSORS = ["attn_norm", "wq", "wk", "wv", "q_gain", "k_gain", "wo", "mlp_norm", "w1", "w3", "w2"]
+# The parameter kinds in the order of config.h's ParamKind: bit k of a frozen mask is kind k.
+PARAM_KINDS = ["wte", "attn_norm", "wq", "wk", "wv", "q_gain", "k_gain", "wo", "mlp_norm", "w1", "w3", "w2", "final_norm"]
+# --qk-norm: RMSNorm of each query and key head with learnable gains (the default), without gains
+# (held at 1, not trained), or no normalisation at all. The checkpoint stores the index.
+QK_NORMS = ["gain", "plain", "none"]
+
+
+class Config:
+    def __init__(self, vocab_size, n_layer, n_head, n_kv_head, head_dim, d_ff, max_seq_len,
+                 rope_theta=10000.0, norm_eps=1e-5, qk_norm="gain"):
+        if qk_norm not in QK_NORMS:
+            raise ValueError(f"qk_norm {qk_norm!r} is not one of {QK_NORMS}")
+        self.vocab_size, self.n_layer, self.n_head, self.n_kv_head = vocab_size, n_layer, n_head, n_kv_head
+        self.head_dim, self.d_model, self.d_ff, self.max_seq_len = head_dim, n_head * head_dim, d_ff, max_seq_len
+        self.rope_theta, self.norm_eps, self.qk_norm = rope_theta, norm_eps, qk_norm
+
+
+def tensor_shapes(c):
+    """(name, shape) of every parameter tensor in layout order."""
+    D, C, F = c.head_dim, c.d_model, c.d_ff
+    per_layer = {"attn_norm": (C,), "wq": (c.n_head * D, C), "wk": (c.n_kv_head * D, C),
+                 "wv": (c.n_kv_head * D, C), "q_gain": (D,), "k_gain": (D,), "wo": (C, c.n_head * D),
+                 "mlp_norm": (C,), "w1": (F, C), "w3": (F, C), "w2": (C, F)}
+    out = [("wte", (c.vocab_size, C))]
+    for l in range(c.n_layer):
+        out += [(f"layers.{l}.{name}", per_layer[name]) for name in LAYER_TENSORS]
+    out.append(("final_norm", (C,)))
+    return out
+
+
+def num_params(c):
+    return sum(int(np.prod(s)) for _, s in tensor_shapes(c))
+
+
+def is_matrix(name):
+    return name.split(".")[-1] in ("wte", "wq", "wk", "wv", "wo", "w1", "w3", "w2")
+
+
+def frozen_mask(kinds):
+    """The bit mask of a list of parameter kind names (--freeze)."""
+    mask = 0
+    for kind in kinds:
+        mask |= 1 << PARAM_KINDS.index(kind)
+    return mask
+
+
+def frozen_kinds(mask, c=None):
+    """Names of the kinds in a frozen mask; with a config, also the gains its qk_norm holds at 1."""
+    if c is not None and c.qk_norm != "gain":
+        mask |= frozen_mask(["q_gain", "k_gain"])
+    return [k for i, k in enumerate(PARAM_KINDS) if mask >> i & 1]
+
+
+def init_params(c, seed):
+    """Initialisation of model.md: N(0, 0.02), output projections N(0, 0.02/sqrt(2L)), gains 1."""
+    g = torch.Generator().manual_seed(seed)
+    params = {}
+    for name, shape in tensor_shapes(c):
+        short = name.split(".")[-1]
+        if short.endswith("norm") or short.endswith("gain"):
+            params[name] = torch.ones(shape)
+        else:
+            std = 0.02 / math.sqrt(2 * c.n_layer) if short in ("wo", "w2") else 0.02
+            params[name] = torch.randn(shape, generator=g) * std
+    return params
+
+
+# ------------------------------------------------------------------------------------------------
+# The model
+
+def rmsnorm(x, gain, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gain
+
+
+def qk_norm(x, gain, c):
+    """The per-head norm of the queries or keys [B, T, heads, D] that --qk-norm chooses."""
+    if c.qk_norm == "none":
+        return x
+    return rmsnorm(x, gain if c.qk_norm == "gain" else 1.0, c.norm_eps)
+
+
+def rope_tables(c, T, dtype):
+    """cos and sin of t * theta^(-2i/D), formed in float64 and rounded to float32 as the C++ does."""
+    half = c.head_dim // 2
+    inv_freq = torch.tensor([c.rope_theta ** (-2.0 * i / c.head_dim) for i in range(half)], dtype=torch.float64)
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return angle.cos().float().to(dtype), angle.sin().float().to(dtype)
+
+
+def rope(x, cos, sin):
+    """Rotate-half RoPE on x [B, T, heads, D]: (x_i, x_{i+D/2}) turns by angle[t, i]."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+
+
+def forward(p, c, tokens, targets=None, taps=None, logit_scale=None, ablate=()):
+    """Logits [B, T, V] and the mean cross-entropy (None without targets).
+
+    taps, if a dict, receives per layer l a dict: the queries and keys after their norms and before
+    RoPE ("q", "k": the points where telemetry measures), after RoPE ("qr", "kr"), the attention
+    logits with the causal mask applied ("scores", [B, H, T, T], -inf above the diagonal) and
+    probabilities ("att").
+    logit_scale, if given, multiplies the attention logits: a number, or a tensor [L, H] per head.
+    ablate: (layer, head) pairs whose attention output is zeroed before the output projection.
+    """
+    B, T = tokens.shape
+    H, Hkv, D = c.n_head, c.n_kv_head, c.head_dim
+    cos, sin = rope_tables(c, T, p["wte"].dtype)
+    x = p["wte"][tokens]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    for l in range(c.n_layer):
+        w = lambda name: p[f"layers.{l}.{name}"]
+        h = rmsnorm(x, w("attn_norm"), c.norm_eps)
+        q = (h @ w("wq").T).view(B, T, H, D)
+        k = (h @ w("wk").T).view(B, T, Hkv, D)
+        v = (h @ w("wv").T).view(B, T, Hkv, D)
+        q, k = qk_norm(q, w("q_gain"), c), qk_norm(k, w("k_gain"), c)
+        qr, kr = rope(q, cos, sin), rope(k, cos, sin)
+        group = H // Hkv
+        kr_h = kr.transpose(1, 2).repeat_interleave(group, dim=1)  # [B, H, T, D]: head h reads h // group
+        v_h = v.transpose(1, 2).repeat_interleave(group, dim=1)
+        s = (qr.transpose(1, 2) @ kr_h.transpose(-1, -2)) / math.sqrt(D)
+        if logit_scale is not None:
+            scale = logit_scale[l].to(s.dtype)[None, :, None, None] if torch.is_tensor(logit_scale) else logit_scale
+            s = s * scale
+        s = s.masked_fill(~causal, float("-inf"))
+        att = torch.softmax(s, dim=-1)
+        if taps is not None:
+            taps[l] = {"q": q.detach(), "k": k.detach(), "qr": qr.detach(), "kr": kr.detach(),
+                       "scores": s.detach(), "att": att.detach()}
+        y = att @ v_h  # [B, H, T, D]
+        for layer, head in ablate:
+            if layer == l:
+                y = y.index_fill(1, torch.tensor([head]), 0.0)
+        y = y.transpose(1, 2).reshape(B, T, H * D)
+        x = x + y @ w("wo").T
+        h = rmsnorm(x, w("mlp_norm"), c.norm_eps)
+        x = x + (torch.nn.functional.silu(h @ w("w1").T) * (h @ w("w3").T)) @ w("w2").T
+    x = rmsnorm(x, p["final_norm"], c.norm_eps)
+    logits = x @ p["wte"].T
+    if targets is None:
+        return logits, None
+    return logits, torch.nn.functional.cross_entropy(logits.view(B * T, -1), targets.reshape(-1))
+
+
+# ------------------------------------------------------------------------------------------------
+# Checkpoints (docs/checkpoint_format.md)
+
+CKPT_MAGIC = b"ATTNCKPT"
+CKPT_HEADER = 256
+
+
+class CheckpointInfo:
+    """What a checkpoint's header says beyond the configuration."""
+
+    def __init__(self, step, frozen, data_position, has_optimizer_state):
+        self.step, self.frozen, self.data_position = step, frozen, data_position
+        self.has_optimizer_state = has_optimizer_state
+
+
+def write_checkpoint(path, c, params, step=0, frozen=0):
+    """A checkpoint of these float32 weights, without AdamW moments or a recorded run."""
+    flat = np.concatenate([params[n].detach().float().numpy().reshape(-1) for n, _ in tensor_shapes(c)])
+    payload = flat.astype("<f4").tobytes()
+    head = bytearray(CKPT_HEADER)
+    head[0:8] = CKPT_MAGIC
+    struct.pack_into("<II", head, 8, 1, CKPT_HEADER)
+    struct.pack_into("<8i", head, 16, *[getattr(c, f) for f in CONFIG_FIELDS])
+    struct.pack_into("<ff", head, 48, c.rope_theta, c.norm_eps)
+    struct.pack_into("<qIIqq", head, 56, step, 0, 0, flat.size, 0)
+    struct.pack_into("<I", head, 88, zlib.crc32(payload))
+    struct.pack_into("<iI", head, 156, QK_NORMS.index(c.qk_norm), frozen)
+    struct.pack_into("<I", head, 92, zlib.crc32(bytes(head[96:]), zlib.crc32(bytes(head[:92]))))
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(head)
+        f.write(payload)
+    os.replace(tmp, path)
+
+
+def read_checkpoint(path):
+    """(Config, {name: float32 tensor}, CheckpointInfo) of a checkpoint file. Checks the magic, the
+    version, both checksums, the configuration and the size; raises ValueError naming the file."""
+    with open(path, "rb") as f:
+        data = f.read()
+
+    def bad(what):
+        return ValueError(f"{path}: {what}")
+
+    if len(data) < CKPT_HEADER or data[:8] != CKPT_MAGIC:
+        raise bad("not a checkpoint")
+    version, header_bytes = struct.unpack_from("<II", data, 8)
+    if version != 1 or header_bytes != CKPT_HEADER:
+        raise bad(f"checkpoint format version {version} is not one this reader knows (1)")
+    (crc_header,) = struct.unpack_from("<I", data, 92)
+    if zlib.crc32(data[96:CKPT_HEADER], zlib.crc32(data[:92])) != crc_header:
+        raise bad("checkpoint header is damaged (checksum mismatch)")
+    ints = struct.unpack_from("<8i", data, 16)
+    theta, eps = struct.unpack_from("<ff", data, 48)
+    step, flags, dtype, P, position, crc_payload = struct.unpack_from("<qIIqqI", data, 56)
+    variant, frozen = struct.unpack_from("<iI", data, 156)
+    if not 0 <= variant < len(QK_NORMS) or frozen >> len(PARAM_KINDS):
+        raise bad(f"checkpoint's qk_norm {variant} or frozen mask {frozen:#x} is not one this reader knows")
+    if min(ints) < 1 or ints[5] != ints[2] * ints[4] or ints[2] % ints[3] or ints[4] % 2 or dtype != 0:
+        raise bad("checkpoint holds an impossible configuration")
+    c = Config(ints[0], ints[1], ints[2], ints[3], ints[4], ints[6], ints[7], theta, eps, QK_NORMS[variant])
+    if P != num_params(c):
+        raise bad("checkpoint parameter count does not match its configuration")
+    copies = 3 if flags & 1 else 1
+    if len(data) != CKPT_HEADER + 4 * P * copies:
+        raise bad(f"checkpoint is {len(data)} bytes, expected {CKPT_HEADER + 4 * P * copies}")
+    if zlib.crc32(data[CKPT_HEADER:]) != crc_payload:
+        raise bad("checkpoint data is damaged (checksum mismatch)")
+    flat = np.frombuffer(data, dtype="<f4", count=P, offset=CKPT_HEADER)
+    params, off = {}, 0
+    for name, shape in tensor_shapes(c):
+        n = int(np.prod(shape))
+        params[name] = torch.from_numpy(flat[off:off + n].astype(np.float32)).view(shape)
+        off += n
+    return c, params, CheckpointInfo(step, frozen, position, bool(flags & 1))
