@@ -20,7 +20,8 @@ if [ "$what" = test ]; then
     # clang with libFuzzer's runtime, for the fuzzing harnesses of test/fuzz.
     need_cmd clang++ clang
     ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a >/dev/null 2>&1 || missing+=(libclang-rt-dev)
-    for mod in torch:python3-torch numpy:python3-numpy matplotlib:python3-matplotlib pytest:python3-pytest; do
+    for mod in torch:python3-torch numpy:python3-numpy matplotlib:python3-matplotlib pytest:python3-pytest \
+               sentencepiece:python3-sentencepiece; do
         /usr/bin/python3 -c "import ${mod%%:*}" >/dev/null 2>&1 || missing+=("${mod#*:}")
     done
 fi

@@ -94,6 +94,7 @@ def load_run(path, label):
         "groups": layer_groups(n_layer),
         "seq_len": seq_len, "tokens_per_step": tokens_per_step(options, seq_len),
         "init": started_from(options, log.notes()),
+        "variant": model_variant(config, options),
     }
 
 
@@ -145,6 +146,21 @@ def tokens_per_step(options, seq_len):
     micro-batch of batch x seq_len."""
     total = option_int(options, "total-batch")
     return total if total > 0 else option_int(options, "batch") * seq_len
+
+
+QK_NORMS = ("gain", "plain", "none")  # config.h's QkNorm, by the number the header's config holds
+
+
+def model_variant(config, options):
+    """{"qk_norm", "frozen"}: how queries and keys were normalised (logs written before the variants
+    have no qk_norm: gain) and the parameter kinds the run held fixed, those asked for with --freeze
+    and the gains a variant without them leaves at 1."""
+    index = config.get("qk_norm", 0)
+    qk_norm = QK_NORMS[index] if isinstance(index, int) and 0 <= index < len(QK_NORMS) else f"unknown ({index})"
+    frozen = [k for k in str(options.get("freeze", "")).split(",") if k]
+    if qk_norm != "gain":
+        frozen += [k for k in ("q_gain", "k_gain") if k not in frozen]
+    return {"qk_norm": qk_norm, "frozen": frozen}
 
 
 def started_from(options, notes):
@@ -505,7 +521,7 @@ def summarise(run, made=None, skipped=None, opts=None):
         "head_dim": run["D"], "sqrt_head_dim": root, "seq_len": run["seq_len"],
         "baselines": {"uniform_entropy": uniform_entropy(run["seq_len"]), "uniform_sink": uniform_sink(run["seq_len"]),
                       "isotropic_pr": isotropic_pr(run["D"])},
-        "init": run["init"],
+        "init": run["init"], "variant": run["variant"],
         "groups": run["groups"],
         "stats_steps": {"count": int(len(stats_steps)),
                         "first": int(stats_steps[0]) if len(stats_steps) else None,

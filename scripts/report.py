@@ -63,7 +63,7 @@ def run_blocks(summary, made, skipped):
                         f"{s['device']}, seed {s['seed']}. Model: {cfg.get('n_layer')} layers, {cfg.get('n_head')} "
                         f"query heads, {cfg.get('n_kv_head')} key/value heads, head_dim D = {s['head_dim']} "
                         f"(sqrt(D) = {s['sqrt_head_dim']:.2f}), d_model {cfg.get('d_model')}, sequence length "
-                        f"{s['seq_len']}. Steps recorded: {loss['steps_recorded']}"
+                        f"{s['seq_len']}, {variant_text(s['variant'])}. Steps recorded: {loss['steps_recorded']}"
                         + (f" ({loss['first_step']}..{loss['last_step']})" if loss['steps_recorded'] else "")
                         + f"; stats steps: {s['stats_steps']['count']}"
                         + (f" ({s['stats_steps']['first']}..{s['stats_steps']['last']})"
@@ -123,6 +123,12 @@ def run_blocks(summary, made, skipped):
     return blocks
 
 
+def variant_text(variant):
+    """"QK-norm gain, nothing frozen" and the like."""
+    frozen = ", ".join(variant["frozen"]) or "nothing"
+    return f"QK-norm {code(variant['qk_norm'])}, frozen: {frozen}"
+
+
 def started_text(init):
     if init["steps"] is None:
         return (f"This run started from the weights of {code(init['checkpoint'])} (-e); the log does not say how "
@@ -167,12 +173,13 @@ def comparison_blocks(summaries, made, skipped, replicates):
     for s in summaries:
         k = s["last_step"].get("k_norm", {})
         rho = s["hypotheses"]["a"].get("value")
-        rows.append([s["label"], str(s["loss"]["last_step"]), number(s["loss"]["last10_mean"], "{:.3f}"),
+        rows.append([s["label"], s["variant"]["qk_norm"], ", ".join(s["variant"]["frozen"]) or "none",
+                     str(s["loss"]["last_step"]), number(s["loss"]["last10_mean"], "{:.3f}"),
                      number(s["loss"]["val_last"], "{:.3f}")]
                     + [number(k.get(g)) for g in GROUPS]
                     + [number(s["sink_rate"]["last"], "{:.0%}"), number(rho, "{:+.3f}")])
-    blocks.append(("table", ["run", "last step", "final loss (mean of last 10)", "val loss", "k_norm early",
-                             "k_norm middle", "k_norm final", "sink rate", "Spearman rho (a)"], rows))
+    blocks.append(("table", ["run", "qk-norm", "frozen", "last step", "final loss (mean of last 10)", "val loss",
+                             "k_norm early", "k_norm middle", "k_norm final", "sink rate", "Spearman rho (a)"], rows))
     blocks.append(("table", ["run"] + [f"({i})" for i in "abcd"],
                    [[s["label"]] + [s["hypotheses"][i]["verdict"] for i in "abcd"] for s in summaries]))
     runs = "; ".join(f"{s['label']} = {code(s['log'])}" for s in summaries)

@@ -477,10 +477,26 @@ def test_comparison(log_path, tmp_path):
         assert row["k_norm"] == {g: pytest.approx(group_mean(k_norm, g)) for g in GROUPS}
         assert row["sink_rate"] == pytest.approx(np.mean(last(log, "attn_sink") > 0.3))
         assert row["spearman"] == pytest.approx(spearman(x.ravel(), y.ravel()), abs=1e-9)
-        assert f"| {row['label']} | {row['last_step']} | {row['final_loss']:.3f} |" in text
+        assert f"| {row['label']} | gain | none | {row['last_step']} | {row['final_loss']:.3f} |" in text
     assert comparison["runs"][1]["last_step"] < comparison["runs"][0]["last_step"]
     assert "Problems of short/run: the log ends at step" in text
     assert comparison["replicates"] == []  # one seed twice is no replicate
+
+
+def test_variant_and_frozen_kinds_are_reported(log_path, tmp_path):
+    """A run with --qk-norm plain and --freeze wv is reported as such, its unused gains counted as
+    frozen, beside the default run."""
+    data = log_path.parent.parent / "data"
+    run([TRAIN_BIN, "-i", data / "train_*.bin", "-j", data / "val_*.bin", *TRAIN_ARGS, "-x", 4,
+         "--qk-norm", "plain", "--freeze", "wv", "-o", tmp_path / "plain"], "the trainer")
+    out = tmp_path / "out"
+    result = report(log_path, tmp_path / "plain" / "run.attnlog", "-o", out)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    text = (out / "report.md").read_text()
+    assert summary["variant"] == {"qk_norm": "gain", "frozen": []}
+    assert "QK-norm `gain`, frozen: nothing." in text
+    assert "| plain/run | plain | wv, q_gain, k_gain | 3 |" in text
 
 
 def test_labels(log_path, tmp_path):
