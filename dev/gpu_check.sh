@@ -3,7 +3,7 @@
 # built: the PyTorch reference (made here), the CUDA parity test against it (with the determinism
 # check), every
 # dev/cuda kernel check, and short training runs of ./train through every path of its loop
-# (statistics, validation, checkpoints, resume, -e). Prints a summary line per part and ends
+# (statistics, validation, checkpoints, resume, -e) and with each QK-norm variant. Prints a summary line per part and ends
 # with "N passed, N failed" over the parity and kernel checks. Logs go to $OUT when it is set.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -48,6 +48,24 @@ if [ "$train_ok" -eq 1 ] && [ -n "$(last_losses "$logs/train_a.log")" ] &&
     passed=$((passed + 1))
 else
     echo "== training runs: FAILED (logs: train_a.log, train_resumed.log, train_init.log)"
+    failed=$((failed + 1))
+fi
+# The QK-norm variants and frozen gains train on the GPU: 30 steps each, the loss falling.
+variants_ok=1
+for variant in "--qk-norm plain" "--qk-norm none" "--freeze k_gain"; do
+    name=$(echo "$variant" | tr -d ' -')
+    # shellcheck disable=SC2086  # the variant is two words
+    "$g/bin/train" "${common[@]}" $variant -g 0 -o "$runs/$name" >"$logs/train_$name.log" 2>&1 || variants_ok=0
+    first=$(grep -E '^step +1/30' "$logs/train_$name.log" | cut -d'|' -f2 | tr -dc '0-9.')
+    final=$(grep -E '^step 30/30' "$logs/train_$name.log" | cut -d'|' -f2 | tr -dc '0-9.')
+    echo "   $variant: loss $first -> $final"
+    awk -v a="$first" -v b="$final" 'BEGIN { exit !(b != "" && b + 0 < a + 0) }' || variants_ok=0
+done
+if [ "$variants_ok" -eq 1 ]; then
+    echo "== variant runs: ok"
+    passed=$((passed + 1))
+else
+    echo "== variant runs: FAILED (logs: train_qknormplain.log, train_qknormnone.log, train_freezek_gain.log)"
     failed=$((failed + 1))
 fi
 echo "$passed passed, $failed failed"

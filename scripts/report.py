@@ -113,6 +113,8 @@ def run_blocks(summary, made, skipped):
             rows.append([cls, rule, str(tax["counts"][cls]), names])
         blocks.append(("table", ["class", "rule", "heads", "which (L = layer, H = query head)"], rows))
 
+    if "ablation" in s:
+        blocks += ablation_blocks(s["ablation"], tax)
     blocks.append(("h2", "Figures"))
     for i, (name, caption) in enumerate(made, 1):
         blocks.append(("figure", name, f"Figure {i} ({name}). {caption}"))
@@ -381,9 +383,10 @@ class Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def make_report(paths, outdir, layer, refresh=None, labels=()):
+def make_report(paths, outdir, layer, refresh=None, labels=(), checkpoint=None, data=None):
     """labels: the names of the first runs (--label), in order; the others are named by
-    attnlog.run_labels (folder/file stem)."""
+    attnlog.run_labels (folder/file stem). checkpoint: the first run's weights, whose heads are
+    then ablated one at a time on the validation batches of data (probe.py ablate)."""
     if len(labels) > len(paths):
         raise ReportError(f"--label given {len(labels)} times for {len(paths)} logs: one label per log, in order")
     runs = [load_run(p, label) for p, label in zip(paths, attnlog.run_labels(paths, labels))]
@@ -394,6 +397,8 @@ def make_report(paths, outdir, layer, refresh=None, labels=()):
     opts = {"layer": layer}
     made, skipped = draw_figures(primary, outdir, opts)
     summary = summarise(primary, made, skipped, opts)
+    if checkpoint:
+        summary["ablation"] = head_ablation(checkpoint, data, primary)
     blocks = [("h1", f"Attention-key report: {primary['label']}")]
     if len(runs) > 1:
         summaries = [summary] + [summarise(r) for r in runs[1:]]
@@ -416,6 +421,50 @@ def make_report(paths, outdir, layer, refresh=None, labels=()):
     text = json.dumps(json_ready(summary), indent=1, ensure_ascii=False, allow_nan=False)
     write_whole(outdir / "summary.json", text + "\n")
     return summary
+
+
+def head_ablation(checkpoint, data, run):
+    """The loss increase of each head's ablation (probe.py ablate) on the first ABLATION_BATCHES
+    validation batches of 2 sequences of the run's length; PyTorch is needed for this only."""
+    import probe
+    try:
+        c, params = probe.load_checkpoint(checkpoint)
+        if (c.n_layer, c.n_head) != (run["L"], run["H"]):
+            raise ReportError(f"--checkpoint {checkpoint}: {c.n_layer} layers of {c.n_head} heads, but the log's model "
+                              f"has {run['L']} of {run['H']}")
+        T = min(run["seq_len"], c.max_seq_len)
+        result = probe.ablate(params, c, probe.validation_batches(data, ABLATION_BATCHES, 2, T, c.vocab_size))
+    except probe.ProbeError as e:
+        raise ReportError(str(e)) from None
+    return {"checkpoint": str(checkpoint), "batches": ABLATION_BATCHES, "batch": 2, "seq_len": T,
+            "loss": result["loss"], "increase": result["increase"].tolist()}
+
+
+ABLATION_BATCHES = 4
+
+
+def ablation_blocks(ablation, taxonomy):
+    """The heads' loss increases beside their taxonomy classes."""
+    inc = np.array(ablation["increase"])
+    blocks = [("h2", "Head ablation"),
+              ("p", f"The weights of {code(ablation['checkpoint'])}: the validation loss is "
+                    f"{ablation['loss']:.4f} on {ablation['batches']} batches of {ablation['batch']} x "
+                    f"{ablation['seq_len']} tokens; a head's figure is how much it rises when that one head's "
+                    "attention output is zeroed (scripts/probe.py ablate), so that each class of the taxonomy can be read "
+                    "against what its heads do for the loss.")]
+    if taxonomy["available"]:
+        rows = []
+        for cls in taxonomy["rules"]:
+            members = [h for h in taxonomy["heads"] if h["class"] == cls]
+            values = [inc[h["layer"], h["head"]] for h in members if h["layer"] < inc.shape[0]]
+            rows.append([cls, str(len(members)), number(np.mean(values) if values else None, "{:+.4f}"),
+                         ", ".join(f"L{h['layer']}H{h['head']} {inc[h['layer'], h['head']]:+.4f}" for h in members)
+                         or "none"])
+        blocks.append(("table", ["class", "heads", "mean loss increase", "each head"], rows))
+    else:
+        blocks.append(("table", ["layer"] + [f"H{h}" for h in range(inc.shape[1])],
+                       [[str(l)] + [f"{v:+.4f}" for v in row] for l, row in enumerate(inc)]))
+    return blocks
 
 
 def write_whole(path, text):
@@ -442,6 +491,11 @@ def main(argv=None):
     parser.add_argument("--idle", type=float, default=600.0, metavar="SECONDS",
                         help="with --follow: stop when the log has not grown (or, missing, not appeared) for this "
                         "long (default 600)")
+    parser.add_argument("--checkpoint", metavar="CKPT",
+                        help="the first run's checkpoint: report the loss increase when each head is ablated, beside "
+                        "the head taxonomy (needs PyTorch)")
+    parser.add_argument("--data", default=str(Path(__file__).resolve().parent.parent / "data" / "brown"), metavar="DIR",
+                        help="with --checkpoint: the folder of the validation shards (default: the default corpus)")
     args = parser.parse_args(argv)
     if args.follow and len(args.logs) != 1:
         parser.error(f"--follow follows one log, not {len(args.logs)}")
@@ -453,7 +507,8 @@ def main(argv=None):
             return follow(args.logs[0], outdir,
                           lambda refresh: make_report(args.logs, outdir, args.layer, refresh, args.label),
                           args.interval, args.idle)
-        summary = make_report(args.logs, outdir, args.layer, labels=args.label)
+        summary = make_report(args.logs, outdir, args.layer, labels=args.label, checkpoint=args.checkpoint,
+                              data=args.data)
     except (attnlog.LogError, ReportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

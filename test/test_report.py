@@ -1036,3 +1036,31 @@ def test_follow_options(log_path, tmp_path):
     assert_one_line_error(report("--follow", log_path, "--interval", 0), "--interval")
     assert_one_line_error(report("--follow", tmp_path / "absent.attnlog", "--idle", 0.5, "--interval", 0.1),
                           "absent.attnlog", "did not appear")
+
+
+@pytest.mark.parametrize("which", ["tiny", "trained"])
+def test_head_ablation(which, log_path, trained_paths, tmp_path):
+    """With the run's checkpoint, the report gives each head's loss increase when it is ablated
+    (probe.py's numbers on the same validation batches): grouped by the taxonomy's classes when
+    there is a taxonomy (the trained run), else as a layer x head table (the tiny run)."""
+    import probe
+    path = log_path if which == "tiny" else trained_paths[0]
+    data, ckpt, out = log_path.parent.parent / "data", path.parent / "model.ckpt", tmp_path / "out"
+    result = report(path, "--checkpoint", ckpt, "--data", data, "-o", out)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    ablation, taxonomy = summary["ablation"], summary["taxonomy"]
+    c, params = probe.load_checkpoint(str(ckpt))
+    want = probe.ablate(params, c, probe.validation_batches(str(data), ablation["batches"], 2, T, c.vocab_size))
+    assert ablation["loss"] == pytest.approx(want["loss"], rel=1e-12)
+    assert np.allclose(ablation["increase"], want["increase"], rtol=1e-9, atol=1e-12)
+    text = (out / "report.md").read_text()
+    cells = {(l, h): f"{v:+.4f}" for (l, h), v in np.ndenumerate(want["increase"])}
+    assert taxonomy["available"] == (which == "trained")
+    if taxonomy["available"]:
+        assert all(f"L{h['layer']}H{h['head']} {cells[h['layer'], h['head']]}" in text for h in taxonomy["heads"])
+    else:
+        for l in range(LAYERS):
+            assert "| " + " | ".join([str(l)] + [cells[l, h] for h in range(HEADS)]) + " |" in text
+    wrong = report(path, "--checkpoint", path, "-o", tmp_path / "bad")
+    assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1 and "not a checkpoint" in wrong.stderr

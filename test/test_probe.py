@@ -1,0 +1,391 @@
+"""Tests of scripts/probe.py: its numbers against the statistics test/reference.py computes from their
+definitions, against derivations by hand and against explicitly formed matrices; and its command
+line end to end, on a validation shard and a tokenizer written here.
+
+    /usr/bin/python3 -m pytest -q test/test_probe.py
+
+The checkpoint is the reference's trained state (3 layers, 4 query heads reading 2 kv heads, D = 64,
+vocabulary 320, T = 64) from build/ref, which make test writes; without it the reference runs into a
+temporary folder first (about 10 s).
+"""
+import io
+import json
+import math
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "test"))
+import probe  # noqa: E402
+import reference  # noqa: E402
+from model_torch import Config, forward, init_params  # noqa: E402
+
+SCRIPT = ROOT / "scripts" / "probe.py"
+SCALES = [0, 0.25, 0.5, 1, 2, 4]
+SENTENCES = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves nine",
+             "all that glitters is not gold", "the early bird catches the worm", "actions speak louder than words"]
+
+
+def read_tensorfile(path):
+    """{name: array} of a file of reference.write_tensorfile: magic, u32 version, u32 count, then per
+    tensor u16 name length, name, u8 dtype (0 f32, 1 i32, 2 f64), u8 ndim, i64 dims, the data."""
+    data = Path(path).read_bytes()
+    assert data[:8] == b"ATTNTNSR", f"{path}: not a tensor file"
+    (count,) = struct.unpack_from("<I", data, 12)
+    offset, tensors = 16, {}
+    for _ in range(count):
+        (length,) = struct.unpack_from("<H", data, offset)
+        name = data[offset + 2:offset + 2 + length].decode()
+        code, ndim = struct.unpack_from("<BB", data, offset + 2 + length)
+        offset += 4 + length
+        shape = struct.unpack_from(f"<{ndim}q", data, offset)
+        offset += 8 * ndim
+        dtype = np.dtype({0: "<f4", 1: "<i4", 2: "<f8"}[code])
+        n = int(np.prod(shape))
+        tensors[name] = np.frombuffer(data, dtype, n, offset).reshape(shape).copy()
+        offset += n * dtype.itemsize
+    return tensors
+
+
+def write_shard(path, ids, version=1):
+    """A token shard as llmc/dataloader.h reads it: 256 int32 (magic, version, count, zeros), the ids."""
+    header = np.zeros(256, "<i4")
+    header[:3] = [20240520, version, len(ids)]
+    Path(path).write_bytes(header.tobytes() + np.asarray(ids, {1: "<u2", 2: "<u4"}[version]).tobytes())
+
+
+# -- fixtures ------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ref_dir(tmp_path_factory):
+    built = ROOT / "build" / "ref"
+    if (built / "trained.ckpt").exists() and (built / "debug_trained.bin").exists():
+        return built
+    out = tmp_path_factory.mktemp("ref")
+    subprocess.run([sys.executable, str(ROOT / "test" / "reference.py"), "--out", str(out)], check=True,
+                   capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def checkpoint(ref_dir):
+    return str(ref_dir / "trained.ckpt")
+
+
+@pytest.fixture(scope="module")
+def trained(checkpoint):
+    return probe.load_checkpoint(checkpoint)
+
+
+@pytest.fixture(scope="module")
+def logged(ref_dir):
+    """The reference's batch, loss and statistics of the trained state, from their definitions."""
+    return read_tensorfile(ref_dir / "debug_trained.bin")
+
+
+@pytest.fixture(scope="module")
+def batch(logged):
+    return [(torch.from_numpy(logged["tokens"]).long(), torch.from_numpy(logged["targets"]).long())]
+
+
+@pytest.fixture(scope="module")
+def swept(trained, batch):
+    c, params = trained
+    return probe.sweep(params, c, batch, SCALES)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory, logged):
+    """A validation shard of the reference's structured tokens (ids < 320) and a SentencePiece model
+    of 60 pieces (within the checkpoint's vocabulary), as --data expects them."""
+    import sentencepiece
+    folder = tmp_path_factory.mktemp("data")
+    write_shard(folder / "val_000000.bin", np.tile(logged["tokens"].ravel(), 3))
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(SENTENCES * 20), model_writer=model,
+                                             vocab_size=60, hard_vocab_limit=False, model_type="bpe", unk_id=0,
+                                             bos_id=1, eos_id=2, minloglevel=2)
+    (folder / "tokenizer.model").write_bytes(model.getvalue())
+    return folder
+
+
+# -- sweep -----------------------------------------------------------------------------------------------
+
+def test_sweep_at_scale_one_is_the_logged_telemetry(swept, logged):
+    one = SCALES.index(1)
+    np.testing.assert_allclose(swept["entropy"][one], logged["stat.attn_entropy"], rtol=1e-6)
+    np.testing.assert_allclose(swept["maxp"][one], logged["stat.attn_maxp"], rtol=1e-6)
+    assert swept["loss"][one] == pytest.approx(logged["loss"][0], rel=1e-9)
+
+
+def test_sweep_at_scale_zero_is_uniform_causal_attention(swept):
+    # Every logit 0: row t spreads 1/(t+1) over its t+1 positions, entropy ln(t+1), peak 1/(t+1).
+    T = 64
+    entropy = math.fsum(math.log(t + 1) for t in range(T)) / T  # 3.2057531169...
+    peak = math.fsum(1 / (t + 1) for t in range(T)) / T
+    np.testing.assert_allclose(swept["entropy"][0], entropy, rtol=1e-12)
+    np.testing.assert_allclose(swept["maxp"][0], peak, rtol=1e-12)
+    assert np.all(swept["score_abs"][0] == 0)
+
+
+def test_sweep_logit_size_is_linear_in_the_scale(swept):
+    # Exactly so in layer 0, whose input the scale cannot reach; the deeper layers read what the
+    # scaled attention of the layers below wrote, so their logits change by more than the factor.
+    one = swept["score_abs"][SCALES.index(1)]
+    assert np.all(one > 0)
+    for s, score_abs in zip(SCALES, swept["score_abs"]):
+        np.testing.assert_allclose(score_abs[0], s * one[0], rtol=1e-12)
+    assert not np.allclose(swept["score_abs"][-1, 1:], 4 * one[1:], rtol=1e-3)
+
+
+def test_sweep_entropy_falls_as_the_scale_grows(swept):
+    # d/ds of the entropy of softmax(s x) is -s Var_p(x): negative for s > 0 unless x is constant.
+    assert np.all(np.diff(swept["entropy"], axis=0) < 0)
+    assert np.all(np.diff(swept["maxp"], axis=0) > 0)
+
+
+def test_sweep_leaves_a_head_of_constant_logits_uniform(trained, batch, swept):
+    # With its W_Q rows zero, head 1 of layer 0 scores every key 0 at every scale.
+    c, params = trained
+    flat = dict(params)
+    flat["layers.0.wq"] = params["layers.0.wq"].clone()
+    flat["layers.0.wq"][64:128] = 0
+    result = probe.sweep(flat, c, batch, SCALES)
+    np.testing.assert_allclose(result["entropy"][:, 0, 1], swept["entropy"][0, 0, 1], rtol=1e-12)
+    assert np.all(np.diff(result["entropy"][:, 0, 0]) < 0)
+
+
+# -- svd -------------------------------------------------------------------------------------------------
+
+def tiny_params(qk_norm="gain"):
+    """One kv head of D = 2 read by two query heads, C = 4, in two layers. e1..e4 are the unit vectors of
+    the residual stream; every W_K is [e1; e2]."""
+    c = Config(vocab_size=8, n_layer=2, n_head=2, n_kv_head=1, head_dim=2, d_ff=4, max_seq_len=4, qk_norm=qk_norm)
+    params = {name: t.double() for name, t in init_params(c, 0).items()}
+    r = 1 / math.sqrt(2)
+    rows = {0: [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]],
+            1: [[1, 0, 0, 0], [0, r, r, 0], [0, 0, 0, 2], [-1, -1, 0, 0]]}
+    for l in (0, 1):
+        params[f"layers.{l}.wq"] = torch.tensor(rows[l], dtype=torch.float64)
+        params[f"layers.{l}.wk"] = torch.tensor([[1, 0, 0, 0], [0, 1, 0, 0]], dtype=torch.float64)
+    params["layers.0.q_gain"] = torch.tensor([3.0, 1.0], dtype=torch.float64)
+    params["layers.0.k_gain"] = torch.tensor([2.0, 1.0], dtype=torch.float64)
+    return c, params
+
+
+def erank(*sv):
+    p = np.array(sv) / sum(sv)
+    return math.exp(-(p * np.log(p)).sum())
+
+
+def test_svd_of_a_hand_built_model():
+    c, params = tiny_params()
+    result = probe.svd_probe(params, c)
+    r = 1 / math.sqrt(2)
+    # Layer 0, gains g_q = (3, 1), g_k = (2, 1).
+    #   head 0, W_Q = W_K: M = W_K^T diag(6, 1) W_K, singular values (6, 1), effective rank
+    #     exp(ln 7 - (6/7) ln 6) = 1.50699; the same row space: principal cosines (1, 1); the row
+    #     cosines are the identity: mean |cos| 2/4, max 1, diagonal mean 1.
+    #   head 1, W_Q = [e3; e4]: M = 6 e3 e1^T + e4 e2^T, singular values (6, 1) again, but the row
+    #     spaces are orthogonal: principal cosines (0, 0), every row cosine 0.
+    # Layer 1, gains 1.
+    #   head 0, W_Q = [e1; (e2 + e3)/sqrt 2]: M maps e1 to e1 and e2 to (e2 + e3)/sqrt 2, so its
+    #     singular values are (1, 1), blind to the tilt, which the principal cosines (1, 1/sqrt 2)
+    #     and the row cosines diag(1, 1/sqrt 2) show.
+    #   head 1, W_Q = [2 e4; -e1 - e2]: M^T M = 4 e1 e1^T + 2 e2 e2^T, singular values (2, sqrt 2);
+    #     the spans share (e1 + e2)/sqrt 2 and e4 is orthogonal to both of W_K's rows: cosines (1, 0);
+    #     row cosines [[0, 0], [-r, -r]] with r = 1/sqrt 2: mean |cos| r/2, max r, diagonal mean -r/2.
+    expected = {
+        (0, 0): ([6, 1], [1, 1], (0.5, 1, 1)),
+        (0, 1): ([6, 1], [0, 0], (0, 0, 0)),
+        (1, 0): ([1, 1], [1, r], ((1 + r) / 4, 1, (1 + r) / 2)),
+        (1, 1): ([2, math.sqrt(2)], [1, 0], (r / 2, r, -r / 2)),
+    }
+    assert erank(6, 1) == pytest.approx(1.5069930657725379, rel=1e-15)
+    for (l, h), (sv, cosines, row_cos) in expected.items():
+        np.testing.assert_allclose(result["singular_values"][l, h], sv, rtol=1e-12, atol=1e-15)
+        assert result["effective_rank"][l, h] == pytest.approx(erank(*sv), rel=1e-12)
+        np.testing.assert_allclose(result["principal_cosines"][l, h], cosines, atol=1e-12)
+        assert result["cos_mean"][l, h] == pytest.approx(np.mean(cosines), abs=1e-12)
+        assert result["cos_max"][l, h] == pytest.approx(max(cosines), abs=1e-12)
+        got = [result[name][l, h] for name in ("qk_row_cos_abs_mean", "qk_row_cos_abs_max", "qk_row_cos_diag_mean")]
+        np.testing.assert_allclose(got, row_cos, atol=1e-12)
+
+
+def test_svd_without_gains_ignores_the_stored_gains():
+    # --qk-norm plain holds the gains at 1 whatever the checkpoint stores: layer 0's heads have (1, 1).
+    c, params = tiny_params("plain")
+    np.testing.assert_allclose(probe.svd_probe(params, c)["singular_values"][0], [[1, 1], [1, 1]], rtol=1e-12)
+
+
+def test_svd_of_the_trained_model_matches_the_explicit_matrix(trained):
+    c, params = trained
+    result = probe.svd_probe(params, c)
+    D, group = c.head_dim, c.n_head // c.n_kv_head
+    for l in range(c.n_layer):
+        g_q, g_k = params[f"layers.{l}.q_gain"], params[f"layers.{l}.k_gain"]
+        for h in range(c.n_head):
+            A = g_q[:, None] * params[f"layers.{l}.wq"][h * D:(h + 1) * D]
+            B = g_k[:, None] * params[f"layers.{l}.wk"][h // group * D:(h // group + 1) * D]
+            M = A.T @ B  # [C, C], of rank D
+            sv = torch.linalg.svdvals(M).numpy()
+            np.testing.assert_allclose(result["singular_values"][l, h], sv[:D], rtol=1e-9)
+            assert sv[D:].max() < 1e-12 * sv[0]
+            assert result["effective_rank"][l, h] == pytest.approx(reference.effective_rank(M), rel=1e-9)
+            # Principal cosines the textbook way: orthonormal bases by QR, the singular values of their product.
+            cosines = torch.linalg.svdvals(torch.linalg.qr(A.T)[0].T @ torch.linalg.qr(B.T)[0]).numpy()
+            np.testing.assert_allclose(result["principal_cosines"][l, h], cosines, atol=1e-9)
+
+
+# -- ablate ----------------------------------------------------------------------------------------------
+
+def test_ablate(trained, batch, logged):
+    c, params = trained
+    result = probe.ablate(params, c, batch)
+    assert result["loss"] == pytest.approx(logged["loss"][0], rel=1e-9)
+    assert result["increase"].shape == (c.n_layer, c.n_head)
+    assert np.all(result["increase"] != 0)
+    # Zeroing a head's output is zeroing its columns of wo: the same loss.
+    D = c.head_dim
+    cut = dict(params)
+    cut["layers.1.wo"] = params["layers.1.wo"].clone()
+    cut["layers.1.wo"][:, 2 * D:3 * D] = 0
+    assert probe.mean_loss(cut, c, batch) - result["loss"] == pytest.approx(result["increase"][1, 2], rel=1e-9)
+    # A head whose output projection is already zero has nothing left to remove.
+    assert probe.ablate(cut, c, batch)["increase"][1, 2] == 0.0
+
+
+# -- pattern ---------------------------------------------------------------------------------------------
+
+def test_attention_pattern(trained, logged):
+    c, params = trained
+    tokens = torch.from_numpy(logged["tokens"][1]).long()
+    att = probe.attention_pattern(params, c, tokens, 2, 3)
+    np.testing.assert_allclose(att.sum(axis=1), 1, rtol=1e-12)
+    assert np.all(np.triu(att, 1) == 0)
+    taps = {}
+    with torch.no_grad():
+        forward(params, c, tokens[None], taps=taps)
+    np.testing.assert_array_equal(att, taps[2]["att"][0, 3].numpy())
+    with pytest.raises(probe.ProbeError, match="--head 4"):
+        probe.attention_pattern(params, c, tokens, 2, 4)
+
+
+def test_encode_takes_up_to_max_seq_len_tokens(trained, data_dir):
+    c, _ = trained
+    tokenizer = str(data_dir / "tokenizer.model")
+    ids, pieces = probe.encode(tokenizer, " ".join(["the"] * 63), c)
+    assert len(ids) == 64 and pieces[0] == "<s>" and set(pieces[1:]) == {"\u2581the"}
+    with pytest.raises(probe.ProbeError, match="--text: 65 tokens"):
+        probe.encode(tokenizer, " ".join(["the"] * 64), c)
+
+
+# -- data ------------------------------------------------------------------------------------------------
+
+def test_validation_batches_walk_the_shards_as_the_trainer(tmp_path):
+    # B = 2, T = 4: windows of 9 tokens at offsets 0, 8, ...: two in a shard of 20 tokens, one in 9.
+    first, second = np.arange(100, 120), np.arange(200, 209)
+    write_shard(tmp_path / "val_000000.bin", first, version=2)
+    write_shard(tmp_path / "val_000001.bin", second)
+    write_shard(tmp_path / "train_000000.bin", np.arange(50))
+    batches = probe.validation_batches(str(tmp_path), 3, 2, 4, 320)
+    for (tokens, targets), window in zip(batches, [first[0:9], first[8:17], second[0:9]]):
+        np.testing.assert_array_equal(tokens.numpy(), window[:-1].reshape(2, 4))
+        np.testing.assert_array_equal(targets.numpy(), window[1:].reshape(2, 4))
+    with pytest.raises(probe.ProbeError, match="3 windows of B\\*T\\+1 = 9 tokens, fewer than --batches 4"):
+        probe.validation_batches(str(tmp_path), 4, 2, 4, 320)
+    with pytest.raises(probe.ProbeError, match="val_000000.bin: token id 119 at position 19 is outside"):
+        probe.validation_batches(str(tmp_path), 1, 2, 4, 119)
+    (tmp_path / "val_000000.bin").write_bytes((tmp_path / "val_000000.bin").read_bytes()[:-1])
+    with pytest.raises(probe.ProbeError, match="val_000000.bin: 1103 bytes, but the header says 20 tokens"):
+        probe.validation_batches(str(tmp_path), 1, 2, 4, 320)
+
+
+# -- the command line ------------------------------------------------------------------------------------
+
+def run(*args):
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, cwd=ROOT)
+
+
+def assert_png(path):
+    assert Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+
+
+def test_cli_sweep(checkpoint, trained, data_dir, tmp_path):
+    result = run("sweep", checkpoint, "--data", data_dir, "--scale", "2,0.5,1", "--out", tmp_path,
+                 "--json", tmp_path / "sweep.json")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line.split(": validation loss ")[0] for line in lines[:3]] == ["s = 0.5", "s = 1", "s = 2"]
+    header = next(i for i, line in enumerate(lines) if line.split()[:3] == ["s", "layer", "head"])
+    assert len([line for line in lines[header + 1:] if not line.startswith("wrote")]) == 3 * 3 * 4
+    assert_png(tmp_path / "trained_sweep.png")
+    document = json.loads((tmp_path / "sweep.json").read_text())
+    assert document["scales"] == [0.5, 1, 2]
+    assert (document["batches"], document["batch"], document["seq_len"]) == (2, 2, 64)
+    c, params = trained
+    batches = probe.validation_batches(str(data_dir), 2, 2, 64, c.vocab_size)
+    assert document["loss"][1] == pytest.approx(probe.mean_loss(params, c, batches), rel=1e-12)
+
+
+def test_cli_svd(checkpoint, tmp_path):
+    result = run("svd", checkpoint, "--out", tmp_path, "--json", tmp_path / "svd.json")
+    assert result.returncode == 0, result.stderr
+    assert "sigma_1" in result.stdout and "erank" in result.stdout
+    assert len(result.stdout.splitlines()) >= 1 + 3 * 4
+    assert_png(tmp_path / "trained_svd.png")
+    assert np.array(json.loads((tmp_path / "svd.json").read_text())["singular_values"]).shape == (3, 4, 64)
+
+
+def test_cli_ablate(checkpoint, data_dir, tmp_path):
+    result = run("ablate", checkpoint, "--data", data_dir, "--batches", 1, "--out", tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "intact validation loss" in result.stdout and "the heads the loss needs most" in result.stdout
+    assert_png(tmp_path / "trained_ablate.png")
+
+
+def test_cli_pattern(checkpoint, data_dir, tmp_path):
+    import sentencepiece
+    text = "the lazy dog catches the early bird"
+    result = run("pattern", checkpoint, "--data", data_dir, "--text", text, "--layer", 1, "--head", 2,
+                 "--out", tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert_png(tmp_path / "trained_pattern_L1_H2.png")
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(data_dir / "tokenizer.model"))
+    pieces = ["<s>"] + sp.encode(text, out_type=str)
+    rows = result.stdout.splitlines()[1:1 + len(pieces)]
+    assert [row.split()[1] for row in rows] == [repr(piece) for piece in pieces]
+
+
+@pytest.mark.parametrize("args, names", [
+    (["svd", "missing.ckpt"], "missing.ckpt: cannot read"),
+    (["sweep", "CKPT", "--data", "no/such/folder"], "no/such/folder: no validation shard (val_*.bin)"),
+    (["sweep", "CKPT", "--data", "DATA", "--scale", "1,x"], "--scale: '1,x' is not a comma-separated list"),
+    (["sweep", "CKPT", "--data", "DATA", "--scale", "-1"], "--scale: '-1': every scale must be"),
+    (["ablate", "CKPT", "--data", "DATA", "--seq-len", "65"], "--seq-len 65: longer than the checkpoint's max_seq_len"),
+    (["pattern", "CKPT", "--data", "DATA", "--text", "the dog", "--layer", "3", "--head", "0"], "--layer 3"),
+    (["pattern", "CKPT", "--data", "DATA", "--text", "the dog", "--layer", "0", "--head", "-1"], "--head -1"),
+    (["pattern", "CKPT", "--data", "DATA", "--text", "", "--layer", "0", "--head", "0"], "--text: empty"),
+    (["pattern", "CKPT", "--data", "DATA", "--text", " ".join(SENTENCES * 2), "--layer", "0", "--head", "0"],
+     "tokens (BOS included), more than max_seq_len 64"),
+    (["pattern", "CKPT", "--tokenizer", "no.model", "--text", "the dog", "--layer", "0", "--head", "0"],
+     "no.model: no such file"),
+])
+def test_cli_errors(args, names, checkpoint, data_dir, capsys):
+    argv = [{"CKPT": checkpoint, "DATA": str(data_dir)}.get(a, a) for a in args]
+    assert probe.main(argv) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("error: ") and names in err, err
+
+
+def test_cli_error_exit_status(tmp_path):
+    result = run("sweep", tmp_path / "missing.ckpt")
+    assert result.returncode == 1
+    assert result.stderr == f"error: {tmp_path / 'missing.ckpt'}: cannot read (No such file or directory)\n"
