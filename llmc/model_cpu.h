@@ -263,7 +263,7 @@ inline void attention_forward(float* atty, float* lse, float* row_stats, const f
                     float* row = &S[(size_t)t * T];
                     float m = -INFINITY;
 #pragma omp simd reduction(max : m)
-                    for (int j = 0; j <= t; j++) m = fmaxf(m, row[j]);
+                    for (int j = 0; j <= t; j++) m = row[j] > m ? row[j] : m;  // (fmaxf would not vectorise)
                     float l = 0.0f, a = 0.0f;
 #pragma omp simd reduction(+ : l, a)
                     for (int j = 0; j <= t; j++) {
@@ -367,7 +367,7 @@ inline void crossentropy_forward(float* losses, float* row_lse, const float* log
         const float* z = logits + (size_t)n * V;
         float m = -INFINITY;
 #pragma omp simd reduction(max : m)
-        for (int i = 0; i < V; i++) m = fmaxf(m, z[i]);
+        for (int i = 0; i < V; i++) m = z[i] > m ? z[i] : m;
         float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
         for (int i = 0; i < V; i++) sum += expf(z[i] - m);

@@ -41,17 +41,18 @@ def run_train(args, out_dir, extra, threads=None):
 
 
 def bench_torch(args, c, B, T, threads):
-    """The PyTorch reference (test/reference.py) training the same model on the same shard: the ms
-    of each step after the warm-up."""
+    """The PyTorch model (scripts/model_torch.py) training the same model on the same shard with the
+    reference's optimiser (test/reference.py): the ms of each step after the warm-up."""
     import numpy as np
     import torch
+    import model_torch
     import reference
     torch.set_num_threads(threads)
     shard = os.path.join(ROOT, args.data_dir, "train_000000.bin")
     header = np.fromfile(shard, dtype="<i4", count=256)
     tokens = np.fromfile(shard, dtype="<u2" if header[1] == 1 else "<u4", offset=1024).astype(np.int64)
-    p = {n: t.clone().requires_grad_(True) for n, t in reference.init_params(c, 1337).items()}
-    opt = reference.make_optimizer(p, 0.1)
+    p = {n: t.clone().requires_grad_(True) for n, t in model_torch.init_params(c, 1337).items()}
+    opt, _ = reference.make_optimizer(p, 0.1, frozen=())
     times = []
     for step in range(args.steps):
         start = step * B * T
@@ -59,7 +60,7 @@ def bench_torch(args, c, B, T, threads):
         x, y = chunk[:-1].view(B, T), chunk[1:].view(B, T)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        _, loss = reference.forward(p, c, x, y)
+        _, loss = model_torch.forward(p, c, x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(p.values()), 1.0)
         for group in opt.param_groups:
@@ -102,7 +103,7 @@ def spread(ms):
 def cpu(args):
     """./train against PyTorch at each thread count, the two alternating over several repetitions
     (on a noisy machine one run of each is not a comparison), and the cost of telemetry."""
-    import reference
+    import model_torch
     import torch
     B, T = 8, 256
     usage = re.search(r"CPU capability usage: (\w+)", torch.__config__.show())
@@ -123,8 +124,8 @@ def cpu(args):
 
             log = run_ours("first")
             cfg = log.config
-            c = reference.Config(cfg["vocab_size"], cfg["n_layer"], cfg["n_head"], cfg["n_kv_head"], cfg["head_dim"],
-                                 cfg["d_ff"], cfg["max_seq_len"])
+            c = model_torch.Config(cfg["vocab_size"], cfg["n_layer"], cfg["n_head"], cfg["n_kv_head"],
+                                   cfg["head_dim"], cfg["d_ff"], cfg["max_seq_len"])
             ours.clear()
             for rep in range(args.repeats):
                 order = [lambda: run_ours(rep), lambda: theirs.extend(bench_torch(args, c, B, T, threads))]
