@@ -10,6 +10,9 @@
 # The PyTorch reference is made on the GPU machine (its python3 has torch), which keeps what
 # travels under the device tool's 64 MiB. Then, there, from the repository root:
 #   bash build/gpu/check.sh
+# and the benchmark (./train against PyTorch eager and torch.compile, statistics never, every 10
+# steps and every step, batch 8 and 4; then the per-kernel times):
+#   TRAIN_BIN=build/gpu/bin/train LD_LIBRARY_PATH=build/gpu/lib python3 scripts/bench.py gpu --data-dir build/gpu/data --kernels
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=build/gpu

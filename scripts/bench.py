@@ -3,13 +3,18 @@
     /usr/bin/python3 scripts/bench.py cpu   ./train against PyTorch on the same model, data,
                                             machine and threads (1 and all cores), alternating over
                                             several repetitions; and the cost of telemetry
-    /usr/bin/python3 scripts/bench.py gpu   the d22 model at T = 2048 on the GPU: tokens/s, ms/step,
-                                            MFU, a per-phase breakdown, telemetry every step vs never
+    /usr/bin/python3 scripts/bench.py gpu   the d22 model at T = 2048 on the GPU, batch 8 and 4: ./train
+                                            and PyTorch (eager, torch.compile) with statistics never,
+                                            every 10 steps and every step, in one table each; tokens/s,
+                                            ms/step, MFU, ratios, ./train's phases; --kernels adds the
+                                            per-kernel times of the dev/cuda checks
 
-Each figure is the median over the timed steps (the first steps, which warm up, are left out), and
-every comparison is measured within the one invocation, on the same machine.
+The CPU figures are medians over the timed steps, the GPU rows means (so that stats steps count
+with their share); the first steps, which warm up, are left out. Every comparison is measured
+within the one invocation, on the same machine.
 """
 import argparse
+import glob
 import math
 import os
 import re
@@ -20,6 +25,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = os.environ.get("TRAIN_BIN", os.path.join(ROOT, "train"))  # dev/gpu_bundle.sh's build/gpu/bin/train on a GPU machine
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 sys.path.insert(0, os.path.join(ROOT, "test"))
 import attnlog  # noqa: E402
@@ -28,8 +34,9 @@ import attnlog  # noqa: E402
 def run_train(args, out_dir, extra, threads=None):
     """Runs ./train; returns (median ms per step after warm-up, profile lines, log)."""
     threads = threads or max(args.threads)
-    cmd = [os.path.join(ROOT, "train"), "-o", out_dir, "-g", "0", "-v", "0", "--val-batches", "1",
-           "--threads", str(threads)] + extra
+    data = os.path.join(ROOT, args.data_dir)
+    cmd = [TRAIN, "-i", os.path.join(data, "train_*.bin"), "-j", os.path.join(data, "val_*.bin"), "-o", out_dir,
+           "-g", "0", "-v", "0", "--val-batches", "1", "--threads", str(threads)] + extra
     proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         sys.exit(f"error: ./train failed ({' '.join(cmd)}):\n{proc.stdout[-2000:]}")
@@ -158,10 +165,29 @@ def cpu_name():
         return "unknown"
 
 
-def bench_torch_gpu(args, cfg, B, T, steps):
+STATS_CADENCES = [("never", 0), ("every 10 steps", 10), ("every step", 1)]
+
+
+def reports_statistics(k, scores):
+    """The statistics the research reports compute with hooks, as a PyTorch user writes them: per kv
+    head the post-norm keys' mean L2 norm, largest |component| and participation ratio (seed 004's
+    snippet), per query head the attention entropy of the materialised causal softmax (seed 002).
+    k: [B, Hkv, T, D] before RoPE; scores: [B, H, T, T] logits, -inf above the diagonal."""
+    import torch
+    k = k.float()
+    sq = k.pow(2).sum(-1)
+    p = torch.softmax(scores.float(), dim=-1)
+    entropy = -(p * p.clamp_min(1e-30).log()).sum(-1)
+    return [sq.sqrt().mean((0, 2)), k.abs().amax(-1).mean((0, 2)), (sq.pow(2) / k.pow(4).sum(-1)).mean((0, 2)),
+            entropy.mean((0, 2))]
+
+
+def bench_torch_gpu(args, cfg, B, T, steps, compiled, every):
     """The same model written the way a PyTorch user would for speed on a GPU: bf16 autocast,
-    fused scaled-dot-product attention, fused AdamW (optionally torch.compile). Needs PyTorch >= 2.5.
-    Returns median ms per step, or None when this PyTorch lacks what it needs."""
+    fused scaled-dot-product attention, fused AdamW, optionally torch.compile; on stats steps (every
+    `every` steps, 0: never) the forward also computes reports_statistics and the step copies them to
+    the host. Needs PyTorch >= 2.5. Returns the mean ms per step after the warm-up (stats steps
+    included in their share), or None when this PyTorch lacks what it needs."""
     import torch
     import torch.nn.functional as F
     if not torch.cuda.is_available() or not hasattr(F, "rms_norm"):
@@ -180,6 +206,7 @@ def bench_torch_gpu(args, cfg, B, T, steps):
     inv = 10000.0 ** (-torch.arange(0, D, 2, device=dev, dtype=torch.float64) / D)
     ang = torch.arange(T, device=dev, dtype=torch.float64)[:, None] * inv[None]
     cos, sin = ang.cos().float()[None, None], ang.sin().float()[None, None]
+    causal = torch.ones(T, T, device=dev, dtype=torch.bool).tril()
 
     def rope(x):
         x1, x2 = x[..., : D // 2], x[..., D // 2:]
@@ -188,72 +215,121 @@ def bench_torch_gpu(args, cfg, B, T, steps):
     def norm(x, gain):  # the gain in the activations' dtype, so that the fused kernel applies
         return F.rms_norm(x, (x.shape[-1],), gain.to(x.dtype), 1e-5)
 
-    def forward(tokens, targets):
-        x = wte[tokens]
+    def forward(tokens, targets, with_stats):
+        x, stats = wte[tokens], []
         for p in layers:
             h = norm(x, p["attn_norm"])
             q, k, v = (h @ p["wqkv"].T).split([H * D, Hkv * D, Hkv * D], dim=-1)
             q = norm(q.view(B, T, H, D), p["q_gain"]).transpose(1, 2)
             k = norm(k.view(B, T, Hkv, D), p["k_gain"]).transpose(1, 2)
             v = v.view(B, T, Hkv, D).transpose(1, 2)
-            y = F.scaled_dot_product_attention(rope(q).to(v.dtype), rope(k).to(v.dtype), v, is_causal=True,
-                                               enable_gqa=Hkv != H)
+            qr, kr = rope(q).to(v.dtype), rope(k).to(v.dtype)
+            if with_stats:  # what a hook on the k norm and a materialised attention matrix give
+                scores = (qr @ kr.repeat_interleave(H // Hkv, dim=1).transpose(-1, -2)) / math.sqrt(D)
+                stats += reports_statistics(k.detach(), scores.detach().masked_fill(~causal, float("-inf")))
+            y = F.scaled_dot_product_attention(qr, kr, v, is_causal=True, enable_gqa=Hkv != H)
             x = x + y.transpose(1, 2).reshape(B, T, H * D) @ p["wo"].T
             h = norm(x, p["mlp_norm"])
             a, b = (h @ p["w13"].T).chunk(2, dim=-1)
             x = x + (F.silu(a) * b) @ p["w2"].T
         logits = norm(x, final_norm) @ wte.T
-        return F.cross_entropy(logits.float().reshape(-1, V), targets.reshape(-1))
+        return F.cross_entropy(logits.float().reshape(-1, V), targets.reshape(-1)), stats
 
-    step_fn = torch.compile(forward) if args.torch_compile else forward
+    step_fn = torch.compile(forward) if compiled else forward
     opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     tokens = torch.randint(0, V, (B, T + 1), device=dev)
     times = []
-    for _ in range(steps):
+    for step in range(steps):
+        with_stats = every > 0 and step % every == 0
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = step_fn(tokens[:, :-1], tokens[:, 1:])
+            loss, stats = step_fn(tokens[:, :-1], tokens[:, 1:], with_stats)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
+        if stats:
+            torch.cat(stats).cpu()  # the host copy a hook-based recipe makes to log them
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
-    return statistics.median(times[args.warmup + (3 if args.torch_compile else 0):])
+    # torch.compile compiles the first step of each graph (with and without statistics): left out.
+    return statistics.mean(times[timed_from(args, compiled, every):])
+
+
+def timed_from(args, compiled, every):
+    """The first timed step: after the warm-up, and with torch.compile after both graphs compiled."""
+    return max(args.warmup, 2 if compiled and every else 1 if compiled else 0)
+
+
+def kernel_table():
+    """The kernel checks of dev/cuda (build/dev_* or build/gpu/bin/dev_*) at the reports' shapes: the
+    timing line of every kernel, by family."""
+    binaries = sorted(glob.glob(os.path.join(ROOT, "build", "gpu", "bin", "dev_*"))) or \
+        sorted(glob.glob(os.path.join(ROOT, "build", "dev_*")))
+    if not binaries:
+        print("  per-kernel times: no dev/cuda binaries (make build/dev_attention ..., or dev/gpu_bundle.sh)")
+        return
+    print("  per-kernel times (dev/cuda checks, CUDA events, medians):")
+    for path in binaries:
+        proc = subprocess.run([path], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines = [line.strip() for line in proc.stdout.splitlines() if line.startswith("   ") and " ms" in line]
+        print(f"    {os.path.basename(path)[4:]}:" + ("" if lines else f" no timings (status {proc.returncode})"))
+        for line in lines:
+            print(f"      {line}")
 
 
 def gpu(args):
-    B, T = args.batch, 2048
-    extra = ["-m", "d22", "-x", str(args.steps), "-b", str(B), "-t", str(T), "--profile", "1"]
+    import torch
+    T = 2048
+    for B in args.batches:
+        gpu_table(args, B, T, torch)
+    if args.kernels:
+        kernel_table()
+
+
+def gpu_table(args, B, T, torch):
+    """One table: ./train with statistics never / every 10 steps / every step; PyTorch eager and
+    torch.compile likewise (the reports' statistics in the forward of stats steps); ms/step (means
+    over the timed steps, so that stats steps count with their share), tokens/s, MFU, and ./train's
+    speed over each PyTorch row at the same cadence."""
+    extra = ["-m", "d22", "-x", str(args.steps), "-b", str(B), "-t", str(T)]
+    ours = {}
     with tempfile.TemporaryDirectory() as tmp:
-        never, prof_never, log = run_train(args, os.path.join(tmp, "never"), extra + ["-s", "0"])
-        every, prof_every, _ = run_train(args, os.path.join(tmp, "every"), extra + ["-s", "1"])
-    ms_never, ms_every = statistics.median(never), statistics.median(every)
+        for name, every in STATS_CADENCES:
+            timed, _, log = run_train(args, os.path.join(tmp, str(every)), extra + ["-s", str(every)])
+            ours[every] = statistics.mean(timed)
     cfg = log.config
     L, H, D, C, F, V = cfg["n_layer"], cfg["n_head"], cfg["head_dim"], cfg["d_model"], cfg["d_ff"], cfg["vocab_size"]
     Hkv = cfg["n_kv_head"]
     n_params = V * C + L * (2 * C + (H + 2 * Hkv) * D * C + 2 * D + C * H * D + 3 * F * C) + C
     flops_per_token = 6 * n_params + 12 * L * H * D * T  # 6N for the matrices, 12 L H D T for attention
     tok = B * T
-    tps = tok / ms_never * 1e3
-    mfu = flops_per_token * tps / 989e12
-    print(f"GPU benchmark on {log.header.get('device')}: d22, batch {B} x {T}, {args.steps} steps "
-          f"({args.warmup} warm-up left out)")
-    print(f"  {ms_never:.1f} ms/step, {tps:,.0f} tokens/s, MFU {100 * mfu:.1f}% "
-          f"({flops_per_token / 1e6:.0f} MFLOP/token, H100 dense bf16 peak 989 TFLOP/s)")
-    for line in prof_never + prof_every:
+    rows = [("./train", every, ms) for every, ms in ours.items()]
+    for compiled in (False, True):
+        for name, every in STATS_CADENCES:
+            ms = bench_torch_gpu(args, cfg, B, T, args.steps, compiled, every)
+            if ms is None:
+                break
+            rows.append((f"PyTorch {torch.__version__} {'torch.compile' if compiled else 'eager'}", every, ms))
+    print(f"GPU benchmark on {log.header.get('device')}: d22, batch {B} x {T}, {args.steps} steps a run, "
+          f"{args.warmup} warm-up left out (more under torch.compile); MFU on {flops_per_token / 1e6:.0f} MFLOP/token "
+          "against the H100's dense bf16 peak of 989 TFLOP/s")
+    print(f"  {'':34} {'statistics':>15} {'ms/step':>8} {'tokens/s':>10} {'MFU':>6}  ./train's speed over it")
+    cadence = dict((every, name) for name, every in STATS_CADENCES)
+    for who, every, ms in rows:
+        ratio = "" if who == "./train" else f"{ms / ours[every]:.2f}x (same statistics), {ms / ours[0]:.2f}x (./train without)"
+        print(f"  {who:34} {cadence[every]:>15} {ms:8.1f} {tok / ms * 1e3:10,.0f} "
+              f"{100 * flops_per_token * tok / ms * 1e3 / 989e12:5.1f}%  {ratio}")
+    print(f"  statistics in ./train: every step {ours[1] / ours[0] - 1:+.2%} of a step, every 10 steps "
+          f"{ours[10] / ours[0] - 1:+.2%}")
+    if len(rows) == len(ours):
+        print("  PyTorch rows: skipped (needs CUDA PyTorch >= 2.5 for fused RMSNorm and GQA attention)")
+    with tempfile.TemporaryDirectory() as tmp:
+        _, prof, _ = run_train(args, tmp, extra + ["-s", "0", "--profile", "1"])
+    for line in prof:
         print("  " + line)
-    print(f"  telemetry every step: {ms_every:.1f} ms/step, {ms_every / ms_never:.3f}x the step without it")
-    ms_torch = bench_torch_gpu(args, cfg, B, T, args.steps)
-    if ms_torch is None:
-        print("  PyTorch comparison: skipped (needs CUDA PyTorch >= 2.5 for fused RMSNorm and GQA attention)")
-    else:
-        import torch
-        how = "torch.compile" if args.torch_compile else "eager"
-        print(f"  PyTorch {torch.__version__} ({how}, bf16 autocast, SDPA, fused AdamW): {ms_torch:.1f} ms/step, "
-              f"{tok / ms_torch * 1e3:,.0f} tokens/s; ./train is {ms_torch / ms_never:.2f}x its speed")
 
 
 def main():
@@ -264,14 +340,17 @@ def main():
     ap.add_argument("--threads", type=lambda v: [int(t) for t in v.split(",")], default=sorted({1, os.cpu_count()}),
                     help="CPU: thread counts to compare at, comma-separated (default: 1 and every core)")
     ap.add_argument("--repeats", type=int, default=3, help="CPU: repetitions, alternating ./train and PyTorch")
-    ap.add_argument("--batch", type=int, default=8, help="GPU micro-batch size")
+    ap.add_argument("--batch", dest="batches", type=lambda v: [int(b) for b in v.split(",")], default=[8, 4],
+                    help="GPU: micro-batch sizes, one table each (default: 8,4)")
+    ap.add_argument("--kernels", action="store_true", help="GPU: also the per-kernel times of the dev/cuda checks")
     ap.add_argument("--data-dir", default="data/brown", help="the prepared default corpus (./train prepares it)")
-    ap.add_argument("--torch-compile", action="store_true", help="GPU: also compile the PyTorch model")
     args = ap.parse_args()
-    if not os.path.exists(os.path.join(ROOT, "train")):
-        sys.exit("error: ./train is missing: run 'make train' first")
+    if not os.path.exists(TRAIN):
+        sys.exit(f"error: {TRAIN} is missing: run 'make train' first")
+    if not glob.glob(os.path.join(ROOT, args.data_dir, "train_*.bin")):
+        sys.exit(f"error: --data-dir {args.data_dir}: no training shards (./train prepares the default corpus on first use)")
     if args.steps is None:
-        args.steps = 12 if args.what == "cpu" else 30
+        args.steps = 12 if args.what == "cpu" else 32
     if args.steps <= args.warmup:
         sys.exit("error: --steps must be larger than --warmup")
     cpu(args) if args.what == "cpu" else gpu(args)
