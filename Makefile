@@ -64,7 +64,8 @@ build/test_cpu_units: test/test_cpu_units.cpp test/testing.h $(HEADERS) | $(DEPS
 prepare_data: dev/data/prepare_data.cpp $(HEADERS) | $(DEPS_STAMP)
 	$(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
 
-build/ref/debug_state.bin: test/reference.py scripts/model_torch.py | $(TEST_DEPS_STAMP)  # and trained.ckpt, debug_trained.bin
+# and model.ckpt, trained.ckpt, plain.ckpt, none.ckpt, debug_{trained,plain,none,freeze}.bin
+build/ref/debug_state.bin: test/reference.py scripts/model_torch.py | $(TEST_DEPS_STAMP)
 	@mkdir -p build/ref
 	$(PYTHON) test/reference.py --out build/ref
 

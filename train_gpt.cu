@@ -126,7 +126,7 @@ static void gpu_set_shape(GpuModel& g, const ModelConfig& c, int max_B, int max_
     g.Vp = (c.vocab_size + 127) / 128 * 128;
     g.P = num_parameters(c);
     g.stats_layout = telemetry_layout(c);
-    g.max_segments = P_NUM_KINDS * c.n_layer + 2;  // one per tensor, the most any frozen set leaves
+    g.max_segments = (P_NUM_KINDS - 2) * c.n_layer + 2;  // one per tensor, the most any frozen set leaves
 }
 
 // Holds the parameter kinds in `asked` (and those the variant leaves unused) fixed from now on:
@@ -435,6 +435,7 @@ static void prepare_data_and_config(Run& r) {
     std::string unknown;
     parse_param_kinds(o.freeze, &r.frozen, &unknown);  // checked by parse_options
     r.frozen = frozen_kinds(r.c, r.frozen);
+    if (r.frozen == kAllParamKinds) fail("option --freeze %s: every parameter would be frozen; nothing would train", o.freeze.c_str());
     const ModelConfig& c = r.c;
     int T = o.seq_len ? o.seq_len : c.max_seq_len, B = o.batch;
     if (T > c.max_seq_len) fail("option -t (--seq-len) %d is above the model's max_seq_len %d", T, c.max_seq_len);
@@ -554,13 +555,10 @@ static std::vector<std::string> files_in(const std::string& dir, const std::stri
 // be resumed and is refused here; when it left none (killed before its first one), nothing can
 // resume it, so its log is kept under a dated name and the new run starts its own.
 static void set_aside_unresumable_log(const std::string& out_dir, const std::string& log_path) {
-    std::vector<std::string> ckpts = files_in(out_dir, "model", ".ckpt");
-    if (!ckpts.empty()) {
-        std::sort(ckpts.begin(), ckpts.end());  // model.ckpt, the final one, sorts first
-        if (ckpts.front() != "model.ckpt") std::swap(ckpts.front(), ckpts.back());
+    std::vector<std::string> ckpts = files_in(out_dir, "model", ".ckpt");  // sorted: model.ckpt, the final one, first
+    if (!ckpts.empty())
         fail("%s: a run log is already there; resume it (-r %s/%s) or choose another output directory (-o)",
-             log_path.c_str(), out_dir.c_str(), ckpts.front().c_str());
-    }
+             log_path.c_str(), out_dir.c_str(), (ckpts.front() == "model.ckpt" ? ckpts.front() : ckpts.back()).c_str());
     std::string kept = out_dir + "/" + utc_time("run-%Y%m%d-%H%M%S.attnlog");
     for (int n = 2; file_exists(kept); n++) kept = out_dir + "/" + utc_time("run-%Y%m%d-%H%M%S") + strprintf("-%d.attnlog", n);
     if (rename(log_path.c_str(), kept.c_str()) != 0) fail("%s: cannot rename it to %s: %s", log_path.c_str(), kept.c_str(), strerror(errno));

@@ -1,7 +1,7 @@
 // The checkpoint file: a fixed 256-byte header with the full model configuration, then the
 // parameters as float32 in the order of config.h, optionally followed by the AdamW moments.
 // Layout (little-endian), documented for other readers in docs/checkpoint_format.md:
-//   0  char[8]  magic "ATTNCKPT"       8  u32 version (1)          12 u32 header bytes (256)
+//   0  char[8]  magic "ATTNCKPT"       8  u32 version (2)          12 u32 header bytes (256)
 //   16 i32 x 8  vocab_size, n_layer, n_head, n_kv_head, head_dim, d_model, d_ff, max_seq_len
 //   48 f32 x 2  rope_theta, norm_eps   56 i64 step (optimiser steps taken)
 //   64 u32 flags (bit 0: AdamW m and v follow the parameters)   68 u32 dtype (0 = float32)
@@ -24,7 +24,9 @@
 #include "utils.h"
 
 static const char kCheckpointMagic[8] = {'A', 'T', 'T', 'N', 'C', 'K', 'P', 'T'};
-static const uint32_t kCheckpointVersion = 1;
+// Version 2 added qk_norm and the frozen kinds (bytes 156..163); in a version 1 file those bytes
+// are zero, which reads as the gain variant with nothing frozen: the model version 1 knew.
+static const uint32_t kCheckpointVersion = 2;
 static const int kCheckpointHeaderBytes = 256;
 
 // The options that fix the order in which the training data is read: a resumed run must use the

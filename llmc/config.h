@@ -189,6 +189,10 @@ inline bool parse_param_kinds(const std::string& names, uint32_t* mask, std::str
         end = names.find(',', start);
         if (end == std::string::npos) end = names.size();
         std::string word = names.substr(start, end - start);
+        if (word.empty()) {
+            *unknown = "an empty name";
+            return false;
+        }
         int kind = 0;
         while (kind < P_NUM_KINDS && word != kParamNames[kind]) kind++;
         if (kind == P_NUM_KINDS) {
@@ -200,12 +204,12 @@ inline bool parse_param_kinds(const std::string& names, uint32_t* mask, std::str
     return true;
 }
 
-// The kinds of a mask as "q_gain,k_gain" (layout order), or "none".
+// The kinds of a mask as "q_gain,k_gain" (layout order), or "nothing".
 inline std::string param_kinds_text(uint32_t mask) {
     std::string text;
     for (int kind = 0; kind < P_NUM_KINDS; kind++)
         if (mask & param_kind_bit(kind)) text += (text.empty() ? "" : ",") + std::string(kParamNames[kind]);
-    return text.empty() ? "none" : text;
+    return text.empty() ? "nothing" : text;
 }
 
 // The variants without gains compute with gains of 1: their gains are set to 1 wherever weights

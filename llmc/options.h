@@ -197,9 +197,12 @@ inline Options parse_options(int argc, char** argv, std::set<std::string>& given
     need(qk_norm_index(o.qk_norm) >= 0, "--qk-norm", "must be gain, plain or none");
     uint32_t frozen;
     std::string unknown;
-    if (!parse_param_kinds(o.freeze, &frozen, &unknown))
-        fail("option --freeze: '%s' is not a parameter kind (wte, attn_norm, wq, wk, wv, q_gain, k_gain, wo, mlp_norm, "
-             "w1, w3, w2, final_norm)", unknown.c_str());
+    if (!parse_param_kinds(o.freeze, &frozen, &unknown)) {
+        std::string kinds;
+        for (const char* name : kParamNames) kinds += (kinds.empty() ? "" : ", ") + std::string(name);
+        fail("option --freeze: %s is not a parameter kind (%s)", unknown == "an empty name" ? unknown.c_str() :
+             ("'" + unknown + "'").c_str(), kinds.c_str());
+    }
     return o;
 }
 

@@ -149,6 +149,8 @@ def tokens_per_step(options, seq_len):
 
 
 QK_NORMS = ("gain", "plain", "none")  # config.h's QkNorm, by the number the header's config holds
+PARAM_KINDS = ("wte", "attn_norm", "wq", "wk", "wv", "q_gain", "k_gain", "wo", "mlp_norm", "w1", "w3", "w2",
+               "final_norm")  # config.h's ParamKind, in layout order
 
 
 def model_variant(config, options):
@@ -157,10 +159,8 @@ def model_variant(config, options):
     and the gains a variant without them leaves at 1."""
     index = config.get("qk_norm", 0)
     qk_norm = QK_NORMS[index] if isinstance(index, int) and 0 <= index < len(QK_NORMS) else f"unknown ({index})"
-    frozen = [k for k in str(options.get("freeze", "")).split(",") if k]
-    if qk_norm != "gain":
-        frozen += [k for k in ("q_gain", "k_gain") if k not in frozen]
-    return {"qk_norm": qk_norm, "frozen": frozen}
+    frozen = set(str(options.get("freeze", "")).split(",")) | ({"q_gain", "k_gain"} if qk_norm != "gain" else set())
+    return {"qk_norm": qk_norm, "frozen": [k for k in PARAM_KINDS if k in frozen]}
 
 
 def started_from(options, notes):

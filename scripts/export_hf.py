@@ -5,7 +5,9 @@
 The model of docs/model.md is Qwen3's architecture: pre-norm RMSNorm blocks, a per-head RMSNorm of
 queries and keys with learnable gains before rotate-half RoPE, grouped-query attention, a SwiGLU MLP,
 tied embeddings and no biases. A checkpoint trained with --qk-norm gain (the default) therefore
-becomes a Qwen3 model by renaming its tensors; checkpoints of the other variants are refused.
+becomes a Qwen3 model by renaming its tensors; one of --qk-norm plain too, its q and k norms' weights
+1 (Qwen3 then computes exactly that model, though training it in transformers would learn them);
+--qk-norm none has no Qwen3 equivalent and is refused.
 OUTDIR receives
 
     model.safetensors      the weights: float32 (exact) or bfloat16 (rounded to nearest, ties to even)
@@ -109,11 +111,14 @@ def hf_shapes(config):
 
 def hf_state_dict(c, params):
     """Our parameters under their Qwen3 names, in layout order. Both store matrices as [out, in];
-    lm_head is the embedding (tie_word_embeddings) and is not written."""
+    lm_head is the embedding (tie_word_embeddings) and is not written. The gains of --qk-norm plain
+    are the 1s that variant computes with, whatever the checkpoint holds there."""
     tensors = {"model.embed_tokens.weight": params["wte"]}
     for i in range(c.n_layer):
         for ours, module in LAYER_MODULES.items():
-            tensors[f"model.layers.{i}.{module}.weight"] = params[f"layers.{i}.{ours}"]
+            tensor = params[f"layers.{i}.{ours}"]
+            unused_gain = c.qk_norm == "plain" and ours in ("q_gain", "k_gain")
+            tensors[f"model.layers.{i}.{module}.weight"] = tensor.new_ones(tensor.shape) if unused_gain else tensor
     tensors["model.norm.weight"] = params["final_norm"]
     return tensors
 
@@ -196,9 +201,9 @@ def export(ckpt, outdir, dtype="float32", tokenizer=None):
     """Writes the Hugging Face export of the checkpoint ckpt into outdir; returns the summary line.
     Raises ValueError or ExportError (a bad input) and OSError (an unwritable outdir)."""
     c, params, _ = read_checkpoint(ckpt)
-    if c.qk_norm != "gain":
-        raise ExportError(f"{ckpt}: a --qk-norm {c.qk_norm} checkpoint: Qwen3 normalises queries and keys "
-                          "with learnable gains, so only --qk-norm gain checkpoints export")
+    if c.qk_norm == "none":
+        raise ExportError(f"{ckpt}: a --qk-norm none checkpoint: Qwen3 normalises queries and keys, so only "
+                          "--qk-norm gain and plain checkpoints export")
     tokenizer = find_tokenizer(ckpt, tokenizer)
     pieces = tokenizer_pieces(tokenizer) if tokenizer else None
     config = hf_config(c, dtype, tokenizer is not None)

@@ -184,12 +184,14 @@ class CheckpointInfo:
 
 
 def write_checkpoint(path, c, params, step=0, frozen=0):
-    """A checkpoint of these float32 weights, without AdamW moments or a recorded run."""
+    """A checkpoint of these float32 weights, without AdamW moments or a recorded run; the frozen
+    kinds recorded are `frozen` (a mask) and those the variant holds at 1, as ./train records them."""
+    frozen = frozen_mask(frozen_kinds(frozen, c))
     flat = np.concatenate([params[n].detach().float().numpy().reshape(-1) for n, _ in tensor_shapes(c)])
     payload = flat.astype("<f4").tobytes()
     head = bytearray(CKPT_HEADER)
     head[0:8] = CKPT_MAGIC
-    struct.pack_into("<II", head, 8, 1, CKPT_HEADER)
+    struct.pack_into("<II", head, 8, 2, CKPT_HEADER)
     struct.pack_into("<8i", head, 16, *[getattr(c, f) for f in CONFIG_FIELDS])
     struct.pack_into("<ff", head, 48, c.rope_theta, c.norm_eps)
     struct.pack_into("<qIIqq", head, 56, step, 0, 0, flat.size, 0)
@@ -215,8 +217,8 @@ def read_checkpoint(path):
     if len(data) < CKPT_HEADER or data[:8] != CKPT_MAGIC:
         raise bad("not a checkpoint")
     version, header_bytes = struct.unpack_from("<II", data, 8)
-    if version != 1 or header_bytes != CKPT_HEADER:
-        raise bad(f"checkpoint format version {version} is not one this reader knows (1)")
+    if version not in (1, 2) or header_bytes != CKPT_HEADER:  # 1: before qk_norm and frozen (zero bytes there)
+        raise bad(f"checkpoint format version {version} is not one this reader knows (1 or 2)")
     (crc_header,) = struct.unpack_from("<I", data, 92)
     if zlib.crc32(data[96:CKPT_HEADER], zlib.crc32(data[:92])) != crc_header:
         raise bad("checkpoint header is damaged (checksum mismatch)")

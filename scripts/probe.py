@@ -182,8 +182,9 @@ def svd_probe(params, c):
     (Sa Ua^T Ub Sb) Vb: its singular values are exactly those of the D x D core in the brackets.
     The principal cosines between the row spaces of A_h and B_h (what queries and keys read from
     the residual stream) are the singular values of Va Vb^T, over min(rank A_h, rank B_h) pairs
-    (NaN beyond). Seed 003's orthogonality numbers come from the cosines between the rows of
-    W_Q,h and of W_K,kv [D, D]: the mean and the largest |cosine|, and the mean of the diagonal.
+    (NaN beyond). The orthogonality of W_Q and W_K, as the research notes measure it, comes from the
+    cosines between the rows of W_Q,h and of W_K,kv [D, D]: the mean and the largest |cosine|, and
+    the mean of the diagonal (row i of each, the pair that meets in score component i).
     """
     L, H, D = c.n_layer, c.n_head, c.head_dim
     group = H // c.n_kv_head

@@ -126,7 +126,7 @@ def run_blocks(summary, made, skipped):
 
 
 def variant_text(variant):
-    """"QK-norm gain, nothing frozen" and the like."""
+    """"QK-norm `gain`, frozen: nothing" and the like."""
     frozen = ", ".join(variant["frozen"]) or "nothing"
     return f"QK-norm {code(variant['qk_norm'])}, frozen: {frozen}"
 
@@ -175,7 +175,7 @@ def comparison_blocks(summaries, made, skipped, replicates):
     for s in summaries:
         k = s["last_step"].get("k_norm", {})
         rho = s["hypotheses"]["a"].get("value")
-        rows.append([s["label"], s["variant"]["qk_norm"], ", ".join(s["variant"]["frozen"]) or "none",
+        rows.append([s["label"], s["variant"]["qk_norm"], ", ".join(s["variant"]["frozen"]) or "nothing",
                      str(s["loss"]["last_step"]), number(s["loss"]["last10_mean"], "{:.3f}"),
                      number(s["loss"]["val_last"], "{:.3f}")]
                     + [number(k.get(g)) for g in GROUPS]
@@ -456,7 +456,7 @@ def ablation_blocks(ablation, taxonomy):
         rows = []
         for cls in taxonomy["rules"]:
             members = [h for h in taxonomy["heads"] if h["class"] == cls]
-            values = [inc[h["layer"], h["head"]] for h in members if h["layer"] < inc.shape[0]]
+            values = [inc[h["layer"], h["head"]] for h in members]
             rows.append([cls, str(len(members)), number(np.mean(values) if values else None, "{:+.4f}"),
                          ", ".join(f"L{h['layer']}H{h['head']} {inc[h['layer'], h['head']]:+.4f}" for h in members)
                          or "none"])
@@ -499,6 +499,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.follow and len(args.logs) != 1:
         parser.error(f"--follow follows one log, not {len(args.logs)}")
+    if args.follow and args.checkpoint:
+        parser.error("--checkpoint is for a finished run (its final weights): leave it out with --follow")
     if not (args.interval > 0 and args.idle > 0):
         parser.error("--interval and --idle take a number of seconds above 0")
     outdir = Path(args.out) if args.out else Path(args.logs[0]).parent / "report"

@@ -27,7 +27,7 @@ SCRIPT = ROOT / "scripts" / "attnlog.py"
 # -- what test_runlog writes -------------------------------------------------------------------------
 
 CONFIG = {"vocab_size": 96, "n_layer": 3, "n_head": 4, "n_kv_head": 2, "head_dim": 8, "d_model": 32,
-          "d_ff": 80, "max_seq_len": 16, "rope_theta": 500000.0, "norm_eps": 1e-06}
+          "d_ff": 80, "max_seq_len": 16, "rope_theta": 500000.0, "norm_eps": 1e-06, "qk_norm": 0}
 OPTIONS = {"data": 'C:\\runs\\"best".bin', "lr": "0.003", "comment": "tab\there\nnew line, ünïcode ✓",
            "control": "\x01\x1f", "bytes": "\ufffd ok"}
 SCALARS = ["loss", "lr", "grad_norm", "tokens_per_s", "ms"]

@@ -335,6 +335,14 @@ static void test_checkpoint() {
     bool same = back.step == 17 && back.data_position == 123 && back.has_optimizer_state &&
                 memcmp(&back.config, &c, sizeof c) == 0 && p2 == params && m2 == m && v2 == v;
     report(same, "checkpoint round trip: configuration, step, position, parameters, AdamW state");
+    CheckpointInfo variant = info;
+    variant.config.qk_norm = QK_NORM_NONE;
+    variant.schedule.frozen = param_kind_bit(P_WV) | param_kind_bit(P_K_GAIN);
+    std::string variant_path = std::string(dir) + "/variant.ckpt";
+    checkpoint_write(variant_path, variant, params.data(), m.data(), v.data());
+    CheckpointInfo variant_back = checkpoint_read_header(variant_path);
+    report(variant_back.config.qk_norm == QK_NORM_NONE && variant_back.schedule.frozen == variant.schedule.frozen,
+           "checkpoint round trip: qk_norm and the frozen kinds");
 
     // Headers with valid checksums whose fields are out of range are refused, naming the field.
     auto refused_header = [&](const std::string& name, const std::function<void(CheckpointInfo&)>& change,
@@ -350,6 +358,9 @@ static void test_checkpoint() {
     refused_header("negative step", [](CheckpointInfo& i) { i.step = -5; i.data_position = -10; }, "step -5 is out of range");
     refused_header("huge data position", [](CheckpointInfo& i) { i.data_position = 1LL << 40; }, "does not match its step");
     refused_header("impossible data order", [](CheckpointInfo& i) { i.data_order.total_batch = 20; }, "data order is impossible");
+    refused_header("unknown qk_norm", [](CheckpointInfo& i) { i.config.qk_norm = 3; }, "qk_norm 3 is not");
+    refused_header("unknown frozen kind", [](CheckpointInfo& i) { i.schedule.frozen = 1u << P_NUM_KINDS; },
+                   "frozen parameter mask 0x2000");
     ModelConfig wide = c;
     wide.n_head = 1 << 20;
     wide.head_dim = 1 << 12;  // n_head * head_dim overflows 32 bits
@@ -397,6 +408,16 @@ static void test_checkpoint() {
     b = bytes;
     b[20] ^= 1;  // n_layer
     std::string header = write_variant("header.ckpt", b);
+    // A version 1 file (bytes 156..163 zero, as every one was): the gain variant, nothing frozen.
+    std::vector<char> v1 = bytes;
+    uint32_t one = 1;
+    memcpy(&v1[8], &one, 4);
+    memset(&v1[156], 0, 8);
+    uint32_t v1_crc = header_crc((const uint8_t*)v1.data());
+    memcpy(&v1[92], &v1_crc, 4);
+    CheckpointInfo old = checkpoint_read(write_variant("version1.ckpt", v1), sink.data(), nullptr, nullptr);
+    report(old.config.qk_norm == QK_NORM_GAIN && old.schedule.frozen == 0 && sink == params,
+           "checkpoint: a version 1 file reads as the gain variant with nothing frozen");
     expect_user_error("checkpoint: damaged header", [&] { checkpoint_read(header, sink.data(), nullptr, nullptr); }, header, "checkpoint header is damaged", header);
     b = bytes;
     b[kCheckpointHeaderBytes + 1000] ^= 4;

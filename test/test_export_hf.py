@@ -250,11 +250,25 @@ def test_config_is_the_checkpoints(exported, trained):
         assert (config["rms_norm_eps"], config["rope_theta"]) == (eps, theta)
 
 
-@pytest.mark.parametrize("variant", ["plain", "none"])
-def test_other_qk_norm_variants_are_refused(ref, tmp_path, variant):
-    result = run_export(ref / f"{variant}.ckpt", tmp_path / "out")
-    assert_one_line_error(result, f"{variant}.ckpt", f"--qk-norm {variant}")
+def test_qk_norm_none_is_refused(ref, tmp_path):
+    result = run_export(ref / "none.ckpt", tmp_path / "out")
+    assert_one_line_error(result, "none.ckpt", "--qk-norm none")
     assert not (tmp_path / "out").exists()
+
+
+def test_qk_norm_plain_exports_with_unit_norm_weights(ref, tmp_path):
+    """A --qk-norm plain model is Qwen3 with q_norm and k_norm weights 1: written as 1 even where the
+    checkpoint holds other values at the unused gains, the export gives the checkpoint's logits."""
+    c, params, _ = model_torch.read_checkpoint(ref / "plain.ckpt")
+    params = {name: t * 3 if name.endswith("_gain") else t for name, t in params.items()}
+    model_torch.write_checkpoint(str(tmp_path / "plain.ckpt"), c, params)
+    result = run_export(tmp_path / "plain.ckpt", tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    config, weights = read_export(tmp_path / "out")
+    assert all(torch.all(t == 1) for name, t in weights.items() if name.endswith(("q_norm.weight", "k_norm.weight")))
+    tokens = torch.randint(0, c.vocab_size, (2, c.max_seq_len), generator=torch.Generator().manual_seed(3))
+    want, _ = model_torch.forward(params, c, tokens)
+    assert (qwen3_logits(config, weights, tokens) - want).abs().max().item() < 1e-4
 
 
 def test_bad_checkpoint_or_outdir_leaves_nothing(ref, tmp_path):

@@ -47,6 +47,31 @@ static void check_forward(GpuModel& g, const std::string& label, const std::stri
     }
 }
 
+// One forward and backward pass on the loaded weights: the gradients, on the host.
+static std::vector<float> backward_gradients(GpuModel& g, const std::vector<int>& tokens, const std::vector<int>& targets,
+                                             int B, int T) {
+    model_forward(g, tokens.data(), targets.data(), B, T, nullptr);
+    model_zero_grad(g);
+    model_backward(g, tokens.data(), targets.data(), 1.0f);
+    std::vector<float> grads(g.P);
+    cudaCheck(cudaStreamSynchronize(g.stream));
+    cudaCheck(cudaMemcpy(grads.data(), g.grads, g.P * sizeof(float), cudaMemcpyDeviceToHost));
+    return grads;
+}
+
+// Every tensor's gradient against the reference's, with bf16 tolerances.
+static void compare_gradients(GpuModel& g, const std::string& label, const std::vector<float>& grads, const std::string& dbg) {
+    auto ref = read_tensorfile(dbg);
+    const std::vector<double>& want = tensor_or_fail(ref, "grads", dbg).values;
+    if (want.size() != grads.size()) fail("%s: gradient count differs from the model's", dbg.c_str());
+    const ModelConfig& c = g.cfg;
+    for (int kind = 0; kind < P_NUM_KINDS; kind++)
+        for (int l = 0; l < (param_is_per_layer(kind) ? c.n_layer : 1); l++) {
+            size_t off = param_offset(c, kind, l);
+            compare_bf16(label + "grad " + param_name(kind, l), &grads[off], &want[off], param_numel(c, kind), 0.05);
+        }
+}
+
 // AdamW steps from the loaded weights with the reference's hyperparameters: the losses.
 static void check_adamw_losses(GpuModel& g, const std::string& label, const std::string& dbg, const std::vector<int>& tokens,
                                const std::vector<int>& targets, int B, int T) {
@@ -99,19 +124,8 @@ int main(int argc, char** argv) {
 
     // The initial weights: the forward pass, every gradient, determinism and AdamW steps.
     check_forward(g, "cuda ", ckpt, dbg, tokens, targets, B, T, stats);
-    model_zero_grad(g);
-    model_backward(g, tokens.data(), targets.data(), 1.0f);
-    std::vector<float> grads(P);
-    cudaCheck(cudaStreamSynchronize(g.stream));
-    cudaCheck(cudaMemcpy(grads.data(), g.grads, P * sizeof(float), cudaMemcpyDeviceToHost));
-    const std::vector<double>& want_grads = tensor_or_fail(ref, "grads", dbg).values;
-    for (int kind = 0; kind < P_NUM_KINDS; kind++) {
-        int layers = param_is_per_layer(kind) ? c.n_layer : 1;
-        for (int l = 0; l < layers; l++) {
-            size_t off = param_offset(c, kind, l);
-            compare_bf16("cuda grad " + param_name(kind, l), &grads[off], &want_grads[off], param_numel(c, kind), 0.05);
-        }
-    }
+    std::vector<float> grads = backward_gradients(g, tokens, targets, B, T);
+    compare_gradients(g, "cuda ", grads, dbg);
 
     // Determinism: the same forward and backward again gives the same bits.
     Telemetry stats2;
@@ -138,17 +152,23 @@ int main(int argc, char** argv) {
     for (const auto& v : variants) {
         std::string vckpt = dir + "/" + v.ckpt, vdbg = dir + "/" + v.dbg;
         model_init(g, checkpoint_read_header(vckpt).config, B, T);
+        const ModelConfig& vc = g.cfg;
         check_forward(g, v.label, vckpt, vdbg, tokens, targets, B, T, stats);
+        compare_gradients(g, v.label, backward_gradients(g, tokens, targets, B, T), vdbg);
+        // Frozen: no gradient (so out of the norm), and AdamW leaves the tensors as they were.
         model_freeze(g, (uint32_t)tensor_or_fail(read_tensorfile(vdbg), "freeze", vdbg).values[0]);
+        std::vector<float> frozen_grads = backward_gradients(g, tokens, targets, B, T);
         std::vector<float> before(g.host_params);
         check_adamw_losses(g, v.label, vdbg, tokens, targets, B, T);
         model_download(g);
-        bool kept = true;
+        bool zero = true, kept = true;
         for (int kind = 0; kind < P_NUM_KINDS; kind++)
-            for (int l = 0; l < (param_is_per_layer(kind) ? c.n_layer : 1) && (g.frozen & param_kind_bit(kind)); l++) {
-                size_t off = param_offset(c, kind, l);
-                kept &= memcmp(&before[off], &g.host_params[off], param_numel(c, kind) * sizeof(float)) == 0;
+            for (int l = 0; l < (param_is_per_layer(kind) ? vc.n_layer : 1) && (g.frozen & param_kind_bit(kind)); l++) {
+                size_t off = param_offset(vc, kind, l), n = param_numel(vc, kind);
+                for (size_t i = 0; i < n; i++) zero &= frozen_grads[off + i] == 0.0f;
+                kept &= memcmp(&before[off], &g.host_params[off], n * sizeof(float)) == 0;
             }
+        report(zero && g.frozen, std::string(v.label) + "frozen parameters have no gradient");
         report(kept && g.frozen, std::string(v.label) + "frozen parameters unchanged by AdamW");
         model_free(g);
     }

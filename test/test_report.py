@@ -477,7 +477,7 @@ def test_comparison(log_path, tmp_path):
         assert row["k_norm"] == {g: pytest.approx(group_mean(k_norm, g)) for g in GROUPS}
         assert row["sink_rate"] == pytest.approx(np.mean(last(log, "attn_sink") > 0.3))
         assert row["spearman"] == pytest.approx(spearman(x.ravel(), y.ravel()), abs=1e-9)
-        assert f"| {row['label']} | gain | none | {row['last_step']} | {row['final_loss']:.3f} |" in text
+        assert f"| {row['label']} | gain | nothing | {row['last_step']} | {row['final_loss']:.3f} |" in text
     assert comparison["runs"][1]["last_step"] < comparison["runs"][0]["last_step"]
     assert "Problems of short/run: the log ends at step" in text
     assert comparison["replicates"] == []  # one seed twice is no replicate

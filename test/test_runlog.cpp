@@ -201,7 +201,7 @@ static void test_header() {
         R"("device": "test device \"x\" \\ 2 cores")",
         R"("seed": 18446744073709551615)",
         R"("backend": "cpu")",
-        R"("config": {"vocab_size": 96, "n_layer": 3, "n_head": 4, "n_kv_head": 2, "head_dim": 8, "d_model": 32, "d_ff": 80, "max_seq_len": 16, "rope_theta": 500000.0, "norm_eps": 1e-06})",
+        R"("config": {"vocab_size": 96, "n_layer": 3, "n_head": 4, "n_kv_head": 2, "head_dim": 8, "d_model": 32, "d_ff": 80, "max_seq_len": 16, "rope_theta": 500000.0, "norm_eps": 1e-06, "qk_norm": 0})",
         R"({"name": "k_norm", "dtype": "float32", "shape": [3, 2], "dims": ["layer", "kv_head"])",
         R"({"name": "q_norm", "dtype": "float32", "shape": [3, 4], "dims": ["layer", "q_head"])",
         R"({"name": "g_k", "dtype": "float32", "shape": [3, 8], "dims": ["layer", "dim"])",
@@ -348,6 +348,26 @@ static std::string replaced(std::string s, const std::string& from, const std::s
     size_t at = s.find(from);
     if (at == std::string::npos) fail("internal: \"%s\" is not in the header", from.c_str());
     return s.replace(at, from.size(), to);
+}
+
+// A log written before the QK-norm variants has no qk_norm in its configuration: a run of the
+// default variant appends to it, a run of another is refused.
+static void test_append_to_a_log_before_the_variants() {
+    std::string path = temp_path("before_variants.log");
+    write_three_steps(path);
+    std::string bytes = read_text(path);
+    std::string old = with_header(bytes, replaced(read_log(path).header, ", \"qk_norm\": 0", ""));
+    write_text(path, old);
+    RunLog log = runlog_open_append(path, test_info());
+    runlog_step(log, 3, 3.0f, 1e-3f, 1.0f, 100.0f, 5.0f);
+    runlog_close(log);
+    size_t records = read_log(path).records.size();
+    report(records == 5, "append_of_gain_to_a_log_before_the_variants", strprintf("%zu records", records));  // + its note
+    write_text(path, old);
+    RunInfo plain = test_info();
+    plain.config.qk_norm = QK_NORM_PLAIN;
+    ChildResult r = run_child([&] { runlog_open_append(path, plain); });
+    check_user_error("append_of_plain_to_a_log_before_the_variants_refused", r, path, "has no qk_norm");
 }
 
 static void test_append_refuses_headers_readers_reject() {
@@ -578,6 +598,7 @@ int main(int argc, char** argv) {
     test_append_removes_damaged_last_record();
     test_append_clean_log();
     test_append_refusals();
+    test_append_to_a_log_before_the_variants();
     test_append_refuses_headers_readers_reject();
     test_range_crc();
     test_append_false_marker_regions();

@@ -283,6 +283,8 @@ def test_unfinished_dataset(data, tmp_path):
     (["-b", "2000000000"], ["-b (--batch) 2000000000", "too many"]),
     (["--qk-norm", "rms"], ["--qk-norm", "gain, plain or none"]),
     (["--freeze", "k_gain,bias"], ["--freeze", "'bias' is not a parameter kind"]),
+    (["--freeze", "k_gain,"], ["--freeze", "an empty name is not a parameter kind"]),
+    (["--freeze", ",".join(model_torch.PARAM_KINDS)], ["--freeze wte,attn_norm", "nothing would train"]),
 ])
 def test_impossible_options(data, tmp_path, args, parts):
     out = tmp_path / "out"
