@@ -432,6 +432,7 @@ static void prepare_data_and_config(Run& r) {
     if (r.have_tokenizer) tokenizer_load(&r.tok, o.tokenizer);
     r.ckpt = o.resume_ckpt.empty() ? o.init_ckpt : o.resume_ckpt;
     r.c = resolve_config(o, r.given, r.have_tokenizer ? tokenizer_vocab_size(&r.tok) : 0, r.ckpt);
+    o.qk_norm = kQkNormNames[r.c.qk_norm];  // the log's options say the variant a checkpoint brought
     std::string unknown;
     parse_param_kinds(o.freeze, &r.frozen, &unknown);  // checked by parse_options
     r.frozen = frozen_kinds(r.c, r.frozen);

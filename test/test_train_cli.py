@@ -401,6 +401,10 @@ def test_qk_norm_variants_and_frozen_parameters(full_run, data, tmp_path):
 
     assert_one_line_error(train(data, tmp_path / "o", "-x", "2", "-e", tmp_path / "none" / "model.ckpt", "--qk-norm", "gain"),
                           "--qk-norm gain does not match the checkpoint", "which has none")
+    started = train(data, tmp_path / "from_none", "-x", "2", "-e", tmp_path / "none" / "model.ckpt")  # the variant comes along
+    assert started.returncode == 0, started.stderr
+    header = attnlog.open_log(tmp_path / "from_none" / "run.attnlog").header
+    assert header["config"]["qk_norm"] == 2 and header["options"]["qk-norm"] == "none"
     resumed = train(data, tmp_path / "frozen", "-x", "6", "-n", "2", "-r", tmp_path / "frozen" / "model.ckpt",
                     "--freeze", "k_gain")
     assert_one_line_error(resumed, "--freeze wv,k_gain -> k_gain", "--allow-changes 1")
