@@ -50,14 +50,12 @@ def run_train(args, out_dir, extra, threads=None):
 def bench_torch(args, c, B, T, threads):
     """The PyTorch model (scripts/model_torch.py) training the same model on the same shard with the
     reference's optimiser (test/reference.py): the ms of each step after the warm-up."""
-    import numpy as np
     import torch
     import model_torch
     import reference
     torch.set_num_threads(threads)
-    shard = os.path.join(ROOT, args.data_dir, "train_000000.bin")
-    header = np.fromfile(shard, dtype="<i4", count=256)
-    tokens = np.fromfile(shard, dtype="<u2" if header[1] == 1 else "<u4", offset=1024).astype(np.int64)
+    import probe
+    tokens = probe.read_shard(os.path.join(ROOT, args.data_dir, "train_000000.bin"))
     p = {n: t.clone().requires_grad_(True) for n, t in model_torch.init_params(c, 1337).items()}
     opt, _ = reference.make_optimizer(p, 0.1, frozen=())
     times = []

@@ -151,6 +151,28 @@ def write_tensorfile(path, tensors):
     os.replace(path + ".tmp", path)
 
 
+def read_tensorfile(path):
+    """{name: array} of a file write_tensorfile wrote."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:8] != TF_MAGIC:
+        raise ValueError(f"{path}: not a tensor file")
+    (count,) = struct.unpack_from("<I", data, 12)
+    offset, tensors = 16, {}
+    for _ in range(count):
+        (length,) = struct.unpack_from("<H", data, offset)
+        name = data[offset + 2:offset + 2 + length].decode()
+        code, ndim = struct.unpack_from("<BB", data, offset + 2 + length)
+        offset += 4 + length
+        shape = struct.unpack_from(f"<{ndim}q", data, offset)
+        offset += 8 * ndim
+        dtype = next(d for d, c in TF_DTYPES.items() if c == code)
+        n = int(np.prod(shape))
+        tensors[name] = np.frombuffer(data, dtype, n, offset).reshape(shape).copy()
+        offset += n * dtype.itemsize
+    return tensors
+
+
 # ------------------------------------------------------------------------------------------------
 
 def exact_state(params32, c, tokens, targets):

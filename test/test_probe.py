@@ -11,7 +11,6 @@ temporary folder first (about 10 s).
 import io
 import json
 import math
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -31,27 +30,6 @@ SCRIPT = ROOT / "scripts" / "probe.py"
 SCALES = [0, 0.25, 0.5, 1, 2, 4]
 SENTENCES = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves nine",
              "all that glitters is not gold", "the early bird catches the worm", "actions speak louder than words"]
-
-
-def read_tensorfile(path):
-    """{name: array} of a file of reference.write_tensorfile: magic, u32 version, u32 count, then per
-    tensor u16 name length, name, u8 dtype (0 f32, 1 i32, 2 f64), u8 ndim, i64 dims, the data."""
-    data = Path(path).read_bytes()
-    assert data[:8] == b"ATTNTNSR", f"{path}: not a tensor file"
-    (count,) = struct.unpack_from("<I", data, 12)
-    offset, tensors = 16, {}
-    for _ in range(count):
-        (length,) = struct.unpack_from("<H", data, offset)
-        name = data[offset + 2:offset + 2 + length].decode()
-        code, ndim = struct.unpack_from("<BB", data, offset + 2 + length)
-        offset += 4 + length
-        shape = struct.unpack_from(f"<{ndim}q", data, offset)
-        offset += 8 * ndim
-        dtype = np.dtype({0: "<f4", 1: "<i4", 2: "<f8"}[code])
-        n = int(np.prod(shape))
-        tensors[name] = np.frombuffer(data, dtype, n, offset).reshape(shape).copy()
-        offset += n * dtype.itemsize
-    return tensors
 
 
 def write_shard(path, ids, version=1):
@@ -87,7 +65,7 @@ def trained(checkpoint):
 @pytest.fixture(scope="module")
 def logged(ref_dir):
     """The reference's batch, loss and statistics of the trained state, from their definitions."""
-    return read_tensorfile(ref_dir / "debug_trained.bin")
+    return reference.read_tensorfile(ref_dir / "debug_trained.bin")
 
 
 @pytest.fixture(scope="module")
