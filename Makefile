@@ -26,6 +26,15 @@ NVCCFLAGS = -std=c++17 -O3 -I. -I$(OPENBLAS_INC) $(foreach a,$(CUDA_ARCHS),-genc
 NVLDLIBS = -L$(OPENBLAS_DIR) -Xlinker -rpath,$(OPENBLAS_DIR) -lopenblas -lsentencepiece -lsentencepiece_train -lpthread \
            -lcublas -lcublasLt -lgomp
 
+# MPI (data-parallel training over processes, llmc/distributed.h) and NCCL's header (its GPU
+# collectives, llmc/nccl.cuh: the library is opened at run time, when needed), each used when
+# found. Expanded when used, so after the build packages are installed.
+MPI_INC = $(shell mpicxx --showme:incdirs 2>/dev/null)
+MPI_CFLAGS = $(if $(MPI_INC),-DUSE_MPI $(addprefix -I,$(MPI_INC)))
+MPI_LDLIBS = $(if $(MPI_INC),$(addprefix -L,$(shell mpicxx --showme:libdirs)) -lmpi)
+NCCL_INC = $(firstword $(dir $(wildcard $(dir $(NVCC))../include/nccl.h /usr/include/nccl.h)))
+NCCL_CFLAGS = $(if $(NCCL_INC),-DUSE_NCCL -I$(NCCL_INC))
+
 HEADERS = $(wildcard llmc/*.h llmc/*.cuh)
 DEPS_STAMP = build/.deps-build
 TEST_DEPS_STAMP = build/.deps-test
@@ -43,10 +52,10 @@ $(TEST_DEPS_STAMP): dev/install_deps.sh
 
 ifneq ($(NVCC),)
 train: train_gpt.cu $(HEADERS) | $(DEPS_STAMP)
-	$(NVCC) $(NVCCFLAGS) $< -o $@ $(NVLDLIBS)
+	$(NVCC) $(NVCCFLAGS) $(MPI_CFLAGS) $(NCCL_CFLAGS) $< -o $@ $(NVLDLIBS) $(MPI_LDLIBS) -ldl
 else
 train: train_gpt.cu $(HEADERS) | $(DEPS_STAMP)
-	$(CXX) $(CXXFLAGS) -x c++ $< -o $@ $(LDLIBS)
+	$(CXX) $(CXXFLAGS) $(MPI_CFLAGS) -x c++ $< -o $@ $(LDLIBS) $(MPI_LDLIBS)
 endif
 
 build/test_gpt_cpu: test/test_gpt_cpu.cpp test/tensorfile.h test/testing.h $(HEADERS) | $(DEPS_STAMP)

@@ -24,6 +24,7 @@
 #include "llmc/config.h"
 #include "llmc/dataloader.h"
 #include "llmc/dataprep.h"
+#include "llmc/distributed.h"
 #include "llmc/model_cpu.h"
 #include "llmc/options.h"
 #include "llmc/rand.h"
@@ -43,6 +44,7 @@
 #include "llmc/cuda_common.cuh"
 #include "llmc/encoder.cuh"
 #include "llmc/matmul.cuh"
+#include "llmc/nccl.cuh"
 #include "llmc/qknorm_rope.cuh"
 #include "llmc/rmsnorm.cuh"
 #include "llmc/swiglu.cuh"
@@ -53,42 +55,54 @@ struct GpuModel {
     int max_B = 0, max_T = 0, Vp = 0;  // Vp: the vocabulary rounded up to 128, the logits' row stride
     int B = 0, T = 0;                  // shape of the last forward pass
     size_t P = 0;
+    // Data-parallel training (distributed.h): params and grads hold shard.padded floats (P of them
+    // parameters), adam_m and adam_v only this process's shard (ZeRO-1).
+    Dist dist;
+    ParamShard shard;
+    bool use_nccl = false;  // several processes (or TRAIN_NCCL=1): the collectives of nccl.cuh
+    Nccl nccl;
     // Everything on the device lives in one allocation, `memory`, carved by gpu_carve.
     void* memory = nullptr;
     float *params, *grads, *adam_m, *adam_v;  // float32, the layout of config.h
     bf16* params_bf16;                        // what the forward and backward passes read
     float *rope_cos, *rope_sin;               // [max_seq_len, D/2]
     Activations<bf16> acts;                   // the table of activations.h
-    // Kernel workspaces: partial gain gradients, the telemetry buffers and their partial sums
-    // (telemetry.cuh), the inputs, the gradient norm, and the AdamW segments.
-    float *dgain_scratch, *stats, *stats_partial;
-    double* grams;
-    TelemetryLayout stats_layout;
+    // Kernel workspaces: partial gain gradients, a stats step's sums (telemetry.h) and the
+    // per-block partial sums behind them (telemetry.cuh), the inputs, the gradient norm (and its
+    // square, summed over the processes), and the AdamW segments.
+    float *dgain_scratch, *stats_partial;
+    double* stat_sums;
+    TelemetrySums stats_layout;
+    double stats_tokens = 0;  // tokens measured since model_stats_begin
     int *tokens, *targets, *buckets;
-    double* norm_partial;
+    double *norm_partial, *grad_sq;
     float* grad_norm;
     ParamSegment* segments;
-    int max_segments = 0, num_segments = 0;  // room carved; in use (the frozen kinds have none)
+    int max_segments = 0, num_segments = 0;  // room carved; in use (frozen kinds and other shards have none)
     uint32_t frozen = 0;                      // parameter kinds held fixed (config.h's frozen_kinds)
-    // On the host: pinned buffers the device copies into, the statistics' host share (effective
-    // ranks) running beside the backward pass, and the host copy of the weights and AdamW state.
-    float *stats_host = nullptr, *losses_host = nullptr;
-    double* grams_host = nullptr;
-    std::future<void> stats_done;
+    // On the host: pinned buffers the device copies into, and the host copy of the weights and
+    // AdamW state (shard.padded floats each; of the AdamW state, this process's shard).
+    float* losses_host = nullptr;
+    double* stat_sums_host = nullptr;
     TokenBuckets host_buckets;
     std::vector<float> host_params, host_adam_m, host_adam_v;
     Matmul mm;
     cudaStream_t stream;
 };
 
-inline bool cuda_device_present(std::string* name) {
+// Whether GPU `index` (this process's among those of its machine) exists; its name if so, and
+// then it is the GPU everything after runs on.
+inline bool cuda_device_present(int index, std::string* name) {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
         cudaGetLastError();  // clear the error state
         return false;
     }
+    if (count == 1) index = 0;        // the launcher gave each process a GPU of its own
+    if (index >= count) return true;  // a GPU, but none for this process: name left empty
     cudaDeviceProp prop;
-    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    cudaCheck(cudaGetDeviceProperties(&prop, index));
+    cudaCheck(cudaSetDevice(index));
     *name = prop.name;
     return true;
 }
@@ -97,52 +111,55 @@ inline bool cuda_device_present(std::string* name) {
 static void gpu_carve(GpuModel& g, Arena& a) {
     const ModelConfig& c = g.cfg;
     size_t P = g.P, N = (size_t)g.max_B * g.max_T, D = c.head_dim, NH = c.n_head + c.n_kv_head;
-    g.params = a.take<float>(P);
-    g.grads = a.take<float>(P);
-    g.adam_m = a.take<float>(P);
-    g.adam_v = a.take<float>(P);
+    g.params = a.take<float>(g.shard.padded);
+    g.grads = a.take<float>(g.shard.padded);
+    g.adam_m = a.take<float>(g.shard.size);
+    g.adam_v = a.take<float>(g.shard.size);
     g.params_bf16 = a.take<bf16>(P);
     g.rope_cos = a.take<float>((size_t)c.max_seq_len * D / 2);
     g.rope_sin = a.take<float>((size_t)c.max_seq_len * D / 2);
     carve_activations(g.acts, activation_dims(c, g.max_B, g.max_T, g.Vp), Where::GPU, a);
     g.dgain_scratch = a.take<float>(std::max((size_t)rmsnorm_backward_blocks((int)N) * c.d_model,
                                              (size_t)qk_norm_rope_backward_blocks((int)N, (int)NH) * 2 * D));
-    g.stats = a.take<float>(g.stats_layout.total);
-    g.grams = a.take<double>(g.stats_layout.gram_doubles);
+    g.stat_sums = a.take<double>(g.stats_layout.total);
     g.stats_partial = a.take<float>(telemetry_partial_floats((int)N, c));
     g.tokens = a.take<int>(N);
     g.targets = a.take<int>(N);
     g.buckets = a.take<int>(3 * N + 1);
     g.norm_partial = a.take<double>(kNormBlocks);
+    g.grad_sq = a.take<double>(1);
     g.grad_norm = a.take<float>(1);
     g.segments = a.take<ParamSegment>(g.max_segments);
 }
 
 // The sizes everything is carved to.
-static void gpu_set_shape(GpuModel& g, const ModelConfig& c, int max_B, int max_T) {
+static void gpu_set_shape(GpuModel& g, const ModelConfig& c, int max_B, int max_T, const Dist& dist) {
     g.cfg = c;
     g.max_B = max_B;
     g.max_T = max_T;
     g.Vp = (c.vocab_size + 127) / 128 * 128;
     g.P = num_parameters(c);
-    g.stats_layout = telemetry_layout(c);
+    g.dist = dist;
+    g.shard = param_shard(g.P, dist.rank, dist.world);
+    g.stats_layout = telemetry_sums_layout(c);
     g.max_segments = (P_NUM_KINDS - 2) * c.n_layer + 2;  // one per tensor, the most any frozen set leaves
 }
 
 // Holds the parameter kinds in `asked` (and those the variant leaves unused) fixed from now on:
-// AdamW gets the segments of the others only.
+// AdamW gets the segments of the others (in this process's shard) only.
 static void model_freeze(GpuModel& g, uint32_t asked) {
     g.frozen = frozen_kinds(g.cfg, asked);
-    std::vector<ParamSegment> segments = adamw_segments(g.cfg, g.frozen);
+    std::vector<ParamSegment> segments = shard_segments(adamw_segments(g.cfg, g.frozen), g.shard);
     g.num_segments = (int)segments.size();
     cudaCheck(cudaMemcpy(g.segments, segments.data(), segments.size() * sizeof(ParamSegment), cudaMemcpyHostToDevice));
 }
 
 // Device memory the model needs (weights, gradients, AdamW state, bf16 weights; then the
 // activations, workspaces and cuBLASLt's workspace), to check before model_init allocates it.
+// (For one process: the AdamW state of several is smaller, a shard each.)
 static MemoryNeed memory_need(const GpuModel&, const ModelConfig& c, int B, int T) {
     GpuModel g;
-    gpu_set_shape(g, c, B, T);
+    gpu_set_shape(g, c, B, T, Dist());
     Arena count;
     gpu_carve(g, count);
     const double handles = 256e6;  // the CUDA context's and the cuBLAS handles' own memory, a margin
@@ -155,10 +172,12 @@ static double memory_available(const GpuModel&) {
     return (double)free;
 }
 
-static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T) {
+static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T, const Dist& dist = Dist()) {
     if (c.head_dim != 64 && c.head_dim != 128) fail("the CUDA backend supports head_dim 64 and 128, not %d", c.head_dim);
     if (c.d_ff % 8 != 0) fail("the CUDA backend needs d_ff to be a multiple of 8 (got %d)", c.d_ff);
-    gpu_set_shape(g, c, max_B, max_T);
+    gpu_set_shape(g, c, max_B, max_T, dist);
+    g.use_nccl = nccl_wanted(dist);
+    if (g.use_nccl) nccl_init(g.nccl, dist);
     cudaCheck(cudaStreamCreate(&g.stream));
     matmul_init(g.mm);
 
@@ -184,47 +203,46 @@ static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T) 
     cudaCheck(cudaMemcpy(g.rope_cos, cs.data(), cs.size() * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(g.rope_sin, sn.data(), sn.size() * sizeof(float), cudaMemcpyHostToDevice));
     model_freeze(g, 0);
-    cudaCheck(cudaMallocHost(&g.stats_host, g.stats_layout.total * sizeof(float)));
-    cudaCheck(cudaMallocHost(&g.grams_host, g.stats_layout.gram_doubles * sizeof(double)));
+    cudaCheck(cudaMallocHost(&g.stat_sums_host, g.stats_layout.total * sizeof(double)));
     cudaCheck(cudaMallocHost(&g.losses_host, (size_t)max_B * max_T * sizeof(float)));
-    g.host_params.assign(g.P, 0.0f);
-    g.host_adam_m.assign(g.P, 0.0f);
-    g.host_adam_v.assign(g.P, 0.0f);
+    g.host_params.assign(g.shard.padded, 0.0f);
+    g.host_adam_m.assign(g.shard.padded, 0.0f);
+    g.host_adam_v.assign(g.shard.padded, 0.0f);
 }
-
-static void model_wait_stats(GpuModel& g);
 
 static void model_free(GpuModel& g) {
-    model_wait_stats(g);
     cudaCheck(cudaStreamSynchronize(g.stream));
     cudaCheck(cudaFree(g.memory));
-    cudaCheck(cudaFreeHost(g.stats_host));
-    cudaCheck(cudaFreeHost(g.grams_host));
+    cudaCheck(cudaFreeHost(g.stat_sums_host));
     cudaCheck(cudaFreeHost(g.losses_host));
     matmul_free(g.mm);
+    nccl_free(g.nccl);
     cudaCheck(cudaStreamDestroy(g.stream));
     g.memory = nullptr;
-    g.stats_host = g.losses_host = nullptr;
-    g.grams_host = nullptr;
+    g.losses_host = nullptr;
+    g.stat_sums_host = nullptr;
 }
 
-// The host copy of the weights and AdamW state; model_upload makes the device use it,
-// model_download brings it up to date (before a checkpoint).
+// The host copy of the weights and AdamW state; model_upload makes the device use it (the
+// weights, and this process's shard of the AdamW state), model_download brings it up to date
+// (before a checkpoint).
 static HostState host_state(GpuModel& g) { return {g.host_params.data(), g.host_adam_m.data(), g.host_adam_v.data()}; }
 
 static void model_upload(GpuModel& g) {
+    size_t b = g.shard.begin, n = g.shard.end - g.shard.begin;
     cudaCheck(cudaMemcpy(g.params, g.host_params.data(), g.P * sizeof(float), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(g.adam_m, g.host_adam_m.data(), g.P * sizeof(float), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(g.adam_v, g.host_adam_v.data(), g.P * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(g.adam_m, g.host_adam_m.data() + b, n * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(g.adam_v, g.host_adam_v.data() + b, n * sizeof(float), cudaMemcpyHostToDevice));
     float_to_bf16(g.params_bf16, g.params, (long long)g.P, g.stream);
     cudaCheck(cudaStreamSynchronize(g.stream));
 }
 
 static void model_download(GpuModel& g) {
+    size_t b = g.shard.begin, n = g.shard.end - g.shard.begin;
     cudaCheck(cudaStreamSynchronize(g.stream));
     cudaCheck(cudaMemcpy(g.host_params.data(), g.params, g.P * sizeof(float), cudaMemcpyDeviceToHost));
-    cudaCheck(cudaMemcpy(g.host_adam_m.data(), g.adam_m, g.P * sizeof(float), cudaMemcpyDeviceToHost));
-    cudaCheck(cudaMemcpy(g.host_adam_v.data(), g.adam_v, g.P * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(g.host_adam_m.data() + b, g.adam_m, n * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(g.host_adam_v.data() + b, g.adam_v, n * sizeof(float), cudaMemcpyDeviceToHost));
 }
 
 static bf16* gpu_param(GpuModel& g, int kind, int l = 0) { return g.params_bf16 + param_offset(g.cfg, kind, l); }
@@ -233,10 +251,10 @@ static float* gpu_grad(GpuModel& g, int kind, int l = 0) { return g.grads + para
 
 // Forward pass; same contract as the CPU's model_forward. Leaves the logits on the device (row
 // stride Vp).
-static float model_forward(GpuModel& g, const int* tokens, const int* targets, int B, int T, Telemetry* tm) {
+static float model_forward(GpuModel& g, const int* tokens, const int* targets, int B, int T, bool tm) {
     const ModelConfig& c = g.cfg;
     if (B > g.max_B || T > g.max_T) fail("internal: batch %dx%d exceeds the allocated %dx%d", B, T, g.max_B, g.max_T);
-    if (tm) model_wait_stats(g);  // the host buffers the statistics are copied into are free again
+    if (tm) g.stats_tokens += (double)B * T;
     g.B = B;
     g.T = T;
     int N = B * T, C = c.d_model, F = c.d_ff, L = c.n_layer, H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim;
@@ -257,7 +275,7 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
                              c.qk_norm != QK_NORM_NONE, s);
         attention_forward(la.atty, la.att_lse, tm ? la.row_stats : nullptr, la.qk_rope, la.qkv, B, T, H, Hkv, D, s);
         if (tm)
-            telemetry_layer(g.stats, g.grams, g.stats_layout, g.stats_partial, a.keys_f64, g.mm, la.qk_normed, la.row_stats,
+            telemetry_layer(g.stat_sums, g.stats_layout, g.stats_partial, a.keys_f64, g.mm, la.qk_normed, la.row_stats,
                             gpu_param_f32(g, P_Q_GAIN, l), gpu_param_f32(g, P_K_GAIN, l), B, T, c, l, s);
         matmul_forward(g.mm, la.res_attn, la.atty, gpu_param(g, P_WO, l), x, N, C, C, s);  // + residual
         rmsnorm_forward(la.ln2, la.ln2_rstd, la.res_attn, gpu_param(g, P_MLP_NORM, l), N, C, c.norm_eps, s);
@@ -268,21 +286,12 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
     rmsnorm_forward(a.lnf, a.lnf_rstd, layer_activations(a, dims, L - 1).res_mlp, gpu_param(g, P_FINAL_NORM), N, C,
                     c.norm_eps, s);
     matmul_forward(g.mm, a.logits, a.lnf, gpu_param(g, P_WTE), nullptr, N, C, c.vocab_size, s, g.Vp);
-    if (tm) {
-        cudaCheck(cudaMemcpyAsync(g.stats_host, g.stats, g.stats_layout.total * sizeof(float), cudaMemcpyDeviceToHost, s));
-        cudaCheck(cudaMemcpyAsync(g.grams_host, g.grams, g.stats_layout.gram_doubles * sizeof(double), cudaMemcpyDeviceToHost, s));
-    }
     float mean = 0.0f;
     if (targets) {
         classifier(a.logits, a.losses, g.targets, N, c.vocab_size, g.Vp, 0.0f, s);
         cudaCheck(cudaMemcpyAsync(g.losses_host, a.losses, N * sizeof(float), cudaMemcpyDeviceToHost, s));
     }
     cudaCheck(cudaStreamSynchronize(s));
-    // The effective ranks need an eigenvalue problem per layer and key head on the host: it runs
-    // beside the GPU's backward pass; model_wait_stats waits for it.
-    if (tm)
-        g.stats_done = std::async(std::launch::async,
-                                  [&g, tm] { telemetry_finish(*tm, g.stats_host, g.grams_host, g.stats_layout, g.cfg); });
     if (targets) {
         double sum = 0;
         for (int n = 0; n < N; n++) sum += g.losses_host[n];
@@ -334,18 +343,24 @@ static void model_backward(GpuModel& g, const int* tokens, const int* targets, f
                 cudaCheck(cudaMemsetAsync(gpu_grad(g, kind, l), 0, param_numel(c, kind) * sizeof(float), s));
 }
 
-// Returns once the statistics of the last forward pass with statistics are complete.
-static void model_wait_stats(GpuModel& g) {
-    if (g.stats_done.valid()) g.stats_done.get();
-}
-
 // Returns once the device has finished the work queued so far (timing).
 static void model_wait(GpuModel& g) { cudaCheck(cudaStreamSynchronize(g.stream)); }
 
 static void model_zero_grad(GpuModel& g) { cudaCheck(cudaMemsetAsync(g.grads, 0, g.P * sizeof(float), g.stream)); }
 
+// The gradients summed over the processes, into each one's shard (one process without NCCL:
+// nothing to do).
+static void model_grad_sync(GpuModel& g) {
+    if (g.use_nccl) nccl_reduce_scatter(g.nccl, g.grads, g.shard.size, g.dist.rank, g.stream);
+}
+
+// Global L2 norm of the gradients (after model_grad_sync): each process's square of its shard,
+// summed over the processes. Left on the device for AdamW too.
 static float model_grad_norm(GpuModel& g) {
-    global_norm(g.grad_norm, g.norm_partial, g.grads, (long long)g.P, g.stream);
+    squared_norm(g.grad_sq, g.norm_partial, g.grads + g.shard.begin, (long long)(g.shard.end - g.shard.begin), g.stream);
+    if (g.use_nccl) nccl_sum(g.nccl, g.grad_sq, 1, g.stream);
+    norm_from_square_kernel<<<1, 1, 0, g.stream>>>(g.grad_norm, g.grad_sq);
+    cuda_check_launch();
     float norm;
     cudaCheck(cudaMemcpyAsync(&norm, g.grad_norm, sizeof(float), cudaMemcpyDeviceToHost, g.stream));
     cudaCheck(cudaStreamSynchronize(g.stream));
@@ -356,8 +371,32 @@ static float model_grad_norm(GpuModel& g) {
 // host copy, is not needed here).
 static void model_adamw_step(GpuModel& g, const AdamWSettings& o, int t, float grad_norm, float clip) {
     (void)grad_norm;
-    adamw_step(g.params, g.params_bf16, g.grads, g.adam_m, g.adam_v, g.segments, g.num_segments, g.grad_norm, clip,
-               o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, t, g.stream);
+    adamw_step(g.params, g.params_bf16, g.grads, g.adam_m, g.adam_v, (long long)g.shard.begin, g.segments, g.num_segments,
+               g.grad_norm, clip, o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, t, g.stream);
+}
+
+// Every process's updated shard to every process, and the bf16 copy of the whole model remade
+// (one process without NCCL: AdamW already wrote it).
+static void model_param_sync(GpuModel& g) {
+    if (!g.use_nccl) return;
+    nccl_all_gather(g.nccl, g.params, g.shard.size, g.dist.rank, g.stream);
+    float_to_bf16(g.params_bf16, g.params, (long long)g.P, g.stream);
+}
+
+// A stats step: the sums cleared before its first forward pass; after its last, copied to the
+// host (with the count of tokens, which the host keeps).
+static void model_stats_begin(GpuModel& g) {
+    telemetry_sums_clear_kernel<<<64, 256, 0, g.stream>>>(g.stat_sums, g.stats_layout);
+    cuda_check_launch();
+    g.stats_tokens = 0;
+}
+
+static double* model_stats_sums(GpuModel& g) {
+    cudaCheck(cudaMemcpyAsync(g.stat_sums_host, g.stat_sums, g.stats_layout.total * sizeof(double), cudaMemcpyDeviceToHost,
+                              g.stream));
+    cudaCheck(cudaStreamSynchronize(g.stream));
+    g.stat_sums_host[g.stats_layout.count] = g.stats_tokens;
+    return g.stat_sums_host;
 }
 
 // Row `row` of the last forward pass's logits, as floats.
@@ -391,19 +430,33 @@ struct Run {
     std::string changes;  // -r: the training options that differ from the checkpoint's run
     ModelConfig c;
     uint32_t frozen = 0;  // the parameter kinds held fixed: --freeze and those the variant leaves unused
-    int B = 0, T = 0, accum = 0;  // micro-batch and micro-batches per step
+    int B = 0, T = 0;  // a micro-batch
+    int accum = 0;        // micro-batches per step, over every process
+    int local_accum = 0;  // of those, this process's: accum / dist.world
     DataLoader train, val;
     bool have_val = false;
+    Dist dist;  // this process among those of a data-parallel run (distributed.h)
+    bool writes() const { return dist.rank == 0; }  // the log, checkpoints and what is printed
+    std::future<void> stats_done;  // rank 0: the statistics being finished (collect_stats)
 };
+
+// Threads per process: the cores it may run on, shared with the other processes of this machine
+// that may run on them too (none when the launcher bound each process to cores of its own).
+static int default_threads(const Dist& d) { return std::max(1, omp_get_num_procs() / dist_local_sharers(d)); }
 
 static void choose_device(Run& r) {
     const Options& o = r.o;
 #ifdef __CUDACC__
-    if (o.device != "cpu") r.on_gpu = cuda_device_present(&r.device_name);
+    if (o.device != "cpu") r.on_gpu = cuda_device_present(r.dist.local_rank, &r.device_name);
     if (o.device == "cuda" && !r.on_gpu) fail("option --device cuda: no CUDA device is available");
+    if (r.on_gpu && r.dist.local_rank > 0 && r.device_name.empty())
+        fail("process %d of this machine has no GPU of its own: start at most one process per GPU", r.dist.local_rank);
 #else
     if (o.device == "cuda") fail("option --device cuda: this build has no CUDA backend (build with nvcc)");
 #endif
+    if (dist_min(r.dist, r.on_gpu) != dist_max(r.dist, r.on_gpu))
+        fail("some processes have a GPU and some have not: give every process the same device (--device)");
+    if (r.dist.world > 1) printf("data parallel: %d processes\n", r.dist.world);
     if (r.on_gpu) printf("device: %s (CUDA)\n", r.device_name.c_str());
     else {
         r.device_name = cpu_device_name(r.threads);
@@ -419,6 +472,8 @@ static void prepare_data_and_config(Run& r) {
     if (r.given.count("--train") && o.train_pattern.empty()) fail("option -i (--train): the pattern is empty");
     if (r.given.count("--val") && o.val_pattern.empty()) fail("option -j (--val): the pattern is empty");
     if (o.train_pattern.empty()) {
+        if (r.writes()) ensure_brown_dataset(o.data_dir);  // the first process prepares it, once
+        dist_barrier(r.dist);
         ensure_brown_dataset(o.data_dir);
         o.train_pattern = o.data_dir + "/train_*.bin";
         if (o.val_pattern.empty()) o.val_pattern = o.data_dir + "/val_*.bin";
@@ -442,12 +497,16 @@ static void prepare_data_and_config(Run& r) {
     if (T > c.max_seq_len) fail("option -t (--seq-len) %d is above the model's max_seq_len %d", T, c.max_seq_len);
     if ((long long)B * T > (1LL << 28)) fail("options -b (--batch) %d and -t (--seq-len) %d: %lld tokens per micro-batch is too many", B, T, (long long)B * T);
     int tokens_per_micro = B * T;
-    if (!o.total_batch) o.total_batch = tokens_per_micro;
+    if (!o.total_batch) o.total_batch = tokens_per_micro * r.dist.world;  // a micro-batch per process
     if (o.total_batch % tokens_per_micro != 0)
         fail("option -d (--total-batch) %d is not a multiple of batch * seq_len = %d", o.total_batch, tokens_per_micro);
     r.B = B;
     r.T = T;
     r.accum = o.total_batch / tokens_per_micro;
+    if (r.accum % r.dist.world != 0)
+        fail("option -d (--total-batch) %d: its %d micro-batches of %dx%d do not split evenly over %d processes",
+             o.total_batch, r.accum, B, T, r.dist.world);
+    r.local_accum = r.accum / r.dist.world;
 
     dataloader_init(&r.train, o.train_pattern.c_str(), B, T, c.vocab_size, o.shuffle == 1, (uint64_t)o.seed);
     r.have_val = !o.val_pattern.empty();
@@ -463,7 +522,8 @@ static void prepare_data_and_config(Run& r) {
 
 static TrainingSchedule training_schedule(const Run& r) {
     const Options& o = r.o;
-    return {o.lr, o.lr_floor, o.weight_decay, o.clip, o.beta1, o.beta2, o.warmup, o.steps, r.on_gpu ? 0 : r.threads,
+    return {o.lr, o.lr_floor, o.weight_decay, o.clip, o.beta1, o.beta2, o.warmup, o.steps,
+            r.on_gpu ? 0 : r.threads * r.dist.world,  // the threads of every process together
             r.frozen};
 }
 
@@ -483,7 +543,7 @@ static std::string schedule_changes(const TrainingSchedule& was, const TrainingS
     differ("--beta2", was.beta2, now.beta2);
     differ("-u (--warmup)", was.warmup, now.warmup);
     differ("-x (--steps)", was.steps, now.steps);
-    if (was.cpu_threads && now.cpu_threads) differ("--threads", was.cpu_threads, now.cpu_threads);
+    if (was.cpu_threads && now.cpu_threads) differ("--threads (times processes)", was.cpu_threads, now.cpu_threads);
     if (was.frozen != now.frozen)
         changes += strprintf("%s--freeze %s -> %s", changes.empty() ? "" : ", ", param_kinds_text(was.frozen).c_str(),
                              param_kinds_text(now.frozen).c_str());
@@ -533,8 +593,8 @@ static void load_weights(Model& m, Run& r, int* start_step, long long* data_posi
                 fail("options %s differ from the run of %s; resume with its options, or add --allow-changes 1 to go on "
                      "with these (the run log records the change)%s", r.changes.c_str(), r.ckpt.c_str(),
                      r.changes.find("--threads") == std::string::npos ? "" :
-                     "; another thread count changes the last bits of the CPU's float sums, so the run would not "
-                     "repeat an uninterrupted one bit for bit");
+                     "; another count of threads (or of processes) changes the last bits of the CPU's float sums, so "
+                     "the run would not repeat an uninterrupted one bit for bit");
         }
     }
     hold_unused_gains(r.c, h.params);
@@ -585,6 +645,7 @@ static RunLog open_run_log(Run& r, int start_step, std::string* log_path) {
     run.seed = (uint64_t)o.seed;
     run.backend = r.on_gpu ? "cuda" : "cpu";
     run.device = r.device_name;
+    run.num_processes = r.dist.world;
     if (!o.resume_ckpt.empty() && file_exists(*log_path)) return runlog_open_append(*log_path, run, start_step, r.changes);
     if (file_exists(*log_path)) set_aside_unresumable_log(o.out_dir, *log_path);
     RunLog log = runlog_create(*log_path, run);
@@ -645,32 +706,60 @@ struct Profile {
     }
 };
 
-// The forward and backward passes of one optimiser step over r.accum micro-batches, the
-// gradients accumulated; statistics, when asked for, from the first. Returns the mean loss.
+// After a stats step's last forward pass: every process's sums added into rank 0's, which turns
+// them into the statistics (an eigenvalue problem per key head) beside the backward pass on the
+// GPU, when they are waited for on the CPU (wait_stats).
+template <typename Model>
+static void collect_stats(Model& m, Run& r, Telemetry* out) {
+    double* sums = model_stats_sums(m);
+    TelemetrySums lay = telemetry_sums_layout(r.c);
+    dist_reduce_stats(r.dist, sums, lay);
+    if (!r.writes()) return;
+    ModelConfig c = r.c;
+    r.stats_done = std::async(r.on_gpu ? std::launch::async : std::launch::deferred,
+                              [out, sums, lay, c] { telemetry_from_sums(*out, sums, lay, c); });
+}
+
+static void wait_stats(Run& r) {
+    if (r.stats_done.valid()) r.stats_done.get();
+}
+
+// The forward and backward passes of one optimiser step: this process's r.local_accum of the
+// step's r.accum micro-batches, its gradients accumulated; with stats (rank 0's), the statistics
+// of every micro-batch of the step. Returns the mean loss over the step.
+//
+// The step's micro-batches are the next r.accum of the data, whatever the number of processes:
+// process k takes the k-th run of local_accum of them, so one process with gradient accumulation
+// and several without see the same batches.
 template <typename Model>
 static float forward_backward(Model& m, Run& r, long long* data_position, Telemetry* stats, Profile& prof) {
     model_zero_grad(m);
+    if (stats) model_stats_begin(m);
+    if (r.dist.world > 1) dataloader_seek(&r.train, *data_position + (long long)r.dist.rank * r.local_accum);
     double loss_sum = 0;
-    for (int micro = 0; micro < r.accum; micro++) {
+    for (int micro = 0; micro < r.local_accum; micro++) {
         dataloader_next_batch(&r.train);
-        (*data_position)++;
-        loss_sum += model_forward(m, r.train.inputs.data(), r.train.targets.data(), r.B, r.T, micro == 0 ? stats : nullptr);
+        loss_sum += model_forward(m, r.train.inputs.data(), r.train.targets.data(), r.B, r.T, stats != nullptr);
         prof.end_phase(m, Profile::FORWARD);
+        if (stats && micro == r.local_accum - 1) collect_stats(m, r, stats);
         model_backward(m, r.train.inputs.data(), r.train.targets.data(), 1.0f / r.accum);
         prof.end_phase(m, Profile::BACKWARD);
     }
+    *data_position += r.accum;
+    dist_sum(r.dist, &loss_sum, 1);
     return (float)(loss_sum / r.accum);
 }
 
-// Mean loss over the same validation batches each time.
+// Mean loss over the same validation batches each time, the processes taking every world-th.
 template <typename Model>
-static float evaluate(Model& m, DataLoader& val, int batches) {
-    dataloader_reset(&val);
+static float evaluate(Model& m, Run& r, int batches) {
     double sum = 0;
-    for (int i = 0; i < batches; i++) {
-        dataloader_next_batch(&val);
-        sum += model_forward(m, val.inputs.data(), val.targets.data(), val.B, val.T, nullptr);
+    for (int i = r.dist.rank; i < batches; i += r.dist.world) {
+        dataloader_seek(&r.val, i);
+        dataloader_next_batch(&r.val);
+        sum += model_forward(m, r.val.inputs.data(), r.val.targets.data(), r.val.B, r.val.T, false);
     }
+    dist_sum(r.dist, &sum, 1);
     return (float)(sum / batches);
 }
 
@@ -678,6 +767,11 @@ template <typename Model>
 static void save_checkpoint(Model& m, const Run& r, const std::string& path, int step, long long data_position) {
     model_download(m);
     HostState h = host_state(m);
+    // The AdamW state is sharded: rank 0 gathers it (the weights are whole on every process).
+    size_t shard = param_shard(num_parameters(r.c), r.dist.rank, r.dist.world).size;
+    dist_gather_to_root(r.dist, h.adam_m, shard);
+    dist_gather_to_root(r.dist, h.adam_v, shard);
+    if (!r.writes()) return;
     CheckpointInfo info;
     info.config = r.c;
     info.step = step;
@@ -704,7 +798,7 @@ static void print_samples(Model& m, const Run& r, uint64_t seed) {
         window.assign((size_t)S * T, 0);
         for (int s = 0; s < S; s++)
             for (int t = 0; t < T; t++) window[(size_t)s * T + t] = seqs[s][len - T + t];
-        model_forward(m, window.data(), nullptr, S, T, nullptr);
+        model_forward(m, window.data(), nullptr, S, T, false);
         for (int s = 0; s < S; s++) {
             model_logits_row(m, s * T + T - 1, z.data());
             double mx = -1e300, total = 0;
@@ -729,9 +823,13 @@ static void print_samples(Model& m, const Run& r, uint64_t seed) {
     }
 }
 
-// Ctrl-C (SIGINT) or SIGTERM while training: the first lets the step finish, then the run writes a
-// checkpoint, closes its log and stops with the command that resumes it; a second stops at once.
+// Ctrl-C (SIGINT), SIGTERM or SIGUSR1 while training: the first lets the step finish, then the
+// run writes a checkpoint, closes its log and stops with the command that resumes it; a second
+// stops at once. (Under mpirun, SIGUSR1 is the one to send: mpirun passes it on to every process,
+// whereas it ends them on SIGINT and SIGTERM after a second.)
 static volatile sig_atomic_t g_stop_signal = 0;
+
+static const char* stop_signal_name(int sig) { return sig == SIGINT ? "Ctrl-C" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1"; }
 
 static void on_stop_signal(int sig) {
     if (g_stop_signal) {
@@ -767,16 +865,18 @@ static void remove_old_checkpoints(const Options& o) {
     }
 }
 
-// A NaN or infinite loss or gradient norm: the step is logged and the run stops before the
-// update would damage the weights.
-template <typename Model>
-[[noreturn]] static void stop_diverged(Model& m, RunLog& log, const std::string& log_path, int step, float loss, float lr,
+// A NaN or infinite loss or gradient norm (the same on every process): the step is logged and
+// the run stops before the update would damage the weights.
+[[noreturn]] static void stop_diverged(Run& r, RunLog& log, const std::string& log_path, int step, float loss, float lr,
                                        float norm) {
-    model_wait_stats(m);
-    runlog_step(log, step, loss, lr, norm, 0, 0);
-    runlog_close(log);
-    fail("step %d: the loss is %g and the gradient norm %g; stopping before the weights are damaged "
-         "(%s and earlier checkpoints are intact; try a lower -l)", step, loss, norm, log_path.c_str());
+    wait_stats(r);
+    if (r.writes()) {
+        runlog_step(log, step, loss, lr, norm, 0, 0);
+        runlog_close(log);
+    }
+    dist_fail_together(r.dist, strprintf("step %d: the loss is %g and the gradient norm %g; stopping before the weights "
+                                         "are damaged (%s and earlier checkpoints are intact; try a lower -l)",
+                                         step, loss, norm, log_path.c_str()));
 }
 
 template <typename Model>
@@ -784,19 +884,24 @@ static int train(Model& m, Run& r) {
     Options& o = r.o;
     check_memory(o, r.given, r.c, memory_need(m, r.c, r.B, r.T), memory_available(m), r.on_gpu ? "the GPU" : "this machine");
     try {
-        model_init(m, r.c, r.B, r.T);  // sampling at the end uses at most B sequences of at most T
+        model_init(m, r.c, r.B, r.T, r.dist);  // sampling at the end uses at most B sequences of at most T
     } catch (const std::bad_alloc&) {
         fail("options -b (--batch) %d and -t (--seq-len) %d: not enough memory for this model's activations", r.B, r.T);
     }
     int start_step = 0;
-    long long data_position = 0;  // micro-batches of training data consumed
+    long long data_position = 0;  // micro-batches of training data consumed, by every process together
     load_weights(m, r, &start_step, &data_position);
     std::string log_path;
-    RunLog log = open_run_log(r, start_step, &log_path);
-    if (!o.init_ckpt.empty())  // a new run from another run's weights: say whose
-        runlog_note(log, 0, strprintf("started from the weights of %s, trained for %lld steps (this log's steps count from "
-                                      "0 at that point)", o.init_ckpt.c_str(), (long long)checkpoint_read_header(o.init_ckpt).step));
-    print_run_summary(r);
+    RunLog log;
+    dist_barrier(r.dist);  // every process has its data and weights before rank 0 touches the output
+    if (r.writes()) {
+        log = open_run_log(r, start_step, &log_path);
+        if (!o.init_ckpt.empty())  // a new run from another run's weights: say whose
+            runlog_note(log, 0, strprintf("started from the weights of %s, trained for %lld steps (this log's steps count "
+                                          "from 0 at that point)", o.init_ckpt.c_str(),
+                                          (long long)checkpoint_read_header(o.init_ckpt).step));
+        print_run_summary(r);
+    }
 
     AdamWSettings opt;
     opt.beta1 = o.beta1;
@@ -805,8 +910,7 @@ static int train(Model& m, Run& r) {
     Telemetry stats;
     Profile prof;
     prof.on = o.profile;
-    signal(SIGINT, on_stop_signal);
-    signal(SIGTERM, on_stop_signal);
+    for (int sig : {SIGINT, SIGTERM, SIGUSR1}) signal(sig, on_stop_signal);
     double run_start = now_seconds(), step_seconds_avg = 0;
     float last_val = NAN;
     int width = (int)std::to_string(o.steps).size();
@@ -816,48 +920,59 @@ static int train(Model& m, Run& r) {
         double t0 = now_seconds();
         prof.begin_step(step > start_step, stats_step, t0);
         float loss = forward_backward(m, r, &data_position, stats_step ? &stats : nullptr, prof);
+        model_grad_sync(m);  // the gradients summed over the processes, each its own shard
         float norm = model_grad_norm(m);
         opt.lr = lr_at_step(step, o.steps, o.warmup, o.lr, o.lr * o.lr_floor);
-        if (!std::isfinite(loss) || !std::isfinite(norm)) stop_diverged(m, log, log_path, step, loss, opt.lr, norm);
+        if (!std::isfinite(loss) || !std::isfinite(norm)) stop_diverged(r, log, log_path, step, loss, opt.lr, norm);
         model_adamw_step(m, opt, step + 1, norm, o.clip);
-        model_wait(m);                         // the step's time includes the update
-        if (stats_step) model_wait_stats(m);  // and the statistics
+        model_param_sync(m);  // every process's updated shard to every process
+        model_wait(m);        // the step's time includes the update
+        if (stats_step) wait_stats(r);  // and the statistics
         prof.end_phase(m, Profile::OPTIMIZER);
         double dt = now_seconds() - t0;
         prof.end_step(dt);
         step_seconds_avg = step == start_step ? dt : 0.9 * step_seconds_avg + 0.1 * dt;
         float tok_s = (float)(o.total_batch / dt);
-        runlog_step(log, step, loss, opt.lr, norm, tok_s, (float)(dt * 1e3));
-        if (stats_step) runlog_telemetry(log, step, stats, r.c);
+        if (r.writes()) {
+            runlog_step(log, step, loss, opt.lr, norm, tok_s, (float)(dt * 1e3));
+            if (stats_step) runlog_telemetry(log, step, stats, r.c);
+        }
         printf("step %*d/%d | loss %.4f | norm %.3f | lr %.2e | %.0f ms | %.0f tok/s | eta %s\n", width, step + 1, o.steps,
                loss, norm, opt.lr, dt * 1e3, tok_s, format_duration(step_seconds_avg * (o.steps - step - 1)).c_str());
         fflush(stdout);
         if (r.have_val && ((o.val_every && (step + 1) % o.val_every == 0) || last)) {
-            last_val = evaluate(m, r.val, o.val_batches);
-            runlog_val(log, step, last_val);
+            last_val = evaluate(m, r, o.val_batches);
+            if (r.writes()) runlog_val(log, step, last_val);
             printf("val loss %.4f\n", last_val);
         }
-        bool stopping = g_stop_signal && !last;
+        int stop_signal = dist_max(r.dist, g_stop_signal);  // a signal to any process stops them all
+        bool stopping = stop_signal && !last;
         if ((o.ckpt_every && (step + 1) % o.ckpt_every == 0) || last || stopping) {
             std::string path = last ? o.out_dir + "/model.ckpt" : strprintf("%s/model_step%06d.ckpt", o.out_dir.c_str(), step + 1);
-            runlog_flush(log);
+            if (r.writes()) runlog_flush(log);
             save_checkpoint(m, r, path, step + 1, data_position);
-            printf("wrote %s\n", path.c_str());
-            remove_old_checkpoints(o);
+            if (r.writes()) {
+                printf("wrote %s\n", path.c_str());
+                remove_old_checkpoints(o);
+            }
             if (stopping) {
-                runlog_close(log);
-                printf("stopped by %s after step %d of %d; resume with:\n  %s\n", g_stop_signal == SIGINT ? "Ctrl-C" : "SIGTERM",
+                if (r.writes()) runlog_close(log);
+                printf("stopped by %s after step %d of %d; resume with:\n  %s\n", stop_signal_name(stop_signal),
                        step + 1, o.steps, resume_command(r, path).c_str());
                 fflush(stdout);
-                exit(128 + g_stop_signal);
+                dist_barrier(r.dist);  // the checkpoint is written before any process ends
+                dist_finalize(r.dist);
+                exit(128 + stop_signal);
             }
         }
     }
-    runlog_close(log);
+    if (r.writes()) runlog_close(log);
     prof.print();
     printf("done in %s; final val loss %.4f\n", format_duration(now_seconds() - run_start).c_str(), last_val);
-    print_samples(m, r, (uint64_t)o.seed + 1);
-    printf("report: /usr/bin/python3 %s/scripts/report.py %s\n", program_dir().c_str(), log_path.c_str());
+    if (r.writes()) {
+        print_samples(m, r, (uint64_t)o.seed + 1);
+        printf("report: /usr/bin/python3 %s/scripts/report.py %s\n", program_dir().c_str(), log_path.c_str());
+    }
     model_free(m);
     dataloader_free(&r.train);
     if (r.have_val) dataloader_free(&r.val);
@@ -867,20 +982,27 @@ static int train(Model& m, Run& r) {
 #ifndef TESTING
 int main(int argc, char** argv) {
     Run r;
+    r.dist = dist_init(&argc, &argv);
+    if (!r.writes() && !freopen("/dev/null", "w", stdout)) fail("cannot silence this process's output (%s)", strerror(errno));
     r.argv.assign(argv, argv + argc);
     r.o = parse_options(argc, argv, r.given);
-    r.threads = r.o.threads ? r.o.threads : omp_get_num_procs();
+    r.threads = r.o.threads ? r.o.threads : default_threads(r.dist);
     omp_set_num_threads(r.threads);
     openblas_set_num_threads(r.threads);
     choose_device(r);
     prepare_data_and_config(r);
+    int status;
 #ifdef __CUDACC__
     if (r.on_gpu) {
         GpuModel g;
-        return train(g, r);
-    }
+        status = train(g, r);
+    } else
 #endif
-    CpuModel m;
-    return train(m, r);
+    {
+        CpuModel m;
+        status = train(m, r);
+    }
+    dist_finalize(r.dist);
+    return status;
 }
 #endif  // TESTING

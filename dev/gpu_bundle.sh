@@ -3,7 +3,8 @@
 #   bin/   ./train, the CUDA parity test and the dev/cuda kernel checks, for one CUDA architecture
 #          (CUDA_ARCHS, default 90: the H100 and H200) with host code for any x86-64-v3 processor
 #   lib/   the shared libraries they link that a machine with only the CUDA toolkit lacks
-#          (OpenBLAS, SentencePiece, the Fortran runtime OpenBLAS needs)
+#          (OpenBLAS, SentencePiece, the Fortran runtime OpenBLAS needs, Open MPI's libraries; not
+#          NCCL's, too large to carry: check.sh finds the machine's or PyTorch's)
 #   data/  the default corpus' shards and tokenizer (a GPU machine may have no npm)
 #   check.sh  what to run there (dev/gpu_check.sh)
 # The build runs in a copy of the working tree (build/gpu_src), so the native build is untouched.
@@ -24,7 +25,7 @@ make -s -C "$src" CPU_ARCH=x86-64-v3 CUDA_ARCHS="$archs" train prepare_data buil
     $(for f in dev/cuda/*.cu; do echo "build/dev_$(basename "$f" .cu)"; done)
 cp "$src/train" "$src/prepare_data" "$src/build/test_gpt_cuda" "$src"/build/dev_* "$out/bin/"
 strip "$out"/bin/*
-for lib in $(ldd "$out/bin/train" | awk '/openblas|sentencepiece|gfortran|quadmath/ {print $3}'); do cp -L "$lib" "$out/lib/"; done
+for lib in $(ldd "$out/bin/train" | awk '/openblas|sentencepiece|gfortran|quadmath|libmpi|open-rte|open-pal|hwloc|libevent/ {print $3}'); do cp -L "$lib" "$out/lib/"; done
 # The default corpus, prepared here (npm) and carried.
 [ -e data/brown/.complete ] || ./train -x 1 -g 0 -v 0 --val-batches 1 -o "$(mktemp -d)/run" >/dev/null
 cp data/brown/train_*.bin data/brown/val_*.bin data/brown/tokenizer.model data/brown/dataset.txt data/brown/.complete "$out/data/"

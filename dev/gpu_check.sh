@@ -3,7 +3,8 @@
 # built: the PyTorch reference (made here), the CUDA parity test against it (with the determinism
 # check), every
 # dev/cuda kernel check, and short training runs of ./train through every path of its loop
-# (statistics, validation, checkpoints, resume, -e) and with each QK-norm variant. Prints a summary line per part and ends
+# (statistics, validation, checkpoints, resume, -e) and with each QK-norm variant, and the NCCL
+# path of a data-parallel run with one process. Prints a summary line per part and ends
 # with "N passed, N failed" over the parity and kernel checks. Logs go to $OUT when it is set.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -67,5 +68,27 @@ if [ "$variants_ok" -eq 1 ]; then
 else
     echo "== variant runs: FAILED (logs: train_qknormplain.log, train_qknormnone.log, train_freezek_gain.log)"
     failed=$((failed + 1))
+fi
+# The NCCL path of a data-parallel run, with one process (TRAIN_NCCL=1: a communicator of one GPU;
+# NCCL refuses two processes on one GPU): the same losses, gradient norms and final checkpoint,
+# bit for bit, as the plain run a. libnccl.so.2 from the system, else from PyTorch's wheels.
+nccl_lib=$( (ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 / {print $NF; exit}';
+             "${PYTHON:-python3}" -c 'import glob, site; print(*glob.glob(site.getsitepackages()[0] + "/nvidia/nccl*/lib/libnccl.so.2")[:1])' 2>/dev/null) | head -1)
+if [ -z "$nccl_lib" ]; then
+    echo "== nccl path: not checked (no libnccl.so.2 on this machine)"
+else
+    LD_LIBRARY_PATH="$(dirname "$nccl_lib"):$LD_LIBRARY_PATH" TRAIN_NCCL=1 "$g/bin/train" "${common[@]}" -n 20 -o "$runs/nccl" \
+        >"$logs/train_nccl.log" 2>&1
+    nccl_status=$?
+    steps_of() { grep -E '^step ' "$1" | cut -d'|' -f1-3; }
+    if [ "$nccl_status" -eq 0 ] && [ "$(steps_of "$logs/train_a.log")" = "$(steps_of "$logs/train_nccl.log")" ] &&
+        cmp -s "$runs/a/model.ckpt" "$runs/nccl/model.ckpt"; then
+        echo "== nccl path ($nccl_lib): ok; losses, norms and the final checkpoint equal the plain run's bit for bit"
+        passed=$((passed + 1))
+    else
+        echo "== nccl path: FAILED (status $nccl_status; logs: train_a.log, train_nccl.log)"
+        tail -3 "$logs/train_nccl.log"
+        failed=$((failed + 1))
+    fi
 fi
 echo "$passed passed, $failed failed"

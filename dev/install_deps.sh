@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs the Debian packages a step needs, once: `build` (compile ./train and prepare the
-# default corpus) or `test` (also the PyTorch reference, the Python tests and the fuzzers).
+# Installs the Debian packages a step needs, once: `build` (compile ./train, with Open MPI, and
+# prepare the default corpus) or `test` (also the PyTorch reference, the Python tests and the
+# fuzzers).
 # As root it runs apt-get; otherwise it prints the one command to run and fails.
 set -euo pipefail
 what=${1:-build}
@@ -16,6 +17,9 @@ multiarch=$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
 need_file /usr/include/sentencepiece_processor.h libsentencepiece-dev
 need_cmd npm npm
 need_cmd tar tar
+# Open MPI: data-parallel training over processes (mpirun, and the headers ./train builds with).
+need_cmd mpirun openmpi-bin
+need_cmd mpicxx libopenmpi-dev
 if [ "$what" = test ]; then
     # clang with libFuzzer's runtime, for the fuzzing harnesses of test/fuzz.
     need_cmd clang++ clang

@@ -46,7 +46,7 @@ inline uint32_t header_crc(const uint8_t* h) {
 struct TrainingSchedule {
     float lr = 0, lr_floor = 0, weight_decay = 0, clip = 0, beta1 = 0, beta2 = 0;
     int32_t warmup = 0, steps = 0;
-    int32_t cpu_threads = 0;  // CPU runs: the threads (float sums may depend on them); 0 on the GPU
+    int32_t cpu_threads = 0;  // CPU runs: the threads of all processes (float sums depend on them); 0 on the GPU
     uint32_t frozen = 0;      // parameter kinds held fixed (--freeze, and the gains a variant leaves unused)
 };
 

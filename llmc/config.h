@@ -2,6 +2,7 @@
 // parameter layout: where every tensor lives in the one flat parameter buffer. The same layout is
 // used by the CPU backend, the CUDA backend, the checkpoint file and the PyTorch reference.
 #pragma once
+#include <algorithm>
 #include <cstdarg>
 #include <cstddef>
 #include <cstdio>
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 #include "rand.h"
 #include "utils.h"
 
@@ -178,6 +180,65 @@ static const uint32_t kAllParamKinds = (1u << P_NUM_KINDS) - 1;
 // holds at 1.
 inline uint32_t frozen_kinds(const ModelConfig& c, uint32_t asked) {
     return asked | (c.qk_norm == QK_NORM_GAIN ? 0u : param_kind_bit(P_Q_GAIN) | param_kind_bit(P_K_GAIN));
+}
+
+// A contiguous run of parameters that either all take weight decay (matrices) or none do (gains).
+struct ParamSegment {
+    long long start, count;
+    int decay;
+};
+
+// What AdamW updates: the parameter layout without the frozen kinds, as the fewest segments
+// (consecutive tensors with the same weight decay flag merged).
+inline std::vector<ParamSegment> adamw_segments(const ModelConfig& c, uint32_t frozen) {
+    std::vector<ParamSegment> segs, merged;
+    for (int kind = 0; kind < P_NUM_KINDS; kind++) {
+        if (frozen & param_kind_bit(kind)) continue;
+        int layers = param_is_per_layer(kind) ? c.n_layer : 1;
+        for (int l = 0; l < layers; l++)
+            segs.push_back({(long long)param_offset(c, kind, l), (long long)param_numel(c, kind), param_is_matrix(kind) ? 1 : 0});
+    }
+    std::sort(segs.begin(), segs.end(), [](const ParamSegment& a, const ParamSegment& b) { return a.start < b.start; });
+    for (const ParamSegment& s : segs) {
+        if (!merged.empty() && merged.back().decay == s.decay && merged.back().start + merged.back().count == s.start)
+            merged.back().count += s.count;
+        else
+            merged.push_back(s);
+    }
+    return merged;
+}
+
+// Data-parallel training shards the optimiser (ZeRO-1): of `world` processes, process `rank`
+// keeps the AdamW state of, and updates, the parameters [begin, end) only. Every shard has the
+// same size (the last one padded past P), as reduce-scatter and all-gather want, a multiple of 64
+// floats so that each starts on a 256-byte boundary: the gradient and parameter buffers hold
+// world * size floats. One process has one shard, the whole model.
+struct ParamShard {
+    int rank = 0, world = 1;
+    size_t begin = 0, end = 0;  // this process's parameters; end <= P
+    size_t size = 0;            // floats per shard, ceil(P / world)
+    size_t padded = 0;          // world * size
+};
+
+inline ParamShard param_shard(size_t P, int rank, int world) {
+    ParamShard s;
+    s.rank = rank;
+    s.world = world;
+    s.size = world == 1 ? P : ((P + world - 1) / world + 63) / 64 * 64;
+    s.padded = s.size * world;
+    s.begin = std::min(P, (size_t)rank * s.size);
+    s.end = std::min(P, s.begin + s.size);
+    return s;
+}
+
+// The segments cut to a shard: what this process's AdamW updates.
+inline std::vector<ParamSegment> shard_segments(const std::vector<ParamSegment>& segs, const ParamShard& s) {
+    std::vector<ParamSegment> cut;
+    for (const ParamSegment& g : segs) {
+        long long lo = std::max(g.start, (long long)s.begin), hi = std::min(g.start + g.count, (long long)s.end);
+        if (lo < hi) cut.push_back({lo, hi - lo, g.decay});
+    }
+    return cut;
 }
 
 // "k_gain,q_gain" as a mask (an empty string: no kind). Returns false, with *unknown set to the

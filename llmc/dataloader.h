@@ -132,20 +132,19 @@ struct DataLoader {
     int vocab_size = 0;
     bool shuffle = false;
     uint64_t seed = 0;
-    int rank = 0, world = 1;  // this process takes windows rank, rank + world, ... of every shard
 
     // the shards, sorted by file name, with what their headers say
     std::vector<std::string> files;
     std::vector<long long> file_tokens;
     std::vector<int> file_versions;
     long long total_tokens = 0;       // tokens in all shards together
-    long long batches_per_epoch = 0;  // batches this rank reads in one pass over every shard
+    long long batches_per_epoch = 0;  // batches in one pass over every shard
 
     // where the loader is: epoch, position in shard_order, position in windows
     long long epoch = 0;
     size_t shard_pos = 0, window_pos = 0;
     std::vector<int> shard_order;     // shard indices in this epoch's reading order
-    std::vector<long long> windows;   // token offsets of this rank's windows of the current shard
+    std::vector<long long> windows;   // token offsets of the current shard's windows, in reading order
 
     // the shard in memory
     int loaded_shard = -1;
@@ -157,13 +156,8 @@ struct DataLoader {
 
 inline long long batch_span(const DataLoader* L) { return (long long)L->B * L->T; }
 
-// Windows of shard s: how many fit, and how many of those this rank takes.
+// Windows of shard s: how many fit.
 inline long long shard_windows(const DataLoader* L, int s) { return (L->file_tokens[s] - 1) / batch_span(L); }
-
-inline long long rank_windows(const DataLoader* L, int s) {
-    long long n = shard_windows(L, s);
-    return n / L->world + (L->rank < n % L->world ? 1 : 0);
-}
 
 // Reads a shard's header and checks it against the file's size; returns the token count.
 inline long long check_shard_header(const char* path, int* version) {
@@ -258,9 +252,7 @@ inline void order_shards(DataLoader* L) {
     }
 }
 
-// Sets windows to this rank's windows of the shard at shard_pos, in reading order. Every rank
-// computes the same full order and keeps its own every world-th entry, so the ranks' windows are
-// disjoint and together cover the shard.
+// Sets windows to the windows of the shard at shard_pos, in reading order.
 inline void plan_windows(DataLoader* L) {
     int s = L->shard_order[L->shard_pos];
     std::vector<long long> all(shard_windows(L, s));
@@ -269,8 +261,7 @@ inline void plan_windows(DataLoader* L) {
         Rng r = rng_for(L->seed, L->epoch, 1 + (uint64_t)s);
         rng_shuffle(r, all);
     }
-    L->windows.clear();
-    for (size_t i = L->rank; i < all.size(); i += L->world) L->windows.push_back(all[i]);
+    L->windows = std::move(all);
     L->window_pos = 0;
 }
 
@@ -285,9 +276,8 @@ inline void dataloader_reset(DataLoader* L) {
 // Finds the shards matching `pattern` (a glob such as "data/brown/train_*.bin") and checks every
 // header and every token id now, so that a bad file stops the program before any training starts.
 inline void dataloader_init(DataLoader* L, const char* pattern, int B, int T, int vocab_size, bool shuffle,
-                            uint64_t seed, int rank = 0, int world = 1) {
+                            uint64_t seed) {
     if (B < 1 || T < 1) fail("%s: batch size B=%d and sequence length T=%d must be at least 1", pattern, B, T);
-    if (world < 1 || rank < 0 || rank >= world) fail("%s: rank %d is not in 0..world-1 (world %d)", pattern, rank, world);
     if (vocab_size < 1) fail("%s: vocab_size %d must be at least 1", pattern, vocab_size);
     *L = DataLoader();
     L->B = B;
@@ -295,8 +285,6 @@ inline void dataloader_init(DataLoader* L, const char* pattern, int B, int T, in
     L->vocab_size = vocab_size;
     L->shuffle = shuffle;
     L->seed = seed;
-    L->rank = rank;
-    L->world = world;
 
     glob_t g;
     int rc = glob(pattern, 0, nullptr, &g);
@@ -317,10 +305,7 @@ inline void dataloader_init(DataLoader* L, const char* pattern, int B, int T, in
         L->file_versions.push_back(version);
         L->total_tokens += n;
     }
-    for (size_t s = 0; s < L->files.size(); s++) L->batches_per_epoch += rank_windows(L, (int)s);
-    if (L->batches_per_epoch == 0)
-        fail("%s: no batch for rank %d: the shards hold fewer windows of B*T+1 tokens than there are processes (%d)",
-             pattern, rank, world);
+    for (size_t s = 0; s < L->files.size(); s++) L->batches_per_epoch += shard_windows(L, (int)s);
 
     L->inputs.resize(batch_span(L));
     L->targets.resize(batch_span(L));
@@ -329,7 +314,7 @@ inline void dataloader_init(DataLoader* L, const char* pattern, int B, int T, in
 
 // Fills inputs and targets with the next batch, moving on to the next shard and epoch as needed.
 inline void dataloader_next_batch(DataLoader* L) {
-    while (L->window_pos >= L->windows.size()) {  // this shard is done (or has no window for this rank)
+    while (L->window_pos >= L->windows.size()) {  // this shard is done
         if (++L->shard_pos >= L->shard_order.size()) {
             L->epoch++;
             L->shard_pos = 0;
@@ -353,7 +338,7 @@ inline void dataloader_seek(DataLoader* L, long long position) {
     long long left = position % L->batches_per_epoch;
     order_shards(L);
     L->shard_pos = 0;
-    while (left >= rank_windows(L, L->shard_order[L->shard_pos])) left -= rank_windows(L, L->shard_order[L->shard_pos++]);
+    while (left >= shard_windows(L, L->shard_order[L->shard_pos])) left -= shard_windows(L, L->shard_order[L->shard_pos++]);
     plan_windows(L);
     L->window_pos = (size_t)left;
 }

@@ -16,6 +16,7 @@
 #include <vector>
 #include "activations.h"
 #include "config.h"
+#include "distributed.h"
 #include "eigen.h"
 #include "math.h"
 #include "options.h"
@@ -40,21 +41,38 @@ struct CpuModel {
     std::unique_ptr<char[]> act_memory;
     int B = 0, T = 0;  // shape of the last forward pass
     uint32_t frozen = 0;  // parameter kinds held fixed (config.h's frozen_kinds)
+    // Data-parallel training (distributed.h): params, grads, adam_m and adam_v hold shard.padded
+    // floats, P of them parameters; AdamW updates this process's shard only, with its state there.
+    Dist dist;
+    ParamShard shard;
+    std::vector<ParamSegment> segments;  // what AdamW updates: the unfrozen parameters of the shard
+    std::vector<float> grad_scratch;     // a shard, for the reduce-scatter
+    // A stats step's sums (telemetry.h), added into by every forward pass with statistics.
+    TelemetrySums stats_layout;
+    std::vector<double> stat_sums;
 };
 
 inline float* param_ptr(CpuModel& m, int kind, int l = 0) { return m.params.data() + param_offset(m.cfg, kind, l); }
 inline float* grad_ptr(CpuModel& m, int kind, int l = 0) { return m.grads.data() + param_offset(m.cfg, kind, l); }
 
-inline void model_init(CpuModel& m, const ModelConfig& cfg, int max_B, int max_T) {
+inline void model_freeze(CpuModel& m, uint32_t asked);
+
+// The model for micro-batches up to max_B x max_T, as process dist.rank of dist.world.
+inline void model_init(CpuModel& m, const ModelConfig& cfg, int max_B, int max_T, const Dist& dist = Dist()) {
     m.cfg = cfg;
     m.max_B = max_B;
     m.max_T = max_T;
-    size_t P = num_parameters(cfg);
-    m.params.assign(P, 0.0f);
-    m.grads.assign(P, 0.0f);
-    m.adam_m.assign(P, 0.0f);
-    m.adam_v.assign(P, 0.0f);
-    m.frozen = frozen_kinds(cfg, 0);
+    m.dist = dist;
+    m.shard = param_shard(num_parameters(cfg), dist.rank, dist.world);
+    size_t padded = m.shard.padded;
+    m.params.assign(padded, 0.0f);
+    m.grads.assign(padded, 0.0f);
+    m.adam_m.assign(padded, 0.0f);
+    m.adam_v.assign(padded, 0.0f);
+    m.grad_scratch.assign(dist.world > 1 ? m.shard.size : 0, 0.0f);
+    m.stats_layout = telemetry_sums_layout(cfg);
+    m.stat_sums.assign(m.stats_layout.total, 0.0);
+    model_freeze(m, 0);
     int D = cfg.head_dim, half = D / 2;
     m.rope_cos.resize((size_t)cfg.max_seq_len * half);
     m.rope_sin.resize((size_t)cfg.max_seq_len * half);
@@ -73,7 +91,10 @@ inline void model_init(CpuModel& m, const ModelConfig& cfg, int max_B, int max_T
 }
 
 // Holds the parameter kinds in `asked` (and those the variant leaves unused) fixed from now on.
-inline void model_freeze(CpuModel& m, uint32_t asked) { m.frozen = frozen_kinds(m.cfg, asked); }
+inline void model_freeze(CpuModel& m, uint32_t asked) {
+    m.frozen = frozen_kinds(m.cfg, asked);
+    m.segments = shard_segments(adamw_segments(m.cfg, m.frozen), m.shard);
+}
 
 // Memory the model needs (weights, gradients, AdamW state; then the activations of a B x T
 // micro-batch), to check before model_init allocates it.
@@ -390,18 +411,19 @@ inline void crossentropy_backward_inplace(float* logits, const float* row_lse, c
 }
 
 // ---------------------------------------------------------------------------------------------
-// Key statistics of one layer from the post-norm, pre-RoPE keys (telemetry.md). The per-key sums
-// run in double precision over the N = B*T keys. The effective ranks and the mean share come from
-// each head's augmented Gram matrix [K 1]^T [K 1] (telemetry.h), one float64 BLAS product over a
-// float64 copy of the keys (keys_f64: Hkv x N x (D+1)): products of float32 keys are exact in
-// float64, so only the float64 sums round. Heads in parallel.
-inline void key_statistics(Telemetry& tm, int layer, const float* qk_normed, double* keys_f64, int N,
-                           const ModelConfig& c) {
+// The key sums of one layer (telemetry.h's TelemetrySums) from the post-norm, pre-RoPE keys,
+// added into `sums`. The per-key sums run in double precision over the N = B*T keys. The Gram
+// matrices come from one float64 BLAS product per head over a float64 copy of the keys with a
+// trailing 1 (keys_f64: Hkv x N x (D+1)): products of float32 keys are exact in float64, so only
+// the float64 sums round. Heads in parallel.
+inline void key_sums(double* sums, const TelemetrySums& lay, int layer, const float* qk_normed, double* keys_f64, int N,
+                     const ModelConfig& c) {
     int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, NH = H + Hkv, W = D + 1;
 #pragma omp parallel for schedule(dynamic)
     for (int kvh = 0; kvh < Hkv; kvh++) {
         const float* keys = qk_normed + (size_t)(H + kvh) * D;  // row n at keys + n * NH * D
         double* aug = keys_f64 + (size_t)kvh * N * W;
+        double* rec = sums + lay.key_sums + ((size_t)layer * Hkv + kvh) * lay.key_record;
         double sum_norm = 0, sum_maxabs = 0, sum_pr = 0;
         std::vector<double> unit_sum(D, 0.0);
         for (int n = 0; n < N; n++) {
@@ -422,24 +444,19 @@ inline void key_statistics(Telemetry& tm, int layer, const float* qk_normed, dou
             if (norm > 0)
                 for (int i = 0; i < D; i++) unit_sum[i] += k[i] / norm;
         }
-        std::vector<double> gram((size_t)W * W);
-        cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, W, W, N, 1.0, aug, W, aug, W, 0.0, gram.data(), W);
-        KeyGramStatistics g = key_gram_statistics(gram.data(), D);
-        double us2 = 0;
-        for (int i = 0; i < D; i++) us2 += unit_sum[i] * unit_sum[i];
-        tm.row(M_K_NORM, layer, c)[kvh] = (float)(sum_norm / N);
-        tm.row(M_K_MAXABS, layer, c)[kvh] = (float)(sum_maxabs / N);
-        tm.row(M_K_PR, layer, c)[kvh] = (float)(sum_pr / N);
-        tm.row(M_K_COS, layer, c)[kvh] = (float)mean_pairwise_cosine(us2, (double)N);
-        tm.row(M_K_ERANK, layer, c)[kvh] = (float)g.erank;
-        tm.row(M_K_MEAN_SHARE, layer, c)[kvh] = (float)g.mean_share;
-        tm.row(M_K_ERANK_CENTERED, layer, c)[kvh] = (float)g.erank_centered;
+        rec[KS_NORM] += sum_norm;
+        rec[KS_MAXABS] += sum_maxabs;
+        rec[KS_PR] += sum_pr;
+        for (int i = 0; i < D; i++) rec[KS_UNIT + i] += unit_sum[i];
+        double* gram = sums + lay.grams + ((size_t)layer * Hkv + kvh) * W * W;
+        cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, W, W, N, 1.0, aug, W, aug, W, 1.0, gram, W);
     }
 }
 
-// Query norms and the attention statistics of one layer, reduced over (b, t) in a fixed order.
-inline void query_attention_statistics(Telemetry& tm, int layer, const float* qk_normed, const float* row_stats,
-                                       int B, int T, const ModelConfig& c) {
+// The query norms and attention rows' sums of one layer, and its largest logits, added into
+// `sums`, reduced over (b, t) in a fixed order.
+inline void query_attention_sums(double* sums, const TelemetrySums& lay, int layer, const float* qk_normed,
+                                 const float* row_stats, int B, int T, const ModelConfig& c) {
     int H = c.n_head, D = c.head_dim, NH = H + c.n_kv_head, N = B * T;
     size_t rows = (size_t)B * H * T;
     for (int h = 0; h < H; h++) {
@@ -459,11 +476,13 @@ inline void query_attention_statistics(Telemetry& tm, int layer, const float* qk
                 maxp += row_stats[ATTN_STAT_MAXP * rows + row];
                 lmax = fmaxf(lmax, row_stats[ATTN_STAT_LOGIT_MAX * rows + row]);
             }
-        tm.row(M_Q_NORM, layer, c)[h] = (float)(qn / N);
-        tm.row(M_ATTN_ENTROPY, layer, c)[h] = (float)(ent / N);
-        tm.row(M_ATTN_SINK, layer, c)[h] = (float)(sink / N);
-        tm.row(M_ATTN_MAXP, layer, c)[h] = (float)(maxp / N);
-        tm.row(M_ATTN_LOGIT_MAX, layer, c)[h] = lmax;
+        double* rec = sums + lay.query_sums + ((size_t)layer * H + h) * QS_NUM;
+        rec[QS_NORM] += qn;
+        rec[QS_ENTROPY] += ent;
+        rec[QS_SINK] += sink;
+        rec[QS_MAXP] += maxp;
+        double& mx = sums[lay.maxima + (size_t)layer * H + h];
+        mx = fmax(mx, (double)lmax);
     }
 }
 
@@ -472,8 +491,9 @@ inline void query_attention_statistics(Telemetry& tm, int layer, const float* qk
 
 // Forward pass over tokens [B, T]. With targets, computes the per-position losses and returns
 // their mean; without (targets == nullptr), leaves the logits [B*T, V] for sampling and returns 0.
-// With stats, also measures every statistic of telemetry.md into it.
-inline float model_forward(CpuModel& m, const int* tokens, const int* targets, int B, int T, Telemetry* stats) {
+// With stats, also adds the sums behind every statistic of telemetry.md into m.stat_sums
+// (model_stats_begin clears them; telemetry_from_sums finishes them).
+inline float model_forward(CpuModel& m, const int* tokens, const int* targets, int B, int T, bool stats) {
     const ModelConfig& c = m.cfg;
     if (B > m.max_B || T > m.max_T) fail("internal: batch %dx%d exceeds the allocated %dx%d", B, T, m.max_B, m.max_T);
     m.B = B;
@@ -484,7 +504,9 @@ inline float model_forward(CpuModel& m, const int* tokens, const int* targets, i
 #pragma omp parallel for
     for (int n = 0; n < N; n++) memcpy(&a.emb[(size_t)n * C], wte + (size_t)tokens[n] * C, C * sizeof(float));
 
-    if (stats) stats->resize(c);
+    double* sums = m.stat_sums.data();
+    const TelemetrySums& lay = m.stats_layout;
+    if (stats) sums[lay.count] += N;
     ActivationDims dims = activation_dims(c, B, T, V);
     for (int l = 0; l < L; l++) {
         Activations<float> la = layer_activations(a, dims, l);  // this layer's part of each buffer
@@ -495,10 +517,11 @@ inline float model_forward(CpuModel& m, const int* tokens, const int* targets, i
                              param_ptr(m, P_K_GAIN, l), m.rope_cos.data(), m.rope_sin.data(), B, T, c);
         attention_forward(la.atty, la.att_lse, stats ? la.row_stats : nullptr, la.qk_rope, la.qkv, B, T, c);
         if (stats) {
-            key_statistics(*stats, l, la.qk_normed, a.keys_f64, N, c);
-            query_attention_statistics(*stats, l, la.qk_normed, la.row_stats, B, T, c);
-            memcpy(stats->row(M_G_Q, l, c), param_ptr(m, P_Q_GAIN, l), c.head_dim * sizeof(float));
-            memcpy(stats->row(M_G_K, l, c), param_ptr(m, P_K_GAIN, l), c.head_dim * sizeof(float));
+            key_sums(sums, lay, l, la.qk_normed, a.keys_f64, N, c);
+            query_attention_sums(sums, lay, l, la.qk_normed, la.row_stats, B, T, c);
+            double* gains = sums + lay.gains + (size_t)l * 2 * c.head_dim;
+            std::copy_n(param_ptr(m, P_Q_GAIN, l), c.head_dim, gains);
+            std::copy_n(param_ptr(m, P_K_GAIN, l), c.head_dim, gains + c.head_dim);
         }
         matmul_forward(la.res_attn, la.atty, param_ptr(m, P_WO, l), N, C, C);
 #pragma omp parallel for
@@ -571,21 +594,26 @@ inline void model_backward(CpuModel& m, const int* tokens, const int* targets, f
 
 inline void model_zero_grad(CpuModel& m) { std::fill(m.grads.begin(), m.grads.end(), 0.0f); }
 
-// Global L2 norm of all gradients, summed in double in a fixed order.
+// The gradients summed over the processes, into each one's shard (one process: nothing to do).
+inline void model_grad_sync(CpuModel& m) { dist_reduce_scatter(m.dist, m.grads.data(), m.grad_scratch.data(), m.shard.size); }
+
+// Global L2 norm of all gradients (after model_grad_sync): each process sums the squares of its
+// shard in double, in a fixed order, and the processes' sums are added.
 inline float model_grad_norm(CpuModel& m) {
     const float* g = m.grads.data();
-    long long P = (long long)m.grads.size();
+    long long begin = (long long)m.shard.begin, end = (long long)m.shard.end;
     const long long chunk = 1 << 16;
-    long long nchunks = (P + chunk - 1) / chunk;
+    long long nchunks = (end - begin + chunk - 1) / chunk;
     std::vector<double> partial(nchunks);
 #pragma omp parallel for
     for (long long k = 0; k < nchunks; k++) {
         double acc = 0;
-        for (long long i = k * chunk; i < std::min(P, (k + 1) * chunk); i++) acc += (double)g[i] * g[i];
+        for (long long i = begin + k * chunk; i < std::min(end, begin + (k + 1) * chunk); i++) acc += (double)g[i] * g[i];
         partial[k] = acc;
     }
     double total = 0;
     for (double p : partial) total += p;
+    dist_sum(m.dist, &total, 1);
     return (float)sqrt(total);
 }
 
@@ -593,32 +621,34 @@ struct AdamWSettings {
     float lr, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
 };
 
-// One AdamW step (t counts from 1), the gradients clipped to global norm `clip` (0: off) by their
-// norm grad_norm, the value model_grad_norm returned.
+// One AdamW step (t counts from 1) on this process's shard, the gradients clipped to global norm
+// `clip` (0: off) by their norm grad_norm, the value model_grad_norm returned.
 inline void model_adamw_step(CpuModel& m, const AdamWSettings& o, int t, float grad_norm, float clip) {
-    const ModelConfig& c = m.cfg;
     float grad_scale = clip_scale(grad_norm, clip);
     float bc1 = 1.0f - powf(o.beta1, (float)t), bc2 = 1.0f - powf(o.beta2, (float)t);
-    for (int kind = 0; kind < P_NUM_KINDS; kind++) {
-        if (m.frozen & param_kind_bit(kind)) continue;
-        int layers = param_is_per_layer(kind) ? c.n_layer : 1;
-        float wd = param_is_matrix(kind) ? o.weight_decay : 0.0f;
-        long long n = (long long)param_numel(c, kind);
-        for (int l = 0; l < layers; l++) {
-            size_t off = param_offset(c, kind, l);
-            float *w = &m.params[off], *g = &m.grads[off], *mm = &m.adam_m[off], *vv = &m.adam_v[off];
+    for (const ParamSegment& seg : m.segments) {
+        float wd = seg.decay ? o.weight_decay : 0.0f;
+        float *w = &m.params[seg.start], *g = &m.grads[seg.start], *mm = &m.adam_m[seg.start], *vv = &m.adam_v[seg.start];
 #pragma omp parallel for
-            for (long long i = 0; i < n; i++)
-                w[i] = adamw_update(w[i], g[i] * grad_scale, &mm[i], &vv[i], o.lr, o.beta1, o.beta2, o.eps, wd, bc1, bc2);
-        }
+        for (long long i = 0; i < seg.count; i++)
+            w[i] = adamw_update(w[i], g[i] * grad_scale, &mm[i], &vv[i], o.lr, o.beta1, o.beta2, o.eps, wd, bc1, bc2);
     }
 }
+
+// Every process's updated shard to every process (one process: nothing to do).
+inline void model_param_sync(CpuModel& m) { dist_all_gather(m.dist, m.params.data(), m.shard.size); }
+
+// A stats step: the sums cleared before its first forward pass, and read after its last.
+inline void model_stats_begin(CpuModel& m) { telemetry_sums_clear(m.stat_sums.data(), m.stats_layout); }
+inline double* model_stats_sums(CpuModel& m) { return m.stat_sums.data(); }
 
 // The rest of the interface the training loop uses (train_gpt.cu gives the GPU model the same).
 // The host arrays are the model's own here, so moving them between host and device does nothing.
 
 struct HostState {
-    float *params, *adam_m, *adam_v;  // P floats each, in the layout of config.h
+    // In the layout of config.h, shard.padded floats each (P of them parameters); of the AdamW
+    // state only this process's shard is kept up to date (the training loop gathers it).
+    float *params, *adam_m, *adam_v;
 };
 
 inline HostState host_state(CpuModel& m) { return {m.params.data(), m.adam_m.data(), m.adam_v.data()}; }
@@ -626,7 +656,6 @@ inline void model_free(CpuModel& m) { m = CpuModel(); }
 inline void model_upload(CpuModel&) {}
 inline void model_download(CpuModel&) {}
 inline void model_wait(CpuModel&) {}
-inline void model_wait_stats(CpuModel&) {}
 
 inline void model_logits_row(CpuModel& m, int row, float* out) {
     const float* z = m.acts.logits + (size_t)row * m.cfg.vocab_size;

@@ -63,7 +63,7 @@ static const OptSpec kOptions[] = {
     // optimisation
     OPT("-b", "--batch", OPT_INT, batch, "micro-batch size, in sequences"),
     OPT("-t", "--seq-len", OPT_INT, seq_len, "sequence length (default: max_seq_len)"),
-    OPT("-d", "--total-batch", OPT_INT, total_batch, "tokens per optimiser step, a multiple of batch * seq_len (gradient accumulation; default: one micro-batch)"),
+    OPT("-d", "--total-batch", OPT_INT, total_batch, "tokens per optimiser step, a multiple of batch * seq_len (gradient accumulation; default: one micro-batch per process)"),
     OPT("-x", "--steps", OPT_INT, steps, "optimiser steps"),
     OPT("-l", "--lr", OPT_FLOAT, lr, "peak learning rate"),
     OPT("-u", "--warmup", OPT_INT, warmup, "linear warm-up steps, then cosine decay"),
@@ -172,7 +172,7 @@ inline Options parse_options(int argc, char** argv, std::set<std::string>& given
     };
     need(o.batch >= 1, "-b (--batch)", "must be at least 1");
     need(o.seq_len >= 0, "-t (--seq-len)", "must not be negative (0: max_seq_len)");
-    need(o.total_batch >= 0, "-d (--total-batch)", "must not be negative (0: one micro-batch)");
+    need(o.total_batch >= 0, "-d (--total-batch)", "must not be negative (0: one micro-batch per process)");
     need(o.steps >= 1, "-x (--steps)", "must be at least 1");
     need(o.warmup >= 0, "-u (--warmup)", "must not be negative");
     need(o.lr > 0, "-l (--lr)", "must be positive");

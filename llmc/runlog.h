@@ -42,6 +42,7 @@ struct RunInfo {
     std::vector<std::pair<std::string, std::string>> options;  // every option, name -> value
     uint64_t seed = 0;
     std::string backend, device;  // backend is "cpu" or "cuda"
+    int num_processes = 1;        // of a data-parallel run (distributed.h)
 };
 
 struct RunLog {
@@ -150,6 +151,7 @@ inline std::string runlog_run_members(const RunInfo& info, const char* sep) {
     j += sep + strprintf("\"seed\": %" PRIu64, info.seed);
     j += sep + ("\"backend\": " + json_string(info.backend));
     j += sep + ("\"device\": " + json_string(info.device));
+    j += sep + strprintf("\"num_processes\": %d", info.num_processes);
     return j;
 }
 
@@ -537,7 +539,8 @@ inline bool json_is_integer(const JsonValue* v) {
 
 // Empty when the members of the header besides the record table hold what docs/log_format.md
 // says, as the reader checks them: created, backend and device strings, options an object of
-// strings, seed an integer in [0, 2^64), config an object of numbers. Else where it is wrong.
+// strings, seed an integer in [0, 2^64), num_processes a positive integer, config an object of
+// numbers. Else where it is wrong.
 inline std::string runlog_header_members_problem(const JsonValue& header) {
     for (const char* key : {"created", "backend", "device"}) {
         const JsonValue* v = header.get(key);
@@ -552,6 +555,9 @@ inline std::string runlog_header_members_problem(const JsonValue& header) {
     if (digits == "-0") digits = "0";
     if (seed && (digits.empty() || digits[0] == '-' || digits.size() > 20 || (digits.size() == 20 && digits > "18446744073709551615")))
         return "its seed is " + json_text(*seed).substr(0, 40) + ", not an unsigned 64-bit integer";
+    const JsonValue* processes = header.get("num_processes");
+    if (processes && (!json_is_integer(processes) || processes->text[0] == '-' || processes->text == "0"))
+        return "its num_processes is " + json_text(*processes).substr(0, 40) + ", not a positive integer";
     if (!config || config->kind != JsonValue::OBJECT) return "it holds no model configuration";
     for (const auto& member : config->members)
         if (member.second.kind != JsonValue::NUMBER)

@@ -1,13 +1,10 @@
 // Telemetry kernels: on a stats step they reduce, per layer and head, the statistics of
 // telemetry.md from the post-norm, pre-RoPE queries and keys the forward pass wrote in float32 and
-// from the per-row accumulators of the attention kernel. Every reduction runs in a fixed order
-// (no atomics), so a stats step gives the same bits every run. The results stay on the device
-// until the end of the forward pass, which copies them to the host once.
-//
-// Device buffers: `stats` (floats) holds each metric of telemetry.h in table order as [L][cols];
-// `grams` (doubles) the augmented Gram matrices [K 1]^T [K 1] of every layer and key head,
-// [L][Hkv][D+1][D+1], accumulated in float64 from float64 copies of the float32 keys. The host
-// turns each into the effective ranks and the mean share (key_gram_statistics, telemetry.h).
+// from the per-row accumulators of the attention kernel, and add them into the step's sums
+// (telemetry.h's TelemetrySums, in float64 on the device) that the host turns into statistics once
+// the step's every micro-batch (on every process) is in. Every reduction runs in a fixed order (no
+// atomics), so a stats step gives the same bits every run. The augmented Gram matrices
+// [K 1]^T [K 1] are accumulated in float64 from float64 copies of the float32 keys.
 #pragma once
 #include "config.h"
 #include "eigen.h"
@@ -15,25 +12,6 @@
 #include "math.h"
 #include "matmul.cuh"
 #include "telemetry.h"
-
-struct TelemetryLayout {
-    size_t offset[M_NUM_METRICS];
-    size_t total;         // floats in `stats`
-    size_t gram_doubles;  // doubles in `grams`
-};
-
-inline TelemetryLayout telemetry_layout(const ModelConfig& c) {
-    TelemetryLayout t;
-    size_t off = 0;
-    for (int m = 0; m < M_NUM_METRICS; m++) {
-        t.offset[m] = off;
-        off += (size_t)c.n_layer * metric_cols(c, kMetrics[m].shape);
-    }
-    t.total = off;
-    size_t W = c.head_dim + 1;
-    t.gram_doubles = (size_t)c.n_layer * c.n_kv_head * W * W;
-    return t;
-}
 
 static const int kStatRowsPerBlock = 256;
 static const int kStatWarps = 8;
@@ -93,19 +71,19 @@ __global__ void head_row_stats_kernel(float* partial, const float* qk_normed, in
     }
 }
 
-// One warp per head: adds the chunks in order (double) and writes q_norm for query heads, and
-// k_norm, k_maxabs, k_pr, k_cos for key heads, into the stats buffer for `layer`.
-__global__ void head_stats_finish_kernel(float* stats, TelemetryLayout lay, const float* partial, int chunks, int N,
-                                         int H, int Hkv, int D, int layer) {
+// One warp per head: adds the chunks in order (double) into the sums of `layer`: ||q|| for query
+// heads; ||k||, max |k_i|, the participation ratio and the unit vectors for key heads.
+__global__ void head_stats_finish_kernel(double* sums, TelemetrySums lay, const float* partial, int chunks, int H,
+                                         int Hkv, int D, int layer) {
     int h = blockIdx.x, lane = threadIdx.x, record = head_record_floats(D);
     const float* p = partial + (size_t)h * chunks * record;
-    double unit_sq = 0.0;
-    for (int i = lane; i < D; i += 32) {
-        double s = 0.0;
-        for (int c = 0; c < chunks; c++) s += p[(size_t)c * record + kHeadRowSumFloats + i];
-        unit_sq += s * s;
-    }
-    unit_sq = warp_sum_double(unit_sq);
+    double* key_rec = h >= H ? sums + lay.key_sums + ((size_t)layer * Hkv + (h - H)) * lay.key_record : nullptr;
+    if (key_rec)
+        for (int i = lane; i < D; i += 32) {
+            double s = 0.0;
+            for (int c = 0; c < chunks; c++) s += p[(size_t)c * record + kHeadRowSumFloats + i];
+            key_rec[KS_UNIT + i] += s;
+        }
     if (lane != 0) return;
     double norm = 0.0, maxabs = 0.0, pr = 0.0;
     for (int c = 0; c < chunks; c++) {
@@ -115,20 +93,18 @@ __global__ void head_stats_finish_kernel(float* stats, TelemetryLayout lay, cons
         pr += sums.pr;
     }
     if (h < H) {
-        stats[lay.offset[M_Q_NORM] + (size_t)layer * H + h] = (float)(norm / N);
+        sums[lay.query_sums + ((size_t)layer * H + h) * QS_NUM + QS_NORM] += norm;
     } else {
-        size_t at = (size_t)layer * Hkv + (h - H);
-        stats[lay.offset[M_K_NORM] + at] = (float)(norm / N);
-        stats[lay.offset[M_K_MAXABS] + at] = (float)(maxabs / N);
-        stats[lay.offset[M_K_PR] + at] = (float)(pr / N);
-        stats[lay.offset[M_K_COS] + at] = (float)mean_pairwise_cosine(unit_sq, (double)N);
+        key_rec[KS_NORM] += norm;
+        key_rec[KS_MAXABS] += maxabs;
+        key_rec[KS_PR] += pr;
     }
 }
 
-// One block per query head: means over the B*T rows of the attention kernel's per-row
-// statistics (entropy, mass on position 0, largest probability) and the largest logit.
-// row_stats holds four [B, H, T] arrays.
-__global__ void attention_stats_finish_kernel(float* stats, TelemetryLayout lay, const float* row_stats, int B, int T,
+// One block per query head: sums over the B*T rows of the attention kernel's per-row statistics
+// (entropy, mass on position 0, largest probability), and the largest logit, into the sums of
+// `layer`. row_stats holds four [B, H, T] arrays.
+__global__ void attention_stats_finish_kernel(double* sums, TelemetrySums lay, const float* row_stats, int B, int T,
                                               int H, int layer) {
     __shared__ float shared[32];
     int h = blockIdx.x;
@@ -148,12 +124,27 @@ __global__ void attention_stats_finish_kernel(float* stats, TelemetryLayout lay,
     lmax = block_max(lmax, shared);
     if (threadIdx.x == 0) {
         size_t at = (size_t)layer * H + h;
-        float n = (float)(B * T);
-        stats[lay.offset[M_ATTN_ENTROPY] + at] = ent / n;
-        stats[lay.offset[M_ATTN_SINK] + at] = sink / n;
-        stats[lay.offset[M_ATTN_MAXP] + at] = maxp / n;
-        stats[lay.offset[M_ATTN_LOGIT_MAX] + at] = lmax;
+        double* rec = sums + lay.query_sums + at * QS_NUM;
+        rec[QS_ENTROPY] += ent;
+        rec[QS_SINK] += sink;
+        rec[QS_MAXP] += maxp;
+        sums[lay.maxima + at] = fmax(sums[lay.maxima + at], (double)lmax);
     }
+}
+
+// The layer's gains, g_q then g_k, into the sums (as doubles): the values the step measured with.
+__global__ void gains_to_sums_kernel(double* sums, TelemetrySums lay, const float* g_q, const float* g_k, int D, int layer) {
+    double* out = sums + lay.gains + (size_t)layer * 2 * D;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        out[i] = g_q[i];
+        out[D + i] = g_k[i];
+    }
+}
+
+// Before a stats step's first forward pass: sums 0, maxima -infinity (telemetry_sums_clear).
+__global__ void telemetry_sums_clear_kernel(double* sums, TelemetrySums lay) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < lay.total; i += (size_t)gridDim.x * blockDim.x)
+        sums[i] = i >= lay.maxima && i < lay.gains ? -INFINITY : 0.0;
 }
 
 inline int telemetry_partial_floats(int N, const ModelConfig& c) {
@@ -170,10 +161,10 @@ __global__ void keys_to_f64_kernel(double* keys_f64, const float* qk_normed, int
     }
 }
 
-// Every statistic of one layer into the device buffers. qk_normed [N, NH, D] (post-norm,
+// The sums of one layer's statistics added into `sums` (device). qk_normed [N, NH, D] (post-norm,
 // pre-RoPE, float32), row_stats from the attention forward pass, g_q and g_k the layer's float
 // gains; partial and keys_f64 are scratch (telemetry_partial_floats, Hkv * N * (D+1) doubles).
-inline void telemetry_layer(float* stats, double* grams, const TelemetryLayout& lay, float* partial, double* keys_f64,
+inline void telemetry_layer(double* sums, const TelemetrySums& lay, float* partial, double* keys_f64,
                             Matmul& mm, const float* qk_normed, const float* row_stats, const float* g_q,
                             const float* g_k, int B, int T, const ModelConfig& c, int layer, cudaStream_t s) {
     int N = B * T, H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, NH = H + Hkv, W = D + 1;
@@ -184,36 +175,19 @@ inline void telemetry_layer(float* stats, double* grams, const TelemetryLayout& 
     size_t smem = (size_t)kStatWarps * head_record_floats(D) * sizeof(float);
     head_row_stats_kernel<<<dim3(NH, chunks), kStatWarps * 32, smem, s>>>(partial, qk_normed, N, H, NH, D);
     cuda_check_launch();
-    head_stats_finish_kernel<<<NH, 32, 0, s>>>(stats, lay, partial, chunks, N, H, Hkv, D, layer);
+    head_stats_finish_kernel<<<NH, 32, 0, s>>>(sums, lay, partial, chunks, H, Hkv, D, layer);
     cuda_check_launch();
-    attention_stats_finish_kernel<<<H, 256, 0, s>>>(stats, lay, row_stats, B, T, H, layer);
+    attention_stats_finish_kernel<<<H, 256, 0, s>>>(sums, lay, row_stats, B, T, H, layer);
     cuda_check_launch();
-    // Augmented Gram matrices, one per key head: head h's rows [N][W] seen column-major are a
-    // W x N matrix A (leading dimension W), and G = A A^T.
+    // Augmented Gram matrices, one per key head, added to: head h's rows [N][W] seen
+    // column-major are a W x N matrix A (leading dimension W), and G += A A^T.
     keys_to_f64_kernel<<<std::min(ceil_div((long long)Hkv * N * W, 256), 4096), 256, 0, s>>>(keys_f64, qk_normed, N, H, Hkv, D);
     cuda_check_launch();
-    const double one = 1.0, zero = 0.0;
+    const double one = 1.0;
     cublasCheck(cublasSetStream(mm.blas, s));
     cublasCheck(cublasDgemmStridedBatched(mm.blas, CUBLAS_OP_N, CUBLAS_OP_T, W, W, N, &one, keys_f64, W, (long long)N * W,
-                                          keys_f64, W, (long long)N * W, &zero, grams + (size_t)layer * Hkv * W * W, W,
-                                          (long long)W * W, Hkv));
-    cudaCheck(cudaMemcpyAsync(stats + lay.offset[M_G_Q] + (size_t)layer * D, g_q, D * sizeof(float), cudaMemcpyDeviceToDevice, s));
-    cudaCheck(cudaMemcpyAsync(stats + lay.offset[M_G_K] + (size_t)layer * D, g_k, D * sizeof(float), cudaMemcpyDeviceToDevice, s));
-}
-
-// Host side: copies the metrics out of the buffers (already on the host) and finishes the
-// statistics of each key head's Gram matrix.
-inline void telemetry_finish(Telemetry& tm, const float* host_stats, const double* host_grams, const TelemetryLayout& lay,
-                             const ModelConfig& c) {
-    tm.resize(c);
-    for (int m = 0; m < M_NUM_METRICS; m++)
-        std::copy(host_stats + lay.offset[m], host_stats + lay.offset[m] + tm.values[m].size(), tm.values[m].begin());
-    int W = c.head_dim + 1, heads = c.n_layer * c.n_kv_head;  // [L][Hkv], as the per-kv-head metrics
-#pragma omp parallel for schedule(dynamic)
-    for (int k = 0; k < heads; k++) {
-        KeyGramStatistics g = key_gram_statistics(host_grams + (size_t)k * W * W, c.head_dim);
-        tm.values[M_K_ERANK][k] = (float)g.erank;
-        tm.values[M_K_MEAN_SHARE][k] = (float)g.mean_share;
-        tm.values[M_K_ERANK_CENTERED][k] = (float)g.erank_centered;
-    }
+                                          keys_f64, W, (long long)N * W, &one, sums + lay.grams + (size_t)layer * Hkv * W * W,
+                                          W, (long long)W * W, Hkv));
+    gains_to_sums_kernel<<<1, 128, 0, s>>>(sums, lay, g_q, g_k, D, layer);
+    cuda_check_launch();
 }

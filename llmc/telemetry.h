@@ -2,6 +2,8 @@
 // the host-side container both backends fill. The table below is the single source of truth for
 // metric names and order: the binary log's header and telemetry records are written from it.
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 #include "config.h"
@@ -108,4 +110,88 @@ inline KeyGramStatistics key_gram_statistics(const double* gram_aug, int D) {
         }
     }
     return {effective_rank_of_gram(gram.data(), D), effective_rank_of_gram(centered.data(), D), mean_share(s_sq, trace, n)};
+}
+
+// ---------------------------------------------------------------------------------------------
+// What the statistics are made of. A stats step measures every micro-batch of the step on every
+// process: each forward pass adds its keys' and rows' sums into one float64 array, the processes'
+// arrays are added (their maxima taken), and only then are the sums turned into statistics. So a
+// statistic is the same whether the step's batch ran as one micro-batch, as several, or on
+// several processes: sums of the same terms, in another order.
+//
+// The array, in doubles (both backends fill this layout, the GPU's on the device):
+//   key_sums   [L][Hkv][3 + D]     sum ||k||, sum max_i |k_i|, sum participation ratio, sum k/||k|| (D)
+//   query_sums [L][H][4]           sum ||q||, and the attention rows' sums of entropy, sink, max p
+//   grams      [L][Hkv][D+1][D+1]  the augmented Gram matrices [K 1]^T [K 1] (upper triangle read)
+//   count      1                   the number of tokens summed
+//   -- [0, summed) is added across processes; the maxima take their maximum:
+//   maxima     [L][H]              the largest attention logit
+//   -- the gains, the same on every process, are copied:
+//   gains      [L][2][D]           g_q, then g_k
+enum KeySum { KS_NORM, KS_MAXABS, KS_PR, KS_UNIT };  // KS_UNIT: the first of D entries
+enum QuerySum { QS_NORM, QS_ENTROPY, QS_SINK, QS_MAXP, QS_NUM };
+
+struct TelemetrySums {
+    size_t key_sums, query_sums, grams, count, maxima, gains;  // offsets, in doubles
+    size_t summed;  // [0, summed) is added across processes
+    size_t total;   // doubles in all
+    int key_record;  // doubles per key head in key_sums: 3 + D
+};
+
+inline TelemetrySums telemetry_sums_layout(const ModelConfig& c) {
+    TelemetrySums t;
+    size_t L = c.n_layer, H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, W = D + 1;
+    t.key_record = 3 + c.head_dim;
+    t.key_sums = 0;
+    t.query_sums = t.key_sums + L * Hkv * t.key_record;
+    t.grams = t.query_sums + L * H * QS_NUM;
+    t.count = t.grams + L * Hkv * W * W;
+    t.summed = t.count + 1;
+    t.maxima = t.summed;
+    t.gains = t.maxima + L * H;
+    t.total = t.gains + L * 2 * D;
+    return t;
+}
+
+// Before a step's first forward pass with statistics: sums 0, maxima -infinity.
+inline void telemetry_sums_clear(double* sums, const TelemetrySums& t) {
+    std::fill(sums, sums + t.total, 0.0);
+    std::fill(sums + t.maxima, sums + t.gains, -INFINITY);
+}
+
+// The statistics of telemetry.md from the sums over every key and attention row of the step.
+inline void telemetry_from_sums(Telemetry& tm, const double* sums, const TelemetrySums& t, const ModelConfig& c) {
+    tm.resize(c);
+    int L = c.n_layer, H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, W = D + 1;
+    double n = sums[t.count];
+    for (int k = 0; k < L * Hkv; k++) {  // [L][Hkv], as the per-kv-head metrics
+        const double* r = sums + t.key_sums + (size_t)k * t.key_record;
+        double unit_sq = 0.0;
+        for (int i = 0; i < D; i++) unit_sq += r[KS_UNIT + i] * r[KS_UNIT + i];
+        tm.values[M_K_NORM][k] = (float)(r[KS_NORM] / n);
+        tm.values[M_K_MAXABS][k] = (float)(r[KS_MAXABS] / n);
+        tm.values[M_K_PR][k] = (float)(r[KS_PR] / n);
+        tm.values[M_K_COS][k] = (float)mean_pairwise_cosine(unit_sq, n);
+    }
+    for (int k = 0; k < L * H; k++) {  // [L][H]
+        const double* r = sums + t.query_sums + (size_t)k * QS_NUM;
+        tm.values[M_Q_NORM][k] = (float)(r[QS_NORM] / n);
+        tm.values[M_ATTN_ENTROPY][k] = (float)(r[QS_ENTROPY] / n);
+        tm.values[M_ATTN_SINK][k] = (float)(r[QS_SINK] / n);
+        tm.values[M_ATTN_MAXP][k] = (float)(r[QS_MAXP] / n);
+        tm.values[M_ATTN_LOGIT_MAX][k] = (float)sums[t.maxima + k];
+    }
+    for (int l = 0; l < L; l++)
+        for (int i = 0; i < D; i++) {
+            tm.row(M_G_Q, l, c)[i] = (float)sums[t.gains + (size_t)l * 2 * D + i];
+            tm.row(M_G_K, l, c)[i] = (float)sums[t.gains + (size_t)l * 2 * D + D + i];
+        }
+    // The effective ranks and the mean share: an eigenvalue problem per layer and key head.
+#pragma omp parallel for schedule(dynamic)
+    for (int k = 0; k < L * Hkv; k++) {
+        KeyGramStatistics g = key_gram_statistics(sums + t.grams + (size_t)k * W * W, D);
+        tm.values[M_K_ERANK][k] = (float)g.erank;
+        tm.values[M_K_MEAN_SHARE][k] = (float)g.mean_share;
+        tm.values[M_K_ERANK_CENTERED][k] = (float)g.erank_centered;
+    }
 }

@@ -2,6 +2,7 @@
 // A user error never produces a stack trace or a partial file: it prints "error: ..." naming
 // the file or option, and the program exits with status 1.
 #pragma once
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdarg>
@@ -25,6 +26,11 @@ struct FailError : std::runtime_error {
 };
 #endif
 
+// A data-parallel run (distributed.h) sets these: fail() names the failing process and stops
+// every process of the run, not only its own.
+inline int g_fail_rank = -1;  // -1: one process
+inline void (*g_fail_stop_all)() = nullptr;
+
 [[noreturn]] inline void fail(const char* fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -34,10 +40,21 @@ struct FailError : std::runtime_error {
     va_end(ap);
     throw FailError(line);
 #else
-    fputs("error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    // One write of the whole line: the lines of several processes sharing a terminal or a pipe
+    // do not interleave.
+    char line[4096];
+    int n = g_fail_rank >= 0 ? snprintf(line, sizeof line, "error: rank %d: ", g_fail_rank) : snprintf(line, sizeof line, "error: ");
+    n += vsnprintf(line + n, sizeof line - n - 1, fmt, ap);
     va_end(ap);
+    n = std::min(n, (int)sizeof line - 2);
+    line[n++] = '\n';
+    // An error every process meets (an option, the data) is told by rank 0, whose stop ends the
+    // others before they speak; another rank waits a moment and then tells its own.
+    if (g_fail_rank > 0) usleep(500000);
+    fflush(stdout);
+    ssize_t written = write(2, line, n);
+    (void)written;
+    if (g_fail_stop_all) g_fail_stop_all();
     exit(1);
 #endif
 }

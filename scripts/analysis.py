@@ -451,7 +451,8 @@ def summarise(run, made=None, skipped=None, opts=None):
     """The machine-readable summary of one run, written as summary.json; report.md is written from
     it, so both show the same numbers. Its keys (null where the log lacks the data; steps are the
     log's, counted from 0 at the start of this log, also for a run started from a checkpoint):
-    log, label, created, backend, device, seed, config, options   the run, from the log's header
+    log, label, created, backend, device, num_processes, seed, config, options
+                      the run, from the log's header
     head_dim, sqrt_head_dim, seq_len     D, sqrt(D) (the initial key norm), T of the training rows
     baselines         {"uniform_entropy", "uniform_sink", "isotropic_pr"}: uniform causal attention's
                        mean entropy (mean of ln(t+1)) and mean weight on position 0 (mean of 1/(t+1)),
@@ -516,7 +517,8 @@ def summarise(run, made=None, skipped=None, opts=None):
     out = {
         "log": run["path"], "label": run["label"],
         "created": run["header"].get("created"), "backend": run["header"].get("backend"),
-        "device": run["header"].get("device"), "seed": run["header"].get("seed"),
+        "device": run["header"].get("device"), "num_processes": run["header"].get("num_processes", 1),
+        "seed": run["header"].get("seed"),
         "config": run["config"], "options": run["options"],
         "head_dim": run["D"], "sqrt_head_dim": root, "seq_len": run["seq_len"],
         "baselines": {"uniform_entropy": uniform_entropy(run["seq_len"]), "uniform_sink": uniform_sink(run["seq_len"]),

@@ -43,7 +43,8 @@ CRC = struct.Struct("<I")  # after the payload: CRC-32 of everything from the ty
 OVERHEAD = FRAME.size + CRC.size
 RESUMED = re.compile(r"resumed from step (\d+)")  # the note a resumed run begins with
 DTYPES = {"float32": "<f4", "float64": "<f8", "int32": "<i4", "int64": "<i8"}  # and "utf8"
-HEADER_KEYS = ("format", "version", "created", "config", "options", "seed", "backend", "device", "records")
+HEADER_KEYS = ("format", "version", "created", "config", "options", "seed", "backend", "device", "num_processes",
+               "records")
 MAX_DEPTH = 64  # the deepest nesting of the header's JSON a reader accepts (version 1 nests 5 deep)
 MAX_DIM = 2**31  # the largest dimension of a field's shape
 MAX_NDIM = 16  # the most dimensions a field may have
@@ -167,8 +168,9 @@ def _brief(value, show=json.dumps):
 def _check_header(header):
     """Raises Malformed when a member of the header that this reader uses is not what the format
     says: config an object of numbers, options an object of strings, created, backend and device
-    strings, seed an unsigned 64-bit integer. The record table is checked by RecordType."""
-    for key in ("created", "config", "options", "seed", "backend", "device"):
+    strings, seed an unsigned 64-bit integer, num_processes a positive integer. The record table is
+    checked by RecordType."""
+    for key in ("created", "config", "options", "seed", "backend", "device", "num_processes"):
         if key in header:
             CHECKS[key](header[key], key)
 
@@ -189,6 +191,11 @@ def _seed(value, where):
         raise Malformed(f"{where} is {value}, not an unsigned 64-bit integer")
 
 
+def _count(value, where):
+    if _expect(value, int, where) < 1:
+        raise Malformed(f"{where} is {value}, not a positive integer")
+
+
 def _string(value, where):
     _expect(value, str, where)
 
@@ -199,7 +206,7 @@ def _table(value, where):
 
 CHECKS = {"format": _string, "version": lambda value, where: _expect(value, int, where), "created": _string,
           "config": _numbers, "options": _strings, "seed": _seed, "backend": _string, "device": _string,
-          "records": _table}
+          "num_processes": _count, "records": _table}
 
 
 def _known_members(header):
@@ -804,7 +811,7 @@ def command_info(log, args):
     h = log.header
     print(f"{log.path}: {h['format']} format version {log.version}, created {h.get('created')}")
     print(f"run: backend {h.get('backend')}, device {json.dumps(h.get('device'), ensure_ascii=False)}, "
-          f"seed {h.get('seed')}")
+          f"{h.get('num_processes', 1)} process(es), seed {h.get('seed')}")
     print("model: " + " ".join(f"{k}={v}" for k, v in log.config.items()))
     options = h.get("options") or {}
     print(f"options ({len(options)}):")

@@ -8,6 +8,10 @@
                                             every 10 steps and every step, in one table each; tokens/s,
                                             ms/step, MFU, ratios, ./train's phases; --kernels adds the
                                             per-kernel times of the dev/cuda checks
+    /usr/bin/python3 scripts/bench.py mpi   data-parallel scaling on the CPU: the same global batch
+                                            by 1 process (gradient accumulation) and by N processes
+                                            under mpirun, one thread each; tokens/s, per process,
+                                            and the scaling efficiency
 
 The CPU figures are medians over the timed steps, the GPU rows means (so that stats steps count
 with their share); the first steps, which warm up, are left out. Every comparison is measured
@@ -31,11 +35,12 @@ sys.path.insert(0, os.path.join(ROOT, "test"))
 import attnlog  # noqa: E402
 
 
-def run_train(args, out_dir, extra, threads=None):
-    """Runs ./train; returns (median ms per step after warm-up, profile lines, log)."""
+def run_train(args, out_dir, extra, threads=None, launch=()):
+    """Runs ./train (after `launch`, e.g. mpirun's command); returns (the ms of each step after the
+    warm-up, profile lines, log)."""
     threads = threads or max(args.threads)
     data = os.path.join(ROOT, args.data_dir)
-    cmd = [TRAIN, "-i", os.path.join(data, "train_*.bin"), "-j", os.path.join(data, "val_*.bin"), "-o", out_dir,
+    cmd = [*launch, TRAIN, "-i", os.path.join(data, "train_*.bin"), "-j", os.path.join(data, "val_*.bin"), "-o", out_dir,
            "-g", "0", "-v", "0", "--val-batches", "1", "--threads", str(threads)] + extra
     proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
@@ -153,6 +158,43 @@ def cpu(args):
         base = statistics.median(without_stats)
         print(f"  telemetry: +{extra:.1f} ms per stats step ({len(with_stats)} runs with statistics on every second "
               f"step); every step {1 + extra / base:.4f}x, every 10 steps {1 + extra / 10 / base:.4f}x (the default)")
+
+
+def mpi(args):
+    """Data-parallel scaling on the CPU: the global batch of N micro-batches of 8 x 256 taken by one
+    process (gradient accumulation) and by N processes (one micro-batch each), one thread per
+    process, alternating over the repetitions."""
+    import shutil
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        sys.exit("error: no mpirun (Open MPI: apt-get install openmpi-bin)")
+    B, T, N = 8, 256, max(args.processes)
+    print(f"CPU data-parallel benchmark: d6 preset, micro-batch {B} x {T}, global batch {N} micro-batches "
+          f"({N * B * T} tokens), one thread per process, {args.steps} steps a run ({args.warmup} warm-up steps left "
+          f"out), {args.repeats} repetitions; processor: {cpu_name()}, {os.cpu_count()} cores")
+    launch_flags = ["--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
+    medians = {n: [] for n in args.processes}
+    threaded = []  # for comparison: one process with N threads
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(args.repeats):
+            for n in (args.processes if rep % 2 == 0 else args.processes[::-1]):
+                launch = [mpirun, *launch_flags, "-np", str(n)] if n > 1 else []
+                timed, _, _ = run_train(args, os.path.join(tmp, f"{n}-{rep}"),
+                                        ["-x", str(args.steps), "-b", str(B), "-t", str(T), "-d", str(N * B * T),
+                                         "-s", "0"], 1, launch)
+                medians[n].append(statistics.median(timed))
+            timed, _, _ = run_train(args, os.path.join(tmp, f"threads-{rep}"),
+                                    ["-x", str(args.steps), "-b", str(B), "-t", str(T), "-d", str(N * B * T), "-s", "0"],
+                                    N)
+            threaded.append(statistics.median(timed))
+    tok = N * B * T
+    base = statistics.median(medians[min(args.processes)]) * min(args.processes)
+    for n in args.processes:
+        ms = statistics.median(medians[n])
+        print(f"  {n} process{'es' if n > 1 else '  '}  {ms:8.1f} ms/step  {tok / ms * 1e3:8.0f} tokens/s  "
+              f"{tok / ms * 1e3 / n:8.0f} tokens/s per process  scaling efficiency {base / (ms * n):.2f}")
+    ms = statistics.median(threaded)
+    print(f"  for comparison, 1 process of {N} threads: {ms:8.1f} ms/step  {tok / ms * 1e3:8.0f} tokens/s")
 
 
 def cpu_name():
@@ -336,7 +378,7 @@ def gpu_table(args, B, T):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["cpu", "gpu"])
+    ap.add_argument("what", choices=["cpu", "gpu", "mpi"])
     ap.add_argument("--steps", type=int, default=None, help="timed steps per run (default: 12 on the CPU, 30 on the GPU)")
     ap.add_argument("--warmup", type=int, default=2, help="first steps left out of the medians")
     ap.add_argument("--threads", type=lambda v: [int(t) for t in v.split(",")], default=sorted({1, os.cpu_count()}),
@@ -344,6 +386,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=3, help="CPU: repetitions, alternating ./train and PyTorch")
     ap.add_argument("--batch", dest="batches", type=lambda v: [int(b) for b in v.split(",")], default=[8, 4],
                     help="GPU: micro-batch sizes, one table each (default: 8,4)")
+    ap.add_argument("--processes", type=lambda v: [int(n) for n in v.split(",")], default=sorted({1, os.cpu_count()}),
+                    help="mpi: process counts to compare, comma-separated (default: 1 and every core)")
     ap.add_argument("--kernels", action="store_true", help="GPU: also the per-kernel times of the dev/cuda checks")
     ap.add_argument("--data-dir", default="data/brown", help="the prepared default corpus (./train prepares it)")
     args = ap.parse_args()
@@ -352,10 +396,10 @@ def main():
     if not glob.glob(os.path.join(ROOT, args.data_dir, "train_*.bin")):
         sys.exit(f"error: --data-dir {args.data_dir}: no training shards (./train prepares the default corpus on first use)")
     if args.steps is None:
-        args.steps = 12 if args.what == "cpu" else 32
+        args.steps = 32 if args.what == "gpu" else 12
     if args.steps <= args.warmup:
         sys.exit("error: --steps must be larger than --warmup")
-    cpu(args) if args.what == "cpu" else gpu(args)
+    {"cpu": cpu, "gpu": gpu, "mpi": mpi}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -59,8 +59,9 @@ def run_blocks(summary, made, skipped):
     s, blocks = summary, []
     cfg = s["config"]
     loss = s["loss"]
+    processes = f" x {s['num_processes']} processes (data parallel)" if s["num_processes"] > 1 else ""
     blocks.append(("p", f"Log {code(s['log'])}, created {s['created']}, {s['backend']} backend on "
-                        f"{s['device']}, seed {s['seed']}. Model: {cfg.get('n_layer')} layers, {cfg.get('n_head')} "
+                        f"{s['device']}{processes}, seed {s['seed']}. Model: {cfg.get('n_layer')} layers, {cfg.get('n_head')} "
                         f"query heads, {cfg.get('n_kv_head')} key/value heads, head_dim D = {s['head_dim']} "
                         f"(sqrt(D) = {s['sqrt_head_dim']:.2f}), d_model {cfg.get('d_model')}, sequence length "
                         f"{s['seq_len']}, {variant_text(s['variant'])}. Steps recorded: {loss['steps_recorded']}"

@@ -187,7 +187,7 @@ def test_header_fields(log_path):
     assert h["options"] == OPTIONS and list(h["options"]) == list(OPTIONS)
     assert h["seed"] == 2**64 - 1
     assert (h["backend"], h["device"]) == ("cpu", 'test device "x" \\ 2 cores')
-    assert "num_processes" not in h
+    assert h["num_processes"] == 3
     table = h["records"]
     assert [(t["type"], t["name"]) for t in table] == [(1, "step"), (2, "val"), (3, "telemetry"), (4, "note")]
     assert [f["name"] for f in table[0]["fields"]] == SCALARS
@@ -199,21 +199,19 @@ def test_header_fields(log_path):
     assert [(f["name"], f["dtype"], f["shape"]) for f in table[3]["fields"]] == [("text", "utf8", [-1])]
 
 
-def test_header_with_num_processes(tmp_path, data):
-    """Older logs have "num_processes" (always 1) in their header, after "device": it is read like
-    any key the reader does not use."""
+def test_header_without_num_processes(tmp_path, data):
+    """Logs written before data-parallel training have no "num_processes": one process, read as
+    such; the writer's (3 processes) is shown by info."""
+    assert "3 process(es)" in run_cli("info", saved(tmp_path, data, "three.attnlog")).stdout
     header = json.loads(data[20:20 + struct.unpack_from("<I", data, 12)[0]])
-    older = {}
-    for key, value in header.items():
-        older[key] = value
-        if key == "device":
-            older["num_processes"] = 1
-    path = saved(tmp_path, with_header(data, json.dumps(older).encode()))
+    del header["num_processes"]
+    path = saved(tmp_path, with_header(data, json.dumps(header).encode()))
     log = attnlog.open_log(path)
-    assert log.header["num_processes"] == 1 and log.problems == []
+    assert "num_processes" not in log.header and log.problems == []
     check_values(log, range(10))
     result = run_cli("info", path)
     assert result.returncode == 0 and result.stdout.endswith("problems: none\n"), result.stderr
+    assert "1 process(es)" in result.stdout
 
 
 def test_record_frames(data):
@@ -637,6 +635,8 @@ MALFORMED_HEADERS = [  # (what, edit of the header or its text, parts of the one
     ("option not a string", setter("options", "lr", value=0.003), ["options.lr is 0.003, not a string"]),
     ("seed negative", setter("seed", value=-1), ["seed is -1, not an unsigned 64-bit integer"]),
     ("device a list", setter("device", value=["gpu"]), ['device is ["gpu"], not a string']),
+    ("no processes", setter("num_processes", value=0), ["num_processes is 0, not a positive integer"]),
+    ("processes as text", setter("num_processes", value="2"), ['num_processes is "2", not an integer']),
     ("version as bool", setter("version", value=True), ["the text says format 'attnlog' version True"]),
     ("records null", setter("records", value=None), ["its record table is malformed: records is null, not a list"]),
     ("record type null", setter("records", 1, value=None), ["records[1] is null, not an object"]),

@@ -67,9 +67,13 @@ static Telemetry key_stats_of(const ModelConfig& c, int N, const std::function<v
     for (int n = 0; n < N; n++)
         for (int h = 0; h < c.n_kv_head; h++) fill(n, h, &qk[((size_t)n * NH + c.n_head + h) * D]);
     std::vector<double> keys_f64((size_t)c.n_kv_head * N * (D + 1));
+    TelemetrySums lay = telemetry_sums_layout(c);
+    std::vector<double> sums(lay.total);
+    telemetry_sums_clear(sums.data(), lay);
+    key_sums(sums.data(), lay, 0, qk.data(), keys_f64.data(), N, c);
+    sums[lay.count] = N;
     Telemetry tm;
-    tm.resize(c);
-    key_statistics(tm, 0, qk.data(), keys_f64.data(), N, c);
+    telemetry_from_sums(tm, sums.data(), lay, c);
     return tm;
 }
 
@@ -223,9 +227,13 @@ static void test_attention_statistics() {
     std::vector<float> atty((size_t)N * c.d_model), lse((size_t)N * c.n_head);
     std::vector<float> row_stats((size_t)ATTN_NUM_ROW_STATS * B * c.n_head * T);
     attention_forward(atty.data(), lse.data(), row_stats.data(), qk_rope.data(), qkv.data(), B, T, c);
+    TelemetrySums lay = telemetry_sums_layout(c);
+    std::vector<double> sums(lay.total);
+    telemetry_sums_clear(sums.data(), lay);
+    query_attention_sums(sums.data(), lay, 0, qk_rope.data(), row_stats.data(), B, T, c);
+    sums[lay.count] = N;
     Telemetry tm;
-    tm.resize(c);
-    query_attention_statistics(tm, 0, qk_rope.data(), row_stats.data(), B, T, c);
+    telemetry_from_sums(tm, sums.data(), lay, c);
     double ent = 0, inv = 0;
     for (int t = 0; t < T; t++) {
         ent += log(t + 1.0) / T;
@@ -440,6 +448,39 @@ static void test_checkpoint() {
     if (system(cmd.c_str()) != 0) fail("cleanup failed");
 }
 
+// ZeRO-1's shards: for any number of processes they cover the parameters once, in equal padded
+// blocks, and the AdamW segments cut to them are together the segments of one process, with the
+// same weight decay flags.
+static void test_param_shards() {
+    ModelConfig c = small_config();
+    size_t P = num_parameters(c);
+    for (uint32_t frozen : {0u, param_kind_bit(P_WK) | param_kind_bit(P_K_GAIN)}) {
+        std::vector<ParamSegment> whole = adamw_segments(c, frozen);
+        std::vector<int> want(P, -1);  // -1: not updated; else the decay flag
+        for (const ParamSegment& g : whole)
+            for (long long i = g.start; i < g.start + g.count; i++) want[i] = g.decay;
+        for (int world : {1, 2, 3, 7}) {
+            std::vector<int> owners(P, 0), got(P, -1);
+            bool blocks_ok = true;
+            for (int rank = 0; rank < world; rank++) {
+                ParamShard s = param_shard(P, rank, world);
+                blocks_ok &= s.padded == s.size * world && s.padded >= P && s.padded < P + 64 * world &&
+                             (world == 1 || s.size % 64 == 0) &&
+                             s.begin == std::min(P, rank * s.size) && s.end - s.begin <= s.size;
+                for (size_t i = s.begin; i < s.end; i++) owners[i]++;
+                for (const ParamSegment& g : shard_segments(whole, s)) {
+                    blocks_ok &= g.start >= (long long)s.begin && g.start + g.count <= (long long)s.end;
+                    for (long long i = g.start; i < g.start + g.count; i++) got[i] = got[i] == -1 ? g.decay : 9;
+                }
+            }
+            bool once = std::all_of(owners.begin(), owners.end(), [](int n) { return n == 1; });
+            report(blocks_ok && once && got == want,
+                   strprintf("param shards: %d processes, frozen %s: every parameter in one shard, the segments intact",
+                             world, param_kinds_text(frozen).c_str()));
+        }
+    }
+}
+
 int main() {
     test_eigenvalues();
     test_effective_rank();
@@ -451,5 +492,6 @@ int main() {
     test_rng();
     test_init();
     test_checkpoint();
+    test_param_shards();
     return test_exit_code();
 }

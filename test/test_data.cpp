@@ -273,26 +273,25 @@ static void test_reset() {
 }
 
 // Seeking to a position gives the batches that reading up to it gives, for positions inside the
-// first epoch, at shard and epoch boundaries and epochs later, for every rank; and takes no longer
-// for a position a billion batches on.
+// first epoch and at shard and epoch boundaries and epochs later (a data-parallel run seeks every
+// process to its micro-batches of each step); and takes no longer for a position a billion
+// batches on.
 static void test_seek() {
     bool same = true, whole = true;
-    for (bool shuffle : {false, true})
-        for (int world : {1, 3})
-            for (int rank = 0; rank < world; rank++) {
-                DataLoader read, seek;
-                std::string pattern = g_dir + shuffle_pattern();
-                dataloader_init(&read, pattern.c_str(), 2, 4, 30000, shuffle, 9, rank, world);
-                dataloader_init(&seek, pattern.c_str(), 2, 4, 30000, shuffle, 9, rank, world);
-                std::vector<int> firsts = read_batches(&read, (int)(3 * read.batches_per_epoch + 2), &whole);
-                for (long long p = 0; p + 2 <= (long long)firsts.size(); p++) {
-                    dataloader_seek(&seek, p);
-                    std::vector<int> next = read_batches(&seek, 2, &whole);
-                    same = same && next[0] == firsts[p] && next[1] == firsts[p + 1];
-                }
-                dataloader_free(&read);
-                dataloader_free(&seek);
-            }
+    for (bool shuffle : {false, true}) {
+        DataLoader read, seek;
+        std::string pattern = g_dir + shuffle_pattern();
+        dataloader_init(&read, pattern.c_str(), 2, 4, 30000, shuffle, 9);
+        dataloader_init(&seek, pattern.c_str(), 2, 4, 30000, shuffle, 9);
+        std::vector<int> firsts = read_batches(&read, (int)(3 * read.batches_per_epoch + 2), &whole);
+        for (long long p = 0; p + 2 <= (long long)firsts.size(); p++) {
+            dataloader_seek(&seek, p);
+            std::vector<int> next = read_batches(&seek, 2, &whole);
+            same = same && next[0] == firsts[p] && next[1] == firsts[p + 1];
+        }
+        dataloader_free(&read);
+        dataloader_free(&seek);
+    }
     report(same && whole, "seek_gives_the_batches_reading_gives");
     DataLoader L;
     dataloader_init(&L, (g_dir + shuffle_pattern()).c_str(), 2, 4, 30000, true, 9);
@@ -302,35 +301,6 @@ static void test_seek() {
     double seconds = omp_get_wtime() - t0;
     report(seconds < 0.5 && batch_is(L, (uint32_t)L.inputs[0]), "seek_far_is_fast", strprintf("%.4f s to seek 2^40 batches", seconds));
     dataloader_free(&L);
-}
-
-// In each epoch the ranks together read every window once. (In shuffled mode which windows a
-// rank gets changes from epoch to epoch, with the order.)
-static void test_ranks() {
-    for (bool shuffle : {false, true}) {
-        const int world = 4;
-        std::multiset<int> seen[2];
-        long long batches = 0;
-        bool whole = true;
-        for (int rank = 0; rank < world; rank++) {
-            DataLoader L;
-            dataloader_init(&L, (g_dir + shuffle_pattern()).c_str(), 2, 4, 30000, shuffle, 5, rank, world);
-            for (int epoch = 0; epoch < 2; epoch++) {
-                std::vector<int> mine = read_batches(&L, (int)L.batches_per_epoch, &whole);
-                seen[epoch].insert(mine.begin(), mine.end());
-            }
-            batches += L.batches_per_epoch;
-            dataloader_free(&L);
-        }
-        std::set<int> all = all_windows();
-        bool disjoint_complete = true;
-        for (const std::multiset<int>& epoch : seen)
-            disjoint_complete = disjoint_complete && epoch.size() == all.size() && std::set<int>(epoch.begin(), epoch.end()) == all;
-        report(disjoint_complete && batches == 21 && whole,
-               shuffle ? "ranks_split_shuffled_windows" : "ranks_split_sequential_windows",
-               strprintf("epochs 1 and 2: %zu and %zu windows read by %d ranks, %lld batches per epoch together",
-                         seen[0].size(), seen[1].size(), world, batches));
-    }
 }
 
 // The series of shards a split is written to: every shard but the last is full, the last is not
@@ -704,7 +674,6 @@ int main() {
     test_shuffle();
     test_reset();
     test_seek();
-    test_ranks();
     test_shard_series();
     test_validation_split();
     test_prepare_and_tokenizer();

@@ -44,7 +44,9 @@ static void check_state(CpuModel& m, const std::string& label, const std::string
     checkpoint_read(ckpt, m.params.data(), nullptr, nullptr);
 
     Telemetry stats;
-    float loss = model_forward(m, tokens.data(), targets.data(), B, T, &stats);
+    model_stats_begin(m);
+    float loss = model_forward(m, tokens.data(), targets.data(), B, T, true);
+    telemetry_from_sums(stats, model_stats_sums(m), m.stats_layout, c);
     compare(label + "logits", m.acts.logits, tensor_or_fail(ref, "logits", dbg).values.data(), (size_t)N * c.vocab_size);
     double want_loss = tensor_or_fail(ref, "loss", dbg).values[0];
     compare(label + "loss", &loss, &want_loss, 1);
@@ -85,7 +87,7 @@ static void check_adamw_steps(CpuModel& m, const std::string& label, const std::
     opt.weight_decay = (float)hyper[4];
     std::vector<float> losses(steps), norms(steps);
     for (int step = 0; step < steps; step++) {
-        losses[step] = model_forward(m, tokens.data(), targets.data(), B, T, nullptr);
+        losses[step] = model_forward(m, tokens.data(), targets.data(), B, T, false);
         model_zero_grad(m);
         model_backward(m, tokens.data(), targets.data(), 1.0f);
         norms[step] = model_grad_norm(m);
@@ -101,6 +103,37 @@ static void check_adamw_steps(CpuModel& m, const std::string& label, const std::
     check_close(label + "adamw final parameters", m.params.data(), final_params.data(), m.params.size(), kRtol, 0.01 * peak);
 }
 
+// A stats step measures every micro-batch of the step: the statistics of a batch run as B
+// micro-batches of one sequence each equal those of the batch run at once (sums of the same
+// terms in another order), and a statistic of the first sequence alone differs from them.
+static void check_stats_over_micro_batches(CpuModel& m, const std::string& ckpt, const std::string& dbg) {
+    auto ref = read_tensorfile(dbg);
+    const NamedTensor& tokens_t = tensor_or_fail(ref, "tokens", dbg);
+    int B = (int)tokens_t.shape[0], T = (int)tokens_t.shape[1];
+    std::vector<int> tokens(tokens_t.values.begin(), tokens_t.values.end());
+    ModelConfig c = checkpoint_read_header(ckpt).config;
+    model_init(m, c, B, T);
+    checkpoint_read(ckpt, m.params.data(), nullptr, nullptr);
+    Telemetry whole, micro, first;
+    model_stats_begin(m);
+    model_forward(m, tokens.data(), nullptr, B, T, true);
+    telemetry_from_sums(whole, model_stats_sums(m), m.stats_layout, c);
+    model_stats_begin(m);
+    for (int b = 0; b < B; b++) {
+        model_forward(m, tokens.data() + (size_t)b * T, nullptr, 1, T, true);
+        if (b == 0) telemetry_from_sums(first, model_stats_sums(m), m.stats_layout, c);
+    }
+    telemetry_from_sums(micro, model_stats_sums(m), m.stats_layout, c);
+    bool first_differs = false;
+    for (int k = 0; k < M_NUM_METRICS; k++) {
+        std::vector<double> want(whole.values[k].begin(), whole.values[k].end());
+        check_close(std::string("stats over ") + std::to_string(B) + " micro-batches = over the batch: " + kMetrics[k].name,
+                    micro.values[k].data(), want.data(), want.size(), 1e-6, 1e-7);
+        first_differs |= kMetrics[k].shape != PER_DIM && first.values[k] != whole.values[k];
+    }
+    report(first_differs, "stats of the first micro-batch alone differ from those of the whole batch");
+}
+
 int main(int argc, char** argv) {
     if (argc != 2) fail("usage: test_gpt_cpu REFERENCE_DIR");
     std::string dir = argv[1];
@@ -113,5 +146,6 @@ int main(int argc, char** argv) {
     check_adamw_steps(m, "qk-norm plain: ", dir + "/plain.ckpt", dir + "/debug_plain.bin");
     check_adamw_steps(m, "qk-norm none: ", dir + "/none.ckpt", dir + "/debug_none.bin");
     check_adamw_steps(m, "freeze wk,k_gain: ", dir + "/model.ckpt", dir + "/debug_freeze.bin");
+    check_stats_over_micro_batches(m, dir + "/trained.ckpt", dir + "/debug_trained.bin");
     return test_exit_code();
 }

@@ -19,6 +19,14 @@ static bool compare_bf16(const std::string& name, const float* got, const double
     return check_close(name, got, want, n, kBf16Rtol, atol_frac * maxabs);
 }
 
+// A forward pass with statistics, finished on the host: the loss.
+static float forward_with_stats(GpuModel& g, const int* tokens, const int* targets, int B, int T, Telemetry& stats) {
+    model_stats_begin(g);
+    float loss = model_forward(g, tokens, targets, B, T, true);
+    telemetry_from_sums(stats, model_stats_sums(g), g.stats_layout, g.cfg);
+    return loss;
+}
+
 // Loads the weights of `ckpt` (AdamW state zero), runs the forward pass with statistics and
 // compares the logits, the loss and every statistic with the reference's `dbg`.
 static void check_forward(GpuModel& g, const std::string& label, const std::string& ckpt, const std::string& dbg,
@@ -30,8 +38,7 @@ static void check_forward(GpuModel& g, const std::string& label, const std::stri
     std::fill(h.adam_m, h.adam_m + g.P, 0.0f);
     std::fill(h.adam_v, h.adam_v + g.P, 0.0f);
     model_upload(g);
-    float loss = model_forward(g, tokens.data(), targets.data(), B, T, &stats);
-    model_wait_stats(g);
+    float loss = forward_with_stats(g, tokens.data(), targets.data(), B, T, stats);
     int N = B * T, V = g.cfg.vocab_size;
     std::vector<float> logits((size_t)N * V);
     for (int n = 0; n < N; n++) model_logits_row(g, n, &logits[(size_t)n * V]);
@@ -50,7 +57,7 @@ static void check_forward(GpuModel& g, const std::string& label, const std::stri
 // One forward and backward pass on the loaded weights: the gradients, on the host.
 static std::vector<float> backward_gradients(GpuModel& g, const std::vector<int>& tokens, const std::vector<int>& targets,
                                              int B, int T) {
-    model_forward(g, tokens.data(), targets.data(), B, T, nullptr);
+    model_forward(g, tokens.data(), targets.data(), B, T, false);
     model_zero_grad(g);
     model_backward(g, tokens.data(), targets.data(), 1.0f);
     std::vector<float> grads(g.P);
@@ -83,7 +90,7 @@ static void check_adamw_losses(GpuModel& g, const std::string& label, const std:
     opt.weight_decay = (float)hyper[4];
     std::vector<float> losses(steps);
     for (int step = 0; step < steps; step++) {
-        losses[step] = model_forward(g, tokens.data(), targets.data(), B, T, nullptr);
+        losses[step] = model_forward(g, tokens.data(), targets.data(), B, T, false);
         model_zero_grad(g);
         model_backward(g, tokens.data(), targets.data(), 1.0f);
         float norm = model_grad_norm(g);
@@ -98,7 +105,7 @@ int main(int argc, char** argv) {
     if (argc != 2) fail("usage: test_gpt_cuda REFERENCE_DIR");
     setvbuf(stdout, nullptr, _IOLBF, 0);  // lines appear in order with errors on stderr
     std::string name;
-    if (!cuda_device_present(&name)) {
+    if (!cuda_device_present(0, &name)) {
         printf("no CUDA device: nothing to test\n");
         return 0;
     }
@@ -129,8 +136,7 @@ int main(int argc, char** argv) {
 
     // Determinism: the same forward and backward again gives the same bits.
     Telemetry stats2;
-    model_forward(g, tokens.data(), targets.data(), B, T, &stats2);
-    model_wait_stats(g);
+    forward_with_stats(g, tokens.data(), targets.data(), B, T, stats2);
     model_zero_grad(g);
     model_backward(g, tokens.data(), targets.data(), 1.0f);
     std::vector<float> grads2(P);
@@ -141,6 +147,19 @@ int main(int argc, char** argv) {
     report(same, "cuda determinism: two runs give identical gradients and statistics");
 
     check_adamw_losses(g, "cuda ", dbg, tokens, targets, B, T);
+
+    // A stats step measures every micro-batch: the batch as B micro-batches of one sequence gives
+    // the statistics of the batch at once (float32 partial sums grouped otherwise, so not the bits).
+    Telemetry whole, micro;
+    forward_with_stats(g, tokens.data(), nullptr, B, T, whole);
+    model_stats_begin(g);
+    for (int b = 0; b < B; b++) model_forward(g, tokens.data() + (size_t)b * T, nullptr, 1, T, true);
+    telemetry_from_sums(micro, model_stats_sums(g), g.stats_layout, g.cfg);
+    for (int k = 0; k < M_NUM_METRICS; k++) {
+        std::vector<double> want(whole.values[k].begin(), whole.values[k].end());
+        check_close(std::string("cuda stats over micro-batches = over the batch: ") + kMetrics[k].name,
+                    micro.values[k].data(), want.data(), want.size(), 1e-5, 1e-6);
+    }
     model_free(g);
 
     // The --qk-norm variants and frozen parameters: the forward pass, and AdamW steps that leave

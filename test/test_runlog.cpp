@@ -46,6 +46,7 @@ static RunInfo test_info() {
     info.seed = 18446744073709551615ull;
     info.backend = "cpu";
     info.device = "test device \"x\" \\ 2 cores";
+    info.num_processes = 3;
     return info;
 }
 
@@ -201,6 +202,7 @@ static void test_header() {
         R"("device": "test device \"x\" \\ 2 cores")",
         R"("seed": 18446744073709551615)",
         R"("backend": "cpu")",
+        R"("num_processes": 3)",
         R"("config": {"vocab_size": 96, "n_layer": 3, "n_head": 4, "n_kv_head": 2, "head_dim": 8, "d_model": 32, "d_ff": 80, "max_seq_len": 16, "rope_theta": 500000.0, "norm_eps": 1e-06, "qk_norm": 0})",
         R"({"name": "k_norm", "dtype": "float32", "shape": [3, 2], "dims": ["layer", "kv_head"])",
         R"({"name": "q_norm", "dtype": "float32", "shape": [3, 4], "dims": ["layer", "q_head"])",
@@ -215,7 +217,7 @@ static void test_header() {
     JsonValue header;
     bool parsed = json_parse(f.header, header);
     const JsonValue* config = header.get("config");
-    report(parsed && header.members.size() == 9 && header.members[0].first == "format" &&
+    report(parsed && header.members.size() == 10 && header.members[0].first == "format" &&
                header.members.back().first == "records" && config && runlog_config_difference(*config, test_config()).empty(),
            "header_json_structure", strprintf("%zu top-level members", header.members.size()));
 }

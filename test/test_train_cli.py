@@ -155,7 +155,7 @@ def test_resume_with_other_training_options(full_run, data, tmp_path):
     notes = attnlog.open_log(run_dir / "run.attnlog").notes()
     assert any("changed options: -l (--lr) 0.003 -> 0.01" in text for _, text in notes)
     threads = [a if a != "2" or args[i - 1] != "--threads" else "1" for i, a in enumerate(args) if a not in ("-l", "0.01")]
-    assert_one_line_error(run(threads), "--threads 2 -> 1", "would not repeat an uninterrupted one bit for bit")
+    assert_one_line_error(run(threads), "--threads (times processes) 2 -> 1", "would not repeat an uninterrupted one bit for bit")
 
 
 def test_keep_the_latest_checkpoints(data, tmp_path):

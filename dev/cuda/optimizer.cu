@@ -29,19 +29,25 @@ int main() {
     model_adamw_step(cpu, opt, 3, norm, clip);
 
     float *d_params = upload(params), *d_grads = upload(grads), *d_m = upload(m), *d_v = upload(v), *d_norm;
-    double* d_partial;
+    double *d_partial, *d_sq;
     bf16* d_bf16;
     cudaCheck(cudaMalloc(&d_norm, sizeof(float)));
     cudaCheck(cudaMalloc(&d_partial, kNormBlocks * sizeof(double)));
+    cudaCheck(cudaMalloc(&d_sq, sizeof(double)));
+    auto global_norm = [&] {  // as the model takes it: the square (summed over processes), then the root
+        squared_norm(d_sq, d_partial, d_grads, (long long)P, 0);
+        norm_from_square_kernel<<<1, 1>>>(d_norm, d_sq);
+        cuda_check_launch();
+    };
     cudaCheck(cudaMalloc(&d_bf16, P * sizeof(bf16)));
     std::vector<ParamSegment> segs = adamw_segments(c, frozen);
     ParamSegment* d_segs = upload(segs);
-    global_norm(d_norm, d_partial, d_grads, (long long)P, 0);
+    global_norm();
     float gpu_norm = download(d_norm, 1)[0];
     check_close("global gradient norm", &gpu_norm, &norm, 1, 1e-5, 0);
-    global_norm(d_norm, d_partial, d_grads, (long long)P, 0);
+    global_norm();
     report(download(d_norm, 1)[0] == gpu_norm, "global gradient norm gives the same bits twice");
-    adamw_step(d_params, d_bf16, d_grads, d_m, d_v, d_segs, (int)segs.size(), d_norm, clip, opt.lr, opt.beta1, opt.beta2,
+    adamw_step(d_params, d_bf16, d_grads, d_m, d_v, 0, d_segs, (int)segs.size(), d_norm, clip, opt.lr, opt.beta1, opt.beta2,
                opt.eps, opt.weight_decay, 3, 0);
     std::vector<float> got = download(d_params, P);
     check_close("adamw parameters", got.data(), cpu.params.data(), P, 1e-5, 1e-8);
@@ -57,9 +63,26 @@ int main() {
     std::vector<float> rounded(P);
     for (size_t i = 0; i < P; i++) rounded[i] = __bfloat162float(__float2bfloat16(got[i]));
     report(download_bf16(d_bf16, P) == rounded, "adamw refreshes the bf16 weights");
-    float norm_ms = time_ms([&] { global_norm(d_norm, d_partial, d_grads, (long long)P, 0); });
+    // ZeRO-1: three processes' shards, each with its own slice of the AdamW state, give the same
+    // bits as one process updating everything.
+    float* d_sharded = upload(params);
+    std::vector<float> m_after = download(d_m, P);
+    bool same_state = true;
+    for (int rank = 0; rank < 3; rank++) {
+        ParamShard sh = param_shard(P, rank, 3);
+        std::vector<ParamSegment> cut = shard_segments(segs, sh);
+        std::vector<float> m_part(m.begin() + sh.begin, m.begin() + sh.end), v_part(v.begin() + sh.begin, v.begin() + sh.end);
+        float *d_mp = upload(m_part), *d_vp = upload(v_part);
+        ParamSegment* d_cut = upload(cut);
+        adamw_step(d_sharded, d_bf16, d_grads, d_mp, d_vp, (long long)sh.begin, d_cut, (int)cut.size(), d_norm, clip, opt.lr,
+                   opt.beta1, opt.beta2, opt.eps, opt.weight_decay, 3, 0);
+        same_state &= download(d_mp, m_part.size()) == std::vector<float>(m_after.begin() + sh.begin, m_after.begin() + sh.end);
+        for (void* q : {(void*)d_mp, (void*)d_vp, (void*)d_cut}) cudaCheck(cudaFree(q));
+    }
+    report(download(d_sharded, P) == got && same_state, "adamw on 3 shards (ZeRO-1) gives the bits of one process");
+    float norm_ms = time_ms([&] { global_norm(); });
     float adam_ms = time_ms([&] {
-        adamw_step(d_params, d_bf16, d_grads, d_m, d_v, d_segs, (int)segs.size(), d_norm, clip, opt.lr, opt.beta1, opt.beta2,
+        adamw_step(d_params, d_bf16, d_grads, d_m, d_v, 0, d_segs, (int)segs.size(), d_norm, clip, opt.lr, opt.beta1, opt.beta2,
                    opt.eps, opt.weight_decay, 3, 0);
     });
     printf("   %zu parameters: norm %.3f ms (%.0f GB/s), adamw %.3f ms (%.0f GB/s)\n", P, norm_ms, 4.0 * P / norm_ms / 1e6,

@@ -56,7 +56,7 @@ struct ShardFuzzParams {
     uint64_t seed, position;  // the shuffle's seed; the data position dataloader_seek goes to
     uint32_t vocab_size;      // its low 31 bits
     uint8_t batch, seq_len;   // B = 1 + batch % 4, T = 1 + seq_len % 16
-    uint8_t shuffle;          // bit 0: shuffle; bit 1: rank 1 of 2 processes, else the only one
+    uint8_t shuffle;          // bit 0: shuffle
     uint8_t unused;
 };
 static_assert(sizeof(ShardFuzzParams) == 24, "ShardFuzzParams is read from 24 input bytes");

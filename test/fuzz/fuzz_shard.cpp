@@ -22,7 +22,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     expect_accept_or_reject([&] {
         DataLoader L;
         dataloader_init(&L, path, 1 + p.batch % 4, 1 + p.seq_len % 16, (int)(p.vocab_size & 0x7FFFFFFF), p.shuffle & 1,
-                        p.seed, p.shuffle >> 1 & 1, 1 + (p.shuffle >> 1 & 1));
+                        p.seed);
         dataloader_seek(&L, p.position % (1 << 20));
         for (int b = 0; b < 3; b++) {
             dataloader_next_batch(&L);

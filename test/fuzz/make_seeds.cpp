@@ -62,7 +62,7 @@ static void shard_seeds() {
         p.vocab_size = variant & 1 ? 70050 : 50;
         p.batch = (uint8_t)variant;
         p.seq_len = (uint8_t)(3 + variant);
-        p.shuffle = (uint8_t)(variant >> 1 | (variant == 3 ? 2 : 0));
+        p.shuffle = (uint8_t)(variant >> 1 & 1);
         std::string bytes((const char*)&p, sizeof p);
         FILE* in = open_or_fail(scratch().c_str(), "rb");
         char buf[4096];
