@@ -662,8 +662,10 @@ static void print_run_summary(const Run& r) {
            "parameters\n", c.n_layer, c.n_head, c.n_kv_head, c.head_dim, c.d_model, c.d_ff, c.vocab_size,
            kQkNormNames[c.qk_norm], num_parameters(c) / 1e6);
     if (r.frozen) printf("frozen: %s\n", param_kinds_text(r.frozen).c_str());
-    printf("training: %d steps of %d tokens (batch %d x seq %d, %d micro-batch%s), lr %g, stats every %d steps\n",
-           o.steps, o.total_batch, r.B, r.T, r.accum, r.accum > 1 ? "es" : "", o.lr, o.stats_every);
+    printf("training: %d steps of %d tokens (batch %d x seq %d, %d micro-batch%s%s), lr %g, stats every %d steps\n",
+           o.steps, o.total_batch, r.B, r.T, r.accum, r.accum > 1 ? "es" : "",
+           r.dist.world > 1 ? strprintf(", %d on each of %d processes", r.local_accum, r.dist.world).c_str() : "", o.lr,
+           o.stats_every);
     printf("data: %s (%lld tokens)%s%s\n", o.train_pattern.c_str(), r.train.total_tokens,
            r.have_val ? ", validation " : "", r.have_val ? o.val_pattern.c_str() : "");
     printf("output: %s\n", o.out_dir.c_str());

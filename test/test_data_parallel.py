@@ -111,6 +111,24 @@ def test_two_processes_train_as_one_with_accumulation(one_and_two):
     assert_checkpoints_agree(root / "one" / "model_step000003.ckpt", root / "two" / "model_step000003.ckpt")
 
 
+def test_three_processes_with_frozen_kinds(data, tmp_path):
+    """Three processes (shards that do not divide the parameters: the last one padded) and frozen
+    kinds cut out of every shard: as one process with 3 micro-batches a step."""
+    extra = ["-d", "384", "--freeze", "wk,k_gain"]
+    one = run(train_args(data, tmp_path / "one", *extra))
+    assert one.returncode == 0, one.stdout + one.stderr
+    three = mpi(3, *train_args(data, tmp_path / "three", *extra))
+    assert three.returncode == 0, three.stdout + three.stderr
+    assert "3 micro-batches, 1 on each of 3 processes" in three.stdout
+    assert_runs_agree(tmp_path / "one", tmp_path / "three")
+    assert_checkpoints_agree(tmp_path / "one" / "model.ckpt", tmp_path / "three" / "model.ckpt")
+    start, end = checkpoint_arrays(tmp_path / "one" / "model_step000003.ckpt"), checkpoint_arrays(tmp_path / "three" / "model.ckpt")
+    _, initial, _ = model_torch.read_checkpoint(tmp_path / "one" / "model.ckpt")
+    for name in initial:
+        if name.endswith(".wk") or name.endswith(".k_gain"):
+            assert np.array_equal(start[f"w {name}"], end[f"w {name}"]) and not end[f"m {name}"].any(), name
+
+
 def test_the_statistics_cover_every_micro_batch(data, tmp_path):
     """A stats step measures the whole step's batch: in data order (--shuffle 0) two micro-batches
     of 4 x 32 hold the tokens of one of 8 x 32, and the first step's statistics, from the same
