@@ -154,16 +154,18 @@ static void model_freeze(GpuModel& g, uint32_t asked) {
     cudaCheck(cudaMemcpy(g.segments, segments.data(), segments.size() * sizeof(ParamSegment), cudaMemcpyHostToDevice));
 }
 
-// Device memory the model needs (weights, gradients, AdamW state, bf16 weights; then the
-// activations, workspaces and cuBLASLt's workspace), to check before model_init allocates it.
-// (For one process: the AdamW state of several is smaller, a shard each.)
-static MemoryNeed memory_need(const GpuModel&, const ModelConfig& c, int B, int T) {
+// Device memory the model needs as process dist.rank of dist.world (weights, gradients, this
+// process's shard of the AdamW state, bf16 weights; then the activations, workspaces and cuBLASLt's
+// workspace), to check before model_init allocates it.
+static MemoryNeed memory_need(const GpuModel&, const ModelConfig& c, int B, int T, const Dist& dist) {
     GpuModel g;
-    gpu_set_shape(g, c, B, T, Dist());
+    gpu_set_shape(g, c, B, T, dist);
     Arena count;
     gpu_carve(g, count);
-    const double handles = 256e6;  // the CUDA context's and the cuBLAS handles' own memory, a margin
-    return {(4.0 * sizeof(float) + sizeof(bf16)) * g.P, (double)count.used + g.mm.workspace_bytes + handles};
+    double handles = 256e6;                   // the CUDA context's and the cuBLAS handles' own memory, a margin
+    if (nccl_wanted(dist)) handles += 512e6;  // and NCCL's buffers and its own, a margin
+    double model = sizeof(float) * (2.0 * g.shard.padded + 2.0 * g.shard.size) + sizeof(bf16) * (double)g.P;
+    return {model, (double)count.used + g.mm.workspace_bytes + handles};
 }
 
 static double memory_available(const GpuModel&) {
@@ -884,7 +886,8 @@ static void remove_old_checkpoints(const Options& o) {
 template <typename Model>
 static int train(Model& m, Run& r) {
     Options& o = r.o;
-    check_memory(o, r.given, r.c, memory_need(m, r.c, r.B, r.T), memory_available(m), r.on_gpu ? "the GPU" : "this machine");
+    check_memory(o, r.given, r.c, memory_need(m, r.c, r.B, r.T, r.dist), memory_available(m),
+                 r.on_gpu ? "the GPU" : "this machine");
     try {
         model_init(m, r.c, r.B, r.T, r.dist);  // sampling at the end uses at most B sequences of at most T
     } catch (const std::bad_alloc&) {

@@ -97,8 +97,9 @@ inline void model_freeze(CpuModel& m, uint32_t asked) {
 }
 
 // Memory the model needs (weights, gradients, AdamW state; then the activations of a B x T
-// micro-batch), to check before model_init allocates it.
-inline MemoryNeed memory_need(const CpuModel&, const ModelConfig& c, int B, int T) {
+// micro-batch), to check before model_init allocates it. (A process of several keeps whole
+// arrays of the AdamW state too, of which it updates its shard.)
+inline MemoryNeed memory_need(const CpuModel&, const ModelConfig& c, int B, int T, const Dist& = Dist()) {
     Activations<float> a;
     Arena count;
     carve_activations(a, activation_dims(c, B, T, c.vocab_size), Where::CPU, count);
