@@ -109,6 +109,9 @@ def test_two_processes_train_as_one_with_accumulation(one_and_two):
     assert_runs_agree(root / "one", root / "two")
     assert_checkpoints_agree(root / "one" / "model.ckpt", root / "two" / "model.ckpt")
     assert_checkpoints_agree(root / "one" / "model_step000003.ckpt", root / "two" / "model_step000003.ckpt")
+    report = run([sys.executable, ROOT / "scripts" / "report.py", root / "two" / "run.attnlog", "-o", root / "report"])
+    assert report.returncode == 0, report.stderr
+    assert "x 2 processes (data parallel)" in (root / "report" / "report.md").read_text()
 
 
 def test_three_processes_with_frozen_kinds(data, tmp_path):
