@@ -60,7 +60,7 @@ static void test_effective_rank() {
     check_close("effective rank of equal / one / two singular values", got, want, 3, 1e-12, 1e-12);
 }
 
-// Fills a layer's normalised keys and runs key_statistics on it.
+// Fills a layer's normalised keys and adds its key sums (key_sums) and finishes them.
 static Telemetry key_stats_of(const ModelConfig& c, int N, const std::function<void(int n, int h, float* k)>& fill) {
     int NH = c.n_head + c.n_kv_head, D = c.head_dim;
     std::vector<float> qk((size_t)N * NH * D, 0.0f);
