@@ -443,7 +443,8 @@ struct Run {
 };
 
 // Threads per process: the cores it may run on, shared with the other processes of this machine
-// that may run on them too (none when the launcher bound each process to cores of its own).
+// that may run on them too (none when the launcher bound each process to cores of its own). A
+// collective: every process asks, whether or not its --threads makes the answer moot.
 static int default_threads(const Dist& d) { return std::max(1, omp_get_num_procs() / dist_local_sharers(d)); }
 
 static void choose_device(Run& r) {
@@ -451,7 +452,7 @@ static void choose_device(Run& r) {
 #ifdef __CUDACC__
     if (o.device != "cpu") r.on_gpu = cuda_device_present(r.dist.local_rank, &r.device_name);
     if (o.device == "cuda" && !r.on_gpu) fail("option --device cuda: no CUDA device is available");
-    if (r.on_gpu && r.dist.local_rank > 0 && r.device_name.empty())
+    if (r.on_gpu && r.device_name.empty())
         fail("process %d of this machine has no GPU of its own: start at most one process per GPU", r.dist.local_rank);
 #else
     if (o.device == "cuda") fail("option --device cuda: this build has no CUDA backend (build with nvcc)");
@@ -716,7 +717,7 @@ struct Profile {
 template <typename Model>
 static void collect_stats(Model& m, Run& r, Telemetry* out) {
     double* sums = model_stats_sums(m);
-    TelemetrySums lay = telemetry_sums_layout(r.c);
+    TelemetrySums lay = m.stats_layout;
     dist_reduce_stats(r.dist, sums, lay);
     if (!r.writes()) return;
     ModelConfig c = r.c;
@@ -772,9 +773,8 @@ static void save_checkpoint(Model& m, const Run& r, const std::string& path, int
     model_download(m);
     HostState h = host_state(m);
     // The AdamW state is sharded: rank 0 gathers it (the weights are whole on every process).
-    size_t shard = param_shard(num_parameters(r.c), r.dist.rank, r.dist.world).size;
-    dist_gather_to_root(r.dist, h.adam_m, shard);
-    dist_gather_to_root(r.dist, h.adam_v, shard);
+    dist_gather_to_root(r.dist, h.adam_m, m.shard.size);
+    dist_gather_to_root(r.dist, h.adam_v, m.shard.size);
     if (!r.writes()) return;
     CheckpointInfo info;
     info.config = r.c;
@@ -991,7 +991,8 @@ int main(int argc, char** argv) {
     if (!r.writes() && !freopen("/dev/null", "w", stdout)) fail("cannot silence this process's output (%s)", strerror(errno));
     r.argv.assign(argv, argv + argc);
     r.o = parse_options(argc, argv, r.given);
-    r.threads = r.o.threads ? r.o.threads : default_threads(r.dist);
+    int threads = default_threads(r.dist);
+    r.threads = r.o.threads ? r.o.threads : threads;
     omp_set_num_threads(r.threads);
     openblas_set_num_threads(r.threads);
     choose_device(r);
