@@ -28,6 +28,7 @@
 #include "llmc/model_cpu.h"
 #include "llmc/options.h"
 #include "llmc/rand.h"
+#include "llmc/run_dir.h"
 #include "llmc/runlog.h"
 #include "llmc/telemetry.h"
 #include "llmc/tokenizer.h"
@@ -168,10 +169,10 @@ static MemoryNeed memory_need(const GpuModel&, const ModelConfig& c, int B, int 
     return {model, (double)count.used + g.mm.workspace_bytes + handles};
 }
 
-static double memory_available(const GpuModel&) {
+static MemoryLimit memory_available(const GpuModel&) {
     size_t free = 0, total = 0;
     cudaCheck(cudaMemGetInfo(&free, &total));
-    return (double)free;
+    return {(double)free, "the GPU"};
 }
 
 static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T, const Dist& dist = Dist()) {
@@ -430,6 +431,8 @@ struct Run {
     bool have_tokenizer = false;
     std::string ckpt;  // the checkpoint of -r or -e
     std::string changes;  // -r: the training options that differ from the checkpoint's run
+    uint64_t run_id = 0, continuation = 0;  // this run's and this continuation's ids (RunInfo)
+    CheckpointOrigin resumed;  // -r: who wrote the checkpoint
     ModelConfig c;
     uint32_t frozen = 0;  // the parameter kinds held fixed: --freeze and those the variant leaves unused
     int B = 0, T = 0;  // a micro-batch
@@ -523,6 +526,36 @@ static void prepare_data_and_config(Run& r) {
     }
 }
 
+// Every process must train the same model on the same data with the same options, or their
+// collectives would not match (MPI_ERR_TRUNCATE) or their weights drift apart: compared before
+// the first collective that depends on them. Paths may differ (the same data elsewhere); the
+// data itself is compared by its fingerprint.
+static void check_same_everywhere(const Run& r) {
+    if (r.dist.world == 1) return;
+    auto same = [&](uint64_t x) {
+        int lo = (int)(uint32_t)x, hi = (int)(uint32_t)(x >> 32);
+        return dist_min(r.dist, lo) == dist_max(r.dist, lo) && dist_min(r.dist, hi) == dist_max(r.dist, hi);
+    };
+    auto text_hash = [](const std::string& text) {
+        uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+        for (unsigned char ch : text) h = (h ^ ch) * 0x100000001b3ull;
+        return h;
+    };
+    static const std::set<std::string> per_process = {"--train", "--val", "--tokenizer", "--data-dir", "--out", "--threads",
+                                                      "--init", "--resume", "--profile"};
+    for (const OptSpec& s : kOptions)
+        if (!per_process.count(s.long_name) && !same(text_hash(option_value_text(r.o, s))))
+            fail("option %s differs between the processes; give every process the same options", option_label(s).c_str());
+    for (const ConfigField& f : kConfigFields)
+        if (!same(text_hash(config_value_text(r.c, f))))
+            fail("the model's %s differs between the processes (their -r, -e or -k files differ); give every process the "
+                 "same model", f.name);
+    if (!same(r.train.fingerprint))
+        fail("option -i (--train): the processes read different training data; give every process the same shards");
+    if (!same(r.have_val ? r.val.fingerprint : 0))
+        fail("option -j (--val): the processes read different validation data; give every process the same shards");
+}
+
 static TrainingSchedule training_schedule(const Run& r) {
     const Options& o = r.o;
     return {o.lr, o.lr_floor, o.weight_decay, o.clip, o.beta1, o.beta2, o.warmup, o.steps,
@@ -553,6 +586,19 @@ static std::string schedule_changes(const TrainingSchedule& was, const TrainingS
     return changes;
 }
 
+// The data of this run that differs from the checkpoint's run's, by fingerprint, in the words of
+// schedule_changes; none when the checkpoint does not record its data.
+static std::vector<std::string> data_changes(const CheckpointOrigin& was, const Run& r) {
+    std::vector<std::string> changes;
+    if (!was.run_id) return changes;
+    uint64_t val = r.have_val ? r.val.fingerprint : 0;
+    if (was.train_data != r.train.fingerprint) changes.push_back("-i (--train) other training data");
+    if (was.val_data != val)
+        changes.push_back(!val ? "-j (--val) no validation data" : was.val_data ? "-j (--val) other validation data"
+                                                                                : "-j (--val) validation data added");
+    return changes;
+}
+
 static DataOrder data_order(const Run& r) {
     DataOrder order;
     order.batch = r.B;
@@ -570,6 +616,8 @@ static void load_weights(Model& m, Run& r, int* start_step, long long* data_posi
     const Options& o = r.o;
     HostState h = host_state(m);
     size_t P = num_parameters(r.c);
+    r.run_id = new_run_id();  // a new run, unless the checkpoint of -r names its run below
+    r.continuation = new_run_id();
     if (r.ckpt.empty()) {
         init_parameters(r.c, h.params, (uint64_t)o.seed);
     } else {
@@ -591,7 +639,10 @@ static void load_weights(Model& m, Run& r, int* start_step, long long* data_posi
                     fail("option %s is %lld but the run of %s used %lld; resume with the same data order", x.option, x.now, r.ckpt.c_str(), x.then);
             *data_position = info.data_position;
             dataloader_seek(&r.train, *data_position);
+            r.resumed = info.origin;
+            if (info.origin.run_id) r.run_id = info.origin.run_id;  // the same run, continued
             r.changes = schedule_changes(info.schedule, training_schedule(r));
+            for (const std::string& change : data_changes(info.origin, r)) r.changes += (r.changes.empty() ? "" : ", ") + change;
             if (!r.changes.empty() && !o.allow_changes)
                 fail("options %s differ from the run of %s; resume with its options, or add --allow-changes 1 to go on "
                      "with these (the run log records the change)%s", r.changes.c_str(), r.ckpt.c_str(),
@@ -605,30 +656,6 @@ static void load_weights(Model& m, Run& r, int* start_step, long long* data_posi
     model_freeze(m, r.frozen);
 }
 
-// The names in `dir` (sorted) that start with `prefix` and end with `suffix`.
-static std::vector<std::string> files_in(const std::string& dir, const std::string& prefix, const std::string& suffix) {
-    std::vector<std::string> names;
-    for (const std::string& n : list_dir(dir))
-        if (n.size() >= prefix.size() + suffix.size() && n.compare(0, prefix.size(), prefix) == 0 &&
-            n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0)
-            names.push_back(n);
-    return names;
-}
-
-// A new run into a directory that already holds a run log: when that run left a checkpoint, it can
-// be resumed and is refused here; when it left none (killed before its first one), nothing can
-// resume it, so its log is kept under a dated name and the new run starts its own.
-static void set_aside_unresumable_log(const std::string& out_dir, const std::string& log_path) {
-    std::vector<std::string> ckpts = files_in(out_dir, "model", ".ckpt");  // sorted: model.ckpt, the final one, first
-    if (!ckpts.empty())
-        fail("%s: a run log is already there; resume it (-r %s/%s) or choose another output directory (-o)",
-             log_path.c_str(), out_dir.c_str(), (ckpts.front() == "model.ckpt" ? ckpts.front() : ckpts.back()).c_str());
-    std::string kept = out_dir + "/" + utc_time("run-%Y%m%d-%H%M%S.attnlog");
-    for (int n = 2; file_exists(kept); n++) kept = out_dir + "/" + utc_time("run-%Y%m%d-%H%M%S") + strprintf("-%d.attnlog", n);
-    if (rename(log_path.c_str(), kept.c_str()) != 0) fail("%s: cannot rename it to %s: %s", log_path.c_str(), kept.c_str(), strerror(errno));
-    printf("%s holds a run that left no checkpoint; kept as %s\n", log_path.c_str(), kept.c_str());
-}
-
 // The output directory (absolute) and the run log: a new log, or the resumed run's, appended to.
 // Temporary files a killed run left behind are removed.
 static RunLog open_run_log(Run& r, int start_step, std::string* log_path) {
@@ -637,10 +664,8 @@ static RunLog open_run_log(Run& r, int start_step, std::string* log_path) {
     if (o.out_dir.empty()) o.out_dir = ".";
     make_dirs(o.out_dir);
     o.out_dir = absolute_path(o.out_dir);
-    for (const std::string& stale : files_in(o.out_dir, "", ".tmp")) {
-        std::string path = o.out_dir + "/" + stale;
-        if (remove(path.c_str()) == 0) printf("removed %s, left by an interrupted write\n", path.c_str());
-    }
+    lock_run_dir(o.out_dir);
+    remove_stale_temporaries(o.out_dir);
     *log_path = o.out_dir + "/run.attnlog";
     RunInfo run;
     run.config = r.c;
@@ -649,10 +674,30 @@ static RunLog open_run_log(Run& r, int start_step, std::string* log_path) {
     run.backend = r.on_gpu ? "cuda" : "cpu";
     run.device = r.device_name;
     run.num_processes = r.dist.world;
-    if (!o.resume_ckpt.empty() && file_exists(*log_path)) return runlog_open_append(*log_path, run, start_step, r.changes);
-    if (file_exists(*log_path)) set_aside_unresumable_log(o.out_dir, *log_path);
+    run.run_id = r.run_id;
+    run.continuation = r.continuation;
+    bool resuming = !o.resume_ckpt.empty();
+    if (resuming) {
+        run.resumed_from = r.resumed.continuation;
+        run.resumed_from_step = start_step;
+    }
+    if (resuming && file_exists(*log_path))
+        return runlog_open_append(*log_path, run, start_step, r.changes, [&](const RunLineage& lineage) {
+            std::string why = lineage_problem(lineage, r.resumed, start_step);
+            if (!why.empty())
+                fail("%s: cannot resume %s into this log: %s; resume into a new directory (-o) instead", log_path->c_str(),
+                     r.ckpt.c_str(), why.c_str());
+        });
+    if (resuming) {  // into a folder without a log: its checkpoints, if any, must be this run's
+        for (const CheckpointFile& f : checkpoints_in(o.out_dir))
+            if (f.info.origin.run_id && f.info.origin.run_id != r.run_id)
+                fail("%s: holds checkpoints of another run (%s); resume %s into its own directory or a new one (-o)",
+                     o.out_dir.c_str(), f.name.c_str(), r.ckpt.c_str());
+    } else {
+        set_aside_unresumable_log(o.out_dir, *log_path);
+    }
     RunLog log = runlog_create(*log_path, run);
-    if (!o.resume_ckpt.empty())  // a resumed run in a new directory: its log says where it began
+    if (resuming)  // a resumed run in a new directory: its log says where it began
         runlog_note(log, start_step, strprintf("resumed from step %d of the run of %s", start_step, absolute_path(r.ckpt).c_str()) +
                                          (r.changes.empty() ? "" : "; changed options: " + r.changes));
     return log;
@@ -783,6 +828,7 @@ static void save_checkpoint(Model& m, const Run& r, const std::string& path, int
     info.has_optimizer_state = true;
     info.data_order = data_order(r);
     info.schedule = training_schedule(r);
+    info.origin = {r.run_id, r.continuation, r.train.fingerprint, r.have_val ? r.val.fingerprint : 0};
     checkpoint_write(path, info, h.params, h.adam_m, h.adam_v);
 }
 
@@ -836,9 +882,13 @@ static volatile sig_atomic_t g_stop_signal = 0;
 static const char* stop_signal_name(int sig) { return sig == SIGINT ? "Ctrl-C" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1"; }
 
 static void on_stop_signal(int sig) {
-    if (g_stop_signal) {
+    if (g_stop_signal) {  // the second: the signal's default action, once this handler returns
+        static const char now[] = "\nstopping now, without a checkpoint\n";
+        ssize_t ignored = write(2, now, sizeof now - 1);
+        (void)ignored;
         signal(sig, SIG_DFL);
-        raise(sig);
+        raise(sig);  // blocked while its handler runs: delivered when it returns
+        return;
     }
     g_stop_signal = sig;
     static const char note[] = "\nstopping after this step, with a checkpoint (a second Ctrl-C stops at once)\n";
@@ -859,16 +909,6 @@ static std::string resume_command(const Run& r, const std::string& ckpt) {
     return cmd + " -r " + shell_quote(absolute_path(ckpt));
 }
 
-// --keep N: only the N latest intermediate checkpoints stay (model.ckpt, the final one, always).
-static void remove_old_checkpoints(const Options& o) {
-    if (!o.keep) return;
-    std::vector<std::string> ckpts = files_in(o.out_dir, "model_step", ".ckpt");
-    for (size_t i = 0; i + o.keep < ckpts.size(); i++) {
-        std::string path = o.out_dir + "/" + ckpts[i];
-        if (remove(path.c_str()) != 0) fail("%s: cannot remove an old checkpoint (--keep %d): %s", path.c_str(), o.keep, strerror(errno));
-    }
-}
-
 // A NaN or infinite loss or gradient norm (the same on every process): the step is logged and
 // the run stops before the update would damage the weights.
 [[noreturn]] static void stop_diverged(Run& r, RunLog& log, const std::string& log_path, int step, float loss, float lr,
@@ -886,12 +926,13 @@ static void remove_old_checkpoints(const Options& o) {
 template <typename Model>
 static int train(Model& m, Run& r) {
     Options& o = r.o;
-    check_memory(o, r.given, r.c, memory_need(m, r.c, r.B, r.T, r.dist), memory_available(m),
-                 r.on_gpu ? "the GPU" : "this machine");
+    check_same_everywhere(r);
+    MemoryNeed need = memory_need(m, r.c, r.B, r.T, r.dist);
+    check_memory(o, r.given, r.c, need, memory_available(m));
     try {
         model_init(m, r.c, r.B, r.T, r.dist);  // sampling at the end uses at most B sequences of at most T
     } catch (const std::bad_alloc&) {
-        fail("options -b (--batch) %d and -t (--seq-len) %d: not enough memory for this model's activations", r.B, r.T);
+        fail_allocation(o, r.given, r.c, need);
     }
     int start_step = 0;
     long long data_position = 0;  // micro-batches of training data consumed, by every process together
@@ -915,7 +956,10 @@ static int train(Model& m, Run& r) {
     Telemetry stats;
     Profile prof;
     prof.on = o.profile;
-    for (int sig : {SIGINT, SIGTERM, SIGUSR1}) signal(sig, on_stop_signal);
+    // Under mpirun only SIGUSR1 stops gracefully: mpirun sends SIGTERM to every process when it
+    // aborts the job (and kills them a second later), which must not read as a request to stop.
+    for (int sig : {SIGINT, SIGTERM, SIGUSR1})
+        if (sig == SIGUSR1 || r.dist.world == 1) signal(sig, on_stop_signal);
     double run_start = now_seconds(), step_seconds_avg = 0;
     float last_val = NAN;
     int width = (int)std::to_string(o.steps).size();
@@ -958,7 +1002,7 @@ static int train(Model& m, Run& r) {
             save_checkpoint(m, r, path, step + 1, data_position);
             if (r.writes()) {
                 printf("wrote %s\n", path.c_str());
-                remove_old_checkpoints(o);
+                remove_old_checkpoints(o.out_dir, o.keep, step + 1);
             }
             if (stopping) {
                 if (r.writes()) runlog_close(log);
@@ -986,6 +1030,7 @@ static int train(Model& m, Run& r) {
 
 #ifndef TESTING
 int main(int argc, char** argv) {
+    signal(SIGXFSZ, SIG_IGN);  // past a file-size limit (ulimit -f) a write fails with EFBIG, and says so
     Run r;
     r.dist = dist_init(&argc, &argv);
     if (!r.writes() && !freopen("/dev/null", "w", stdout)) fail("cannot silence this process's output (%s)", strerror(errno));

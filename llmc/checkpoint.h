@@ -11,7 +11,9 @@
 //               (what the data order depends on; zero when not recorded)
 //   120 f32 x 6, i32 x 3  the run's schedule (TrainingSchedule, zero when not recorded)
 //   156 i32 qk_norm (config.h's QkNorm)   160 u32 the run's frozen parameter kinds (config.h)
-//   164..255 zero
+//   164 u32 zero   168 u64 the run's id   176 u64 the id of the continuation that wrote it (RunLineage)
+//   184 u64 x 2  fingerprints of the training and validation data (DataLoader's fingerprint)
+//   200..255 zero
 //   256 payload: params[P] (then m[P], v[P] when flag bit 0)
 // Files are written to "<path>.tmp" and renamed, so a crash never leaves a half-written checkpoint
 // under the real name.
@@ -24,10 +26,15 @@
 #include "utils.h"
 
 static const char kCheckpointMagic[8] = {'A', 'T', 'T', 'N', 'C', 'K', 'P', 'T'};
-// Version 2 added qk_norm and the frozen kinds (bytes 156..163); in a version 1 file those bytes
-// are zero, which reads as the gain variant with nothing frozen: the model version 1 knew.
-static const uint32_t kCheckpointVersion = 2;
+// Version 2 added qk_norm and the frozen kinds (bytes 156..163), version 3 the run's identity and
+// its data's fingerprints (164..199). A reader takes the bytes a file's version did not define as
+// zero, whatever they hold: in a version 1 file the gain variant with nothing frozen (the model
+// version 1 knew), in a version 1 or 2 file no recorded identity or data.
+static const uint32_t kCheckpointVersion = 3;
 static const int kCheckpointHeaderBytes = 256;
+
+// The header bytes a version defines; the rest read as zero.
+inline size_t checkpoint_defined_bytes(uint32_t version) { return version == 1 ? 156 : version == 2 ? 164 : 200; }
 
 // The options that fix the order in which the training data is read: a resumed run must use the
 // same ones, or its data position means something else.
@@ -50,6 +57,14 @@ struct TrainingSchedule {
     uint32_t frozen = 0;      // parameter kinds held fixed (--freeze, and the gains a variant leaves unused)
 };
 
+// Which run wrote a checkpoint and on what data: a resumed run checks that the run log it appends
+// to is this run's, that the continuation that wrote the checkpoint was not abandoned, and that
+// the data is the same. Zero: not recorded (a checkpoint written before version 3, or by a tool).
+struct CheckpointOrigin {
+    uint64_t run_id = 0, continuation = 0;
+    uint64_t train_data = 0, val_data = 0;
+};
+
 struct CheckpointInfo {
     ModelConfig config;
     int64_t step = 0;
@@ -57,6 +72,7 @@ struct CheckpointInfo {
     bool has_optimizer_state = false;
     DataOrder data_order;
     TrainingSchedule schedule;
+    CheckpointOrigin origin;
 };
 
 inline void checkpoint_write(const std::string& path, const CheckpointInfo& info, const float* params,
@@ -95,6 +111,10 @@ inline void checkpoint_write(const std::string& path, const CheckpointInfo& info
     memcpy(h + 144, sched_ints, sizeof sched_ints);
     put32(156, (uint32_t)c.qk_norm);
     put32(160, t.frozen);
+    memcpy(h + 168, &info.origin.run_id, 8);
+    memcpy(h + 176, &info.origin.continuation, 8);
+    memcpy(h + 184, &info.origin.train_data, 8);
+    memcpy(h + 192, &info.origin.val_data, 8);
     put32(92, header_crc(h));
     AtomicFile f = atomic_open(path);
     atomic_write(f, h, sizeof h);
@@ -133,6 +153,8 @@ inline CheckpointInfo checkpoint_read_header(const std::string& path) {
     memcpy(&crc_header, h + 92, 4);
     if (hbytes != kCheckpointHeaderBytes || header_crc(h) != crc_header)
         fail("%s: checkpoint header is damaged (checksum mismatch)", path.c_str());
+    size_t defined = checkpoint_defined_bytes(version);
+    memset(h + defined, 0, kCheckpointHeaderBytes - defined);
     CheckpointInfo info;
     ModelConfig& c = info.config;
     int32_t ints[8];
@@ -163,6 +185,10 @@ inline CheckpointInfo checkpoint_read_header(const std::string& path) {
     info.schedule = {sched[0], sched[1], sched[2], sched[3], sched[4], sched[5], sched_ints[0], sched_ints[1], sched_ints[2]};
     memcpy(&c.qk_norm, h + 156, 4);
     memcpy(&info.schedule.frozen, h + 160, 4);
+    memcpy(&info.origin.run_id, h + 168, 8);
+    memcpy(&info.origin.continuation, h + 176, 8);
+    memcpy(&info.origin.train_data, h + 184, 8);
+    memcpy(&info.origin.val_data, h + 192, 8);
     if (info.schedule.frozen & ~kAllParamKinds)
         fail("%s: checkpoint's frozen parameter mask 0x%x names kinds that do not exist", path.c_str(), info.schedule.frozen);
     std::string err = config_error(c);
@@ -189,6 +215,27 @@ inline CheckpointInfo checkpoint_read_header(const std::string& path) {
     long long have = file_size_or_fail(path.c_str());
     if (have != want) fail("%s: checkpoint is %s (%lld bytes, expected %lld)", path.c_str(), have < want ? "truncated" : "too long", have, want);
     return info;
+}
+
+// The step and origin of a file whose header reads as a checkpoint's (magic, a known version,
+// its checksum), without failing: false for anything else.
+inline bool checkpoint_peek(const std::string& path, CheckpointInfo* info) {
+    uint8_t h[kCheckpointHeaderBytes];
+    FILE* f = fopen(path.c_str(), "rb");
+    if (!f) return false;
+    bool whole = fread(h, 1, sizeof h, f) == sizeof h;
+    fclose(f);
+    uint32_t version, crc;
+    memcpy(&version, h + 8, 4);
+    memcpy(&crc, h + 92, 4);
+    if (!whole || memcmp(h, kCheckpointMagic, 8) != 0 || version == 0 || version > kCheckpointVersion || header_crc(h) != crc)
+        return false;
+    size_t defined = checkpoint_defined_bytes(version);
+    memset(h + defined, 0, kCheckpointHeaderBytes - defined);
+    memcpy(&info->step, h + 56, 8);
+    memcpy(&info->origin.run_id, h + 168, 8);
+    memcpy(&info->origin.continuation, h + 176, 8);
+    return true;
 }
 
 // Reads the parameters (and, when present and wanted, the AdamW moments), checking the payload's

@@ -139,6 +139,7 @@ struct DataLoader {
     std::vector<int> file_versions;
     long long total_tokens = 0;       // tokens in all shards together
     long long batches_per_epoch = 0;  // batches in one pass over every shard
+    uint64_t fingerprint = 0;         // of every shard's tokens in order (TokenHash), never 0
 
     // where the loader is: epoch, position in shard_order, position in windows
     long long epoch = 0;
@@ -182,11 +183,36 @@ inline long long check_shard_header(const char* path, int* version) {
     return header[2];
 }
 
+// A fingerprint of a token sequence: four interleaved multiply-xor chains over the ids (four, so
+// that the multiplications overlap), folded together at the end. Equal data, equal fingerprint,
+// whatever the shard format; other data differs with overwhelming odds. Not a cryptographic hash.
+struct TokenHash {
+    uint64_t lane[4] = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull, 0xA4093822299F31D0ull, 0x082EFA98EC4E6C89ull};
+    long long count = 0;
+
+    template <typename Id>
+    void add(const Id* ids, long long n) {
+        const uint64_t k = 0x9E3779B97F4A7C15ull;
+        long long i = 0;
+        for (int q = (int)(count % 4); i < n && q % 4 != 0; i++, q++) lane[q] = (lane[q] ^ ids[i]) * k;
+        for (; i + 4 <= n; i += 4)
+            for (int q = 0; q < 4; q++) lane[q] = (lane[q] ^ ids[i + q]) * k;
+        for (int q = 0; i < n; i++, q++) lane[q] = (lane[q] ^ ids[i]) * k;
+        count += n;
+    }
+    uint64_t value() const {
+        uint64_t h = (uint64_t)count * 0xD6E8FEB86659FD93ull;
+        for (uint64_t x : lane) h = (h ^ (x >> 29) ^ x) * 0x9E3779B97F4A7C15ull;
+        return h ? h : 1;  // 0 means "not recorded"
+    }
+};
+
 // Reads every token id of a shard and fails at the first that is outside the vocabulary: done
 // for every shard before training starts, so that a bad id cannot stop a run hours in. A plain
 // running maximum over each chunk (which the compiler vectorises); the position only on failure.
+// The ids go into `hash` on the way.
 template <typename Id>
-inline void scan_token_ids(FILE* f, const char* path, long long n, int vocab_size) {
+inline void scan_token_ids(FILE* f, const char* path, long long n, int vocab_size, TokenHash& hash) {
     const long long chunk_tokens = 1 << 22;
     std::vector<Id> chunk;
     for (long long start = 0; start < n; start += chunk_tokens) {
@@ -195,6 +221,7 @@ inline void scan_token_ids(FILE* f, const char* path, long long n, int vocab_siz
         read_or_fail(f, chunk.data(), count * sizeof(Id), path, "tokens");
         Id largest = 0;
         for (Id id : chunk) largest = std::max(largest, id);
+        hash.add(chunk.data(), count);
         if ((uint64_t)largest < (uint64_t)vocab_size) continue;
         for (long long i = 0; i < count; i++)
             if ((uint64_t)chunk[i] >= (uint64_t)vocab_size)
@@ -203,11 +230,13 @@ inline void scan_token_ids(FILE* f, const char* path, long long n, int vocab_siz
     }
 }
 
-inline void check_shard_tokens(const char* path, long long n, int version, int vocab_size) {
+inline void check_shard_tokens(const char* path, long long n, int version, int vocab_size, TokenHash* into = nullptr) {
+    TokenHash unused;
+    TokenHash& hash = into ? *into : unused;
     ScopedFile f(open_or_fail(path, "rb"));
     if (fseek(f, kShardHeaderBytes, SEEK_SET) != 0) fail("%s: cannot seek past the header (%s)", path, strerror(errno));
-    if (version == 1) scan_token_ids<uint16_t>(f, path, n, vocab_size);
-    else scan_token_ids<uint32_t>(f, path, n, vocab_size);
+    if (version == 1) scan_token_ids<uint16_t>(f, path, n, vocab_size, hash);
+    else scan_token_ids<uint32_t>(f, path, n, vocab_size, hash);
 }
 
 // Brings shard s into memory, checking every token id against the vocabulary.
@@ -294,18 +323,22 @@ inline void dataloader_init(DataLoader* L, const char* pattern, int B, int T, in
     globfree(&g);
     std::sort(L->files.begin(), L->files.end());  // byte order, whatever the locale
 
+    TokenHash hash;
     for (const std::string& path : L->files) {
         int version;
         long long n = check_shard_header(path.c_str(), &version);
         if (n < batch_span(L) + 1)
             fail("%s: %lld tokens, too few for one batch of B*T+1 = %lld tokens (B=%d, T=%d)", path.c_str(), n,
                  batch_span(L) + 1, B, T);
-        check_shard_tokens(path.c_str(), n, version, vocab_size);
+        uint32_t boundary = 0xFFFFFFFFu;  // where a shard ends is part of the data
+        hash.add(&boundary, 1);
+        check_shard_tokens(path.c_str(), n, version, vocab_size, &hash);
         L->file_tokens.push_back(n);
         L->file_versions.push_back(version);
         L->total_tokens += n;
     }
     for (size_t s = 0; s < L->files.size(); s++) L->batches_per_epoch += shard_windows(L, (int)s);
+    L->fingerprint = hash.value();
 
     L->inputs.resize(batch_span(L));
     L->targets.resize(batch_span(L));

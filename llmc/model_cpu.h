@@ -19,7 +19,7 @@
 #include "distributed.h"
 #include "eigen.h"
 #include "math.h"
-#include "options.h"
+#include "memory.h"
 #include "telemetry.h"
 #include "utils.h"
 
@@ -107,17 +107,8 @@ inline MemoryNeed memory_need(const CpuModel&, const ModelConfig& c, int B, int 
     return {weights, weights + count.used};
 }
 
-// The memory the system can give without swapping (MemAvailable); unlimited where unknown.
-inline double memory_available(const CpuModel&) {
-    double kb = INFINITY;
-    if (FILE* f = fopen("/proc/meminfo", "r")) {
-        char line[256];
-        while (fgets(line, sizeof line, f))
-            if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
-        fclose(f);
-    }
-    return kb * 1024.0;
-}
+// What this process may still allocate (memory.h).
+inline MemoryLimit memory_available(const CpuModel&) { return host_memory_limit(); }
 
 // ---------------------------------------------------------------------------------------------
 // Building blocks. Each *_backward ADDS into the gradients it produces (parameter gradients

@@ -12,6 +12,7 @@
 #include <string>
 #include "checkpoint.h"
 #include "config.h"
+#include "memory.h"
 #include "utils.h"
 
 struct Options {
@@ -273,41 +274,51 @@ inline ModelConfig resolve_config(const Options& o, const std::set<std::string>&
     return c;
 }
 
-// Memory, in bytes, that a model needs: for its weights, gradients and AdamW state alone, and in
-// all with the activations of the largest micro-batch.
-struct MemoryNeed {
-    double weights, total;
-};
+// The model option whose return to the preset's value shrinks the model most (or the preset
+// itself), as "--n-layer 100000": what to change when the weights do not fit.
+inline std::string model_size_culprit(const Options& o, const std::set<std::string>& given, const ModelConfig& c) {
+    std::string culprit = "-m (--preset) " + o.preset;
+    const Preset* p = find_preset(o.preset.c_str());
+    if (!p) return culprit;
+    ModelConfig preset = c;
+    apply_preset(preset, *p);
+    size_t smallest = num_parameters(c);
+    struct { const char* option; int ModelConfig::*field; } sizes[] = {
+        {"--n-layer", &ModelConfig::n_layer}, {"--n-head", &ModelConfig::n_head}, {"--n-kv-head", &ModelConfig::n_kv_head},
+        {"--head-dim", &ModelConfig::head_dim}, {"--d-ff", &ModelConfig::d_ff}, {"--vocab-size", &ModelConfig::vocab_size}};
+    for (const auto& f : sizes) {
+        if (!given.count(f.option)) continue;
+        ModelConfig smaller = c;
+        smaller.*f.field = preset.*f.field;
+        smaller.d_model = smaller.n_head * smaller.head_dim;
+        if (num_parameters(smaller) < smallest) {
+            smallest = num_parameters(smaller);
+            culprit = strprintf("%s %d", f.option, c.*f.field);
+        }
+    }
+    return culprit;
+}
 
-// Stops, before anything is allocated, when the need is more than `available` bytes of `where`
-// ("the GPU", "this machine"), naming the option to change: when the weights alone do not fit, the
-// model option whose return to the preset's value shrinks the model most (or the preset itself);
+// Stops, before anything is allocated, when the need is more than `limit` allows, naming the
+// option to change: when the weights alone do not fit, the model option (model_size_culprit);
 // else -b and -t.
 inline void check_memory(const Options& o, const std::set<std::string>& given, const ModelConfig& c,
-                         const MemoryNeed& need, double available, const char* where) {
-    if (need.total <= available) return;
-    if (need.weights > available) {
-        std::string culprit = "-m (--preset) " + o.preset;
-        const Preset* p = find_preset(o.preset.c_str());
-        ModelConfig preset = c;
-        if (p) apply_preset(preset, *p);
-        size_t smallest = num_parameters(c);
-        struct { const char* option; int ModelConfig::*field; } sizes[] = {
-            {"--n-layer", &ModelConfig::n_layer}, {"--n-head", &ModelConfig::n_head}, {"--n-kv-head", &ModelConfig::n_kv_head},
-            {"--head-dim", &ModelConfig::head_dim}, {"--d-ff", &ModelConfig::d_ff}, {"--vocab-size", &ModelConfig::vocab_size}};
-        for (const auto& f : sizes) {
-            if (!p || !given.count(f.option)) continue;
-            ModelConfig smaller = c;
-            smaller.*f.field = preset.*f.field;
-            smaller.d_model = smaller.n_head * smaller.head_dim;
-            if (num_parameters(smaller) < smallest) {
-                smallest = num_parameters(smaller);
-                culprit = strprintf("%s %d", f.option, c.*f.field);
-            }
-        }
+                         const MemoryNeed& need, const MemoryLimit& limit) {
+    if (need.total <= limit.bytes) return;
+    if (need.weights > limit.bytes)
         fail("model option %s: the weights, gradients and AdamW state need %.1f GB; %s has %.1f GB available",
-             culprit.c_str(), need.weights / 1e9, where, available / 1e9);
-    }
+             model_size_culprit(o, given, c).c_str(), need.weights / 1e9, limit.where.c_str(), limit.bytes / 1e9);
     fail("options -b (--batch) %d and -t (--seq-len): the activations need %.1f GB beside the model's %.1f GB; %s has "
-         "%.1f GB available", o.batch, (need.total - need.weights) / 1e9, need.weights / 1e9, where, available / 1e9);
+         "%.1f GB available", o.batch, (need.total - need.weights) / 1e9, need.weights / 1e9, limit.where.c_str(), limit.bytes / 1e9);
+}
+
+// An allocation failed that the limits seen allowed (one this program cannot see, or memory
+// taken meanwhile): names the larger part's options.
+[[noreturn]] inline void fail_allocation(const Options& o, const std::set<std::string>& given, const ModelConfig& c,
+                                         const MemoryNeed& need) {
+    double activations = need.total - need.weights;
+    std::string culprit = need.weights >= activations ? "model option " + model_size_culprit(o, given, c)
+                                                      : strprintf("options -b (--batch) %d and -t (--seq-len)", o.batch);
+    fail("%s: allocating %.1f GB failed (weights, gradients and AdamW state %.1f GB, activations %.1f GB)", culprit.c_str(),
+         need.total / 1e9, need.weights / 1e9, activations / 1e9);
 }

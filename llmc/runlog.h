@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cinttypes>
 #include <ctime>
+#include <functional>
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -43,7 +44,16 @@ struct RunInfo {
     uint64_t seed = 0;
     std::string backend, device;  // backend is "cpu" or "cuda"
     int num_processes = 1;        // of a data-parallel run (distributed.h)
+    // Who writes: the run's id (the same in every log and checkpoint of the run) and that of this
+    // continuation (each start or resume of ./train has its own); a resumed run also names the
+    // continuation that wrote its checkpoint and the checkpoint's step. Zero: none (not resumed,
+    // or a checkpoint that does not say).
+    uint64_t run_id = 0, continuation = 0, resumed_from = 0;
+    int64_t resumed_from_step = 0;
 };
+
+// An id as JSON text: 16 hexadecimal digits in a string (a JSON number would lose bits).
+inline std::string json_id(uint64_t id) { return strprintf("\"%016" PRIx64 "\"", id); }
 
 struct RunLog {
     std::string path;
@@ -152,6 +162,11 @@ inline std::string runlog_run_members(const RunInfo& info, const char* sep) {
     j += sep + ("\"backend\": " + json_string(info.backend));
     j += sep + ("\"device\": " + json_string(info.device));
     j += sep + strprintf("\"num_processes\": %d", info.num_processes);
+    if (info.run_id) j += sep + ("\"run_id\": " + json_id(info.run_id));
+    if (info.continuation) j += sep + ("\"continuation\": " + json_id(info.continuation));
+    if (info.resumed_from)
+        j += sep + ("\"resumed_from\": " + json_id(info.resumed_from)) + sep +
+             strprintf("\"resumed_from_step\": %lld", (long long)info.resumed_from_step);
     return j;
 }
 
@@ -613,12 +628,74 @@ inline std::string runlog_table_difference(const JsonValue* logged, const JsonVa
     return "";
 }
 
+// ---------------------------------------------------------------------------------------------
+// A run's continuations
+
+// Each start or resume of ./train is a continuation of its run. A log records the one that
+// created it (in its header) and each that resumed into it (in the note it begins with), in the
+// order they began; a continuation that resumed from step S supersedes the records written before
+// it for steps S and later, so the log's line of training is the last continuation's, back along
+// the steps it resumed from.
+struct Continuation {
+    uint64_t id = 0, resumed_from = 0;  // resumed_from: the continuation that wrote its checkpoint
+    int64_t start_step = 0;             // the step it began at (0 for a new run)
+};
+
+struct RunLineage {
+    uint64_t run_id = 0;  // 0: a log written before runs had ids
+    std::vector<Continuation> continuations;
+};
+
+// An id written by json_id, else 0.
+inline uint64_t json_to_id(const JsonValue* v) {
+    if (!v || v->kind != JsonValue::STRING || v->text.size() != 16) return 0;
+    uint64_t id = 0;
+    for (char ch : v->text) {
+        int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+        if (d < 0) return 0;
+        id = id << 4 | (uint64_t)d;
+    }
+    return id;
+}
+
+// The continuation whose members (runlog_run_members) `run` holds, starting at `step`.
+inline Continuation continuation_of(const JsonValue& run, int64_t step) {
+    Continuation c;
+    c.id = json_to_id(run.get("continuation"));
+    c.resumed_from = json_to_id(run.get("resumed_from"));
+    c.start_step = step;
+    return c;
+}
+
+// The lineage of a log from its header and its intact notes.
+inline RunLineage runlog_lineage(const JsonValue& header, const std::vector<std::pair<int64_t, std::string>>& notes) {
+    RunLineage lineage;
+    lineage.run_id = json_to_id(header.get("run_id"));
+    if (!lineage.run_id) return lineage;
+    const JsonValue* step = header.get("resumed_from_step");
+    Continuation first = continuation_of(header, json_is_integer(step) ? std::max(0LL, strtoll(step->text.c_str(), nullptr, 10)) : 0);
+    if (first.id) lineage.continuations.push_back(first);
+    static const char kRunMembers[] = "; run: ";  // runlog_open_append's note: "resumed from step S at ...; run: {...}"
+    for (const auto& note : notes) {
+        size_t at = note.second.find(kRunMembers);
+        JsonValue run;
+        if (note.second.compare(0, 18, "resumed from step ") != 0 || at == std::string::npos ||
+            !json_parse(note.second.substr(at + sizeof kRunMembers - 1), run) || run.kind != JsonValue::OBJECT ||
+            json_to_id(run.get("run_id")) != lineage.run_id)
+            continue;
+        Continuation c = continuation_of(run, note.first);
+        if (c.id) lineage.continuations.push_back(c);
+    }
+    return lineage;
+}
+
 // Checks the preamble and header of an existing log a resumed run will append to (`data` holds
 // the file's first bytes, the header included when the file has all of it): a version 1 log whose
 // header scripts/attnlog.py reads (valid JSON, format "attnlog", the preamble's version, a model
 // configuration), of the same model, with the record table this program writes. Fails naming the
 // first thing wrong; returns the offset of the first record.
-inline size_t runlog_check_header(const std::string& path, const std::vector<uint8_t>& data, const ModelConfig& c) {
+inline size_t runlog_check_header(const std::string& path, const std::vector<uint8_t>& data, const ModelConfig& c,
+                                  JsonValue* header_out = nullptr) {
     const char* p = path.c_str();
     if (!data.empty() && memcmp(data.data(), kRunLogMagic, std::min(data.size(), sizeof kRunLogMagic)) != 0)
         fail("%s: not a run log (its first bytes are not \"ATTNLOG\")", p);
@@ -654,6 +731,7 @@ inline size_t runlog_check_header(const std::string& path, const std::vector<uin
     difference = runlog_table_difference(header.get("records"), *ours.get("records"));
     if (!difference.empty())
         fail("%s: the record table differs from the one this program writes: %s; cannot append to it", p, difference.c_str());
+    if (header_out) *header_out = std::move(header);
     return kPreambleBytes + header_bytes;
 }
 
@@ -725,14 +803,25 @@ inline size_t runlog_intact_size(const std::vector<uint8_t>& d, size_t pos, cons
 struct RunLogScan {
     size_t intact_end;  // just past the last intact record
     int64_t last_step;  // that record's step, -1 when there is none
+    std::vector<std::pair<int64_t, std::string>> notes;  // the intact notes' steps and texts, in file order
 };
+
+// The step and text of the intact record of `size` bytes at d[pos] when it is a note.
+inline void runlog_keep_note(const uint8_t* record, size_t size, RunLogScan& scan) {
+    uint16_t type;
+    memcpy(&type, record + 4, 2);
+    if (type != REC_NOTE) return;
+    int64_t step;
+    memcpy(&step, record + 12, 8);
+    scan.notes.emplace_back(step, std::string((const char*)record + kFrameBytes, size - kRecordOverhead));
+}
 
 // Visits every marker from `pos` on, in order, skipping those inside a record taken: the first at
 // or after the current position that frames an intact record is the next record a reader takes.
 // Each marker costs the same whatever length its frame claims, so a damaged region full of
 // markers takes time linear in its size.
 inline RunLogScan runlog_scan(const std::vector<uint8_t>& d, size_t pos) {
-    RunLogScan scan = {pos, -1};
+    RunLogScan scan = {pos, -1, {}};
     RangeCrc ranges(d);
     const uint8_t *begin = d.data(), *end = begin + d.size();
     while (pos < d.size()) {
@@ -745,6 +834,7 @@ inline RunLogScan runlog_scan(const std::vector<uint8_t>& d, size_t pos) {
             continue;
         }
         memcpy(&scan.last_step, &d[pos + 12], 8);
+        runlog_keep_note(&d[pos], size, scan);
         pos += size;
         scan.intact_end = pos;
     }
@@ -768,15 +858,24 @@ inline void runlog_read_at(const RunLog& log, void* dst, size_t n, size_t offset
 inline bool runlog_ends_intact(const RunLog& log, size_t pos, size_t size, RunLogScan& scan) {
     size_t last = pos;
     uint8_t frame[kFrameBytes];
+    std::vector<uint8_t> record;
+    scan.notes.clear();
     while (pos + kRecordOverhead <= size) {
         runlog_read_at(log, frame, kFrameBytes, pos);
         uint32_t payload_bytes;
+        uint16_t type;
         memcpy(&payload_bytes, frame + 8, 4);
+        memcpy(&type, frame + 4, 2);
         last = pos;
+        if (type == REC_NOTE && pos + kRecordOverhead + payload_bytes <= size) {  // notes are read whole
+            record.resize(kRecordOverhead + payload_bytes);
+            runlog_read_at(log, record.data(), record.size(), pos);
+            if (runlog_intact_size(record, 0)) runlog_keep_note(record.data(), record.size(), scan);
+        }
         pos += kRecordOverhead + payload_bytes;
     }
     if (pos != size) return false;
-    std::vector<uint8_t> record(size - last);  // empty when the log has no records
+    record.resize(size - last);  // empty when the log has no records
     runlog_read_at(log, record.data(), record.size(), last);
     if (!record.empty() && !runlog_intact_size(record, 0)) return false;
     scan.intact_end = size;
@@ -787,9 +886,10 @@ inline bool runlog_ends_intact(const RunLog& log, size_t pos, size_t size, RunLo
 
 // Checks an existing log, open as log.fd, before a resumed run of the model `c` appends to it: its
 // preamble and header (runlog_check_header), then where its intact records end; *size is the
-// file's size, and the bytes from scan.intact_end to it are a torn tail. Reads and changes nothing
+// file's size, and the bytes from scan.intact_end to it are a torn tail. With `lineage`, the
+// continuations the log records. Reads and changes nothing
 // else: the parser the fuzzing harness test/fuzz/fuzz_runlog.cpp drives.
-inline RunLogScan runlog_check_existing(const RunLog& log, const ModelConfig& c, size_t* size) {
+inline RunLogScan runlog_check_existing(const RunLog& log, const ModelConfig& c, size_t* size, RunLineage* lineage = nullptr) {
     struct stat st;
     if (fstat(log.fd, &st) != 0) fail("%s: cannot open (%s)", log.path.c_str(), strerror(errno));
     *size = (size_t)st.st_size;
@@ -802,13 +902,15 @@ inline RunLogScan runlog_check_existing(const RunLog& log, const ModelConfig& c,
         head.resize(std::min(*size, kPreambleBytes + header_bytes));
         runlog_read_at(log, head.data() + kPreambleBytes, head.size() - kPreambleBytes, kPreambleBytes);
     }
-    size_t records_start = runlog_check_header(log.path, head, c);
+    JsonValue header;
+    size_t records_start = runlog_check_header(log.path, head, c, &header);
     RunLogScan scan;
     if (!runlog_ends_intact(log, records_start, *size, scan)) {
         std::vector<uint8_t> data(*size);
         runlog_read_at(log, data.data(), *size, 0);
         scan = runlog_scan(data, records_start);
     }
+    if (lineage) *lineage = runlog_lineage(header, scan.notes);
     return scan;
 }
 
@@ -817,15 +919,20 @@ inline RunLogScan runlog_check_existing(const RunLog& log, const ModelConfig& c,
 // With resume_step >= 0 (the step of the checkpoint the run resumes from) the note sits at that
 // step and begins "resumed from step S": a reader then takes the records written before it for
 // steps S and later as those of an abandoned continuation. `changes` (may be empty) says which
-// training options differ from the checkpoint's run. Records already there are never changed.
+// training options differ from the checkpoint's run. `check_lineage`, when given, sees the
+// continuations the log records before anything is written, and may refuse. Records already
+// there are never changed.
 inline RunLog runlog_open_append(const std::string& path, const RunInfo& info, int64_t resume_step = -1,
-                                 const std::string& changes = "") {
+                                 const std::string& changes = "",
+                                 const std::function<void(const RunLineage&)>& check_lineage = nullptr) {
     RunLog log;
     log.path = path;
     log.fd = open(path.c_str(), O_RDWR | O_APPEND | O_CLOEXEC);
     if (log.fd < 0) fail("%s: cannot open (%s)", path.c_str(), strerror(errno));
     size_t size;
-    RunLogScan scan = runlog_check_existing(log, info.config, &size);
+    RunLineage lineage;
+    RunLogScan scan = runlog_check_existing(log, info.config, &size, &lineage);
+    if (check_lineage) check_lineage(lineage);
     size_t torn_bytes = size - scan.intact_end;
     if (torn_bytes && ftruncate(log.fd, (off_t)scan.intact_end) != 0)
         fail("%s: cannot remove the torn tail (%s)", path.c_str(), strerror(errno));

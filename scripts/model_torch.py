@@ -217,15 +217,17 @@ def read_checkpoint(path):
     if len(data) < CKPT_HEADER or data[:8] != CKPT_MAGIC:
         raise bad("not a checkpoint")
     version, header_bytes = struct.unpack_from("<II", data, 8)
-    if version not in (1, 2) or header_bytes != CKPT_HEADER:  # 1: before qk_norm and frozen (zero bytes there)
-        raise bad(f"checkpoint format version {version} is not one this reader knows (1 or 2)")
+    if version not in (1, 2, 3) or header_bytes != CKPT_HEADER:
+        raise bad(f"checkpoint format version {version} is not one this reader knows (1 to 3)")
     (crc_header,) = struct.unpack_from("<I", data, 92)
     if zlib.crc32(data[96:CKPT_HEADER], zlib.crc32(data[:92])) != crc_header:
         raise bad("checkpoint header is damaged (checksum mismatch)")
+
     ints = struct.unpack_from("<8i", data, 16)
     theta, eps = struct.unpack_from("<ff", data, 48)
     step, flags, dtype, P, position, crc_payload = struct.unpack_from("<qIIqqI", data, 56)
-    variant, frozen = struct.unpack_from("<iI", data, 156)
+    # bytes a version did not define read as zero: version 1 had no qk_norm and frozen kinds
+    variant, frozen = struct.unpack_from("<iI", data, 156) if version >= 2 else (0, 0)
     if not 0 <= variant < len(QK_NORMS) or frozen >> len(PARAM_KINDS):
         raise bad(f"checkpoint's qk_norm {variant} or frozen mask {frozen:#x} is not one this reader knows")
     if min(ints) < 1 or ints[5] != ints[2] * ints[4] or ints[2] % ints[3] or ints[4] % 2 or dtype != 0:

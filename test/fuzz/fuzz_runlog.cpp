@@ -11,7 +11,7 @@
 
 // The readers' rule, plainly (docs/log_format.md, "Reading", 4 to 6).
 static RunLogScan reference_scan(const std::vector<uint8_t>& d, size_t pos) {
-    RunLogScan scan = {pos, -1};
+    RunLogScan scan = {pos, -1, {}};
     while (pos < d.size()) {
         size_t size = runlog_intact_size(d, pos);
         if (size) {

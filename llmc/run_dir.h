@@ -1,0 +1,135 @@
+// The run folder (-o DIR): one live run owns it, a new run never takes over another's, a resumed
+// run only appends to the log of its own run and only from a checkpoint on the line that log
+// records, and --keep never deletes the checkpoint a resume needs.
+//
+//   DIR/run.attnlog              the run log (runlog.h)
+//   DIR/model.ckpt               the final checkpoint (checkpoint.h)
+//   DIR/model_stepNNNNNN.ckpt    every -n steps
+//   DIR/run-<UTC>.attnlog        the log of a run killed before its first checkpoint, set aside
+#pragma once
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <algorithm>
+#include <string>
+#include <vector>
+#include "checkpoint.h"
+#include "dataprep.h"
+#include "runlog.h"
+#include "utils.h"
+
+// A random 64-bit id, never 0 (0 means "none"): a run's, or a continuation's.
+inline uint64_t new_run_id() {
+    uint64_t id = 0;
+    while (id == 0)
+        if (getrandom(&id, sizeof id, 0) != (ssize_t)sizeof id) id = (uint64_t)now_seconds() * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid();
+    return id;
+}
+
+// Takes the folder for this process until it ends (the kernel drops the lock with the process,
+// however it dies): a second ./train into the same folder stops here. On a file system without
+// locks the run goes on unlocked.
+inline void lock_run_dir(const std::string& dir) {
+    int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) fail("%s: cannot open the output directory (%s)", dir.c_str(), strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if (errno == EWOULDBLOCK)
+            fail("%s: another ./train is running into this directory; wait for it to end, or choose another output "
+                 "directory (-o)", dir.c_str());
+        close(fd);
+    }
+    // fd stays open (and locked) for the rest of the process
+}
+
+// The names in `dir` (sorted) that start with `prefix` and end with `suffix`.
+inline std::vector<std::string> files_in(const std::string& dir, const std::string& prefix, const std::string& suffix) {
+    std::vector<std::string> names;
+    for (const std::string& n : list_dir(dir))
+        if (n.size() >= prefix.size() + suffix.size() && n.compare(0, prefix.size(), prefix) == 0 &&
+            n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0)
+            names.push_back(n);
+    return names;
+}
+
+// Temporary files an interrupted write left (checkpoint.h and utils.h write to NAME.tmp, then rename).
+inline void remove_stale_temporaries(const std::string& dir) {
+    for (const std::string& stale : files_in(dir, "", ".tmp")) {
+        std::string path = dir + "/" + stale;
+        if (remove(path.c_str()) == 0) printf("removed %s, left by an interrupted write\n", path.c_str());
+    }
+}
+
+// The folder's checkpoints whose headers read as such, with the steps recorded inside, newest step
+// first (the final model.ckpt before an intermediate one of the same step).
+struct CheckpointFile {
+    std::string name;
+    CheckpointInfo info;
+};
+
+inline std::vector<CheckpointFile> checkpoints_in(const std::string& dir) {
+    std::vector<CheckpointFile> found;
+    for (const std::string& name : files_in(dir, "model", ".ckpt")) {
+        CheckpointFile f{name, {}};
+        if (checkpoint_peek(dir + "/" + name, &f.info)) found.push_back(f);
+    }
+    std::stable_sort(found.begin(), found.end(), [](const CheckpointFile& a, const CheckpointFile& b) {
+        return a.info.step != b.info.step ? a.info.step > b.info.step : a.name == "model.ckpt" && b.name != "model.ckpt";
+    });
+    return found;
+}
+
+// A new run into a folder that already holds a run: when that run left a checkpoint, it can be
+// resumed and is refused here; when it left none (killed before its first one), nothing can
+// resume it, so its log is kept under a dated name and the new run starts its own.
+inline void set_aside_unresumable_log(const std::string& dir, const std::string& log_path) {
+    std::vector<CheckpointFile> ckpts = checkpoints_in(dir);
+    bool have_log = file_exists(log_path);
+    if (!ckpts.empty())
+        fail("%s: %s already there; resume it (-r %s/%s) or choose another output directory (-o)",
+             (have_log ? log_path : dir).c_str(), have_log ? "a run log is" : "a run's checkpoints are", dir.c_str(),
+             ckpts.front().name.c_str());
+    if (!have_log) return;
+    std::string kept = dir + "/" + utc_time("run-%Y%m%d-%H%M%S.attnlog");
+    for (int n = 2; file_exists(kept); n++) kept = dir + "/" + utc_time("run-%Y%m%d-%H%M%S") + strprintf("-%d.attnlog", n);
+    if (rename(log_path.c_str(), kept.c_str()) != 0) fail("%s: cannot rename it to %s: %s", log_path.c_str(), kept.c_str(), strerror(errno));
+    printf("%s holds a run that left no checkpoint; kept as %s\n", log_path.c_str(), kept.c_str());
+}
+
+// Why a checkpoint written by `origin` at `step` may not resume into a folder whose log records
+// `lineage`, or "" when it may. It may when the log is of the same run and the continuation that
+// wrote the checkpoint is on the log's line at that step: no continuation that began after it
+// resumed from an earlier step (which abandoned what it wrote from there on). The log's first
+// continuation may itself have resumed from a checkpoint of a continuation of another folder's
+// log: checkpoints of that one up to the step it resumed from are on the line too.
+inline std::string lineage_problem(const RunLineage& lineage, const CheckpointOrigin& origin, int64_t step) {
+    if (!lineage.run_id || !origin.run_id) return "";  // a log or checkpoint from before runs had ids
+    if (lineage.run_id != origin.run_id)
+        return strprintf("it is the log of another run (run %016" PRIx64 "; the checkpoint's is run %016" PRIx64 ")",
+                         lineage.run_id, origin.run_id);
+    const std::vector<Continuation>& conts = lineage.continuations;
+    if (conts.empty()) return "";
+    size_t after;  // the continuations from here on began after the checkpoint's writer
+    auto writer = std::find_if(conts.rbegin(), conts.rend(), [&](const Continuation& c) { return c.id == origin.continuation; });
+    if (writer != conts.rend()) after = conts.rend() - writer;
+    else if (conts[0].resumed_from == origin.continuation && step <= conts[0].start_step) after = 0;
+    else return "the continuation that wrote the checkpoint never wrote into this log (the checkpoint belongs with another folder's log)";
+    for (size_t j = after; j < conts.size(); j++)
+        if (conts[j].start_step < step)
+            return strprintf("the run was resumed from step %lld after this checkpoint of step %lld was written, which "
+                             "abandoned it", (long long)conts[j].start_step, (long long)step);
+    return "";
+}
+
+// --keep N: of the intermediate checkpoints at or before `step` (the one just written), only the
+// N with the latest steps recorded inside stay. One of a later step (a longer run's, or of a
+// continuation that was abandoned) is not older than this one, and is left alone; so is a file
+// that does not read as a checkpoint.
+inline void remove_old_checkpoints(const std::string& dir, int keep, int64_t step) {
+    if (!keep) return;
+    int kept = 0;
+    for (const CheckpointFile& f : checkpoints_in(dir)) {
+        if (f.name == "model.ckpt" || f.info.step > step || ++kept <= keep) continue;
+        std::string path = dir + "/" + f.name;
+        if (remove(path.c_str()) != 0) fail("%s: cannot remove an old checkpoint (--keep %d): %s", path.c_str(), keep, strerror(errno));
+    }
+}
