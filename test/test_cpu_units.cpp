@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 #include "../llmc/checkpoint.h"
+#include "../llmc/memory.h"
 #include "../llmc/model_cpu.h"
+#include "../llmc/run_dir.h"
 #include "testing.h"
 
 static ModelConfig small_config() {
@@ -337,12 +339,20 @@ static void test_checkpoint() {
     info.step = 17;
     info.data_position = 123;
     info.has_optimizer_state = true;
+    info.origin = {0x0123456789abcdefull, 0xfedcba9876543210ull, 0x1111222233334444ull, 0x5555666677778888ull};
     checkpoint_write(path, info, params.data(), m.data(), v.data());
     std::vector<float> p2(P), m2(P), v2(P);
     CheckpointInfo back = checkpoint_read(path, p2.data(), m2.data(), v2.data());
     bool same = back.step == 17 && back.data_position == 123 && back.has_optimizer_state &&
                 memcmp(&back.config, &c, sizeof c) == 0 && p2 == params && m2 == m && v2 == v;
     report(same, "checkpoint round trip: configuration, step, position, parameters, AdamW state");
+    const CheckpointOrigin& o = back.origin;
+    report(o.run_id == info.origin.run_id && o.continuation == info.origin.continuation &&
+               o.train_data == info.origin.train_data && o.val_data == info.origin.val_data,
+           "checkpoint round trip: the run, the continuation and the data's fingerprints");
+    CheckpointInfo peeked;
+    report(checkpoint_peek(path, &peeked) && peeked.step == 17 && peeked.origin.continuation == info.origin.continuation,
+           "checkpoint_peek: the step and origin of a checkpoint");
     CheckpointInfo variant = info;
     variant.config.qk_norm = QK_NORM_NONE;
     variant.schedule.frozen = param_kind_bit(P_WV) | param_kind_bit(P_K_GAIN);
@@ -416,16 +426,28 @@ static void test_checkpoint() {
     b = bytes;
     b[20] ^= 1;  // n_layer
     std::string header = write_variant("header.ckpt", b);
-    // A version 1 file (bytes 156..163 zero, as every one was): the gain variant, nothing frozen.
-    std::vector<char> v1 = bytes;
-    uint32_t one = 1;
-    memcpy(&v1[8], &one, 4);
-    memset(&v1[156], 0, 8);
-    uint32_t v1_crc = header_crc((const uint8_t*)v1.data());
-    memcpy(&v1[92], &v1_crc, 4);
-    CheckpointInfo old = checkpoint_read(write_variant("version1.ckpt", v1), sink.data(), nullptr, nullptr);
-    report(old.config.qk_norm == QK_NORM_GAIN && old.schedule.frozen == 0 && sink == params,
-           "checkpoint: a version 1 file reads as the gain variant with nothing frozen");
+    // The bytes a version did not define read as zero whatever they hold (docs/checkpoint_format.md):
+    // a version 1 file is the gain variant with nothing frozen, one of version 1 or 2 records no run.
+    auto with_version = [&](uint32_t version, const std::string& name) {
+        std::vector<char> old = bytes;
+        memcpy(&old[8], &version, 4);
+        uint32_t garbage[2] = {2, 0x3}, none = 0;  // qk_norm none, wte and attn_norm frozen
+        memcpy(&old[156], garbage, 8);
+        memcpy(&old[164], &none, 4);  // the origin stays the one written: nonzero
+        uint32_t old_crc = header_crc((const uint8_t*)old.data());
+        memcpy(&old[92], &old_crc, 4);
+        return write_variant(name, old);
+    };
+    CheckpointInfo version1 = checkpoint_read(with_version(1, "version1.ckpt"), sink.data(), nullptr, nullptr);
+    report(version1.config.qk_norm == QK_NORM_GAIN && version1.schedule.frozen == 0 && version1.origin.run_id == 0 && sink == params,
+           "checkpoint: a version 1 file reads as the gain variant with nothing frozen, whatever bytes 156..163 hold");
+    CheckpointInfo version2 = checkpoint_read_header(with_version(2, "version2.ckpt"));
+    const CheckpointOrigin& none2 = version2.origin;
+    report(version2.config.qk_norm == QK_NORM_NONE && version2.schedule.frozen == 3 && none2.run_id == 0 &&
+               none2.continuation == 0 && none2.train_data == 0 && none2.val_data == 0,
+           "checkpoint: a version 2 file records no run or data, whatever bytes 164..199 hold");
+    report(checkpoint_peek(with_version(2, "version2.ckpt"), &peeked) && peeked.origin.run_id == 0 && peeked.step == 17,
+           "checkpoint_peek: a version 2 file records no run");
     expect_user_error("checkpoint: damaged header", [&] { checkpoint_read(header, sink.data(), nullptr, nullptr); }, header, "checkpoint header is damaged", header);
     b = bytes;
     b[kCheckpointHeaderBytes + 1000] ^= 4;
@@ -481,6 +503,130 @@ static void test_param_shards() {
     }
 }
 
+// The run folder (run_dir.h): which checkpoints may resume into a log, which --keep removes, and
+// the lock a live run holds.
+static void test_run_dir() {
+    // A run (id 7) started by continuation A; B resumed from A's step 4; C from B's step 6.
+    RunLineage line;
+    line.run_id = 7;
+    const uint64_t A = 1, B = 2, C = 3, X = 9;
+    line.continuations = {{A, 0, 0}, {B, A, 4}, {C, B, 6}};
+    auto problem = [&](uint64_t run, uint64_t writer, int64_t step) { return lineage_problem(line, {run, writer, 0, 0}, step); };
+    report(problem(7, C, 9).empty() && problem(7, B, 6).empty() && problem(7, A, 4).empty() && problem(7, A, 2).empty(),
+           "lineage: checkpoints on the log's line resume (the last continuation's, and earlier ones' up to where the next began)");
+    report(problem(7, B, 8).find("resumed from step 6") != std::string::npos,
+           "lineage: a checkpoint written past the step a later continuation resumed from is abandoned", problem(7, B, 8));
+    report(problem(7, A, 5).find("resumed from step 4") != std::string::npos, "lineage: so is one two continuations back",
+           problem(7, A, 5));
+    report(problem(8, C, 9).find("another run") != std::string::npos, "lineage: another run's checkpoint is refused",
+           problem(8, C, 9));
+    report(problem(7, X, 3).find("never wrote into this log") != std::string::npos,
+           "lineage: a continuation the log does not hold is refused", problem(7, X, 3));
+    report(problem(0, 0, 5).empty() && lineage_problem(RunLineage(), {7, C, 0, 0}, 5).empty(),
+           "lineage: a checkpoint or log from before runs had ids is not judged");
+    // A log begun by a run resumed into a new folder from X's step 5: X's checkpoints up to step 5 are its line.
+    RunLineage moved;
+    moved.run_id = 7;
+    moved.continuations = {{B, X, 5}};
+    report(lineage_problem(moved, {7, X, 0, 0}, 5).empty() && lineage_problem(moved, {7, X, 0, 0}, 3).empty() &&
+               !lineage_problem(moved, {7, X, 0, 0}, 6).empty(),
+           "lineage: a log begun by a resume takes its origin's checkpoints up to the step it began at");
+    // A continuation killed before its first checkpoint, resumed again from the same checkpoint.
+    RunLineage retried = line;
+    retried.continuations.push_back({X, C, 9});
+    report(lineage_problem(retried, {7, C, 0, 0}, 9).empty(), "lineage: resuming the same checkpoint again is allowed");
+
+    // --keep ranks by the step recorded inside, not by name, and leaves later steps alone.
+    char dir[] = "/tmp/run_dir_test_XXXXXX";
+    if (!mkdtemp(dir)) fail("mkdtemp failed");
+    std::string d = dir;
+    ModelConfig c = small_config();
+    std::vector<float> params(num_parameters(c), 0.5f);
+    auto write_ckpt = [&](const std::string& name, int64_t step) {
+        CheckpointInfo info;
+        info.config = c;
+        info.step = step;
+        checkpoint_write(d + "/" + name, info, params.data(), nullptr, nullptr);
+    };
+    write_ckpt("model_step999998.ckpt", 999998);
+    write_ckpt("model_step1000001.ckpt", 1000001);
+    write_ckpt("model_step1000002.ckpt", 1000002);
+    write_ckpt("model_step2000000.ckpt", 2000000);  // a longer run's, or an abandoned continuation's
+    write_ckpt("model.ckpt", 3000000);
+    FILE* junk = fopen((d + "/model_step000001.ckpt").c_str(), "wb");  // not a checkpoint: never touched
+    fputs("junk", junk);
+    fclose(junk);
+    remove_old_checkpoints(d, 2, 1000002);
+    std::vector<std::string> left = files_in(d, "model", ".ckpt");
+    std::vector<std::string> want = {"model.ckpt", "model_step000001.ckpt", "model_step1000001.ckpt",
+                                     "model_step1000002.ckpt", "model_step2000000.ckpt"};
+    std::string listing;
+    for (const std::string& n : left) listing += n + " ";
+    report(left == want, "--keep 2 at step 1000002: removes step 999998 (named after 1000001), keeps later steps and "
+                         "files that are not checkpoints", listing);
+    std::vector<CheckpointFile> ranked = checkpoints_in(d);
+    report(ranked.size() == 4 && ranked[0].name == "model.ckpt" && ranked[1].name == "model_step2000000.ckpt",
+           "checkpoints_in: newest step first");
+
+    // A second run into a locked folder is refused with one line; the lock goes with its holder.
+    int ready[2];
+    if (pipe(ready) != 0) fail("pipe failed");
+    pid_t holder = fork();
+    if (holder == 0) {
+        lock_run_dir(d);
+        char one = 1;
+        ssize_t w = write(ready[1], &one, 1);
+        (void)w;
+        pause();
+        _exit(0);
+    }
+    char got;
+    ssize_t r = read(ready[0], &got, 1);
+    (void)r;
+    expect_user_error("run folder: a second run into a folder a live run holds is refused", [&] { lock_run_dir(d); }, d,
+                      "another ./train is running into this directory");
+    kill(holder, SIGKILL);
+    waitpid(holder, nullptr, 0);
+    ChildResult after = run_child([&] { lock_run_dir(d); });
+    report(after.status == 0 && after.err.empty(), "run folder: the lock dies with the process that held it", after.err);
+}
+
+// The memory cgroups' limits, from a made-up /proc/self/cgroup and cgroup file system.
+static void test_cgroup_memory() {
+    char dir[] = "/tmp/cgroup_test_XXXXXX";
+    if (!mkdtemp(dir)) fail("mkdtemp failed");
+    std::string root = dir;
+    auto put = [&](const std::string& path, const std::string& text) {
+        make_dirs(path.substr(0, path.find_last_of('/')));
+        write_file(path, text);
+    };
+    // Version 2: the job's cgroup allows 4 GB and uses 3 GB, 1 GB of it file cache; its parent 10 GB (using 3).
+    put(root + "/slurm/job1/memory.max", "4000000000\n");
+    put(root + "/slurm/job1/memory.current", "3000000000\n");
+    put(root + "/slurm/job1/memory.stat", "anon 2000000000\nfile 1000000000\n");
+    put(root + "/slurm/memory.max", "10000000000\n");
+    put(root + "/slurm/memory.current", "3000000000\n");
+    MemoryLimit v2 = cgroup_memory_headroom("0::/slurm/job1\n", root);
+    report(std::fabs(v2.bytes - 2e9) < 1 && v2.where.find("/slurm/job1") != std::string::npos,
+           "cgroup v2: limit less use, file cache counted free", strprintf("%.0f %s", v2.bytes, v2.where.c_str()));
+    put(root + "/slurm/memory.max", "4500000000\n");  // the parent is now the tighter one
+    MemoryLimit parent = cgroup_memory_headroom("0::/slurm/job1\n", root);
+    report(std::fabs(parent.bytes - 1.5e9) < 1 && parent.where.find("cgroup /slurm ") != std::string::npos,
+           "cgroup v2: the tightest of the cgroup and those above it", strprintf("%.0f %s", parent.bytes, parent.where.c_str()));
+    put(root + "/slurm/job1/memory.max", "max\n");
+    put(root + "/slurm/memory.max", "max\n");
+    report(std::isinf(cgroup_memory_headroom("0::/slurm/job1\n", root).bytes), "cgroup v2: \"max\" is no limit");
+    // Version 1, a memory controller among others, beside unrelated lines.
+    put(root + "/memory/docker/abc/memory.limit_in_bytes", "2000000000\n");
+    put(root + "/memory/docker/abc/memory.usage_in_bytes", "1500000000\n");
+    put(root + "/memory/docker/abc/memory.stat", "cache 5\ntotal_cache 250000000\n");
+    put(root + "/memory/memory.limit_in_bytes", "9223372036854771712\n");
+    MemoryLimit v1 = cgroup_memory_headroom("12:pids:/docker/abc\n4:memory:/docker/abc\n1:name=systemd:/\n", root);
+    report(std::fabs(v1.bytes - 7.5e8) < 1, "cgroup v1: limit less use, total_cache counted free; 2^63 is no limit",
+           strprintf("%.0f %s", v1.bytes, v1.where.c_str()));
+    report(std::isinf(cgroup_memory_headroom("", root).bytes), "cgroup: none known, no limit");
+}
+
 int main() {
     test_eigenvalues();
     test_effective_rank();
@@ -493,5 +639,7 @@ int main() {
     test_init();
     test_checkpoint();
     test_param_shards();
+    test_run_dir();
+    test_cgroup_memory();
     return test_exit_code();
 }

@@ -263,3 +263,34 @@ def test_sigusr1_stops_every_process_with_a_checkpoint(data, tmp_path):
     assert f"-r {ckpt}" in stopped.group(2)
     model_torch.read_checkpoint(ckpt)
     assert attnlog.open_log(out / "run.attnlog").problems == []
+
+
+@pytest.mark.parametrize("rank1, why", [
+    (["-l", "0.01"], "option -l (--lr) differs between the processes"),
+    (["-b", "2", "-d", "256"], "option -b (--batch) differs between the processes"),
+    (["--n-layer", "3"], "option --n-layer differs between the processes"),
+])
+def test_processes_given_other_options_are_refused(data, tmp_path, rank1, why):
+    """mpirun's MPMD form with other options for process 1: refused, naming the option, before
+    the first collective could mismatch (which MPI would report as MPI_ERR_TRUNCATE)."""
+    argv = [TRAIN, "-i", data / "train_*.bin", *ONE_THREAD, "-d", "256", "-x", "2", "-g", "0", "-o", tmp_path / "o"]
+    r = run([MPIRUN, *MPI_FLAGS, "-np", "1", *argv, ":", "-np", "1", *argv, *rank1])
+    assert r.returncode != 0
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+    assert errors and all(re.fullmatch(rf"error: rank [01]: {re.escape(why)}; give every process the same options", line)
+                          for line in errors), r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_processes_given_other_data_are_refused(data, tmp_path):
+    """The same options, but process 1's shards hold other tokens: refused by the data's fingerprint."""
+    other = tmp_path / "other"
+    shutil.copytree(data, other)
+    raw = bytearray((other / "train_000000.bin").read_bytes())
+    raw[1024 + 2 * 50] ^= 1
+    (other / "train_000000.bin").write_bytes(bytes(raw))
+    argv = [TRAIN, *ONE_THREAD, "-d", "256", "-x", "2", "-g", "0", "-o", tmp_path / "o"]
+    r = run([MPIRUN, *MPI_FLAGS, "-np", "1", *argv, "-i", data / "train_*.bin", ":",
+             "-np", "1", *argv, "-i", other / "train_*.bin"])
+    assert r.returncode != 0
+    assert "error: rank 0: option -i (--train): the processes read different training data" in r.stderr, r.stderr

@@ -295,6 +295,65 @@ static void test_append_clean_log() {
     report(ok, "append_to_clean_log_adds_only_a_note");
 }
 
+// The continuations a log records: the one in its header, then each resumed run's from its note,
+// read back whether the file ends intact (the fast path) or a damaged record needs a scan; a refusal
+// by the lineage check leaves the file as it was.
+static void test_lineage() {
+    std::string path = temp_path("lineage.log");
+    RunInfo info = test_info();
+    info.run_id = 0xfeedfacecafebeefull;
+    info.continuation = 11;
+    RunLog log = runlog_create(path, info);
+    runlog_step(log, 0, 1.0f, 1e-3f, 1.0f, 1.0f, 1.0f);
+    runlog_note(log, 0, "resumed from step 0 at then; run: {\"run_id\": \"0000000000000001\", \"continuation\": \"0000000000000063\"}");
+    runlog_close(log);
+    auto resume = [&](uint64_t id, uint64_t from, int64_t step) {
+        RunInfo r = info;
+        r.continuation = id;
+        r.resumed_from = from;
+        r.resumed_from_step = step;
+        RunLog l = runlog_open_append(path, r, step);
+        runlog_step(l, step, 2.0f, 1e-3f, 1.0f, 1.0f, 1.0f);
+        runlog_close(l);
+    };
+    resume(22, 11, 4);
+    resume(33, 22, 6);
+    RunLineage seen;
+    std::string before = read_text(path);
+    ChildResult refused = run_child([&] {
+        RunInfo r = info;
+        runlog_open_append(path, r, 3, "", [&](const RunLineage& l) {
+            seen = l;
+            fail("%s: refused by the lineage check", path.c_str());
+        });
+    });
+    report(refused.status == 1 && read_text(path) == before, "lineage: a refusal leaves the log as it was", refused.err);
+    auto lineage_of = [&]() {
+        RunLineage l;
+        RunLog check;
+        check.path = path;
+        check.fd = open(path.c_str(), O_RDONLY);
+        size_t size;
+        runlog_check_existing(check, info.config, &size, &l);
+        close(check.fd);
+        return l;
+    };
+    auto text = [](const RunLineage& l) {
+        std::string t = strprintf("run %llx:", (unsigned long long)l.run_id);
+        for (const Continuation& c : l.continuations)
+            t += strprintf(" %llu<-%llu@%lld", (unsigned long long)c.id, (unsigned long long)c.resumed_from, (long long)c.start_step);
+        return t;
+    };
+    std::string want = "run feedfacecafebeef: 11<-0@0 22<-11@4 33<-22@6";  // the note of another run is not one
+    report(text(lineage_of()) == want, "lineage: the header's continuation and each resumed run's", text(lineage_of()));
+    std::string bytes = read_text(path);
+    LogFile f = read_log(path);
+    bytes[f.records.back().offset + 22] ^= 0x01;  // the last record damaged: found by the scan, not by hopping
+    write_text(path, bytes);
+    report(text(lineage_of()) == want, "lineage: read the same by the scan over a damaged log", text(lineage_of()));
+    remove(path.c_str());
+}
+
 static void test_append_refusals() {
     std::string path = temp_path("refusals.log");
     write_three_steps(path);
@@ -600,6 +659,7 @@ int main(int argc, char** argv) {
     test_append_removes_damaged_last_record();
     test_append_clean_log();
     test_append_refusals();
+    test_lineage();
     test_append_to_a_log_before_the_variants();
     test_append_refuses_headers_readers_reject();
     test_range_crc();

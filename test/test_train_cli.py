@@ -7,6 +7,7 @@ what was already written intact.
 """
 import os
 import re
+import resource
 import shutil
 import signal
 import struct
@@ -233,8 +234,9 @@ def test_second_ctrl_c_stops_at_once(data, tmp_path):
     proc.send_signal(signal.SIGINT)
     assert "a second Ctrl-C stops at once" in proc.stderr.readline() + proc.stderr.readline()
     proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGINT
+    assert "stopping now, without a checkpoint" in err and "stopping after this step" not in err, err
     log = attnlog.open_log(tmp_path / "run" / "run.attnlog")
     assert log.problems == [] and len(log.scalars("loss")[0]) >= 2
     assert not list((tmp_path / "run").glob("*.ckpt"))
@@ -408,3 +410,133 @@ def test_qk_norm_variants_and_frozen_parameters(full_run, data, tmp_path):
     resumed = train(data, tmp_path / "frozen", "-x", "6", "-n", "2", "-r", tmp_path / "frozen" / "model.ckpt",
                     "--freeze", "k_gain")
     assert_one_line_error(resumed, "--freeze wv,k_gain -> k_gain", "--allow-changes 1")
+
+
+def payload(ckpt):
+    """A checkpoint's weights and AdamW state, without the header (which names its run)."""
+    return ckpt.read_bytes()[256:]
+
+
+def test_a_second_run_into_a_live_runs_folder_is_refused(data, tmp_path):
+    """Two runs started into one folder: the second is refused with one line and changes nothing;
+    the first trains on, and its final checkpoint holds its own weights."""
+    out = tmp_path / "run"
+    args = ["-x", "20", "-s", "5", "-v", "0", "--val-batches", "1", "-g", "0"]
+    first = start_training(data, out, *args, "--seed", "1")
+    wait_for_step(first, 1)
+    assert_one_line_error(train(data, out, *args, "--seed", "2"), str(out), "another ./train is running into this directory")
+    _, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err
+    assert sorted(p.name for p in out.iterdir()) == ["model.ckpt", "run.attnlog"]
+    alone = train(data, tmp_path / "alone", *args, "--seed", "1")
+    assert alone.returncode == 0, alone.stderr
+    assert payload(out / "model.ckpt") == payload(tmp_path / "alone" / "model.ckpt")
+    assert attnlog.open_log(out / "run.attnlog").header["seed"] == 1
+
+
+def test_resume_into_another_runs_folder_is_refused(full_run, data, tmp_path):
+    """-r with -o naming the folder of another run: refused before anything there changes."""
+    out, _ = full_run
+    other = tmp_path / "other"
+    r = train(data, other, "-x", "4", "-n", "2", "-v", "0", "--val-batches", "1", "--seed", "2", "-g", "0")
+    assert r.returncode == 0, r.stderr
+    before = {p.name: p.read_bytes() for p in other.iterdir()}
+    r = run([TRAIN, "-i", data / "train_*.bin", "-j", data / "val_*.bin", *TINY_MODEL, "-x", "6", "-s", "2", "-v", "3",
+             "--val-batches", "2", "-r", out / "model_step000003.ckpt", "-o", other])
+    assert_one_line_error(r, f"{other}/run.attnlog", "log of another run", "new directory (-o)")
+    assert {p.name: p.read_bytes() for p in other.iterdir()} == before
+
+
+def test_a_checkpoint_of_an_abandoned_continuation_is_refused(data, tmp_path):
+    """A run resumed from step 2 with another learning rate abandons what the run wrote after step
+    2: its step-4 checkpoint no longer resumes into that log (the log would mix two lines of
+    training); it still resumes into a new folder."""
+    out = tmp_path / "run"
+    args = ["-x", "6", "-n", "2", "-s", "2", "-v", "0", "--val-batches", "1", "-g", "0"]
+    assert train(data, out, *args).returncode == 0
+    branch = run([TRAIN, "-i", data / "train_*.bin", "-j", data / "val_*.bin", *TINY_MODEL, *args, "-x", "3",
+                  "-l", "0.01", "--allow-changes", "1", "-r", out / "model_step000002.ckpt"])
+    assert branch.returncode == 0, branch.stderr
+    before = (out / "run.attnlog").read_bytes()
+    back = [TRAIN, "-i", data / "train_*.bin", "-j", data / "val_*.bin", *TINY_MODEL, *args, "-r", out / "model_step000004.ckpt"]
+    assert_one_line_error(run(back), "cannot resume", "model_step000004.ckpt", "resumed from step 2 after this checkpoint of step 4")
+    assert (out / "run.attnlog").read_bytes() == before
+    elsewhere = run(back + ["-o", tmp_path / "elsewhere"])
+    assert elsewhere.returncode == 0, elsewhere.stderr
+    assert list(attnlog.open_log(tmp_path / "elsewhere" / "run.attnlog").scalars("loss")[0]) == [4, 5]
+
+
+def test_keep_never_deletes_the_checkpoint_the_resume_command_names(data, tmp_path):
+    """A longer run left checkpoints at steps 10, 20 and 30; a resume from step 10 with --keep 1,
+    stopped by Ctrl-C, keeps its own newest checkpoint (the one its resume command names) and the
+    later steps, whatever their names sort as."""
+    out = tmp_path / "run"
+    args = ["-x", "40", "-s", "10", "-v", "0", "--val-batches", "1", "-g", "0"]
+    assert train(data, out, *args, "-n", "10").returncode == 0
+    proc = subprocess.Popen([str(a) for a in (TRAIN, "-i", data / "train_*.bin", "-j", data / "val_*.bin", *TINY_MODEL,
+                                              *args, "-n", "1", "--keep", "1", "-r", out / "model_step000010.ckpt")],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_step(proc, 13)
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=120)
+    stopped = re.search(r"stopped by Ctrl-C after step (\d+) of 40; resume with:\n  .+ -r (\S+)\n", rest)
+    assert stopped and int(stopped.group(1)) < 20, rest + err
+    step = int(stopped.group(1))
+    assert Path(stopped.group(2)).exists()
+    assert sorted(p.name for p in out.glob("*.ckpt")) == [
+        "model.ckpt", f"model_step{step:06d}.ckpt", "model_step000020.ckpt", "model_step000030.ckpt"]
+
+
+def test_resume_with_other_data_is_a_change(full_run, data, tmp_path):
+    """-r with other training data (one token changed) is refused like another option, and with
+    --allow-changes 1 the log records it; the same data under another path is no change."""
+    out, _ = full_run
+    other = tmp_path / "other"
+    shutil.copytree(data, other)
+    shard = other / "train_000000.bin"
+    raw = bytearray(shard.read_bytes())
+    raw[1024 + 2 * 50] ^= 1  # token 50 (uint16 shards) becomes its neighbour id
+    shard.write_bytes(bytes(raw))
+    base = [TRAIN, "-j", data / "val_*.bin", *TINY_MODEL, "-x", "6", "-s", "2", "-v", "3", "--val-batches", "2",
+            "-r", out / "model_step000003.ckpt"]
+    changed = base + ["-i", other / "train_*.bin", "-o", tmp_path / "changed"]
+    assert_one_line_error(run(changed), "-i (--train) other training data", "--allow-changes 1")
+    r = run(changed + ["--allow-changes", "1"])
+    assert r.returncode == 0, r.stderr
+    notes = attnlog.open_log(tmp_path / "changed" / "run.attnlog").notes()
+    assert any("changed options: -i (--train) other training data" in text for _, text in notes), notes
+    moved = tmp_path / "moved"
+    shutil.copytree(data, moved)
+    r = run(base + ["-i", moved / "train_*.bin", "-o", tmp_path / "same"])
+    assert r.returncode == 0, r.stderr
+    no_val = run([a for a in base if a not in ("-j", data / "val_*.bin")] + ["-i", data / "train_*.bin", "-o", tmp_path / "nv"])
+    assert_one_line_error(no_val, "-j (--val) no validation data", "--allow-changes 1")
+
+
+def test_a_file_size_limit_is_a_write_error(data, tmp_path):
+    """Past a file-size limit (ulimit -f) the write fails with one line, not death by SIGXFSZ; the
+    log stays readable and no half checkpoint is left."""
+    out = tmp_path / "run"
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200000, 200000))
+
+    r = subprocess.run([str(a) for a in (TRAIN, "-i", data / "train_*.bin", "-j", data / "val_*.bin", *TINY_MODEL,
+                                         "-x", "2", "-o", out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, preexec_fn=limit)
+    assert_one_line_error(r, "model.ckpt", "write failed (File too large)")
+    assert r.returncode == 1
+    assert not list(out.glob("*.ckpt*")) and attnlog.open_log(out / "run.attnlog").problems == []
+
+
+def test_an_address_space_limit_is_seen(data, tmp_path):
+    """Weights that fit the machine but not the process's address-space limit (ulimit -v) are
+    refused before anything is allocated, naming the model option and the limit."""
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+
+    r = subprocess.run([str(a) for a in (TRAIN, "-i", data / "train_*.bin", *TINY_MODEL, "--n-layer", "5000", "-x", "1",
+                                         "-o", tmp_path / "run")], cwd=ROOT, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, preexec_fn=limit)
+    assert_one_line_error(r, "model option --n-layer 5000", "the address-space limit (ulimit -v")

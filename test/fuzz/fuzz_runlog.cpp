@@ -1,6 +1,6 @@
 // libFuzzer harness of the run log appender's parser (llmc/runlog.h): runlog_check_existing,
 // which checks the preamble and header (runlog_check_header) and finds where the intact records
-// end, as runlog_open_append does before it appends; and runlog_scan, the scan over damaged
+// end and the continuations its header and notes record, as runlog_open_append does before it appends; and runlog_scan, the scan over damaged
 // records, against a plain re-implementation of the readers' rule that checks every record's CRC
 // directly (quadratic, fine for inputs of a few kilobytes).
 // Input: a switch byte (fuzz.h: kFixHeaderCrc, kFixPayloadCrc), then the file.
@@ -16,6 +16,7 @@ static RunLogScan reference_scan(const std::vector<uint8_t>& d, size_t pos) {
         size_t size = runlog_intact_size(d, pos);
         if (size) {
             memcpy(&scan.last_step, &d[pos + 12], 8);
+            runlog_keep_note(&d[pos], size, scan);
             pos += size;
             scan.intact_end = pos;
             continue;
@@ -65,12 +66,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     log.fd = f.fd;
     expect_accept_or_reject([&] {
         size_t file_size;
-        RunLogScan scan = runlog_check_existing(log, fuzz_log_config(), &file_size);
+        RunLineage lineage;
+        RunLogScan scan = runlog_check_existing(log, fuzz_log_config(), &file_size, &lineage);
         if (file_size != file.size() || scan.intact_end < records_start || scan.intact_end > file.size()) __builtin_trap();
     });
     // The linear scan finds what the plain rule finds, from anywhere.
     size_t from = std::min(records_start, file.size());
     RunLogScan fast = runlog_scan(file, from), plain = reference_scan(file, from);
-    if (fast.intact_end != plain.intact_end || fast.last_step != plain.last_step) __builtin_trap();
+    if (fast.intact_end != plain.intact_end || fast.last_step != plain.last_step || fast.notes != plain.notes) __builtin_trap();
     return 0;
 }

@@ -85,6 +85,8 @@ static void runlog_seeds() {
     info.seed = 1337;
     info.backend = "cpu";
     info.device = "fuzz";
+    info.run_id = 0x0123456789abcdefull;  // the ids a resume reads back (runlog_lineage)
+    info.continuation = 1;
     Telemetry t;
     t.resize(c);
     for (int m = 0; m < M_NUM_METRICS; m++)
@@ -139,6 +141,9 @@ static void runlog_seeds() {
     remove(scratch().c_str());
     put("header", header);
     write_log(3);
+    info.continuation = 2;
+    info.resumed_from = 1;
+    info.resumed_from_step = 2;
     RunLog resumed = runlog_open_append(scratch(), info, 2, "lr 0.003 -> 0.002");
     runlog_step(resumed, 2, 6.0f, 1e-3f, 1.5f, 1000.0f, 20.0f);
     runlog_close(resumed);
