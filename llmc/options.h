@@ -60,7 +60,7 @@ static const OptSpec kOptions[] = {
     OPT("", "--freeze", OPT_STR, freeze, "parameter kinds kept at their initial or loaded values, comma-separated (e.g. k_gain or q_gain,k_gain)"),
     OPT("-e", "--init", OPT_STR, init_ckpt, "start from the weights of this checkpoint (optimiser state fresh)"),
     OPT("-r", "--resume", OPT_STR, resume_ckpt, "resume this checkpoint's run: weights, AdamW state, step, data position, log"),
-    OPT("", "--allow-changes", OPT_INT, allow_changes, "1: let -r go on with training options (-l -u -q -x -c --clip --beta1 --beta2 --freeze, CPU threads) other than the checkpoint's run had; the log records them"),
+    OPT("", "--allow-changes", OPT_INT, allow_changes, "1: let -r go on with training options (-l -u -q -x -c --clip --beta1 --beta2 --freeze, CPU threads) or data (-i -j) other than the checkpoint's run had; the log records them"),
     // optimisation
     OPT("-b", "--batch", OPT_INT, batch, "micro-batch size, in sequences"),
     OPT("-t", "--seq-len", OPT_INT, seq_len, "sequence length (default: max_seq_len)"),
@@ -80,7 +80,7 @@ static const OptSpec kOptions[] = {
     OPT("-s", "--stats-every", OPT_INT, stats_every, "measure the key/attention statistics every N steps (0: never)"),
     OPT("-o", "--out", OPT_STR, out_dir, "output directory for the log and checkpoints (default: runs/<date>-<time>)"),
     OPT("-n", "--ckpt-every", OPT_INT, ckpt_every, "also write a checkpoint every N steps (0: only the final one)"),
-    OPT("", "--keep", OPT_INT, keep, "keep only the N latest of the checkpoints -n writes (0: all)"),
+    OPT("", "--keep", OPT_INT, keep, "keep only the N latest (by step) of the checkpoints -n writes; checkpoints of later steps, of a longer earlier run, stay (0: all)"),
     OPT("-g", "--sample-tokens", OPT_INT, sample_tokens, "tokens per sampled line printed at the end (0: none)"),
     OPT("", "--samples", OPT_INT, samples, "lines of text sampled at the end"),
     OPT("", "--device", OPT_STR, device, "auto (GPU when there is one), cpu or cuda"),
