@@ -303,8 +303,46 @@ inline void series_finish(ShardSeries* s) {
 // Training text beyond this many bytes is sampled down to about this size: plenty for a
 // vocabulary of tens of thousands of pieces, and it keeps training to a minute or so.
 constexpr double kTokenizerTextBudget = 100e6;
-// Lines longer than this are left out of tokenizer training (they are still encoded).
+// SentencePiece leaves lines longer than this out of its training (max_sentence_length), and its
+// BPE trainer crashes (a segmentation fault) on a word of more than 32768 characters (32769
+// random letters without a space do it with SentencePiece 0.1.97). So the training text goes to
+// it in pieces of at most kTokenizerMaxLineBytes with no word longer than kTokenizerMaxWordBytes,
+// half that limit (split_for_tokenizer); encoding takes text of any length.
 constexpr int kTokenizerMaxLineBytes = 1 << 16;
+constexpr int kTokenizerMaxWordBytes = 1 << 14;
+
+// Cuts text[pos, end) into pieces of at most max_line bytes in which no run of bytes without a
+// space is longer than max_word, and calls piece(start, length) for each, in order; a text that
+// needs no cut (an empty one too) is one piece. A line is cut before its last space within the
+// limit (the space then starts the next piece, as it starts the next word); a word, or a line with
+// no space to cut at, before the last UTF-8 character that starts within the limit (never inside
+// a character). The pieces join up to the text again.
+inline void split_for_tokenizer(const std::string& text, size_t pos, size_t end, size_t max_line, size_t max_word,
+                                const std::function<void(size_t, size_t)>& piece) {
+    auto char_start_at_or_before = [&](size_t at, size_t floor) {
+        size_t cut = at;
+        while (cut > floor && ((unsigned char)text[cut] & 0xC0) == 0x80) cut--;
+        return cut > floor ? cut : at;  // not UTF-8 (checked before): any cut will do
+    };
+    do {
+        size_t limit = std::min(end, pos + max_line), cut = limit, word = pos;
+        for (size_t i = pos; i < limit; i++) {
+            if (text[i] == ' ') {
+                word = i + 1;
+            } else if (i - word >= max_word) {  // text[i] would make the word too long
+                cut = char_start_at_or_before(i, word);
+                break;
+            }
+        }
+        if (cut == limit && limit < end) {  // the line is too long: cut before its last space
+            cut = limit;
+            while (cut > pos && text[cut] != ' ') cut--;
+            if (cut == pos) cut = char_start_at_or_before(limit, pos);
+        }
+        piece(pos, cut - pos);
+        pos = cut;
+    } while (pos < end);
+}
 
 // SentencePiece takes its training text through this interface.
 struct LinesForTrainer : sentencepiece::SentenceIterator {
@@ -324,6 +362,22 @@ inline std::string tokenizer_settings(int vocab_size) {
     return "SentencePiece BPE, vocab_size " + std::to_string(vocab_size) +
            ", byte_fallback, split_digits, identity normalization, white space kept, character_coverage 0.9995, "
            "unk_id 0, bos_id 1, eos_id 2";
+}
+
+// Why SentencePiece's training failed: its message without the source location and failed check
+// it begins with ("trainer_interface.cc(409) [!sentences_.empty()] ..."); when that leaves
+// nothing, the failed check; never an empty text.
+inline std::string tokenizer_failure_reason(const std::string& message) {
+    std::string why = message;
+    size_t bracket = why.rfind("] ");
+    if (bracket != std::string::npos) why = why.substr(bracket + 2);
+    size_t last = why.find_last_not_of(" \t\r\n");
+    why.resize(last == std::string::npos ? 0 : last + 1);
+    if (!why.empty()) return why;
+    size_t open = message.find('['), close = message.rfind(']');
+    if (open != std::string::npos && close != std::string::npos && close > open + 1)
+        return "SentencePiece gave no reason, only its failed check " + message.substr(open + 1, close - open - 1);
+    return "SentencePiece gave no reason";
 }
 
 // Trains a tokenizer on the lines and returns the model file's bytes.
@@ -352,12 +406,8 @@ inline std::string train_tokenizer(const std::vector<std::string>& lines, int vo
     it.lines = &lines;
     std::string model;
     auto status = sentencepiece::SentencePieceTrainer::Train(args, &it, &model);
-    if (!status.ok()) {
-        std::string why = status.message();
-        size_t bracket = why.rfind("] ");  // drop SentencePiece's source location and failed check
-        if (bracket != std::string::npos) why = why.substr(bracket + 2);
-        fail("%s: tokenizer training failed: %s", model_path.c_str(), why.c_str());
-    }
+    if (!status.ok())
+        fail("%s: tokenizer training failed: %s", model_path.c_str(), tokenizer_failure_reason(status.message()).c_str());
     return model;
 }
 
@@ -448,14 +498,18 @@ inline void prepare_text_dataset(const std::vector<std::string>& input_files, co
     long long doc_index = 0;
     for_each_document(input_files, opt.split, opt.max_docs, [&](const std::string& doc) {
         if (is_val[doc_index++]) return;
+        // each line (each piece of a line SentencePiece cannot take whole) is kept or left out at random
+        auto take = [&](size_t start, size_t length) {
+            bool sampled = keep >= 1.0 || (double)(rng_next(sampler) >> 11) * 0x1.0p-53 < keep;
+            if (length > 0 && sampled) {
+                lines.push_back(doc.substr(start, length));
+                sample_bytes += length;
+            }
+        };
         size_t pos = 0;
         while (pos <= doc.size()) {
             size_t end = std::min(doc.find('\n', pos), doc.size());
-            bool sampled = keep >= 1.0 || (double)(rng_next(sampler) >> 11) * 0x1.0p-53 < keep;
-            if (end > pos && sampled) {
-                lines.push_back(doc.substr(pos, end - pos));
-                sample_bytes += end - pos;
-            }
+            split_for_tokenizer(doc, pos, end, kTokenizerMaxLineBytes, kTokenizerMaxWordBytes, take);
             pos = end + 1;
         }
     });
