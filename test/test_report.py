@@ -1031,6 +1031,41 @@ def test_follow_a_run_without_validation(log_path, tmp_path):
     assert f"the run has ended: the log holds step {STEPS - 1}" in out
 
 
+# Follows a log, two thirds of a run's records, that a run started over cuts to a third right after
+# the reader opened it, the worst moment: report.py --follow with attnlog.open_log wrapped to cut the file then. In a
+# child process, so that a reader dying of SIGBUS shows as a failed test.
+FOLLOW_A_RESTART = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+import attnlog, report
+path, cut, outdir = sys.argv[2], int(sys.argv[3]), sys.argv[4]
+opened = attnlog.open_log
+def open_then_cut(p):
+    log = opened(p)
+    if os.path.getsize(path) > cut:
+        os.truncate(path, cut)
+    return log
+attnlog.open_log = open_then_cut
+sys.exit(report.main(["--follow", path, "-o", outdir, "--interval", "0.2", "--idle", "1"]))
+"""
+
+
+def test_follow_a_log_cut_short_while_read(log_path, tmp_path):
+    data = log_path.read_bytes()
+    records = frames(data)
+    cut = records[len(records) // 3][0]
+    restarted = tmp_path / "run.attnlog"
+    restarted.write_bytes(data[:records[2 * len(records) // 3][0]])
+    result = subprocess.run([sys.executable, "-c", FOLLOW_A_RESTART, str(ROOT / "scripts"), str(restarted), str(cut),
+                             str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, f"exit status {result.returncode}: {result.stderr}"
+    assert restarted.stat().st_size == cut
+    assert f"stopped following: {restarted} has not grown for 1 s" in result.stdout
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["loss"]["last_step"] == max(step for pos, rtype, step, _ in records
+                                                  if pos < cut and rtype == 1)
+
+
 def test_follow_options(log_path, tmp_path):
     assert_one_line_error(report("--follow", log_path, log_path), "--follow follows one log")
     assert_one_line_error(report("--follow", log_path, "--interval", 0), "--interval")

