@@ -40,9 +40,9 @@ STEPS = ["-d", "256", "-x", "6", "-s", "1", "-v", "3", "--val-batches", "3", "-n
 # gradient norms and statistics, sums and means of such values, and the weights and moments per
 # tensor in norm (one element whose gradient is rounding noise may move by more, AdamW dividing
 # by sqrt(v)), stay within 1e-6 relative: 16 u32. The first moments of the gains and of the
-# deeper layers' wq and wk come closest, at about 70% (whichever OpenBLAS kernels): sums of terms
-# that largely cancel, whose roundings are large beside the sum. A lost or doubled micro-batch,
-# or a reduction that misses a process's share, is off by tens of percent.
+# deeper layers' wq and wk come closest, at about 70% (OpenBLAS's Haswell, SkylakeX and Cooperlake
+# kernels alike): sums of terms that largely cancel, whose roundings are large beside the sum. A
+# lost or doubled micro-batch, or a reduction that misses a process's share, is off by far more.
 RTOL = 1e-6
 
 

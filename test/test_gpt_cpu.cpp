@@ -24,7 +24,8 @@
 //     its way, ~1e-6 to 1e-5; a wrong formula (a term missing, a factor off) errs by far more.
 //   kAtolFrac = 1e-6 of the tensor's largest magnitude (16 u = sqrt(256) u): an element small by
 //     cancellation keeps the absolute error of the large terms it was summed from. The key,
-//     query and w2 gradients come closest, at 50% to 60% of it whichever OpenBLAS kernels.
+//     query and w2 gradients come closest, at 50% to 60% of it (OpenBLAS Haswell, SkylakeX and
+//     Cooperlake kernels alike).
 static const double kRtol = 1e-4, kAtolFrac = 1e-6;
 static bool compare(const std::string& name, const float* got, const double* want, size_t n, double rtol = kRtol,
                     double atol_frac = kAtolFrac) {
