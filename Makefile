@@ -58,7 +58,7 @@ train: train_gpt.cu $(HEADERS) | $(DEPS_STAMP)
 	$(CXX) $(CXXFLAGS) $(MPI_CFLAGS) -x c++ $< -o $@ $(LDLIBS) $(MPI_LDLIBS)
 endif
 
-build/test_gpt_cpu: test/test_gpt_cpu.cpp test/tensorfile.h test/testing.h $(HEADERS) | $(DEPS_STAMP)
+build/test_gpt_cpu: test/test_gpt_cpu.cpp test/adamw_check.h test/tensorfile.h test/testing.h $(HEADERS) | $(DEPS_STAMP)
 	$(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
 
 build/test_data: test/test_data.cpp test/testing.h $(HEADERS) | $(DEPS_STAMP)
@@ -86,7 +86,7 @@ ifneq ($(NVCC),)
 DEV_CUDA = $(patsubst dev/cuda/%.cu,build/dev_%,$(wildcard dev/cuda/*.cu))
 TEST_BINS += build/test_gpt_cuda $(DEV_CUDA)
 
-build/test_gpt_cuda: test/test_gpt_cuda.cu train_gpt.cu test/tensorfile.h test/testing.h $(HEADERS) | $(DEPS_STAMP)
+build/test_gpt_cuda: test/test_gpt_cuda.cu train_gpt.cu test/adamw_check.h test/tensorfile.h test/testing.h $(HEADERS) | $(DEPS_STAMP)
 	$(NVCC) $(NVCCFLAGS) $< -o $@ $(NVLDLIBS)
 
 build/dev_%: dev/cuda/%.cu dev/cuda/common.h $(HEADERS) | $(DEPS_STAMP)
@@ -133,7 +133,7 @@ SANITIZE_FLAGS = -std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,un
 SANITIZE_BINS = build/sanitize/test_cpu_units build/sanitize/test_data build/sanitize/test_runlog \
                 build/sanitize/test_gpt_cpu build/sanitize/train
 
-build/sanitize/test_%: test/test_%.cpp test/testing.h test/tensorfile.h $(CPU_HEADERS) | $(DEPS_STAMP)
+build/sanitize/test_%: test/test_%.cpp test/testing.h test/tensorfile.h test/adamw_check.h $(CPU_HEADERS) | $(DEPS_STAMP)
 	@mkdir -p build/sanitize
 	$(CXX) $(SANITIZE_FLAGS) $< -o $@ $(LDLIBS)
 

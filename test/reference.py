@@ -9,7 +9,7 @@ on PyTorch 1.13 on the CPU.
 builds a small configuration from a seed, writes its weights as a checkpoint (DIR/model.ckpt,
 the format of llmc/checkpoint.h) and a debug state (DIR/debug_state.bin, the format of
 test/tensorfile.h): the batch, the logits, the loss, every gradient, every statistic, and the
-losses and final parameters of a few AdamW steps. The same for the --qk-norm variants (DIR/plain.ckpt,
+losses, final parameters and final second moments of a few AdamW steps. The same for the --qk-norm variants (DIR/plain.ckpt,
 DIR/debug_plain.bin, DIR/none.ckpt, DIR/debug_none.bin) and for --freeze wk,k_gain (DIR/debug_freeze.bin,
 from model.ckpt). Then a trained state whose deeper layers' keys are close to low rank
 (DIR/trained.ckpt, DIR/debug_trained.bin; no AdamW steps). The C++ and CUDA tests compare against
@@ -199,7 +199,8 @@ def exact_state(params32, c, tokens, targets):
 
 def adamw_steps(p, c, tokens, targets, steps, lr_of_step, weight_decay, clip, frozen=()):
     """AdamW steps on float64 master weights, the kinds in `frozen` held fixed and left out of the
-    gradient norm; returns the losses and gradient norms of the steps."""
+    gradient norm; returns the losses and gradient norms of the steps, and the second moments
+    (AdamW's v, before bias correction) of every parameter at the end, zero where frozen."""
     opt, free = make_optimizer(p, weight_decay, frozen_kinds(frozen_mask(frozen), c))
     losses, norms = [], []
     for step in range(steps):
@@ -211,7 +212,9 @@ def adamw_steps(p, c, tokens, targets, steps, lr_of_step, weight_decay, clip, fr
             group["lr"] = lr_of_step(step)
         opt.step()
         losses.append(step_loss.item())
-    return losses, norms
+    v = np.concatenate([(opt.state[p[n]]["exp_avg_sq"] if p[n] in opt.state else torch.zeros_like(p[n]))
+                        .detach().numpy().reshape(-1) for n, _ in tensor_shapes(c)])
+    return losses, norms, v
 
 
 def main():
@@ -250,7 +253,7 @@ def main():
         if ckpt:
             write_checkpoint(os.path.join(args.out, ckpt), cv, params32)
         p, tensors = exact_state(params32, cv, tokens, targets)
-        losses, norms = adamw_steps(p, cv, tokens, targets, args.steps, schedule, weight_decay, clip, frozen)
+        losses, norms, adam_v = adamw_steps(p, cv, tokens, targets, args.steps, schedule, weight_decay, clip, frozen)
         final = np.concatenate([p[n].detach().numpy().reshape(-1) for n, _ in tensor_shapes(cv)])
         tensors += [
             ("hyper", hyper),
@@ -258,6 +261,7 @@ def main():
             ("step_losses", np.array(losses, dtype="<f8")),
             ("step_grad_norms", np.array(norms, dtype="<f8")),
             ("final_params", final.astype("<f8")),
+            ("final_adam_v", adam_v.astype("<f8")),
         ]
         write_tensorfile(os.path.join(args.out, debug), tensors)
         if ckpt == "model.ckpt":

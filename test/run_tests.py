@@ -1,8 +1,10 @@
 """Runs every test of the project and prints the summary line "N passed, N failed".
 
-C++ test programs print one line per check ("PASS name" / "FAIL name: why"); pytest suites are
-counted from their JUnit report. Tests that need a GPU run only when one is present; otherwise one
-line says they were skipped. Each fuzzing harness of test/fuzz runs briefly from its seeds (one
+C++ test programs print one line per check ("PASS name" / "FAIL name: why"), which says which
+fraction of its tolerance a comparison used; this prints the failures and the checks that used
+half of their tolerance or more. pytest suites are counted from their JUnit report, and list every
+comparison's margin at the end (test/conftest.py). Tests that need a GPU run only when one is
+present; otherwise one line says they were skipped. Each fuzzing harness of test/fuzz runs briefly from its seeds (one
 line each), and the CPU tests and a short training run run again built with ASan and UBSan.
 Run through `make test`, which builds what this runs first; `--only sanitize` runs the sanitizers'
 part alone (`make sanitize`).
@@ -18,13 +20,22 @@ import xml.etree.ElementTree as ET
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# How much of its tolerance a check used, as test/testing.h and test/tolerance.py print it.
+USED = re.compile(r"uses (\d+(?:\.\d+)?|inf)% of its tolerance")
+
+
 def run_cpp(name, argv, totals, env=None):
+    """Counts a C++ program's PASS and FAIL lines; prints the failures, and the passing checks that
+    used half of their tolerance or more."""
     print(f"== {name}: {' '.join(argv)}", flush=True)
     proc = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     passed = failed = 0
     for line in proc.stdout.splitlines():
         if line.startswith("PASS "):
             passed += 1
+            used = USED.search(line)
+            if used and float(used.group(1)) >= 50:
+                print(line[:400])
         elif line.startswith("FAIL "):
             failed += 1
             print(line)

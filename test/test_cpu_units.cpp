@@ -50,6 +50,9 @@ static void test_eigenvalues() {
     std::sort(eig.begin(), eig.end());
     std::sort(lambda.begin(), lambda.end());
     report(converged, "eigenvalues converge");
+    // Householder and QL in float64 are backward stable: eigenvalues within ~n u64 ||A|| = 12 x 1.1e-16
+    // x 9.25, about 1e-14, of the exact ones. 1e-10 leaves room for the rounding of A itself and is
+    // still far below the gaps between the eigenvalues (0.75 and more).
     check_close("eigenvalues of Q diag Q^T", eig.data(), lambda.data(), n, 1e-10, 1e-10);
 }
 
@@ -59,6 +62,7 @@ static void test_effective_rank() {
     double got[3] = {effective_rank_from_gram_eigenvalues(all, 4), effective_rank_from_gram_eigenvalues(one, 4),
                      effective_rank_from_gram_eigenvalues(two, 4)};
     double want[3] = {4, 1, 2};
+    // exp of an entropy of exactly representable probabilities, in float64: a few u64 (1e-16).
     check_close("effective rank of equal / one / two singular values", got, want, 3, 1e-12, 1e-12);
 }
 
@@ -91,18 +95,26 @@ static void test_key_statistics() {
     double got[6] = {tm.values[M_K_NORM][0], tm.values[M_K_MAXABS][0], tm.values[M_K_PR][0],
                      tm.values[M_K_NORM][1], tm.values[M_K_MAXABS][1], tm.values[M_K_PR][1]};
     double want[6] = {3, 3, 1, sqrt((double)D), 1, (double)D};
+    // Exact float32 inputs (3, +-1): only the float32 rounding of a square root or a quotient, a
+    // few u32 (6e-8) relative; 1e-6 is 16 u32.
     check_close("k_norm, k_maxabs, k_pr of one-hot and of +-1 keys", got, want, 6, 1e-6, 0);
     // One-hot keys spread evenly over the D axes: K^T K = (9 N / D) I, so erank = D; and the mean
     // cosine of distinct pairs is (number of same-axis pairs) / (all pairs).
     double per_axis = (double)N / D, same_pairs = D * per_axis * (per_axis - 1);
     double want_cos = same_pairs / ((double)N * (N - 1));
     double got2[2] = {tm.values[M_K_ERANK][0], tm.values[M_K_COS][0]}, want2[2] = {(double)D, want_cos};
+    // A diagonal Gram matrix of exact float64 sums, and cosines of float32-normalised keys: a few
+    // u32 relative, as above (the 1e-9 floor is below both values).
     check_close("k_erank and k_cos of evenly spread one-hot keys", got2, want2, 2, 1e-6, 1e-9);
     // Identical keys: cosine 1, effective rank 1.
     Telemetry same = key_stats_of(c, N, [&](int, int, float* k) {
         for (int i = 0; i < D; i++) k[i] = 0.5f + i;
     });
     double got3[2] = {same.values[M_K_COS][0], same.values[M_K_ERANK][0]}, want3[2] = {1, 1};
+    // Rank 1: float64 rounding leaves the other Gram eigenvalues at ~u64 of the largest, singular
+    // values ~1e-8 of the largest, each adding ~2e-7 to the entropy: erank 1 + ~1e-6 at most, and
+    // cosines of float32-normalised keys within a few u32 of 1. 1e-5 is ten times that; a second
+    // direction would add ~1.
     check_close("k_cos and k_erank of identical keys", got3, want3, 2, 1e-5, 1e-5);
     // Identical keys are all mean: share 1, and nothing is left once it is removed. Keys k and -k
     // in turn: no common direction, and one direction both before and after centring.
@@ -113,6 +125,7 @@ static void test_key_statistics() {
                       opposite.values[M_K_MEAN_SHARE][0], opposite.values[M_K_ERANK][0],
                       opposite.values[M_K_ERANK_CENTERED][0]};
     double want4[5] = {1, 0, 0, 1, 1};
+    // As above: a rank-1 effective rank within ~1e-6, shares within a few u32 of 0 or 1.
     check_close("k_mean_share and k_erank_centered of identical and of opposite keys", got4, want4, 5, 1e-5, 1e-5);
 }
 
@@ -213,6 +226,9 @@ static void test_near_low_rank_keys() {
         want[2 * h] = effective_rank_of_singular_values(singular_values(k64, N, D));
         want[2 * h + 1] = effective_rank_of_singular_values(singular_values(centred, N, D));
     }
+    // The float64 Gram matrix rounds at ~1e-16 of the largest eigenvalue, a relative error of 1e-6
+    // on the smallest (1e-10), which moves the effective rank by less than that; a float32 Gram
+    // matrix (rounding ~1e-7, above those eigenvalues) changes it at the first digits.
     check_close("k_erank and k_erank_centered of keys near rank 1 and 2 (singular values down to 1e-5), within 1e-5",
                 got, want, 4, 1e-5, 0);
 }
@@ -244,6 +260,8 @@ static void test_attention_statistics() {
     double got[4] = {tm.values[M_ATTN_ENTROPY][1], tm.values[M_ATTN_MAXP][2], tm.values[M_ATTN_SINK][3],
                      tm.values[M_ATTN_LOGIT_MAX][0]};
     double want[4] = {ent, inv, inv, 0};
+    // float32 accumulators over at most 16 equal scores: a few u32 relative (1e-7); the 1e-6
+    // floor for the logit max, exactly 0. A row off by one key errs by about 1/(t+1)^2.
     check_close("uniform attention: entropy ln(t+1), maxp and sink 1/(t+1), logit max 0", got, want, 4, 1e-5, 1e-6);
 }
 
@@ -272,6 +290,9 @@ static void test_online_entropy() {
         }
     }
     float got = softmax_row_entropy(ol, oa);
+    // float32 accumulators: H = ln l - a / l, a summing e (s - m) with |s - m| up to ~35, errs by
+    // about u32 |s - m|, 2e-6 at worst, against 1e-6 + 1e-5 H = 4e-6 allowed; a rescaling that
+    // dropped the a term's shift l (m_old - m_new) errs by the order of H itself.
     check_close("online softmax entropy equals the direct entropy", &got, &direct, 1, 1e-5, 1e-6);
 }
 
@@ -282,6 +303,8 @@ static void test_lr_schedule() {
                      lr_at_step(54, 100, 10, peak, floor)};
     double mid = floor + 0.5 * (peak - floor) * (1 + cos(M_PI * 44.0 / 89.0));
     double want[5] = {0.1, 1.0, 1.0, 0.1, mid};
+    // A few float32 operations: within a few u32 (2e-7) relative; 1e-7 absolute is below every
+    // value. A schedule off by one step moves these by 1e-2 or more.
     check_close("learning rate: warm-up, peak, floor at the last step, cosine midway", got, want, 5, 1e-6, 1e-7);
 }
 
@@ -302,6 +325,9 @@ static void test_rng() {
         sq += x * x;
     }
     double got[2] = {sum / n, sq / n}, want[2] = {0, 1};
+    // Sampling error: the mean of n = 400k standard normals has standard deviation 1/sqrt(n) =
+    // 1.6e-3, the mean square sqrt(2/n) = 2.2e-3; 0.01 is 4.5 of those (the seed is fixed, so the
+    // check is deterministic). A transform off by a factor (variance 0.5 or 2) fails.
     check_close("rng_normal: mean 0 and variance 1 (400k samples)", got, want, 2, 0, 0.01);
 }
 
@@ -318,6 +344,9 @@ static void test_init() {
     };
     double got[3] = {stddev(P_WTE, 0), stddev(P_W2, 1), p[param_offset(c, P_K_GAIN, 1) + 3]};
     double want[3] = {0.02, 0.02 / sqrt(2.0 * c.n_layer), 1.0};
+    // Sampling error of a standard deviation from n values: 1/sqrt(2n) relative, 1.8% for wte's
+    // 1600 values and 2.6% for w2's 768: 5% is two to three of those (deterministic for the seed).
+    // A w2 without its 1/sqrt(2L) is twice too large; the gains are exact.
     check_close("init: wte std 0.02, w2 std 0.02/sqrt(2L), gains 1", got, want, 3, 0.05, 0);
 }
 

@@ -1,18 +1,26 @@
 // Parity of the CUDA backend with the PyTorch reference (test/reference.py), with bf16
 // tolerances: |a - b| <= atol + 0.079 |b| per element with a per-tensor atol, AdamW losses within
-// 0.05, statistics within 1%, at the initial weights and at the trained state whose deeper
-// layers' keys are close to low rank; the --qk-norm variants and frozen parameters. Also checks
-// that two runs give the same bits.
+// 0.05 and final weights per tensor in norm, statistics within 1%, at the initial weights and at
+// the trained state whose deeper layers' keys are close to low rank; the --qk-norm variants and
+// frozen parameters. Also checks that two runs give the same bits.
 //   test_gpt_cuda REFERENCE_DIR
 #define TESTING
 #include "../train_gpt.cu"
+#include "adamw_check.h"
 #include "tensorfile.h"
 #include "testing.h"
 
+// Error model. The matrix products read bf16 operands (8 significant bits: unit roundoff
+// u = 2^-8 = 3.9e-3) and add in float32. A product of K terms of rounded operands errs by about
+// sqrt(K) u of the sum of its terms' magnitudes: sqrt(320) u = 0.07 for the longest sums here
+// (vocabulary 320, d_model 256, 256 tokens). So rtol 0.079 (20 u): an element that is not small by
+// cancellation is within one such sum's error; a wrong formula (a term missing, a factor off)
+// errs by more than that. The per-tensor atol, a fraction of the tensor's largest magnitude,
+// covers the elements small by cancellation, which keep the absolute error of the large terms.
 static const double kBf16Rtol = 0.079;
+static const double kGradAtolFrac = 0.05;  // gradients come through ~20 such sums: a few times the logits' 0.02
 
-// atol: a fraction of the tensor's largest magnitude (bf16 keeps ~3 significant digits, and
-// sums of many bf16 products land a little further from the float64 answer).
+// atol: atol_frac of the tensor's largest magnitude (see above).
 static bool compare_bf16(const std::string& name, const float* got, const double* want, size_t n, double atol_frac) {
     double maxabs = 0;
     for (size_t i = 0; i < n; i++) maxabs = std::fmax(maxabs, std::fabs(want[i]));
@@ -42,9 +50,17 @@ static void check_forward(GpuModel& g, const std::string& label, const std::stri
     int N = B * T, V = g.cfg.vocab_size;
     std::vector<float> logits((size_t)N * V);
     for (int n = 0; n < N; n++) model_logits_row(g, n, &logits[(size_t)n * V]);
+    // A logit is one sum over d_model = 256 after three layers: its small elements within 2% of
+    // the largest logit (about 5 u).
     compare_bf16(label + "logits", logits.data(), tensor_or_fail(ref, "logits", dbg).values.data(), logits.size(), 0.02);
     double want_loss = tensor_or_fail(ref, "loss", dbg).values[0];
+    // The loss averages 256 tokens' log-softmax, computed in float32 from the logits: their
+    // independent errors of ~u |z| (|z| <= 17) average down to ~u |z| / 16, under 0.005; 0.01 is
+    // twice that, and a loss that is not the mean (a sum, a token off) is off by far more.
     check_close(label + "loss", &loss, &want_loss, 1, 0.0, 0.01);
+    // A statistic is a float64 average over 256 tokens of quantities each within ~u (0.4%) of
+    // their float64 values, from bf16 activations: within 1% relative, with 1e-3 of the metric's
+    // largest value for values near zero (k_cos, k_mean_share).
     for (int k = 0; k < M_NUM_METRICS; k++) {
         const NamedTensor& want = tensor_or_fail(ref, std::string("stat.") + kMetrics[k].name, dbg);
         double maxabs = 0;
@@ -75,19 +91,22 @@ static void compare_gradients(GpuModel& g, const std::string& label, const std::
     for (int kind = 0; kind < P_NUM_KINDS; kind++)
         for (int l = 0; l < (param_is_per_layer(kind) ? c.n_layer : 1); l++) {
             size_t off = param_offset(c, kind, l);
-            compare_bf16(label + "grad " + param_name(kind, l), &grads[off], &want[off], param_numel(c, kind), 0.05);
+            compare_bf16(label + "grad " + param_name(kind, l), &grads[off], &want[off], param_numel(c, kind), kGradAtolFrac);
         }
 }
 
-// AdamW steps from the loaded weights with the reference's hyperparameters: the losses.
-static void check_adamw_losses(GpuModel& g, const std::string& label, const std::string& dbg, const std::vector<int>& tokens,
-                               const std::vector<int>& targets, int B, int T) {
+// AdamW steps from the loaded weights with the reference's hyperparameters: the losses, and the
+// final weights per tensor in norm.
+static void check_adamw_steps(GpuModel& g, const std::string& label, const std::string& dbg, const std::vector<int>& tokens,
+                              const std::vector<int>& targets, int B, int T) {
     auto ref = read_tensorfile(dbg);
     const std::vector<double>& hyper = tensor_or_fail(ref, "hyper", dbg).values;
     int steps = (int)hyper[0], warmup = (int)hyper[1];
     float peak = (float)hyper[2], floor = (float)(hyper[2] * hyper[3]), clip = (float)hyper[5];
     AdamWSettings opt;
     opt.weight_decay = (float)hyper[4];
+    model_download(g);
+    std::vector<float> initial(g.host_params);
     std::vector<float> losses(steps);
     for (int step = 0; step < steps; step++) {
         losses[step] = model_forward(g, tokens.data(), targets.data(), B, T, false);
@@ -97,8 +116,22 @@ static void check_adamw_losses(GpuModel& g, const std::string& label, const std:
         opt.lr = lr_at_step(step, steps, warmup, peak, floor);
         model_adamw_step(g, opt, step + 1, norm, clip);
     }
+    // The losses fall from 5.9 to 1.9 over the steps; bf16 gradients (within kBf16Rtol) steer the
+    // weights a little otherwise, and the losses, whose own bf16 error is ~0.005 (above), move
+    // apart by a few hundredths at most. Steps of the wrong size (a bias correction wrong) change
+    // the losses by more than 1 (2.1 to 2.3 on the CPU, where test_gpt_cpu tried it).
     check_close(label + "adamw step losses (within 0.05)", losses.data(), tensor_or_fail(ref, "step_losses", dbg).values.data(),
                 steps, 0.0, 0.05);
+    // The final weights: the bound that the gradients' tolerance (kBf16Rtol, kGradAtolFrac) allows
+    // after AdamW's 1/sqrt(v) gain (adamw_check.h). With bf16 gradients it is 0.7 to 4 times the
+    // weights' movement (a gradient within 0.05 of its tensor's largest may have either sign), so
+    // it catches steps of the wrong sign or a learning rate off by a factor, not a weight decay
+    // (0.2% to 0.6% of the movement) or a bias correction: the update is math.h's adamw_update,
+    // which test_gpt_cpu checks at float32 precision, and dev/cuda/optimizer.cu checks the CUDA
+    // step, bias corrections included, against the CPU's.
+    model_download(g);
+    check_adamw_final_weights(label, g.cfg, g.frozen, initial.data(), g.host_params.data(), ref, dbg,
+                              {kBf16Rtol, kGradAtolFrac, opt.beta2});
 }
 
 int main(int argc, char** argv) {
@@ -146,7 +179,7 @@ int main(int argc, char** argv) {
     for (int k = 0; k < M_NUM_METRICS; k++) same &= stats.values[k] == stats2.values[k];
     report(same, "cuda determinism: two runs give identical gradients and statistics");
 
-    check_adamw_losses(g, "cuda ", dbg, tokens, targets, B, T);
+    check_adamw_steps(g, "cuda ", dbg, tokens, targets, B, T);
 
     // A stats step measures every micro-batch: the batch as B micro-batches of one sequence gives
     // the statistics of the batch at once (float32 partial sums grouped otherwise, so not the bits).
@@ -157,6 +190,8 @@ int main(int argc, char** argv) {
     telemetry_from_sums(micro, model_stats_sums(g), g.stats_layout, g.cfg);
     for (int k = 0; k < M_NUM_METRICS; k++) {
         std::vector<double> want(whole.values[k].begin(), whole.values[k].end());
+        // float32 partial sums of the same terms grouped otherwise (then added in float64): a few
+        // u32 (6e-8) times the sums' condition; 1e-5 relative, 1e-6 absolute for values near zero.
         check_close(std::string("cuda stats over micro-batches = over the batch: ") + kMetrics[k].name,
                     micro.values[k].data(), want.data(), want.size(), 1e-5, 1e-6);
     }
@@ -178,7 +213,7 @@ int main(int argc, char** argv) {
         model_freeze(g, (uint32_t)tensor_or_fail(read_tensorfile(vdbg), "freeze", vdbg).values[0]);
         std::vector<float> frozen_grads = backward_gradients(g, tokens, targets, B, T);
         std::vector<float> before(g.host_params);
-        check_adamw_losses(g, v.label, vdbg, tokens, targets, B, T);
+        check_adamw_steps(g, v.label, vdbg, tokens, targets, B, T);
         model_download(g);
         bool zero = true, kept = true;
         for (int kind = 0; kind < P_NUM_KINDS; kind++)

@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT / "test"))
 import probe  # noqa: E402
 import reference  # noqa: E402
 from model_torch import Config, forward, init_params  # noqa: E402
+from tolerance import assert_close, assert_within, close  # noqa: E402
 
 SCRIPT = ROOT / "scripts" / "probe.py"
 SCALES = [0, 0.25, 0.5, 1, 2, 4]
@@ -97,10 +98,14 @@ def data_dir(tmp_path_factory, logged):
 # -- sweep -----------------------------------------------------------------------------------------------
 
 def test_sweep_at_scale_one_is_the_logged_telemetry(swept, logged):
+    # Both are float64 forward passes of the same weights (the sweep scales the logits itself,
+    # the reference forms the full attention matrix): the same numbers up to float64 rounding
+    # (1e-16), which three layers of sharp attention (scores up to 9.6) amplify to a few 1e-12.
+    # 1e-10 relative leaves thirty times that, and is far below what a wrong scale or gain moves.
     one = SCALES.index(1)
-    np.testing.assert_allclose(swept["entropy"][one], logged["stat.attn_entropy"], rtol=1e-6)
-    np.testing.assert_allclose(swept["maxp"][one], logged["stat.attn_maxp"], rtol=1e-6)
-    assert swept["loss"][one] == pytest.approx(logged["loss"][0], rel=1e-9)
+    assert_close(swept["entropy"][one], logged["stat.attn_entropy"], rtol=1e-10)
+    assert_close(swept["maxp"][one], logged["stat.attn_maxp"], rtol=1e-10)
+    assert swept["loss"][one] == close(logged["loss"][0], rtol=1e-10)
 
 
 def test_sweep_at_scale_zero_is_uniform_causal_attention(swept):
@@ -108,8 +113,9 @@ def test_sweep_at_scale_zero_is_uniform_causal_attention(swept):
     T = 64
     entropy = math.fsum(math.log(t + 1) for t in range(T)) / T  # 3.2057531169...
     peak = math.fsum(1 / (t + 1) for t in range(T)) / T
-    np.testing.assert_allclose(swept["entropy"][0], entropy, rtol=1e-12)
-    np.testing.assert_allclose(swept["maxp"][0], peak, rtol=1e-12)
+    # Exact logits (all 0): float64 sums of 64 terms, a few 1e-16 relative; 1e-12 leaves room.
+    assert_close(swept["entropy"][0], entropy, rtol=1e-12)
+    assert_close(swept["maxp"][0], peak, rtol=1e-12)
     assert np.all(swept["score_abs"][0] == 0)
 
 
@@ -118,8 +124,11 @@ def test_sweep_logit_size_is_linear_in_the_scale(swept):
     # scaled attention of the layers below wrote, so their logits change by more than the factor.
     one = swept["score_abs"][SCALES.index(1)]
     assert np.all(one > 0)
+    # One float64 multiplication apart (s is a power of two or 0: exact): 1e-12 leaves room for a
+    # scale applied before a sum rather than after.
     for s, score_abs in zip(SCALES, swept["score_abs"]):
-        np.testing.assert_allclose(score_abs[0], s * one[0], rtol=1e-12)
+        assert_close(score_abs[0], s * one[0], rtol=1e-12)
+    # ...and the deeper layers are off by more than 1e-3 (a difference, not a tolerance).
     assert not np.allclose(swept["score_abs"][-1, 1:], 4 * one[1:], rtol=1e-3)
 
 
@@ -136,7 +145,8 @@ def test_sweep_leaves_a_head_of_constant_logits_uniform(trained, batch, swept):
     flat["layers.0.wq"] = params["layers.0.wq"].clone()
     flat["layers.0.wq"][64:128] = 0
     result = probe.sweep(flat, c, batch, SCALES)
-    np.testing.assert_allclose(result["entropy"][:, 0, 1], swept["entropy"][0, 0, 1], rtol=1e-12)
+    # Logits exactly 0 at every scale: the uniform rows of scale 0, up to a few 1e-16.
+    assert_close(result["entropy"][:, 0, 1], swept["entropy"][0, 0, 1], rtol=1e-12)
     assert np.all(np.diff(result["entropy"][:, 0, 0]) < 0)
 
 
@@ -186,21 +196,26 @@ def test_svd_of_a_hand_built_model():
         (1, 0): ([1, 1], [1, r], ((1 + r) / 4, 1, (1 + r) / 2)),
         (1, 1): ([2, math.sqrt(2)], [1, 0], (r / 2, r, -r / 2)),
     }
-    assert erank(6, 1) == pytest.approx(1.5069930657725379, rel=1e-15)
+    # The helper against the decimal expansion: a few float64 operations, 1e-15 relative.
+    assert erank(6, 1) == close(1.5069930657725379, rtol=1e-15)
+    # Matrices of small integers and 1/sqrt 2: float64 SVDs and QRs of 4 x 4 matrices are backward
+    # stable, within ~10 u64 (2e-15) of the exact values relative to the largest singular value (6);
+    # 1e-12 relative and absolute leaves a hundred times that. A swapped gain or row errs by 0.1 or more.
     for (l, h), (sv, cosines, row_cos) in expected.items():
-        np.testing.assert_allclose(result["singular_values"][l, h], sv, rtol=1e-12, atol=1e-15)
-        assert result["effective_rank"][l, h] == pytest.approx(erank(*sv), rel=1e-12)
-        np.testing.assert_allclose(result["principal_cosines"][l, h], cosines, atol=1e-12)
-        assert result["cos_mean"][l, h] == pytest.approx(np.mean(cosines), abs=1e-12)
-        assert result["cos_max"][l, h] == pytest.approx(max(cosines), abs=1e-12)
+        assert_close(result["singular_values"][l, h], sv, rtol=1e-12, atol=1e-12)
+        assert result["effective_rank"][l, h] == close(erank(*sv), rtol=1e-12)
+        assert_close(result["principal_cosines"][l, h], cosines, atol=1e-12)
+        assert result["cos_mean"][l, h] == close(np.mean(cosines), atol=1e-12)
+        assert result["cos_max"][l, h] == close(max(cosines), atol=1e-12)
         got = [result[name][l, h] for name in ("qk_row_cos_abs_mean", "qk_row_cos_abs_max", "qk_row_cos_diag_mean")]
-        np.testing.assert_allclose(got, row_cos, atol=1e-12)
+        assert_close(got, row_cos, atol=1e-12)
 
 
 def test_svd_without_gains_ignores_the_stored_gains():
     # --qk-norm plain holds the gains at 1 whatever the checkpoint stores: layer 0's heads have (1, 1).
     c, params = tiny_params("plain")
-    np.testing.assert_allclose(probe.svd_probe(params, c)["singular_values"][0], [[1, 1], [1, 1]], rtol=1e-12)
+    # As above: float64 SVDs of small exact matrices.
+    assert_close(probe.svd_probe(params, c)["singular_values"][0], [[1, 1], [1, 1]], rtol=1e-12)
 
 
 def test_svd_of_the_trained_model_matches_the_explicit_matrix(trained):
@@ -214,12 +229,17 @@ def test_svd_of_the_trained_model_matches_the_explicit_matrix(trained):
             B = g_k[:, None] * params[f"layers.{l}.wk"][h // group * D:(h // group + 1) * D]
             M = A.T @ B  # [C, C], of rank D
             sv = torch.linalg.svdvals(M).numpy()
-            np.testing.assert_allclose(result["singular_values"][l, h], sv[:D], rtol=1e-9)
-            assert sv[D:].max() < 1e-12 * sv[0]
-            assert result["effective_rank"][l, h] == pytest.approx(reference.effective_rank(M), rel=1e-9)
+            # Two float64 routes to the singular values (the probe's D x D factors, the explicit
+            # C x C product): each backward stable, within ~C u64 sigma_1 = 3e-14 sigma_1 in absolute
+            # terms, so the smallest of 64 (here 8e-3 sigma_1) within ~4e-12 relative; 1e-9 relative.
+            assert_close(result["singular_values"][l, h], sv[:D], rtol=1e-9)
+            # M has rank D: the rest is rounding, ~C u64 = 3e-14 of sigma_1.
+            assert_within(sv[D:].max(), 1e-12 * sv[0], "singular values of M beyond D")
+            assert result["effective_rank"][l, h] == close(reference.effective_rank(M), rtol=1e-9)
             # Principal cosines the textbook way: orthonormal bases by QR, the singular values of their product.
+            # Cosines of O(1) from orthonormal bases: absolute errors of ~D u64; 1e-9 leaves room.
             cosines = torch.linalg.svdvals(torch.linalg.qr(A.T)[0].T @ torch.linalg.qr(B.T)[0]).numpy()
-            np.testing.assert_allclose(result["principal_cosines"][l, h], cosines, atol=1e-9)
+            assert_close(result["principal_cosines"][l, h], cosines, atol=1e-9)
 
 
 # -- ablate ----------------------------------------------------------------------------------------------
@@ -227,7 +247,8 @@ def test_svd_of_the_trained_model_matches_the_explicit_matrix(trained):
 def test_ablate(trained, batch, logged):
     c, params = trained
     result = probe.ablate(params, c, batch)
-    assert result["loss"] == pytest.approx(logged["loss"][0], rel=1e-9)
+    # float64 forward passes of the same weights (as in the sweep above): a few 1e-12 relative.
+    assert result["loss"] == close(logged["loss"][0], rtol=1e-10)
     assert result["increase"].shape == (c.n_layer, c.n_head)
     assert np.all(result["increase"] != 0)
     # Zeroing a head's output is zeroing its columns of wo: the same loss.
@@ -235,7 +256,9 @@ def test_ablate(trained, batch, logged):
     cut = dict(params)
     cut["layers.1.wo"] = params["layers.1.wo"].clone()
     cut["layers.1.wo"][:, 2 * D:3 * D] = 0
-    assert probe.mean_loss(cut, c, batch) - result["loss"] == pytest.approx(result["increase"][1, 2], rel=1e-9)
+    # The same float64 loss computed twice and a difference of losses of ~2.5: its absolute error,
+    # ~1e-15, is relative to an increase of ~1e-2 at worst, ~1e-13; 1e-9 relative.
+    assert probe.mean_loss(cut, c, batch) - result["loss"] == close(result["increase"][1, 2], rtol=1e-9)
     # A head whose output projection is already zero has nothing left to remove.
     assert probe.ablate(cut, c, batch)["increase"][1, 2] == 0.0
 
@@ -246,7 +269,8 @@ def test_attention_pattern(trained, logged):
     c, params = trained
     tokens = torch.from_numpy(logged["tokens"][1]).long()
     att = probe.attention_pattern(params, c, tokens, 2, 3)
-    np.testing.assert_allclose(att.sum(axis=1), 1, rtol=1e-12)
+    # Rows of a float64 softmax over at most 64 keys sum to 1 within ~64 u64 = 1e-14.
+    assert_close(att.sum(axis=1), 1, rtol=1e-12)
     assert np.all(np.triu(att, 1) == 0)
     taps = {}
     with torch.no_grad():
@@ -310,7 +334,8 @@ def test_cli_sweep(checkpoint, trained, data_dir, tmp_path):
     assert (document["batches"], document["batch"], document["seq_len"]) == (2, 2, 64)
     c, params = trained
     batches = probe.validation_batches(str(data_dir), 2, 2, 64, c.vocab_size)
-    assert document["loss"][1] == pytest.approx(probe.mean_loss(params, c, batches), rel=1e-12)
+    # The same float64 computation, written to JSON with 17 significant digits and read back.
+    assert document["loss"][1] == close(probe.mean_loss(params, c, batches), rtol=1e-12)
 
 
 def test_cli_svd(checkpoint, tmp_path):

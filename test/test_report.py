@@ -27,6 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import attnlog  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "test"))
+from tolerance import assert_close, close  # noqa: E402
+
 SCRIPT = ROOT / "scripts" / "report.py"
 TRAIN_BIN = Path(os.environ.get("TRAIN_BIN", ROOT / "train"))
 PREPARE_BIN = Path(os.environ.get("PREPARE_DATA_BIN", ROOT / "prepare_data"))
@@ -46,6 +49,18 @@ FIGURES = ["key_norm_evolution.png", "layer_heatmaps.png", "outlier_magnitude.pn
            "qk_ratio.png", "logit_ceiling.png", "attn_maxp.png", "sink_rate.png", "loss.png"]
 COMPARED = ["k_norm", "k_maxabs", "k_cos", "k_pr", "attn_entropy"]
 TELEMETRY = 3
+
+# Tolerances. report.py and this file compute the same numbers from the same float32 values of the
+# log, in float64 but in other orders, or one side averaging float32 values in float32 (numpy's
+# pairwise mean of a float32 array: ~log2(n) u32, a few 1e-7 relative): LOGGED, 1e-6 relative
+# (16 u32, the resolution of the logged values) and 1e-12 absolute for values that are 0. A wrong
+# step, group or head changes them at the second digit or sooner.
+LOGGED = dict(rtol=1e-6, atol=1e-12)
+# Spearman's correlations: of exact ranks, in float64 on both sides: ~n u64 (1e-14) for the few
+# dozen units here; 1e-9 absolute. A rank off by one changes rho by ~1e-3 or more.
+RHO = dict(atol=1e-9)
+# The same float64 formula of the same exact inputs on both sides: a few u64 (1e-16) relative.
+SAME_F64 = dict(rtol=1e-12, atol=1e-12)
 
 
 def run(argv, what):
@@ -164,8 +179,8 @@ def test_summary_describes_the_run(made, log):
     loss_steps, loss = log.scalars("loss")
     val_steps, val = log.val_loss()
     assert summary["loss"]["last_step"] == STEPS - 1
-    assert summary["loss"]["last10_mean"] == pytest.approx(loss[-10:].mean(), rel=1e-6)
-    assert summary["loss"]["val_last"] == pytest.approx(val[-1]) and summary["loss"]["val_last_step"] == val_steps[-1]
+    assert summary["loss"]["last10_mean"] == close(loss[-10:].mean(), **LOGGED)
+    assert summary["loss"]["val_last"] == close(val[-1], **LOGGED) and summary["loss"]["val_last_step"] == val_steps[-1]
     assert f"{loss[-10:].mean():.3f} (mean of the last 10 steps)" in text
 
 
@@ -174,10 +189,10 @@ def test_group_means_at_the_last_step(made, log):
     q_norm, k_norm = last(log, "q_norm"), last(log, "k_norm")
     for metric in ("k_norm", "k_maxabs", "k_cos", "k_pr", "k_erank", "attn_entropy", "attn_sink"):
         for group in GROUPS:
-            assert summary["last_step"][metric][group] == pytest.approx(group_mean(last(log, metric), group)), metric
+            assert summary["last_step"][metric][group] == close(group_mean(last(log, metric), group), **LOGGED), metric
     ratio = q_norm / k_norm[:, KV_OF]
     for group in GROUPS:
-        assert summary["last_step"]["qk_ratio"][group] == pytest.approx(group_mean(ratio, group))
+        assert summary["last_step"]["qk_ratio"][group] == close(group_mean(ratio, group), **LOGGED)
     first = log.metric("k_norm")[1][0].astype(float)
     curve = ", ".join(f"{g} {group_mean(first, g):.2f} \u2192 {group_mean(k_norm, g):.2f}" for g in GROUPS)
     assert curve.replace(", ", "; ") in text  # the caption of key_norm_evolution.png
@@ -186,8 +201,8 @@ def test_group_means_at_the_last_step(made, log):
 def test_sink_rate(made, log):
     _, summary, text, _ = made
     sink = log.metric("attn_sink")[1]
-    assert summary["sink_rate"]["last"] == pytest.approx(np.mean(sink[-1] > 0.3))
-    assert summary["sink_rate"]["first"] == pytest.approx(np.mean(sink[0] > 0.3))
+    assert summary["sink_rate"]["last"] == close(np.mean(sink[-1] > 0.3), **LOGGED)
+    assert summary["sink_rate"]["first"] == close(np.mean(sink[0] > 0.3), **LOGGED)
     assert f"{100 * np.mean(sink[0] > 0.3):.0f}% \u2192 {100 * np.mean(sink[-1] > 0.3):.0f}%" in text
 
 
@@ -198,7 +213,7 @@ def test_hypothesis_a_spearman(made, log):
     x, y = window_kv_means(log)
     h = summary["hypotheses"]["a"]
     assert h["n_units"] == LAYERS * KV_HEADS
-    assert h["value"] == pytest.approx(spearman(x.ravel(), y.ravel()), abs=1e-9)
+    assert h["value"] == close(spearman(x.ravel(), y.ravel()), **RHO)
     assert 0 < h["p_value"] <= 1
     assert (h["verdict"], h["why"]) == ("inconclusive", "too little training")
     assert f"rho = {h['value']:+.3f}" in text
@@ -212,7 +227,7 @@ def test_ranks_average_ties():
     assert module.ranks([3, 1, 3, 2, 3]).tolist() == [4, 1, 4, 2, 4]
     assert module.ranks([5, 5]).tolist() == [1.5, 1.5]
     x, y = [1, 2, 2, 3, 5, 4], [6, 5, 5, 4, 1, 2]
-    assert module.spearman(x, y)[0] == pytest.approx(spearman(x, y))
+    assert module.spearman(x, y)[0] == close(spearman(x, y), **RHO)
     assert module.spearman(x, y)[1] < 0.05  # a perfect inverse order is no accident
     assert np.isnan(module.spearman([1, 1, 1], [1, 2, 3])[0])
 
@@ -472,11 +487,11 @@ def test_comparison(log_path, tmp_path):
         log = attnlog.open_log(path)
         loss, k_norm = log.scalars("loss")[1], last(log, "k_norm")
         x, y = window_kv_means(log)
-        assert row["final_loss"] == pytest.approx(loss[-10:].mean(), rel=1e-6)
-        assert row["val_loss"] == pytest.approx(log.val_loss()[1][-1])
-        assert row["k_norm"] == {g: pytest.approx(group_mean(k_norm, g)) for g in GROUPS}
-        assert row["sink_rate"] == pytest.approx(np.mean(last(log, "attn_sink") > 0.3))
-        assert row["spearman"] == pytest.approx(spearman(x.ravel(), y.ravel()), abs=1e-9)
+        assert row["final_loss"] == close(loss[-10:].mean(), **LOGGED)
+        assert row["val_loss"] == close(log.val_loss()[1][-1], **LOGGED)
+        assert row["k_norm"] == {g: close(group_mean(k_norm, g), **LOGGED) for g in GROUPS}
+        assert row["sink_rate"] == close(np.mean(last(log, "attn_sink") > 0.3), **LOGGED)
+        assert row["spearman"] == close(spearman(x.ravel(), y.ravel()), **RHO)
         assert f"| {row['label']} | gain | nothing | {row['last_step']} | {row['final_loss']:.3f} |" in text
     assert comparison["runs"][1]["last_step"] < comparison["runs"][0]["last_step"]
     assert "Problems of short/run: the log ends at step" in text
@@ -596,10 +611,10 @@ def test_trained_hypothesis_a(trained):
     rho = spearman(x.ravel(), y.ravel())
     within = spearman((x - x.mean(axis=1, keepdims=True)).ravel(), (y - y.mean(axis=1, keepdims=True)).ravel())
     h = summary["hypotheses"]["a"]
-    assert h["n_units"] == LAYERS * KV_HEADS and h["value"] == pytest.approx(rho, abs=1e-9)
-    assert h["within"]["rho"] == pytest.approx(within, abs=1e-9)
+    assert h["n_units"] == LAYERS * KV_HEADS and h["value"] == close(rho, **RHO)
+    assert h["within"]["rho"] == close(within, **RHO)
     (t,) = h["tests"]
-    assert t["effect"] == pytest.approx(-rho) and t["half_width"] == h["chance"] and t["margin"] == 0.1
+    assert t["effect"] == close(-rho, **RHO) and t["half_width"] == h["chance"] and t["margin"] == 0.1
     assert 0 < h["chance"] < 1 and h["verdict"] == rule(-rho, h["chance"], 0.1)
     row = next(line for line in text.splitlines() if line.startswith("| (a)"))
     assert row.endswith(f"**{h['verdict']}** |") and f"rho = {rho:+.3f} across {LAYERS * KV_HEADS} kv heads" in row
@@ -612,8 +627,8 @@ def test_trained_hypothesis_b(trained):
     h = summary["hypotheses"]["b"]
     for t, group, sign in zip(h["tests"], ("early", "final"), (-1, 1)):
         mean, half = t_interval([group_mean(table, group) for table in k_norm[w].astype(float)])
-        assert h[group] == pytest.approx(mean)
-        assert t["effect"] == pytest.approx(sign * (mean - 8) / 8) and t["half_width"] == pytest.approx(half / 8)
+        assert h[group] == close(mean, **LOGGED)
+        assert t["effect"] == close(sign * (mean - 8) / 8, **LOGGED) and t["half_width"] == close(half / 8, **LOGGED)
         assert t["verdict"] == rule(t["effect"], t["half_width"], 0.05)
     verdicts = [t["verdict"] for t in h["tests"]]
     assert h["verdict"] == ("contradicted" if "contradicted" in verdicts else
@@ -630,8 +645,8 @@ def test_trained_hypothesis_c(trained):
     mean, half = t_interval(share[window(steps), top[0], top[1]])
     h = summary["hypotheses"]["c"]
     assert h["value"] == int((means > 0.5).sum()) and h["of"] == LAYERS * KV_HEADS
-    assert h["max_ratio"] == pytest.approx(mean) and h["max_ratio_head"] == [int(top[0]), int(top[1])]
-    assert h["tests"][0]["effect"] == pytest.approx(mean / 0.5 - 1)
+    assert h["max_ratio"] == close(mean, **LOGGED) and h["max_ratio_head"] == [int(top[0]), int(top[1])]
+    assert h["tests"][0]["effect"] == close(mean / 0.5 - 1, **LOGGED)
     assert h["verdict"] == rule(mean / 0.5 - 1, half / 0.5, 0.05)
 
 
@@ -641,8 +656,8 @@ def test_trained_hypothesis_d(trained):
     pr = pr.astype(float).mean(axis=(1, 2))
     mean, half = t_interval(pr[window(steps)])
     h = summary["hypotheses"]["d"]
-    assert (h["first"], h["last"]) == (pytest.approx(pr[0]), pytest.approx(mean))
-    assert h["tests"][0]["effect"] == pytest.approx((pr[0] - mean) / pr[0])
+    assert (h["first"], h["last"]) == (close(pr[0], **LOGGED), close(mean, **LOGGED))
+    assert h["tests"][0]["effect"] == close((pr[0] - mean) / pr[0], **LOGGED)
     assert h["verdict"] == rule((pr[0] - mean) / pr[0], half / pr[0], 0.05)
     assert "k_erank_centered" in h["detail"] and set(h) >= {"erank", "erank_centered", "mean_share"}
 
@@ -695,8 +710,8 @@ def test_replicates(trained_paths, trained, tmp_path):
         for j, t in enumerate(h["tests"]):
             effects = [s["hypotheses"][key]["tests"][j]["effect"] for s in summaries]
             mean, half = np.mean(effects), 12.706 * np.std(effects, ddof=1) / np.sqrt(2)
-            assert t["values"] == pytest.approx(effects) and t["n"] == 2 and t["t"] == 12.706
-            assert (t["mean"], t["half_width"]) == (pytest.approx(mean), pytest.approx(half))
+            assert t["values"] == close(effects, **LOGGED) and t["n"] == 2 and t["t"] == 12.706
+            assert (t["mean"], t["half_width"]) == (close(mean, **LOGGED), close(half, **LOGGED))
             assert t["verdict"] == rule(mean, half, t["margin"])
     assert "### Replicates: seed 1337, seed 7" in text
     assert "over the seeds 1337, 7 of seed 1337, seed 7:" in result.stdout
@@ -789,7 +804,7 @@ def test_per_kv_head_units():
     assert h["n_units"] == 12 and h["within"]["n"] == 12
     per_kv = entropy.reshape(20, 6, 2, 4).mean(axis=3)
     w = slice(15, 20)  # steps 150..190: the last quarter of 0..190
-    assert h["value"] == pytest.approx(spearman(k_norm[w].mean(axis=0).ravel(), per_kv[w].mean(axis=0).ravel()))
+    assert h["value"] == close(spearman(k_norm[w].mean(axis=0).ravel(), per_kv[w].mean(axis=0).ravel()), **RHO)
 
 
 def test_one_dead_band_for_every_hypothesis():
@@ -815,9 +830,10 @@ def test_one_dead_band_for_every_hypothesis():
 def test_t_interval_by_hand():
     import analysis
     mean, half, n = analysis.mean_interval([0.1, 0.3, 0.2])
-    assert (mean, n) == (pytest.approx(0.2), 3) and half == pytest.approx(4.303 * 0.1 / np.sqrt(3))
+    assert (mean, n) == (close(0.2, **SAME_F64), 3) and half == close(4.303 * 0.1 / np.sqrt(3), **SAME_F64)
     assert analysis.t975(1) == 12.706 and analysis.t975(30) == 2.042
-    assert analysis.t975(40) == pytest.approx(2.021, abs=1e-3) and analysis.t975(120) == pytest.approx(1.980, abs=1e-3)
+    # Against a table's three decimals (+-5e-4), the expansion's own error being below 1e-4.
+    assert analysis.t975(40) == close(2.021, atol=1e-3) and analysis.t975(120) == close(1.980, atol=1e-3)
     assert np.isnan(analysis.mean_interval([0.5])[1])
 
 # -- the HTML and Markdown pages: contents, anchors, collapsed lists, empty values ---------------------
@@ -1087,8 +1103,11 @@ def test_head_ablation(which, log_path, trained_paths, tmp_path):
     ablation, taxonomy = summary["ablation"], summary["taxonomy"]
     c, params = probe.load_checkpoint(str(ckpt))
     want = probe.ablate(params, c, probe.validation_batches(str(data), ablation["batches"], 2, T, c.vocab_size))
-    assert ablation["loss"] == pytest.approx(want["loss"], rel=1e-12)
-    assert np.allclose(ablation["increase"], want["increase"], rtol=1e-9, atol=1e-12)
+    # probe.py's own float64 code on the same batches (through JSON's 17 digits): the same numbers
+    # but for the order of a few sums. The increases are differences of losses of ~2.5, whose
+    # rounding (~1e-15) is relative to increases down to ~1e-4: 1e-9 relative, 1e-12 for zeros.
+    assert ablation["loss"] == close(want["loss"], **SAME_F64)
+    assert_close(ablation["increase"], want["increase"], rtol=1e-9, atol=1e-12)
     text = (out / "report.md").read_text()
     cells = {(l, h): f"{v:+.4f}" for (l, h), v in np.ndenumerate(want["increase"])}
     assert taxonomy["available"] == (which == "trained")

@@ -25,8 +25,16 @@ inline void report(bool ok, const std::string& name, const std::string& why = ""
     fflush(stdout);
 }
 
+// How much of its tolerance a check used, as its line prints it: "uses 37% of its tolerance".
+// The checks past half of theirs: grep -E 'uses ([5-9][0-9]|[0-9]{3,}|inf)% of its tolerance'.
+inline std::string tolerance_used(double fraction) {
+    if (!(fraction >= 0) || std::isinf(fraction)) return "uses inf% of its tolerance";
+    return strprintf(fraction < 0.1 ? "uses %.1f%% of its tolerance" : "uses %.0f%% of its tolerance", 100 * fraction);
+}
+
 // Compares n values against a reference with |a - b| <= atol + rtol |b| per element, and reports
-// the worst element (index, both values, relative error) whether it passes or fails.
+// the element closest to its limit (index, both values) and which fraction of its allowance
+// |a - b| / (atol + rtol |b|) it used, whether the check passes or fails.
 template <typename A, typename B>
 inline bool check_close(const std::string& name, const A* got, const B* want, size_t n, double rtol, double atol) {
     if (n == 0) {
@@ -34,26 +42,37 @@ inline bool check_close(const std::string& name, const A* got, const B* want, si
         return false;
     }
     size_t worst = 0, bad = 0;
-    double worst_excess = -1e300, max_abs = 0, max_rel = 0;
+    double worst_used = -1, max_abs = 0, max_rel = 0;
     bool finite = true;
     for (size_t i = 0; i < n; i++) {
         double a = (double)got[i], b = (double)want[i];
         if (!std::isfinite(a)) finite = false;
         double err = std::fabs(a - b), allowed = atol + rtol * std::fabs(b);
         if (!(err <= allowed)) bad++;
-        if (err - allowed > worst_excess) {
-            worst_excess = err - allowed;
+        double used = err == 0 ? 0.0 : allowed > 0 ? err / allowed : INFINITY;
+        if (used != used) used = INFINITY;  // a NaN
+        if (used > worst_used) {
+            worst_used = used;
             worst = i;
         }
         max_abs = std::fmax(max_abs, err);
         if (b != 0) max_rel = std::fmax(max_rel, err / std::fabs(b));
     }
-    char why[400];
-    snprintf(why, sizeof why,
-             "n=%zu max abs err %.3g, max rel err %.3g (rtol %.3g, atol %.3g); closest to its limit [%zu]: got %.9g want %.9g; %zu beyond",
-             n, max_abs, max_rel, rtol, atol, worst, (double)got[worst], (double)want[worst], bad);
+    std::string why = tolerance_used(worst_used) +
+                      strprintf("; n=%zu max abs err %.3g, max rel err %.3g (rtol %.3g, atol %.3g); closest to its limit "
+                                "[%zu]: got %.9g want %.9g; %zu beyond",
+                                n, max_abs, max_rel, rtol, atol, worst, (double)got[worst], (double)want[worst], bad);
     bool ok = bad == 0 && finite;
-    report(ok, name, finite ? why : std::string("non-finite value; ") + why);
+    report(ok, name, finite ? why : "non-finite value; " + why);
+    return ok;
+}
+
+// A measure of error (a norm of a difference, say) against its limit: passes when measure <= limit,
+// and reports which fraction of the limit it used, then `detail`.
+inline bool check_within(const std::string& name, double measure, double limit, const std::string& detail) {
+    double used = measure == 0 ? 0.0 : limit > 0 ? measure / limit : INFINITY;
+    bool ok = measure <= limit;
+    report(ok, name, tolerance_used(used) + strprintf(" (%.3g of %.3g); ", measure, limit) + detail);
     return ok;
 }
 

@@ -24,7 +24,9 @@ static void check_classifier(int N, int V) {
     cudaCheck(cudaMalloc(&d_losses, N * sizeof(float)));
     classifier(d_logits, d_losses, d_targets, N, V, Vp, 0.0f, 0);
     compare_to_reference("classifier losses N" + std::to_string(N) + " V" + std::to_string(V), download(d_losses, N), losses);
-    compare_to_reference("classifier leaves logits alone when dloss = 0", download_bf16(d_logits, padded.size()), padded, 0.0);
+    // With dloss 0 the kernel returns before writing: the same bits.
+    std::vector<float> kept = download_bf16(d_logits, padded.size());
+    check_close("classifier leaves logits alone when dloss = 0", kept.data(), padded.data(), padded.size(), 0.0, 0.0);
     classifier(d_logits, d_losses, d_targets, N, V, Vp, dloss, 0);
     std::vector<float> got = download_bf16(d_logits, padded.size()), got_unpadded((size_t)N * V);
     for (int n = 0; n < N; n++) std::copy(&got[(size_t)n * Vp], &got[(size_t)n * Vp + V], &got_unpadded[(size_t)n * V]);
@@ -74,7 +76,9 @@ static void check_embedding(int N, int C, int V) {
     cudaCheck(cudaMalloc(&d_emb, emb.size() * sizeof(bf16)));
     cudaCheck(cudaMalloc(&d_buckets, (3 * (size_t)N + 1) * sizeof(int)));
     embedding_forward(d_emb, d_tokens, d_wte, N, C, 0);
-    compare_to_reference("embedding forward", download_bf16(d_emb, emb.size()), emb, 0.0);
+    // A copy of bf16 rows: the same bits.
+    std::vector<float> got_emb = download_bf16(d_emb, emb.size());
+    check_close("embedding forward", got_emb.data(), emb.data(), emb.size(), 0.0, 0.0);
     TokenBuckets b;
     group_positions_by_token(b, tokens.data(), N, V);
     embedding_backward(d_dwte, d_dout, b, d_buckets, N, C, 0);
