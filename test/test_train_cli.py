@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 import torch
 
+import attnlog
+from attnlog import model_torch
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import attnlog  # noqa: E402
-import model_torch  # noqa: E402
 
 TRAIN = Path(os.environ.get("TRAIN_BIN", ROOT / "train"))
 PREPARE = Path(os.environ.get("PREPARE_DATA_BIN", ROOT / "prepare_data"))

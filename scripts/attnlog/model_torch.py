@@ -16,6 +16,8 @@ import zlib
 import numpy as np
 import torch
 
+from attnlog.commands import UserError
+
 # ------------------------------------------------------------------------------------------------
 # Configuration and parameter layout (llmc/config.h)
 
@@ -72,6 +74,17 @@ def frozen_kinds(mask, c=None):
     if c is not None and c.qk_norm != "gain":
         mask |= frozen_mask(["q_gain", "k_gain"])
     return [k for i, k in enumerate(PARAM_KINDS) if mask >> i & 1]
+
+
+def make_optimizer(p, weight_decay, frozen):
+    """The trainer's AdamW (model.md) over the parameters whose kind is not in `frozen` (names of
+    parameter kinds): weight decay on the matrices only; the learning rate is set per step."""
+    free = {n: t for n, t in p.items() if n.split(".")[-1] not in frozen}
+    decay = [t for n, t in free.items() if is_matrix(n)]
+    no_decay = [t for n, t in free.items() if not is_matrix(n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=1.0, betas=(0.9, 0.95), eps=1e-8)
+    return opt, list(free.values())
 
 
 def init_params(c, seed):
@@ -175,6 +188,10 @@ CKPT_MAGIC = b"ATTNCKPT"
 CKPT_HEADER = 256
 
 
+class CheckpointError(UserError):
+    """A checkpoint that cannot be read or is not a valid one; str(error) is one line naming the file."""
+
+
 class CheckpointInfo:
     """What a checkpoint's header says beyond the configuration."""
 
@@ -207,12 +224,15 @@ def write_checkpoint(path, c, params, step=0, frozen=0):
 
 def read_checkpoint(path):
     """(Config, {name: float32 tensor}, CheckpointInfo) of a checkpoint file. Checks the magic, the
-    version, both checksums, the configuration and the size; raises ValueError naming the file."""
-    with open(path, "rb") as f:
-        data = f.read()
+    version, both checksums, the configuration and the size; raises CheckpointError naming the file."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read ({e.strerror})") from None
 
     def bad(what):
-        return ValueError(f"{path}: {what}")
+        return CheckpointError(f"{path}: {what}")
 
     if len(data) < CKPT_HEADER or data[:8] != CKPT_MAGIC:
         raise bad("not a checkpoint")

@@ -7,14 +7,12 @@ verdicts over replicate runs are in scripts/verdicts.py. Needs numpy.
 """
 import json
 import math
-import os
 import re
-import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import attnlog  # noqa: E402
+import attnlog
+from attnlog.commands import UserError
 
 # The thresholds of the derived quantities (docs/telemetry.md, "Derived in Python").
 SINK_THRESHOLD = 0.3  # attn_sink above this makes a head a sink (Gu et al. 2024)
@@ -34,7 +32,7 @@ COLUMN_SIZES = {"kv_head": "n_kv_head", "q_head": "n_head", "dim": "head_dim"}
 INIT_NOTE = re.compile(r"started from the weights of (.*), trained for (\d+) steps")
 
 
-class ReportError(Exception):
+class ReportError(UserError):
     """A user error that is not about the log itself (e.g. --layer out of range): one line."""
 
 
@@ -509,7 +507,7 @@ def summarise(run, made=None, skipped=None, opts=None):
                        "mean" (also as "effect"), "t", "half_width", "low", "high", "margin",
                        "uncertainty", "verdict", "why"}]}}}]}
     """
-    import verdicts  # built on this module
+    from attnlog import verdicts  # built on this module
 
     stats_steps, window = run["stats_steps"], run["window"]
     root = math.sqrt(run["D"])
