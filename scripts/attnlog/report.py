@@ -1,7 +1,7 @@
 """Turns the trainer's run log into the figures and findings of the research reports on attention
 keys (what the trainer measures: docs/telemetry.md). What it presents is computed by
-attnlog.analysis (statistics, summary.json) and attnlog.verdicts (verdicts, taxonomy, replicates),
-drawn by attnlog.run_figures; this module writes the report.
+attnlog.analysis (statistics), attnlog.verdicts (verdicts, taxonomy, replicates) and
+attnlog.summary (summary.json), drawn by attnlog.run_figures; this module writes the report.
 
     attnlog-report RUN.attnlog [MORE.attnlog ...] [-o OUTDIR] [--layer N] [--label NAME ...]
     attnlog-report --follow RUN.attnlog [--interval SECONDS] [--idle SECONDS]
@@ -14,7 +14,7 @@ folder beside the first log):
     report.md      configuration, figures with captions computed from the run, the reports'
                    hypotheses checked on it, a taxonomy of the heads, problems found in the log
     report.html    the same, one self-contained file (figures embedded, long tables folded away)
-    summary.json   every number of the report, for programs (its keys: analysis.summarise)
+    summary.json   every number of the report, for programs (its keys: summary.summarise)
 
 Needs numpy and matplotlib (Debian's /usr/bin/python3 has both). A log that cannot be read, a
 missing file or a bad option ends with one line `error: ...` on stderr and exit status 1
@@ -35,9 +35,10 @@ import numpy as np
 
 import attnlog
 from attnlog import figures
-from attnlog.analysis import ReportError, json_ready, load_run, summarise
+from attnlog.analysis import ReportError, load_run
 from attnlog.commands import DEFAULT_DATA, ArgumentParser, UserError, run
 from attnlog.run_figures import GROUPS, draw_comparison, draw_figures
+from attnlog.summary import json_ready, summarise
 from attnlog.verdicts import CONTRADICTED, INCONCLUSIVE, RULE, SUPPORTED, replicate_sets, replicate_verdicts
 
 # -- writing the report ----------------------------------------------------------------------------
