@@ -25,8 +25,8 @@ import sys
 import numpy as np
 import torch
 
-from attnlog.model_torch import (CONFIG_FIELDS, Config, forward, frozen_kinds, frozen_mask, init_params, make_optimizer,
-                                 num_params, tensor_shapes, write_checkpoint)
+from attnlog.layout import CONFIG_FIELDS, frozen_kinds, frozen_mask
+from attnlog.model_torch import Config, forward, init_params, make_optimizer, num_params, tensor_shapes, write_checkpoint
 
 # ------------------------------------------------------------------------------------------------
 # Statistics, straight from telemetry.md's definitions, in float64
@@ -189,7 +189,7 @@ def exact_state(params32, c, tokens, targets):
 def adamw_steps(p, c, tokens, targets, steps, lr_of_step, weight_decay, clip, frozen=()):
     """AdamW steps on float64 master weights, the kinds in `frozen` held fixed and left out of the
     gradient norm; returns the losses and gradient norms of the steps."""
-    opt, free = make_optimizer(p, weight_decay, frozen_kinds(frozen_mask(frozen), c))
+    opt, free = make_optimizer(p, weight_decay, frozen_kinds(frozen_mask(frozen), c.qk_norm))
     losses, norms = [], []
     for step in range(steps):
         opt.zero_grad(set_to_none=True)

@@ -13,6 +13,7 @@ import numpy as np
 
 import attnlog
 from attnlog.commands import UserError
+from attnlog.layout import PARAM_KINDS, QK_NORMS, frozen_kinds, frozen_mask
 
 # The thresholds of the derived quantities (docs/telemetry.md, "Derived in Python").
 SINK_THRESHOLD = 0.3  # attn_sink above this makes a head a sink (Gu et al. 2024)
@@ -146,19 +147,14 @@ def tokens_per_step(options, seq_len):
     return total if total > 0 else option_int(options, "batch") * seq_len
 
 
-QK_NORMS = ("gain", "plain", "none")  # config.h's QkNorm, by the number the header's config holds
-PARAM_KINDS = ("wte", "attn_norm", "wq", "wk", "wv", "q_gain", "k_gain", "wo", "mlp_norm", "w1", "w3", "w2",
-               "final_norm")  # config.h's ParamKind, in layout order
-
-
 def model_variant(config, options):
     """{"qk_norm", "frozen"}: how queries and keys were normalised (logs written before the variants
     have no qk_norm: gain) and the parameter kinds the run held fixed, those asked for with --freeze
     and the gains a variant without them leaves at 1."""
     index = config.get("qk_norm", 0)
     qk_norm = QK_NORMS[index] if isinstance(index, int) and 0 <= index < len(QK_NORMS) else f"unknown ({index})"
-    frozen = set(str(options.get("freeze", "")).split(",")) | ({"q_gain", "k_gain"} if qk_norm != "gain" else set())
-    return {"qk_norm": qk_norm, "frozen": [k for k in PARAM_KINDS if k in frozen]}
+    asked = [kind for kind in str(options.get("freeze", "")).split(",") if kind in PARAM_KINDS]
+    return {"qk_norm": qk_norm, "frozen": frozen_kinds(frozen_mask(asked), qk_norm)}
 
 
 def started_from(options, notes):

@@ -42,6 +42,7 @@ import sys
 import numpy as np
 
 from attnlog.commands import DEFAULT_DATA, ArgumentParser, UserError, run
+from attnlog.layout import GAINS
 from attnlog.model_torch import read_checkpoint
 
 DEFAULT_TOKENIZER = os.path.join(DEFAULT_DATA, "tokenizer.model")
@@ -117,7 +118,7 @@ def hf_state_dict(c, params):
     for i in range(c.n_layer):
         for ours, module in LAYER_MODULES.items():
             tensor = params[f"layers.{i}.{ours}"]
-            unused_gain = c.qk_norm == "plain" and ours in ("q_gain", "k_gain")
+            unused_gain = c.qk_norm == "plain" and ours in GAINS
             tensors[f"model.layers.{i}.{module}.weight"] = tensor.new_ones(tensor.shape) if unused_gain else tensor
     tensors["model.norm.weight"] = params["final_norm"]
     return tensors
