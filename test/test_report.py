@@ -902,11 +902,11 @@ def test_long_tables_collapsed_and_empty_values(made, log):
 
 
 def test_html_blocks():
-    from attnlog import report as report_module
+    from attnlog import document
     blocks = [("h1", "Title"), ("h2", "Same"), ("h3", "Part `one`"), ("h2", "Same"), ("p", "text"),
               ("list", [f"item {i}" for i in range(12)]), ("list", ["short", "list"]),
               ("table", ["a", "b"], [["x", "L0H0, L0H1, L0H2, L0H3, L1H0, L1H1, L1H2, L1H3, L2H0"]])]
-    page = Page(report_module.to_html(blocks, "Title", Path("."), refresh=3))
+    page = Page(document.to_html(blocks, "Title", Path("."), refresh=3))
     assert [i for _, i in page.ids] == ["title", "same", "part-one", "same-1"]
     assert [e[1]["href"] for e in page.elements if e[0] == "a"] == ["#same", "#part-one", "#same-1"]
     lists = [e for e in page.elements if e[0] == "ul" and "nav" not in e[2]]
@@ -914,9 +914,22 @@ def test_html_blocks():
     assert [e[3] for e in page.elements if e[0] == "summary"] == ["12 items", "L0H0, L0H1, L0H2, \u2026 (9 in all)"]
     assert [e[1] for e in page.elements if e[0] == "meta" and "http-equiv" in e[1]] == \
         [{"http-equiv": "refresh", "content": "3"}]
-    assert "http-equiv" not in report_module.to_html(blocks, "Title", Path("."))
-    text = report_module.to_markdown(blocks)
+    assert "http-equiv" not in document.to_html(blocks, "Title", Path("."))
+    text = document.to_markdown(blocks)
     assert "- [Same](#same)\n  - [Part one](#part-one)\n- [Same](#same-1)\n" in text
+
+
+def test_html_shows_text_as_it_is():
+    """What Markdown would read as markup (a note's data globs, a Windows path, a tag, a line break,
+    a | in a table's code) shows in report.html as the text it is; **bold** and `code` are marks."""
+    from attnlog import document
+    note = 'step 9: resumed; run: {"train": "data/train_*.bin", "val": "val_*.bin", "dir": "C:\\runs\\"} <b>x</b>'
+    blocks = [("h1", "Run _a_"), ("list", [note, "a **bold** `co*de_` word"]),
+              ("table", ["option", "value"], [["data", document.code("a|b\nnext")]])]
+    page = Page(document.to_html(blocks, "Run", Path(".")))
+    texts = lambda tag: [e[3] for e in page.elements if e[0] == tag]  # noqa: E731
+    assert texts("h1") == ["Run _a_"] and texts("li") == [note, "a bold co*de_ word"] and texts("strong") == ["bold"]
+    assert texts("td") == ["data", "a|b next"] and texts("code") == ["co*de_", "a|b next"]
 
 
 # -- export of a real run ------------------------------------------------------------------------------

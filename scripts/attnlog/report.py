@@ -16,17 +16,14 @@ folder beside the first log):
     report.html    the same, one self-contained file (figures embedded, long tables folded away)
     summary.json   every number of the report, for programs (its keys: summary.summarise)
 
-Needs numpy and matplotlib (Debian's /usr/bin/python3 has both). A log that cannot be read, a
-missing file or a bad option ends with one line `error: ...` on stderr and exit status 1
-(attnlog.commands). A damaged or cut log still gives every figure its intact records allow; the
-report says what was skipped and why.
+Needs numpy, matplotlib and Python-Markdown (Debian: python3-numpy python3-matplotlib
+python3-markdown; dev/install_deps.sh report). A log that cannot be read, a missing file or a bad
+option ends with one line `error: ...` on stderr and exit status 1 (attnlog.commands). A damaged or
+cut log still gives every figure its intact records allow; the report says what was skipped and why.
 """
-import base64
-import html
 import json
 import math
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -37,22 +34,16 @@ import attnlog
 from attnlog import figures
 from attnlog.analysis import ReportError, load_run
 from attnlog.commands import DEFAULT_DATA, ArgumentParser, UserError, run
+from attnlog.document import code, to_html, to_markdown
 from attnlog.run_figures import GROUPS, draw_comparison, draw_figures
 from attnlog.summary import json_ready, summarise
 from attnlog.verdicts import CONTRADICTED, INCONCLUSIVE, RULE, SUPPORTED, replicate_sets, replicate_verdicts
 
-# -- writing the report ----------------------------------------------------------------------------
-# The report is a list of blocks, written out twice: as Markdown and as HTML.
-#   ("h1"|"h2"|"h3"|"p", text)  ("list", [text])  ("table", [header], [[cell]])  ("figure", file, caption)
-# Text may hold **bold** and `code`.
+# -- the report's blocks (attnlog.document writes them out as Markdown and HTML) ---------------------
 
 
 def number(x, fmt="{:.2f}"):
     return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else fmt.format(x)
-
-
-def code(text):
-    return "`" + str(text).replace("`", "'") + "`"
 
 
 def run_blocks(summary, made, skipped):
@@ -223,166 +214,13 @@ def replicate_blocks(rep):
     return blocks
 
 
-LONG = 8  # in the HTML report, a list or table of more items than this is collapsed
-HEADINGS = ("h1", "h2", "h3")
-
-
-def plain(text):
-    """Text without its **bold** and `code` marks."""
-    return re.sub(r"`(.*?)`", r"\1", re.sub(r"\*\*(.+?)\*\*", r"\1", str(text)))
-
-
-def anchors(blocks):
-    """The anchor of every heading, in order, as GitHub makes them (so that report.md's links work
-    there and report.html uses the same ids): the text without marks, in lower case, without
-    anything but letters, digits, _, - and spaces, spaces made -; a repeated one gets -1, -2, ..."""
-    out = []
-    for block in blocks:
-        if block[0] in HEADINGS:
-            slug = re.sub(r"[^\w\- ]", "", plain(block[1]).strip().lower()).replace(" ", "-") or "section"
-            anchor, n = slug, 0
-            while anchor in out:
-                n += 1
-                anchor = f"{slug}-{n}"
-            out.append(anchor)
-    return out
-
-
-def contents(blocks):
-    """The table of contents: [(h2 text, anchor, [(h3 text, anchor)])], the h3s under the h2 before them."""
-    toc = []
-    headings = [b for b in blocks if b[0] in HEADINGS]
-    for (kind, text, *_), anchor in zip(headings, anchors(blocks)):
-        if kind == "h2" or (kind == "h3" and not toc):
-            toc.append((text, anchor, []))
-        elif kind == "h3":
-            toc[-1][2].append((text, anchor))
-    return toc
-
-
-def with_contents(blocks, contents_block):
-    """The blocks with the table of contents after the title (the h1), or first when there is none."""
-    at = 1 if blocks and blocks[0][0] == "h1" else 0
-    return blocks[:at] + [contents_block] + blocks[at:]
-
-
-def empty_code(text):
-    """An empty value shows as nothing (code() of "" gives an empty pair of backticks)."""
-    return "" if str(text) == "``" else str(text)
-
-
-def inline_md(text):
-    return empty_code(text).replace("|", "\\|")
-
-
-def md_link(text, anchor):
-    return "[" + re.sub(r"([\[\]])", r"\\\1", plain(text)) + f"](#{anchor})"
-
-
-def to_markdown(blocks):
-    toc = contents(blocks)
-    links = [f"- {md_link(text, anchor)}" + "".join(f"\n  - {md_link(t, a)}" for t, a in subs)
-             for text, anchor, subs in toc]
-    out = []
-    for block in with_contents(blocks, ("contents", links)) if toc else blocks:
-        kind = block[0]
-        if kind in HEADINGS:
-            out.append("#" * int(kind[1]) + " " + block[1] + "\n")
-        elif kind == "contents":
-            out.append("**Contents**\n\n" + "\n".join(block[1]) + "\n")
-        elif kind == "p":
-            out.append(block[1] + "\n")
-        elif kind == "list":
-            out.append("\n".join(f"- {item}" for item in block[1]) + "\n")
-        elif kind == "table":
-            header, rows = block[1], block[2]
-            lines = ["| " + " | ".join(inline_md(h) for h in header) + " |", "|" + "---|" * len(header)]
-            lines += ["| " + " | ".join(inline_md(c) for c in row) + " |" for row in rows]
-            out.append("\n".join(lines) + "\n")
-        elif kind == "figure":
-            out.append(f"![{block[1]}]({block[1]})\n\n*{block[2]}*\n")
-    return "\n".join(out)
-
-
-def inline_html(text):
-    text = html.escape(empty_code(text), quote=False)
-    text = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", text)
-    return re.sub(r"`(.+?)`", r"<code>\1</code>", text)
-
-
-def collapsed(summary, inner):
-    return f"<details><summary>{html.escape(summary, quote=False)}</summary>{inner}</details>"
-
-
-def html_cell(text):
-    """A table cell; one holding a long list of single words ("L0H1, L0H3, ...") is collapsed."""
-    items = str(text).split(", ")
-    if len(items) > LONG and all(item and not re.search(r"[\s,]", item) for item in items):
-        return collapsed(", ".join(items[:3]) + f", \u2026 ({len(items)} in all)", inline_html(text))
-    return inline_html(text)
-
-
-def html_contents(toc):
-    def item(text, anchor, subs=()):
-        inner = "".join(item(t, a) for t, a in subs)
-        return (f'<li><a href="#{anchor}">{html.escape(plain(text), quote=False)}</a>'
-                + (f"<ul>{inner}</ul>" if inner else "") + "</li>")
-    return '<nav class="toc"><p><strong>Contents</strong></p><ul>' + "".join(item(*e) for e in toc) + "</ul></nav>"
-
-
-STYLE = """body { font-family: sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; line-height: 1.45; }
-table { border-collapse: collapse; margin: 1em 0; font-size: 0.92em; }
-th, td { border: 1px solid #bbb; padding: 0.3em 0.6em; text-align: left; vertical-align: top; }
-th { background: #eee; }
-figure { margin: 2em 0; }
-img { max-width: 100%; border: 1px solid #ddd; }
-figcaption { font-size: 0.95em; color: #333; margin-top: 0.4em; }
-code { background: #f3f3f3; padding: 0 0.2em; }
-nav.toc { border: 1px solid #ddd; background: #fafafa; padding: 0.2em 1em; margin: 1em 0; }
-nav.toc ul { margin: 0.2em 0; }
-details { margin: 0.5em 0; }
-summary { cursor: pointer; color: #225; }"""
-
-
-def to_html(blocks, title, outdir, refresh=None):
-    """The report as one self-contained page; refresh: seconds after which a browser reloads it
-    (while the run it reports is still training), or None."""
-    body, ids = [], iter(anchors(blocks))
-    toc = contents(blocks)
-    for block in with_contents(blocks, ("contents",)) if toc else blocks:
-        kind = block[0]
-        if kind in HEADINGS:
-            body.append(f'<{kind} id="{html.escape(next(ids))}">{inline_html(block[1])}</{kind}>')
-        elif kind == "contents":
-            body.append(html_contents(toc))
-        elif kind == "p":
-            body.append(f"<p>{inline_html(block[1])}</p>")
-        elif kind == "list":
-            items = "<ul>" + "".join(f"<li>{inline_html(i)}</li>" for i in block[1]) + "</ul>"
-            body.append(collapsed(f"{len(block[1])} items", items) if len(block[1]) > LONG else items)
-        elif kind == "table":
-            head = "".join(f"<th>{inline_html(h)}</th>" for h in block[1])
-            rows = "".join("<tr>" + "".join(f"<td>{html_cell(c)}</td>" for c in row) + "</tr>" for row in block[2])
-            table = f"<table><tr>{head}</tr>{rows}</table>"
-            summary = f"{len(block[2])} rows: " + ", ".join(plain(h) for h in block[1])
-            body.append(collapsed(summary, table) if len(block[2]) > LONG else table)
-        elif kind == "figure":
-            data = base64.b64encode((outdir / block[1]).read_bytes()).decode("ascii")
-            body.append(f'<figure><img alt="{html.escape(block[1])}" src="data:image/png;base64,{data}">'
-                        f"<figcaption>{inline_html(block[2])}</figcaption></figure>")
-    meta = f'<meta http-equiv="refresh" content="{int(refresh)}">' if refresh else ""
-    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">{meta}"
-            f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>\n" + "\n".join(body)
-            + "\n</body></html>\n")
-
-
 # -- command line ----------------------------------------------------------------------------------
 
 
 def make_report(paths, outdir, layer, refresh=None, labels=(), checkpoint=None, data=None):
     """labels: the names of the first runs (--label), in order; the others are named by
     attnlog.run_labels (folder/file stem). checkpoint: the first run's weights, whose heads are
-    then ablated one at a time on the validation batches of data (probe.py ablate)."""
+    then ablated one at a time on the validation batches of data (attnlog.probe's ablate)."""
     if len(labels) > len(paths):
         raise ReportError(f"--label given {len(labels)} times for {len(paths)} logs: one label per log, in order")
     runs = [load_run(p, label) for p, label in zip(paths, attnlog.run_labels(paths, labels))]
@@ -420,7 +258,7 @@ def make_report(paths, outdir, layer, refresh=None, labels=(), checkpoint=None, 
 
 
 def head_ablation(checkpoint, data, run):
-    """The loss increase of each head's ablation (probe.py ablate) on the first ABLATION_BATCHES
+    """The loss increase of each head's ablation (attnlog.probe's ablate) on the first ABLATION_BATCHES
     validation batches of 2 sequences of the run's length; PyTorch is needed for this only."""
     from attnlog import probe
     c, params = probe.load_checkpoint(checkpoint)
@@ -511,8 +349,8 @@ def report(args):
     """The report the command line asks for; the exit status."""
     outdir = Path(args.out) if args.out else Path(args.logs[0]).parent / "report"
     if args.follow:
-        return follow(args.logs[0], outdir, lambda refresh: make_report(args.logs, outdir, args.layer, refresh, args.label),
-                      args.interval, args.idle)
+        render = lambda refresh: make_report(args.logs, outdir, args.layer, refresh, args.label)  # noqa: E731
+        return follow(args.logs[0], outdir, render, args.interval, args.idle)
     say_done(outdir, make_report(args.logs, outdir, args.layer, labels=args.label, checkpoint=args.checkpoint,
                                  data=args.data))
     return 0
