@@ -2,7 +2,7 @@
 # Installs the Debian packages a step needs, once: `build` (compile ./train, with Open MPI, and
 # prepare the default corpus), `report` (what the Python package attnlog needs to read logs and
 # make the report: scripts/report.py) or `test` (all of these, the PyTorch reference, the Python
-# tests and the fuzzers).
+# tests, installing the package offline into a virtual environment, and the fuzzers).
 # As root it runs apt-get; otherwise it prints the one command to run and fails.
 set -euo pipefail
 what=${1:-build}
@@ -34,6 +34,10 @@ if [ "$what" = test ]; then
     need_module torch python3-torch
     need_module pytest python3-pytest
     need_module sentencepiece python3-sentencepiece
+    # pip install -e . into a virtual environment, offline (test/test_package.py)
+    need_module pip python3-pip
+    need_module ensurepip python3-venv
+    need_module setuptools python3-setuptools
 fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 
