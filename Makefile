@@ -74,9 +74,9 @@ prepare_data: dev/data/prepare_data.cpp $(HEADERS) | $(DEPS_STAMP)
 	$(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
 
 # and model.ckpt, trained.ckpt, plain.ckpt, none.ckpt, debug_{trained,plain,none,freeze}.bin
-build/ref/debug_state.bin: test/reference.py scripts/model_torch.py | $(TEST_DEPS_STAMP)
+build/ref/debug_state.bin: test/reference.py scripts/attnlog/model_torch.py scripts/attnlog/layout.py | $(TEST_DEPS_STAMP)
 	@mkdir -p build/ref
-	$(PYTHON) test/reference.py --out build/ref
+	PYTHONPATH=scripts $(PYTHON) test/reference.py --out build/ref
 
 TEST_BINS = build/test_gpt_cpu build/test_data build/test_runlog build/test_cpu_units prepare_data train
 

@@ -12,7 +12,7 @@ g=build/gpu
 logs=${OUT:-$(mktemp -d)}
 export LD_LIBRARY_PATH="$g/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi -L
-"${PYTHON:-python3}" test/reference.py --out "$g/ref" || { echo "the PyTorch reference failed"; exit 1; }
+PYTHONPATH=scripts "${PYTHON:-python3}" test/reference.py --out "$g/ref" || { echo "the PyTorch reference failed"; exit 1; }
 passed=0
 failed=0
 run_checks() {  # name, command...: counts the PASS / FAIL lines of a test program

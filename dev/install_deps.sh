@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages a step needs, once: `build` (compile ./train, with Open MPI, and
-# prepare the default corpus) or `test` (also the PyTorch reference, the Python tests and the
-# fuzzers).
+# prepare the default corpus), `report` (what the Python package attnlog needs to read logs and
+# make the report: scripts/report.py) or `test` (all of these, the PyTorch reference, the Python
+# tests, installing the package offline into a virtual environment, and the fuzzers).
 # As root it runs apt-get; otherwise it prints the one command to run and fails.
 set -euo pipefail
 what=${1:-build}
@@ -20,14 +21,23 @@ need_cmd tar tar
 # Open MPI: data-parallel training over processes (mpirun, and the headers ./train builds with).
 need_cmd mpirun openmpi-bin
 need_cmd mpicxx libopenmpi-dev
+need_module() { /usr/bin/python3 -c "import $1" >/dev/null 2>&1 || missing+=("$2"); }
+if [ "$what" = report ] || [ "$what" = test ]; then
+    need_module numpy python3-numpy
+    need_module matplotlib python3-matplotlib
+    need_module markdown python3-markdown
+fi
 if [ "$what" = test ]; then
     # clang with libFuzzer's runtime, for the fuzzing harnesses of test/fuzz.
     need_cmd clang++ clang
     ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a >/dev/null 2>&1 || missing+=(libclang-rt-dev)
-    for mod in torch:python3-torch numpy:python3-numpy matplotlib:python3-matplotlib pytest:python3-pytest \
-               sentencepiece:python3-sentencepiece; do
-        /usr/bin/python3 -c "import ${mod%%:*}" >/dev/null 2>&1 || missing+=("${mod#*:}")
-    done
+    need_module torch python3-torch
+    need_module pytest python3-pytest
+    need_module sentencepiece python3-sentencepiece
+    # pip install -e . into a virtual environment, offline (test/test_package.py)
+    need_module pip python3-pip
+    need_module ensurepip python3-venv
+    need_module setuptools python3-setuptools
 fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 

@@ -28,11 +28,11 @@ import sys
 import tempfile
 import time
 
+import attnlog
+from attnlog.commands import ArgumentParser, UserError, run
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.environ.get("TRAIN_BIN", os.path.join(ROOT, "train"))  # dev/gpu_bundle.sh's build/gpu/bin/train on a GPU machine
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-sys.path.insert(0, os.path.join(ROOT, "test"))
-import attnlog  # noqa: E402
 
 
 def run_train(args, out_dir, extra, threads=None, launch=()):
@@ -44,7 +44,8 @@ def run_train(args, out_dir, extra, threads=None, launch=()):
            "-g", "0", "-v", "0", "--val-batches", "1", "--threads", str(threads)] + extra
     proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
-        sys.exit(f"error: ./train failed ({' '.join(cmd)}):\n{proc.stdout[-2000:]}")
+        said = proc.stdout.strip().splitlines()[-1:] or ["no output"]
+        raise UserError(f"./train failed with status {proc.returncode} ({said[0]}): {' '.join(cmd)}")
     log = attnlog.open_log(os.path.join(out_dir, "run.attnlog"))
     steps, ms = log.scalars("ms")
     timed = [float(x) for x in ms[args.warmup:]]
@@ -53,16 +54,14 @@ def run_train(args, out_dir, extra, threads=None, launch=()):
 
 
 def bench_torch(args, c, B, T, threads):
-    """The PyTorch model (scripts/model_torch.py) training the same model on the same shard with the
-    reference's optimiser (test/reference.py): the ms of each step after the warm-up."""
+    """The PyTorch model (attnlog.model_torch) training the same model on the same shard with its
+    AdamW (model_torch.make_optimizer): the ms of each step after the warm-up."""
     import torch
-    import model_torch
-    import reference
+    from attnlog import model_torch, probe
     torch.set_num_threads(threads)
-    import probe
     tokens = probe.read_shard(os.path.join(ROOT, args.data_dir, "train_000000.bin"))
     p = {n: t.clone().requires_grad_(True) for n, t in model_torch.init_params(c, 1337).items()}
-    opt, _ = reference.make_optimizer(p, 0.1, frozen=())
+    opt, _ = model_torch.make_optimizer(p, 0.1, frozen=())
     times = []
     for step in range(args.steps):
         start = step * B * T
@@ -113,8 +112,8 @@ def spread(ms):
 def cpu(args):
     """./train against PyTorch at each thread count, the two alternating over several repetitions
     (on a noisy machine one run of each is not a comparison), and the cost of telemetry."""
-    import model_torch
     import torch
+    from attnlog import model_torch
     B, T = 8, 256
     usage = re.search(r"CPU capability usage: (\w+)", torch.__config__.show())
     capability = usage.group(1) if usage else "unknown"
@@ -167,7 +166,7 @@ def mpi(args):
     import shutil
     mpirun = shutil.which("mpirun")
     if not mpirun:
-        sys.exit("error: no mpirun (Open MPI: apt-get install openmpi-bin)")
+        raise UserError("no mpirun (Open MPI: apt-get install openmpi-bin)")
     B, T, N = 8, 256, max(args.processes)
     print(f"CPU data-parallel benchmark: d6 preset, micro-batch {B} x {T}, global batch {N} micro-batches "
           f"({N * B * T} tokens), one thread per process, {args.steps} steps a run ({args.warmup} warm-up steps left "
@@ -376,8 +375,9 @@ def gpu_table(args, B, T):
         print("  " + line)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None):
+    """The benchmark the command line names: its exit status (attnlog.commands)."""
+    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["cpu", "gpu", "mpi"])
     ap.add_argument("--steps", type=int, default=None, help="timed steps per run (default: 12 on the CPU, 30 on the GPU)")
     ap.add_argument("--warmup", type=int, default=2, help="first steps left out of the medians")
@@ -390,17 +390,21 @@ def main():
                     help="mpi: process counts to compare, comma-separated (default: 1 and every core)")
     ap.add_argument("--kernels", action="store_true", help="GPU: also the per-kernel times of the dev/cuda checks")
     ap.add_argument("--data-dir", default="data/brown", help="the prepared default corpus (./train prepares it)")
-    args = ap.parse_args()
+    return run(bench, ap.parse_args, argv)
+
+
+def bench(args):
     if not os.path.exists(TRAIN):
-        sys.exit(f"error: {TRAIN} is missing: run 'make train' first")
+        raise UserError(f"{TRAIN} is missing: run 'make train' first")
     if not glob.glob(os.path.join(ROOT, args.data_dir, "train_*.bin")):
-        sys.exit(f"error: --data-dir {args.data_dir}: no training shards (./train prepares the default corpus on first use)")
+        raise UserError(f"--data-dir {args.data_dir}: no training shards (./train prepares the default corpus on "
+                        "first use)")
     if args.steps is None:
         args.steps = 32 if args.what == "gpu" else 12
     if args.steps <= args.warmup:
-        sys.exit("error: --steps must be larger than --warmup")
+        raise UserError("--steps must be larger than --warmup")
     {"cpu": cpu, "gpu": gpu, "mpi": mpi}[args.what](args)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

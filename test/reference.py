@@ -1,10 +1,10 @@
 """The PyTorch reference of docs/model.md and docs/telemetry.md.
 
-The model is scripts/model_torch.py; the statistics here are computed from their definitions in
+The model is attnlog.model_torch (scripts/attnlog/model_torch.py); the statistics here are computed from their definitions in
 float64 (pairwise cosines from the full N x N matrix, the effective rank from an SVD). It runs
 on PyTorch 1.13 on the CPU.
 
-    python3 test/reference.py --out DIR
+    PYTHONPATH=scripts python3 test/reference.py --out DIR
 
 builds a small configuration from a seed, writes its weights as a checkpoint (DIR/model.ckpt,
 the format of llmc/checkpoint.h) and a debug state (DIR/debug_state.bin, the format of
@@ -25,9 +25,8 @@ import sys
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
-from model_torch import (CONFIG_FIELDS, Config, forward, frozen_kinds, frozen_mask, init_params,  # noqa: E402
-                         is_matrix, num_params, tensor_shapes, write_checkpoint)
+from attnlog.layout import CONFIG_FIELDS, frozen_kinds, frozen_mask
+from attnlog.model_torch import Config, forward, init_params, make_optimizer, num_params, tensor_shapes, write_checkpoint
 
 # ------------------------------------------------------------------------------------------------
 # Statistics, straight from telemetry.md's definitions, in float64
@@ -106,7 +105,7 @@ def telemetry(p, c, taps):
 
 
 # ------------------------------------------------------------------------------------------------
-# Optimiser (model.md): AdamW, decay on matrices only, clipping, warm-up + cosine schedule
+# The learning-rate schedule (model.md): warm-up + cosine decay; AdamW is model_torch.make_optimizer
 
 
 def lr_at_step(step, total, warmup, peak, floor):
@@ -116,16 +115,6 @@ def lr_at_step(step, total, warmup, peak, floor):
         return peak
     progress = min(1.0, (step - warmup) / (total - 1 - warmup))
     return floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * progress))
-
-
-def make_optimizer(p, weight_decay, frozen):
-    """AdamW over the parameters whose kind is not in `frozen` (names of parameter kinds)."""
-    free = {n: t for n, t in p.items() if n.split(".")[-1] not in frozen}
-    decay = [t for n, t in free.items() if is_matrix(n)]
-    no_decay = [t for n, t in free.items() if not is_matrix(n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=1.0, betas=(0.9, 0.95), eps=1e-8)
-    return opt, list(free.values())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -201,7 +190,7 @@ def adamw_steps(p, c, tokens, targets, steps, lr_of_step, weight_decay, clip, fr
     """AdamW steps on float64 master weights, the kinds in `frozen` held fixed and left out of the
     gradient norm; returns the losses and gradient norms of the steps, and the second moments
     (AdamW's v, before bias correction) of every parameter at the end, zero where frozen."""
-    opt, free = make_optimizer(p, weight_decay, frozen_kinds(frozen_mask(frozen), c))
+    opt, free = make_optimizer(p, weight_decay, frozen_kinds(frozen_mask(frozen), c.qk_norm))
     losses, norms = [], []
     for step in range(steps):
         opt.zero_grad(set_to_none=True)

@@ -93,9 +93,10 @@ def run_fuzz_smoke(name, totals):
 
 # The sanitizers' options: every error fatal, with status 86 (a user error's is 1), the report
 # into a file of a fresh folder that run_sanitized reads back (stderr is what the tests check).
-# test/sanitize/lsan.supp says which leaks are not findings, and why.
+# test/sanitize/lsan.supp says which leaks are not findings, and why. The sanitizers' training run
+# (test/sanitize/train_run.py) imports the package attnlog and the CLI tests' tiny model.
 def sanitizer_env(reports):
-    env = dict(os.environ)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "scripts"), os.path.join(ROOT, "test")]))
     common = f"halt_on_error=1:exitcode=86:log_path={reports}/report"
     env["ASAN_OPTIONS"] = common + ":detect_leaks=1"
     env["UBSAN_OPTIONS"] = common + ":print_stacktrace=1"

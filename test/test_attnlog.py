@@ -1,4 +1,4 @@
-"""Tests of scripts/attnlog.py on logs written by the C++ writer (test/test_runlog.cpp): every value
+"""Tests of the log reader (attnlog.reader, scripts/attnlog.py from the checkout) on logs written by the C++ writer (test/test_runlog.cpp): every value
 read back, and every kind of damage recognised and reported.
 
     TEST_RUNLOG_BIN=build/test_runlog /usr/bin/python3 -m pytest -q test/test_attnlog.py
@@ -17,9 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import attnlog
+from attnlog import commands, reader
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import attnlog  # noqa: E402
 
 WRITER = os.environ.get("TEST_RUNLOG_BIN", str(ROOT / "build" / "test_runlog"))
 SCRIPT = ROOT / "scripts" / "attnlog.py"
@@ -141,7 +142,7 @@ def run_cli(*args):
 
 
 def assert_one_line_error(result, *parts):
-    assert result.returncode == 2, result.stderr
+    assert result.returncode == commands.USER_ERROR, result.stderr
     assert "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: "), result.stderr
     assert result.stdout == ""
@@ -302,9 +303,8 @@ def test_torn_tail_in_info(tmp_path, data):
 # failed test with the signal's exit status instead of killing pytest.
 READ_AFTER_TRUNCATE = """
 import json, os, sys
-sys.path.insert(0, sys.argv[1])
 import attnlog
-path, cut = sys.argv[2], int(sys.argv[3])
+path, cut = sys.argv[1], int(sys.argv[2])
 log = attnlog.open_log(path)
 os.truncate(path, cut)
 values = {name: [log.scalars(name)[0].tolist(), log.scalars(name)[1].tolist()] for name in log.scalar_names()}
@@ -321,8 +321,8 @@ def test_log_truncated_while_open(tmp_path, data, cut):
     when opened, in every value."""
     path = saved(tmp_path, data)
     size = 0 if cut == "empty" else 20 + struct.unpack_from("<I", data, 12)[0]
-    result = subprocess.run([sys.executable, "-c", READ_AFTER_TRUNCATE, str(ROOT / "scripts"), str(path), str(size)],
-                            capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-c", READ_AFTER_TRUNCATE, str(path), str(size)],
+                            capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "scripts")))
     assert result.returncode == 0, f"exit status {result.returncode}: {result.stderr}"
     assert path.stat().st_size == size
     log = attnlog.open_log(saved(tmp_path, data, "intact.attnlog"))
@@ -810,7 +810,7 @@ def test_range_crcs_equal_zlib():
     buf = rng.bytes(100_000)
     a, b = np.sort(rng.integers(0, len(buf) + 1, (2, 2000)), axis=0)
     b[:5] = a[:5]  # empty ranges too
-    got = attnlog._range_crcs(buf, a, b)
+    got = reader._range_crcs(buf, a, b)
     assert got.tolist() == [zlib.crc32(buf[x:y]) for x, y in zip(a.tolist(), b.tolist())]
 
 

@@ -1,8 +1,8 @@
-"""Fuzzing of scripts/attnlog.py: thousands of damaged and malformed logs, made from logs the C++ writer
+"""Fuzzing of the log reader (attnlog.reader): thousands of damaged and malformed logs, made from logs the C++ writer
 wrote (test/test_runlog.cpp) by a seeded generator, so that every run makes the same ones. Each must
 either open, and then read in full (every field of every record type, the notes, the counts, the
 step range, and info, dump, csv and export through the command line's own functions) with no error
-but LogError, or be refused with one LogError of one line; the command line exits 0, or 2 with one
+but LogError, or be refused with one LogError of one line; the command line exits 0, or 1 with one
 line `error: FILE: ...`; no case takes long. Where the header survives, the records the reader finds
 are the ones the rules of docs/log_format.md, read literally, find.
 
@@ -20,6 +20,7 @@ import zlib
 import numpy as np
 import pytest
 
+from attnlog import commands, reader
 from test_attnlog import attnlog, make_record, run_writer, with_header
 
 pytestmark = pytest.mark.filterwarnings("error")  # the command line prints nothing but its output and one error line
@@ -139,12 +140,12 @@ def pick_command(rng, path, log):
 
 
 def run_cli(argv, opens):
-    """The command line in this process: exit status 0, or 2 with one line `error: FILE: ...`;
+    """The command line in this process: exit status 0, or 1 with one line `error: FILE: ...`;
     opens: whether the log opened (then the command must not fail on it), None if unknown."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = attnlog.main([str(a) for a in argv])
-    assert status in (0, 2), (argv, status)
+        status = reader.main([str(a) for a in argv])
+    assert status in (0, commands.USER_ERROR), (argv, status)
     if status:
         assert err.getvalue().startswith("error: ") and len(err.getvalue().splitlines()) == 1, err.getvalue()
         assert err.getvalue().endswith("\n") and not (opens and argv[0] == "info"), err.getvalue()
@@ -188,7 +189,7 @@ def check_records(log):
     data = bytes(log._buf)
     start = header_end(data)
     found, damaged = literal_records(data, start)
-    (offsets, _, _, _), got_damaged = attnlog._records(data, start)
+    (offsets, _, _, _), got_damaged = reader._records(data, start)
     assert offsets.tolist() == found and got_damaged == damaged
     types = {t.id: t for t in log.record_types.values()}
     kept = {name: [] for name in log.record_types}  # name -> [(offset, step)] of the records of a usable length
@@ -199,7 +200,7 @@ def check_records(log):
         if t is None or (length != t.payload_bytes if t.payload_bytes is not None else length < t.fixed_bytes):
             continue
         kept[t.name].append((at, step))
-        resumed = attnlog.RESUMED.match(data[at + 20:at + 20 + min(length, 64)].decode("utf-8", "replace"))
+        resumed = reader.RESUMED.match(data[at + 20:at + 20 + min(length, 64)].decode("utf-8", "replace"))
         if t.name == "note" and resumed and int(resumed.group(1)) < 2**63:
             resumes.append((at, int(resumed.group(1))))
     superseded = []

@@ -19,13 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import attnlog
+from attnlog import model_torch
+from test_train_cli import TRAIN, TINY_MODEL, assert_one_line_error, data, run  # noqa: F401
+from tolerance import assert_close, assert_norm_close
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-sys.path.insert(0, str(ROOT / "test"))
-import attnlog  # noqa: E402
-import model_torch  # noqa: E402
-from test_train_cli import TRAIN, TINY_MODEL, assert_one_line_error, data, run  # noqa: E402,F401
-from tolerance import assert_close, assert_norm_close  # noqa: E402
 
 MPIRUN = shutil.which("mpirun")
 pytestmark = pytest.mark.skipif(MPIRUN is None, reason="no mpirun (Open MPI: openmpi-bin)")

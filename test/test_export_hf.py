@@ -7,6 +7,7 @@ of test/reference.py: the test build's build/ref/, or made here.
 """
 import json
 import math
+import os
 import shutil
 import struct
 import subprocess
@@ -17,13 +18,11 @@ import numpy as np
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import export_hf  # noqa: E402
-import model_torch  # noqa: E402
+from attnlog import commands, export_hf, model_torch
+from tolerance import assert_close, assert_within
 
-sys.path.insert(0, str(ROOT / "test"))
-from tolerance import assert_close, assert_within  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+
 
 # Two float32 implementations of the same model (model_torch.py, and Qwen3 as transformers writes
 # it, its RoPE angles formed in float32 where model_torch forms them in float64), from the same
@@ -46,7 +45,7 @@ def run_export(*args):
 
 
 def assert_one_line_error(result, *parts):
-    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.returncode == commands.USER_ERROR, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert all(part in lines[0] for part in parts), (parts, lines[0])
@@ -68,7 +67,7 @@ def ref(tmp_path_factory):
         return built
     out = tmp_path_factory.mktemp("ref")
     made = subprocess.run([sys.executable, str(ROOT / "test" / "reference.py"), "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True)
+                          cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "scripts")))
     assert made.returncode == 0, made.stdout + made.stderr
     return out
 

@@ -11,6 +11,7 @@ temporary folder first (about 10 s).
 import io
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,13 +20,12 @@ import numpy as np
 import pytest
 import torch
 
+import reference
+from attnlog import commands, probe
+from attnlog.model_torch import Config, forward, init_params
+from tolerance import assert_close, assert_within, close
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-sys.path.insert(0, str(ROOT / "test"))
-import probe  # noqa: E402
-import reference  # noqa: E402
-from model_torch import Config, forward, init_params  # noqa: E402
-from tolerance import assert_close, assert_within, close  # noqa: E402
 
 SCRIPT = ROOT / "scripts" / "probe.py"
 SCALES = [0, 0.25, 0.5, 1, 2, 4]
@@ -49,7 +49,7 @@ def ref_dir(tmp_path_factory):
         return built
     out = tmp_path_factory.mktemp("ref")
     subprocess.run([sys.executable, str(ROOT / "test" / "reference.py"), "--out", str(out)], check=True,
-                   capture_output=True)
+                   capture_output=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "scripts")))
     return out
 
 
@@ -383,12 +383,12 @@ def test_cli_pattern(checkpoint, data_dir, tmp_path):
 ])
 def test_cli_errors(args, names, checkpoint, data_dir, capsys):
     argv = [{"CKPT": checkpoint, "DATA": str(data_dir)}.get(a, a) for a in args]
-    assert probe.main(argv) == 1
+    assert probe.main(argv) == commands.USER_ERROR
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and err.startswith("error: ") and names in err, err
 
 
 def test_cli_error_exit_status(tmp_path):
     result = run("sweep", tmp_path / "missing.ckpt")
-    assert result.returncode == 1
+    assert result.returncode == commands.USER_ERROR
     assert result.stderr == f"error: {tmp_path / 'missing.ckpt'}: cannot read (No such file or directory)\n"

@@ -23,12 +23,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import attnlog  # noqa: E402
+import attnlog
+from attnlog import commands
+from tolerance import assert_close, close
 
-sys.path.insert(0, str(ROOT / "test"))
-from tolerance import assert_close, close  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+
 
 SCRIPT = ROOT / "scripts" / "report.py"
 TRAIN_BIN = Path(os.environ.get("TRAIN_BIN", ROOT / "train"))
@@ -75,7 +75,7 @@ def report(*args):
 
 
 def assert_one_line_error(result, *parts):
-    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert result.returncode == commands.USER_ERROR, (result.stdout, result.stderr)
     assert "Traceback" not in result.stderr
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
     for part in parts:
@@ -222,8 +222,7 @@ def test_hypothesis_a_spearman(made, log):
 
 
 def test_ranks_average_ties():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import analysis as module
+    from attnlog import analysis as module
     assert module.ranks([3, 1, 3, 2, 3]).tolist() == [4, 1, 4, 2, 4]
     assert module.ranks([5, 5]).tolist() == [1.5, 1.5]
     x, y = [1, 2, 2, 3, 5, 4], [6, 5, 5, 4, 1, 2]
@@ -381,7 +380,7 @@ def test_diverged_run(log_path, tmp_path):
 def test_metric_shapes_follow_the_header(log_path, tmp_path):
     """A metric's shape is checked against the model configuration through the dims the header's
     table gives it; one that does not fit is left out, saying why."""
-    import analysis
+    from attnlog import analysis
     data = log_path.read_bytes()
     n = struct.unpack_from("<I", data, 12)[0]
     header = json.loads(data[20:20 + n])
@@ -750,7 +749,7 @@ def test_started_from_a_checkpoint(log_path, tmp_path):
     assert f"which had trained {STEPS} steps. Its steps count from 0 at that point" in text
     assert f"the {STEPS} steps of the checkpoint included" in text
     assert "the run has not left warm-up (last step 11 < warmup 40)" in text  # its own warm-up, from its step 0
-    import analysis
+    from attnlog import analysis
     assert analysis.started_from({"init": "w.ckpt"}, []) == {"checkpoint": "w.ckpt", "steps": None}
     assert analysis.started_from({"init": ""}, [(0, "resumed at step 5")]) is None
 
@@ -761,7 +760,7 @@ def test_started_from_a_checkpoint(log_path, tmp_path):
 def constructed_run(k_norm, entropy, steps=None, **metrics):
     """A run as analysis.load_run returns it, from arrays: k_norm [S, L, Hkv], attn_entropy [S, L, H] and
     any other metric (name=array); enough training for verdicts."""
-    import analysis
+    from attnlog import analysis
     steps = np.arange(len(k_norm)) * 10 if steps is None else np.asarray(steps)
     arrays = dict(metrics, k_norm=k_norm, attn_entropy=entropy)
     return {"L": k_norm.shape[1], "Hkv": k_norm.shape[2], "H": entropy.shape[2], "D": 64, "seq_len": T,
@@ -785,7 +784,7 @@ def correlated(sign, layers=6, kv=4, heads=4, steps=20, seed=0):
 
 
 def test_three_way_verdicts_of_a_correlation():
-    import verdicts
+    from attnlog import verdicts
     for sign, expected in ((-1, "supported"), (1, "contradicted"), (0, "inconclusive")):
         run = constructed_run(*correlated(sign))
         h = verdicts.hypotheses(run, verdicts.training_status(run))[0]
@@ -798,7 +797,7 @@ def test_three_way_verdicts_of_a_correlation():
 def test_per_kv_head_units():
     """8 query heads reading 2 kv heads in each of 6 layers: 12 independent units, each kv head with the
     mean entropy of its 4 query heads."""
-    import verdicts
+    from attnlog import verdicts
     k_norm, entropy = correlated(-1, layers=6, kv=2, heads=8)
     h = verdicts.hypothesis_entropy_norm(constructed_run(k_norm, entropy))
     assert h["n_units"] == 12 and h["within"]["n"] == 12
@@ -808,7 +807,7 @@ def test_per_kv_head_units():
 
 
 def test_one_dead_band_for_every_hypothesis():
-    import verdicts
+    from attnlog import verdicts
     assert verdicts.decide(0.2, 0.05, 0.1) == ("supported", "decided")
     assert verdicts.decide(-0.2, 0.05, 0.1) == ("contradicted", "decided")
     assert verdicts.decide(0.12, 0.05, 0.1) == ("inconclusive", "uncertain")  # beyond the margin, not its interval
@@ -828,7 +827,7 @@ def test_one_dead_band_for_every_hypothesis():
 
 
 def test_t_interval_by_hand():
-    import analysis
+    from attnlog import analysis
     mean, half, n = analysis.mean_interval([0.1, 0.3, 0.2])
     assert (mean, n) == (close(0.2, **SAME_F64), 3) and half == close(4.303 * 0.1 / np.sqrt(3), **SAME_F64)
     assert analysis.t975(1) == 12.706 and analysis.t975(30) == 2.042
@@ -918,11 +917,11 @@ def test_long_tables_collapsed_and_empty_values(made, log):
 
 
 def test_html_blocks():
-    import report as report_module
+    from attnlog import document
     blocks = [("h1", "Title"), ("h2", "Same"), ("h3", "Part `one`"), ("h2", "Same"), ("p", "text"),
               ("list", [f"item {i}" for i in range(12)]), ("list", ["short", "list"]),
               ("table", ["a", "b"], [["x", "L0H0, L0H1, L0H2, L0H3, L1H0, L1H1, L1H2, L1H3, L2H0"]])]
-    page = Page(report_module.to_html(blocks, "Title", Path("."), refresh=3))
+    page = Page(document.to_html(blocks, "Title", Path("."), refresh=3))
     assert [i for _, i in page.ids] == ["title", "same", "part-one", "same-1"]
     assert [e[1]["href"] for e in page.elements if e[0] == "a"] == ["#same", "#part-one", "#same-1"]
     lists = [e for e in page.elements if e[0] == "ul" and "nav" not in e[2]]
@@ -930,9 +929,22 @@ def test_html_blocks():
     assert [e[3] for e in page.elements if e[0] == "summary"] == ["12 items", "L0H0, L0H1, L0H2, \u2026 (9 in all)"]
     assert [e[1] for e in page.elements if e[0] == "meta" and "http-equiv" in e[1]] == \
         [{"http-equiv": "refresh", "content": "3"}]
-    assert "http-equiv" not in report_module.to_html(blocks, "Title", Path("."))
-    text = report_module.to_markdown(blocks)
+    assert "http-equiv" not in document.to_html(blocks, "Title", Path("."))
+    text = document.to_markdown(blocks)
     assert "- [Same](#same)\n  - [Part one](#part-one)\n- [Same](#same-1)\n" in text
+
+
+def test_html_shows_text_as_it_is():
+    """What Markdown would read as markup (a note's data globs, a Windows path, a tag, a line break,
+    a | in a table's code) shows in report.html as the text it is; **bold** and `code` are marks."""
+    from attnlog import document
+    note = 'step 9: resumed; run: {"train": "data/train_*.bin", "val": "val_*.bin", "dir": "C:\\runs\\"} <b>x</b>'
+    blocks = [("h1", "Run _a_"), ("list", [note, "a **bold** `co*de_` word"]),
+              ("table", ["option", "value"], [["data", document.code("a|b\nnext")]])]
+    page = Page(document.to_html(blocks, "Run", Path(".")))
+    texts = lambda tag: [e[3] for e in page.elements if e[0] == tag]  # noqa: E731
+    assert texts("h1") == ["Run _a_"] and texts("li") == [note, "a bold co*de_ word"] and texts("strong") == ["bold"]
+    assert texts("td") == ["data", "a|b next"] and texts("code") == ["co*de_", "a|b next"]
 
 
 # -- export of a real run ------------------------------------------------------------------------------
@@ -1052,9 +1064,10 @@ def test_follow_a_run_without_validation(log_path, tmp_path):
 # child process, so that a reader dying of SIGBUS shows as a failed test.
 FOLLOW_A_RESTART = """
 import os, sys
-sys.path.insert(0, sys.argv[1])
-import attnlog, report
-path, cut, outdir = sys.argv[2], int(sys.argv[3]), sys.argv[4]
+import attnlog
+from attnlog import commands
+from attnlog import report
+path, cut, outdir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 opened = attnlog.open_log
 def open_then_cut(p):
     log = opened(p)
@@ -1072,8 +1085,9 @@ def test_follow_a_log_cut_short_while_read(log_path, tmp_path):
     cut = records[len(records) // 3][0]
     restarted = tmp_path / "run.attnlog"
     restarted.write_bytes(data[:records[2 * len(records) // 3][0]])
-    result = subprocess.run([sys.executable, "-c", FOLLOW_A_RESTART, str(ROOT / "scripts"), str(restarted), str(cut),
-                             str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-c", FOLLOW_A_RESTART, str(restarted), str(cut), str(tmp_path / "out")],
+                            capture_output=True, text=True, timeout=60,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT / "scripts")))
     assert result.returncode == 0, f"exit status {result.returncode}: {result.stderr}"
     assert restarted.stat().st_size == cut
     assert f"stopped following: {restarted} has not grown for 1 s" in result.stdout
@@ -1094,7 +1108,7 @@ def test_head_ablation(which, log_path, trained_paths, tmp_path):
     """With the run's checkpoint, the report gives each head's loss increase when it is ablated
     (probe.py's numbers on the same validation batches): grouped by the taxonomy's classes when
     there is a taxonomy (the trained run), else as a layer x head table (the tiny run)."""
-    import probe
+    from attnlog import probe
     path = log_path if which == "tiny" else trained_paths[0]
     data, ckpt, out = log_path.parent.parent / "data", path.parent / "model.ckpt", tmp_path / "out"
     result = report(path, "--checkpoint", ckpt, "--data", data, "-o", out)
@@ -1117,4 +1131,4 @@ def test_head_ablation(which, log_path, trained_paths, tmp_path):
         for l in range(LAYERS):
             assert "| " + " | ".join([str(l)] + [cells[l, h] for h in range(HEADS)]) + " |" in text
     wrong = report(path, "--checkpoint", path, "-o", tmp_path / "bad")
-    assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1 and "not a checkpoint" in wrong.stderr
+    assert_one_line_error(wrong, "not a checkpoint")

@@ -20,13 +20,12 @@ import numpy as np
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import attnlog  # noqa: E402
-import model_torch  # noqa: E402
+import attnlog
+from attnlog import layout, model_torch
+from tolerance import assert_close
 
-sys.path.insert(0, str(ROOT / "test"))
-from tolerance import assert_close  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+
 
 TRAIN = Path(os.environ.get("TRAIN_BIN", ROOT / "train"))
 PREPARE = Path(os.environ.get("PREPARE_DATA_BIN", ROOT / "prepare_data"))
@@ -289,7 +288,7 @@ def test_unfinished_dataset(data, tmp_path):
     (["--qk-norm", "rms"], ["--qk-norm", "gain, plain or none"]),
     (["--freeze", "k_gain,bias"], ["--freeze", "'bias' is not a parameter kind"]),
     (["--freeze", "k_gain,"], ["--freeze", "an empty name is not a parameter kind"]),
-    (["--freeze", ",".join(model_torch.PARAM_KINDS)], ["--freeze wte,attn_norm", "nothing would train"]),
+    (["--freeze", ",".join(layout.PARAM_KINDS)], ["--freeze wte,attn_norm", "nothing would train"]),
 ])
 def test_impossible_options(data, tmp_path, args, parts):
     out = tmp_path / "out"
@@ -387,16 +386,16 @@ def test_qk_norm_variants_and_frozen_parameters(full_run, data, tmp_path):
         runs[name] = model_torch.read_checkpoint(str(tmp_path / name / "model.ckpt"))
     _, start, _ = model_torch.read_checkpoint(str(out / "model.ckpt"))
     c, frozen, info = runs["frozen"]
-    assert c.qk_norm == "gain" and model_torch.frozen_kinds(info.frozen) == ["wv", "k_gain"]
+    assert c.qk_norm == "gain" and layout.frozen_kinds(info.frozen) == ["wv", "k_gain"]
     for name in start:
         same = torch.equal(frozen[name], start[name])
         assert same == (name.endswith(".k_gain") or name.endswith(".wv")), name
     for variant in ("none", "plain"):
         c, params, info = runs[variant]
-        assert c.qk_norm == variant and model_torch.frozen_kinds(info.frozen) == ["q_gain", "k_gain"]
-        assert all(torch.all(params[f"layers.{l}.{g}"] == 1) for l in range(c.n_layer) for g in ("q_gain", "k_gain"))
+        assert c.qk_norm == variant and layout.frozen_kinds(info.frozen) == ["q_gain", "k_gain"]
+        assert all(torch.all(params[f"layers.{l}.{g}"] == 1) for l in range(c.n_layer) for g in layout.GAINS)
         log = attnlog.open_log(tmp_path / variant / "run.attnlog")
-        assert log.header["config"]["qk_norm"] == model_torch.QK_NORMS.index(variant)
+        assert log.header["config"]["qk_norm"] == layout.QK_NORMS.index(variant)
         assert log.header["options"]["qk-norm"] == variant and np.all(np.isfinite(log.metric("k_norm")[1]))
     assert attnlog.open_log(tmp_path / "frozen" / "run.attnlog").header["options"]["freeze"] == "k_gain,wv"
     # Keys that no norm holds at sqrt(D) are far shorter at initialisation: the statistic sees it.

@@ -11,15 +11,14 @@ import os
 import random
 import struct
 import subprocess
-import sys
 import zlib
 from pathlib import Path
 
 import pytest
 
+import attnlog
+
 ROOT = Path(__file__).resolve().parent.parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import attnlog  # noqa: E402
 
 WRITER = Path(os.environ.get("TEST_RUNLOG_BIN", ROOT / "build" / "test_runlog"))
 ALPHABET = list(' \t\n"\\{}[],:0123456789-+.eEabnrtuxfl') + ["\x00", "\x1f", "\u00e9", "\ud800"]

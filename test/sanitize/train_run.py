@@ -15,11 +15,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+import attnlog
+from test_train_cli import PREPARE, TINY_MODEL, run  # the CLI tests' tiny model
+
 ROOT = Path(__file__).resolve().parent.parent.parent
-sys.path.insert(0, str(ROOT / "test"))
-sys.path.insert(0, str(ROOT / "scripts"))
-import attnlog  # noqa: E402
-from test_train_cli import PREPARE, TINY_MODEL, run  # noqa: E402  the CLI tests' tiny model
 
 
 def check(ok, name, result=None):

@@ -16,9 +16,10 @@ import math
 
 import numpy as np
 
-from analysis import (AXIS_THRESHOLD, FOCUS_FRACTION, NORM_MARGIN, PERMUTATIONS, SINK_THRESHOLD, WINDOW_FRACTION,
-                      axis_ratio, group_curves, has, kv_of_query, mean_interval, offset_or_collapse, option_int, per_kv,
-                      rank_correlation, t975, uniform_entropy, values, why_not)
+from attnlog.analysis import (AXIS_THRESHOLD, FOCUS_FRACTION, NORM_MARGIN, PERMUTATIONS, SINK_THRESHOLD,
+                              WINDOW_FRACTION, axis_ratio, group_curves, has, kv_of_query, mean_interval,
+                              offset_or_collapse, option_int, per_kv, rank_correlation, t975, uniform_entropy, values,
+                              why_not)
 
 SUPPORTED, CONTRADICTED, INCONCLUSIVE = "supported", "contradicted", "inconclusive"
 CORRELATION_MARGIN = 0.1  # |rho| up to this is no correlation

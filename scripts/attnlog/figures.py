@@ -1,6 +1,6 @@
-"""The figures of scripts/report.py. Each function draws one PNG from plain numpy arrays and knows
-nothing about the run log: analysis.py measures, run_figures.py chooses what to show and writes the
-captions, this module draws.
+"""The figures of the report (attnlog.report). Each function draws one PNG from plain numpy arrays
+and knows nothing about the run log: attnlog.analysis measures, attnlog.run_figures chooses what to
+show and writes the captions, this module draws.
 
 Colours follow the research reports on key norms: early layers blue, middle green, final red. Each
 group also gets its own line style, so the figures still read in greyscale. Points of single layers

@@ -16,19 +16,17 @@ import zlib
 import numpy as np
 import torch
 
-# ------------------------------------------------------------------------------------------------
-# Configuration and parameter layout (llmc/config.h)
+from attnlog.commands import UserError
+from attnlog.layout import CONFIG_FIELDS, LAYER_TENSORS, MATRICES, PARAM_KINDS, QK_NORMS, frozen_kinds, frozen_mask
 
-CONFIG_FIELDS = ["vocab_size", "n_layer", "n_head", "n_kv_head", "head_dim", "d_model", "d_ff", "max_seq_len"]
-LAYER_TENSORS = ["attn_norm", "wq", "wk", "wv", "q_gain", "k_gain", "wo", "mlp_norm", "w1", "w3", "w2"]
-# The parameter kinds in the order of config.h's ParamKind: bit k of a frozen mask is kind k.
-PARAM_KINDS = ["wte", "attn_norm", "wq", "wk", "wv", "q_gain", "k_gain", "wo", "mlp_norm", "w1", "w3", "w2", "final_norm"]
-# --qk-norm: RMSNorm of each query and key head with learnable gains (the default), without gains
-# (held at 1, not trained), or no normalisation at all. The checkpoint stores the index.
-QK_NORMS = ["gain", "plain", "none"]
+# ------------------------------------------------------------------------------------------------
+# Configuration and parameter layout (llmc/config.h; the names: attnlog.layout)
 
 
 class Config:
+    """The model's configuration. qk_norm: RMSNorm of each query and key head with learnable gains
+    (gain, the default), without gains (plain: held at 1, not trained), or no normalisation (none)."""
+
     def __init__(self, vocab_size, n_layer, n_head, n_kv_head, head_dim, d_ff, max_seq_len,
                  rope_theta=10000.0, norm_eps=1e-5, qk_norm="gain"):
         if qk_norm not in QK_NORMS:
@@ -56,22 +54,18 @@ def num_params(c):
 
 
 def is_matrix(name):
-    return name.split(".")[-1] in ("wte", "wq", "wk", "wv", "wo", "w1", "w3", "w2")
+    return name.split(".")[-1] in MATRICES
 
 
-def frozen_mask(kinds):
-    """The bit mask of a list of parameter kind names (--freeze)."""
-    mask = 0
-    for kind in kinds:
-        mask |= 1 << PARAM_KINDS.index(kind)
-    return mask
-
-
-def frozen_kinds(mask, c=None):
-    """Names of the kinds in a frozen mask; with a config, also the gains its qk_norm holds at 1."""
-    if c is not None and c.qk_norm != "gain":
-        mask |= frozen_mask(["q_gain", "k_gain"])
-    return [k for i, k in enumerate(PARAM_KINDS) if mask >> i & 1]
+def make_optimizer(p, weight_decay, frozen):
+    """The trainer's AdamW (model.md) over the parameters whose kind is not in `frozen` (names of
+    parameter kinds): weight decay on the matrices only; the learning rate is set per step."""
+    free = {n: t for n, t in p.items() if n.split(".")[-1] not in frozen}
+    decay = [t for n, t in free.items() if is_matrix(n)]
+    no_decay = [t for n, t in free.items() if not is_matrix(n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=1.0, betas=(0.9, 0.95), eps=1e-8)
+    return opt, list(free.values())
 
 
 def init_params(c, seed):
@@ -175,6 +169,10 @@ CKPT_MAGIC = b"ATTNCKPT"
 CKPT_HEADER = 256
 
 
+class CheckpointError(UserError):
+    """A checkpoint that cannot be read or is not a valid one; str(error) is one line naming the file."""
+
+
 class CheckpointInfo:
     """What a checkpoint's header says beyond the configuration."""
 
@@ -186,7 +184,7 @@ class CheckpointInfo:
 def write_checkpoint(path, c, params, step=0, frozen=0):
     """A checkpoint of these float32 weights, without AdamW moments or a recorded run; the frozen
     kinds recorded are `frozen` (a mask) and those the variant holds at 1, as ./train records them."""
-    frozen = frozen_mask(frozen_kinds(frozen, c))
+    frozen = frozen_mask(frozen_kinds(frozen, c.qk_norm))
     flat = np.concatenate([params[n].detach().float().numpy().reshape(-1) for n, _ in tensor_shapes(c)])
     payload = flat.astype("<f4").tobytes()
     head = bytearray(CKPT_HEADER)
@@ -207,12 +205,15 @@ def write_checkpoint(path, c, params, step=0, frozen=0):
 
 def read_checkpoint(path):
     """(Config, {name: float32 tensor}, CheckpointInfo) of a checkpoint file. Checks the magic, the
-    version, both checksums, the configuration and the size; raises ValueError naming the file."""
-    with open(path, "rb") as f:
-        data = f.read()
+    version, both checksums, the configuration and the size; raises CheckpointError naming the file."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read ({e.strerror})") from None
 
     def bad(what):
-        return ValueError(f"{path}: {what}")
+        return CheckpointError(f"{path}: {what}")
 
     if len(data) < CKPT_HEADER or data[:8] != CKPT_MAGIC:
         raise bad("not a checkpoint")

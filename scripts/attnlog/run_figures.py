@@ -1,18 +1,15 @@
 """The figures of a run's report and their captions: which figures a log allows (FIGURES), each
-drawn with scripts/figures.py from the numbers scripts/analysis.py derives, with a caption written
+drawn with attnlog.figures from the numbers attnlog.analysis derives, with a caption written
 from the run's own values; and the figures that compare several runs.
 """
 import math
-import os
-import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import figures  # noqa: E402
-from analysis import (AXIS_THRESHOLD, SINK_THRESHOLD, axis_ratio, divergence_layer, group_curves, has,  # noqa: E402
-                      isotropic_pr, logit_ceiling, offset_or_collapse, per_kv, qk_ratio, rank_correlation, sink_rate,
-                      uniform_entropy, uniform_sink, values, why_not)
+from attnlog import figures
+from attnlog.analysis import (AXIS_THRESHOLD, SINK_THRESHOLD, axis_ratio, divergence_layer, group_curves, has,
+                              isotropic_pr, logit_ceiling, offset_or_collapse, per_kv, qk_ratio, rank_correlation,
+                              sink_rate, uniform_entropy, uniform_sink, values, why_not)
 
 GROUPS = ("early", "middle", "final")
 COMPARED = [("k_norm", "mean key norm k_norm"), ("k_maxabs", "mean largest key component k_maxabs"),
