@@ -418,26 +418,32 @@ def test_qk_norm_variants_and_frozen_parameters(full_run, data, tmp_path):
     assert_one_line_error(resumed, "--freeze wv,k_gain -> k_gain", "--allow-changes 1")
 
 
-def payload(ckpt):
-    """A checkpoint's weights and AdamW state, without the header (which names its run)."""
-    return ckpt.read_bytes()[256:]
-
-
 def test_a_second_run_into_a_live_runs_folder_is_refused(data, tmp_path):
-    """Two runs started into one folder: the second is refused with one line and changes nothing;
-    the first trains on, and its final checkpoint holds its own weights."""
+    """Two runs started into one folder: the second is refused with one line while the first
+    trains, and changes nothing; the first goes on, and its checkpoint and log are its own."""
     out = tmp_path / "run"
-    args = ["-x", "20", "-s", "5", "-v", "0", "--val-batches", "1", "-g", "0"]
-    first = start_training(data, out, *args, "--seed", "1")
-    wait_for_step(first, 1)
-    assert_one_line_error(train(data, out, *args, "--seed", "2"), str(out), "another ./train is running into this directory")
-    _, err = first.communicate(timeout=600)
-    assert first.returncode == 0, err
-    assert sorted(p.name for p in out.iterdir()) == ["model.ckpt", "run.attnlog"]
-    alone = train(data, tmp_path / "alone", *args, "--seed", "1")
-    assert alone.returncode == 0, alone.stderr
-    assert payload(out / "model.ckpt") == payload(tmp_path / "alone" / "model.ckpt")
-    assert attnlog.open_log(out / "run.attnlog").header["seed"] == 1
+    first = start_training(data, out, "-x", "100000", "-b", "64", "-s", "5", "-v", "0", "--val-batches", "1", "-g", "0",
+                           "--seed", "1")
+    try:
+        wait_for_step(first, 1)
+        second = train(data, out, "-x", "30", "--seed", "2")
+        assert first.poll() is None  # the first was still training when the second was refused
+        assert_one_line_error(second, str(out), "another ./train is running into this directory")
+        wait_for_step(first, 3)
+        first.send_signal(signal.SIGINT)
+        rest, err = first.communicate(timeout=300)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.communicate()
+    stopped = re.search(r"stopped by Ctrl-C after step (\d+) of 100000", rest)
+    assert first.returncode == 128 + signal.SIGINT and stopped, rest + err
+    step = int(stopped.group(1))
+    assert sorted(p.name for p in out.iterdir()) == [f"model_step{step:06d}.ckpt", "run.attnlog"]
+    log = attnlog.open_log(out / "run.attnlog")
+    assert log.header["seed"] == 1 and log.problems == [] and list(log.scalars("loss")[0]) == list(range(step))
+    run_id = int(log.header["run_id"], 16)
+    assert struct.unpack_from("<Q", (out / f"model_step{step:06d}.ckpt").read_bytes(), 168)[0] == run_id
 
 
 def test_resume_into_another_runs_folder_is_refused(full_run, data, tmp_path):
@@ -482,9 +488,14 @@ def test_keep_never_deletes_the_checkpoint_the_resume_command_names(data, tmp_pa
     proc = subprocess.Popen([str(a) for a in (TRAIN, "-i", data / "train_*.bin", "-j", data / "val_*.bin", *TINY_MODEL,
                                               *args, "-n", "1", "--keep", "1", "-r", out / "model_step000010.ckpt")],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for_step(proc, 13)
-    proc.send_signal(signal.SIGINT)
-    rest, err = proc.communicate(timeout=120)
+    try:
+        wait_for_step(proc, 13)
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     stopped = re.search(r"stopped by Ctrl-C after step (\d+) of 40; resume with:\n  .+ -r (\S+)\n", rest)
     assert stopped and int(stopped.group(1)) < 20, rest + err
     step = int(stopped.group(1))
