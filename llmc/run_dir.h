@@ -15,7 +15,7 @@
 #include <vector>
 #include "checkpoint.h"
 #include "dataprep.h"
-#include "runlog.h"
+#include "runlog_append.h"
 #include "utils.h"
 
 // A random 64-bit id, never 0 (0 means "none"): a run's, or a continuation's.
