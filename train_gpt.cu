@@ -143,7 +143,7 @@ static void gpu_set_shape(GpuModel& g, const ModelConfig& c, int max_B, int max_
     g.dist = dist;
     g.shard = param_shard(g.P, dist.rank, dist.world);
     g.stats_layout = telemetry_sums_layout(c);
-    g.max_segments = (P_NUM_KINDS - 2) * c.n_layer + 2;  // one per tensor, the most any frozen set leaves
+    g.max_segments = num_param_tensors(c);  // one per tensor, the most any frozen set leaves
 }
 
 // Holds the parameter kinds in `asked` (and those the variant leaves unused) fixed from now on:
@@ -275,7 +275,7 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
         matmul_forward(g.mm, la.qkv, la.ln1, gpu_param(g, P_WQ, l), nullptr, N, C, QKV, s);  // [Wq; Wk; Wv] in one product
         qk_norm_rope_forward(la.qk_rope, tm ? la.qk_normed : nullptr, la.qk_rstd, la.qkv, gpu_param(g, P_Q_GAIN, l),
                              gpu_param(g, P_K_GAIN, l), g.rope_cos, g.rope_sin, N, T, H, Hkv, D, c.norm_eps,
-                             c.qk_norm != QK_NORM_NONE, s);
+                             qk_norm_normalises(c.qk_norm), s);
         attention_forward(la.atty, la.att_lse, tm ? la.row_stats : nullptr, la.qk_rope, la.qkv, B, T, H, Hkv, D, s);
         if (tm)
             telemetry_layer(g.stat_sums, g.stats_layout, g.stats_partial, a.keys_f64, g.mm, la.qk_normed, la.row_stats,
@@ -332,7 +332,7 @@ static void model_backward(GpuModel& g, const int* tokens, const int* targets, f
         attention_backward(a.dqk, a.dqkv, a.att_delta, a.datty, la.atty, la.att_lse, la.qk_rope, la.qkv, B, T, H, Hkv, D, s);
         qk_norm_rope_backward(a.dqkv, gpu_grad(g, P_Q_GAIN, l), gpu_grad(g, P_K_GAIN, l), g.dgain_scratch, a.dqk, la.qkv,
                               la.qk_rstd, gpu_param(g, P_Q_GAIN, l), gpu_param(g, P_K_GAIN, l), g.rope_cos, g.rope_sin, N,
-                              T, H, Hkv, D, c.qk_norm != QK_NORM_NONE, s);
+                              T, H, Hkv, D, qk_norm_normalises(c.qk_norm), s);
         matmul_backward(g.mm, a.dln, gpu_grad(g, P_WQ, l), a.dqkv, la.ln1, gpu_param(g, P_WQ, l), N, C, QKV, s);
         rmsnorm_backward(a.dres, gpu_grad(g, P_ATTN_NORM, l), g.dgain_scratch, a.dln, x, la.ln1_rstd,
                          gpu_param(g, P_ATTN_NORM, l), N, C, s);
@@ -342,7 +342,7 @@ static void model_backward(GpuModel& g, const int* tokens, const int* targets, f
     // Frozen parameters have no gradient: they stay out of the gradient norm.
     for (int kind = 0; kind < P_NUM_KINDS; kind++)
         if (g.frozen & param_kind_bit(kind))
-            for (int l = 0; l < (param_is_per_layer(kind) ? L : 1); l++)
+            for (int l = 0; l < param_layers(c, kind); l++)
                 cudaCheck(cudaMemsetAsync(gpu_grad(g, kind, l), 0, param_numel(c, kind) * sizeof(float), s));
 }
 

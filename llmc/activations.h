@@ -84,11 +84,6 @@ struct Arena {
     }
 };
 
-template <typename... Dims>
-constexpr size_t shape_numel(Dims... dims) {
-    return (1 * ... * dims);
-}
-
 #define ACTIVATION_LETTERS(d)                                                                                \
     [[maybe_unused]] size_t B = d.B, T = d.T, N = d.N, L = d.L, C = d.C, H = d.H, Hkv = d.Hkv, NH = d.NH, D = d.D, \
                             QKV = d.QKV, F = d.F, Vp = d.Vp

@@ -173,7 +173,7 @@ inline void qk_norm_rope_forward(float* qk_normed, float* qk_rope, float* qk_rst
                                  const float* g_q, const float* g_k, const float* rope_cos,
                                  const float* rope_sin, int B, int T, const ModelConfig& c) {
     int D = c.head_dim, half = D / 2, NH = c.n_head + c.n_kv_head, QKV = c.qkv_dim();
-    bool normalise = c.qk_norm != QK_NORM_NONE;
+    bool normalise = qk_norm_normalises(c.qk_norm);
 #pragma omp parallel for collapse(2)
     for (int n = 0; n < B * T; n++) {
         for (int h = 0; h < NH; h++) {
@@ -206,7 +206,7 @@ inline void qk_norm_rope_backward(float* dqkv, float* dg_q, float* dg_k, const f
                                   const ModelConfig& c) {
     int D = c.head_dim, half = D / 2, NH = c.n_head + c.n_kv_head, QKV = c.qkv_dim();
     int N = B * T;
-    bool normalise = c.qk_norm != QK_NORM_NONE;
+    bool normalise = qk_norm_normalises(c.qk_norm);
     // dy = gradient before RoPE, kept in a per-thread row; dx through the norm.
 #pragma omp parallel
     {
@@ -580,7 +580,7 @@ inline void model_backward(CpuModel& m, const int* tokens, const int* targets, f
     // Frozen parameters have no gradient: they stay out of the gradient norm.
     for (int kind = 0; kind < P_NUM_KINDS; kind++)
         if (m.frozen & param_kind_bit(kind))
-            for (int l = 0; l < (param_is_per_layer(kind) ? L : 1); l++)
+            for (int l = 0; l < param_layers(c, kind); l++)
                 std::fill_n(grad_ptr(m, kind, l), param_numel(c, kind), 0.0f);
 }
 

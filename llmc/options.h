@@ -119,12 +119,6 @@ inline std::string option_label(const OptSpec& s) {
     return s.short_name[0] ? strprintf("%s (%s)", s.short_name, s.long_name) : std::string(s.long_name);
 }
 
-inline int qk_norm_index(const std::string& name) {
-    for (int v = 0; v < QK_NORM_NUM; v++)
-        if (name == kQkNormNames[v]) return v;
-    return -1;
-}
-
 // Fills `given` with the long names of the options on the command line.
 inline Options parse_options(int argc, char** argv, std::set<std::string>& given) {
     Options o;
@@ -195,7 +189,7 @@ inline Options parse_options(int argc, char** argv, std::set<std::string>& given
     need(o.allow_changes == 0 || o.allow_changes == 1, "--allow-changes", "must be 0 or 1");
     need(o.device == "auto" || o.device == "cpu" || o.device == "cuda", "--device", "must be auto, cpu or cuda");
     need(o.init_ckpt.empty() || o.resume_ckpt.empty(), "-e (--init)", "cannot be combined with -r (--resume)");
-    need(qk_norm_index(o.qk_norm) >= 0, "--qk-norm", "must be gain, plain or none");
+    need(qk_norm_index(o.qk_norm) >= 0, "--qk-norm", ("must be " + names_in_words(kQkNormNames, QK_NORM_NUM)).c_str());
     uint32_t frozen;
     std::string unknown;
     if (!parse_param_kinds(o.freeze, &frozen, &unknown)) {

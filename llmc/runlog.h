@@ -61,24 +61,6 @@ struct RunLog {
     std::vector<uint8_t> record;  // the record being assembled, reused from one record to the next
 };
 
-// Every ModelConfig field by name: the header lists them and a resumed run compares them.
-struct ConfigField {
-    const char* name;
-    int ModelConfig::*int_field;  // exactly one of the two is set
-    float ModelConfig::*float_field;
-};
-
-static const ConfigField kConfigFields[] = {
-    {"vocab_size", &ModelConfig::vocab_size, nullptr}, {"n_layer", &ModelConfig::n_layer, nullptr},
-    {"n_head", &ModelConfig::n_head, nullptr},         {"n_kv_head", &ModelConfig::n_kv_head, nullptr},
-    {"head_dim", &ModelConfig::head_dim, nullptr},     {"d_model", &ModelConfig::d_model, nullptr},
-    {"d_ff", &ModelConfig::d_ff, nullptr},             {"max_seq_len", &ModelConfig::max_seq_len, nullptr},
-    {"rope_theta", nullptr, &ModelConfig::rope_theta}, {"norm_eps", nullptr, &ModelConfig::norm_eps},
-    {"qk_norm", &ModelConfig::qk_norm, nullptr},  // config.h's QkNorm: 0 gain, 1 plain, 2 none
-};
-static_assert(sizeof(ModelConfig) == 9 * sizeof(int) + 2 * sizeof(float),
-              "ModelConfig has changed: list every one of its fields in kConfigFields");
-
 // The step record's fields, in payload order: the arguments of runlog_step.
 static const char* const kStepFields[][2] = {
     {"loss", "training loss of the step: mean cross-entropy, nats per token"},
