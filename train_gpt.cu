@@ -178,6 +178,9 @@ static MemoryLimit memory_available(const GpuModel&) {
 static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T, const Dist& dist = Dist()) {
     if (c.head_dim != 64 && c.head_dim != 128) fail("the CUDA backend supports head_dim 64 and 128, not %d", c.head_dim);
     if (c.d_ff % 8 != 0) fail("the CUDA backend needs d_ff to be a multiple of 8 (got %d)", c.d_ff);
+    if ((long long)max_B * max_T > kStatMaxTokens)
+        fail("options -b (--batch) and -t (--seq-len): %lld tokens in a micro-batch is more than the statistics take "
+             "(%lld); use a smaller batch with gradient accumulation (-d)", (long long)max_B * max_T, kStatMaxTokens);
     gpu_set_shape(g, c, max_B, max_T, dist);
     g.use_nccl = nccl_wanted(dist);
     if (g.use_nccl) nccl_init(g.nccl, dist);
@@ -763,7 +766,7 @@ template <typename Model>
 static void collect_stats(Model& m, Run& r, Telemetry* out) {
     double* sums = model_stats_sums(m);
     TelemetrySums lay = m.stats_layout;
-    dist_reduce_stats(r.dist, sums, lay);
+    telemetry_sums_reduce(r.dist, sums, lay);
     if (!r.writes()) return;
     ModelConfig c = r.c;
     r.stats_done = std::async(r.on_gpu ? std::launch::async : std::launch::deferred,

@@ -11,7 +11,7 @@
 #pragma once
 #include <cstddef>
 #include "config.h"
-#include "telemetry.h"  // ATTN_NUM_ROW_STATS
+#include "telemetry_sums.h"  // ATTN_NUM_ROW_STATS
 
 #define ACTIVATION_TABLE(X)                                                                                            \
     /* kept from the forward pass for the backward pass */                                                             \

@@ -415,7 +415,7 @@ inline void key_sums(double* sums, const TelemetrySums& lay, int layer, const fl
     for (int kvh = 0; kvh < Hkv; kvh++) {
         const float* keys = qk_normed + (size_t)(H + kvh) * D;  // row n at keys + n * NH * D
         double* aug = keys_f64 + (size_t)kvh * N * W;
-        double* rec = sums + lay.key_sums + ((size_t)layer * Hkv + kvh) * lay.key_record;
+        double* rec = sums + lay.key(layer, kvh);
         double sum_norm = 0, sum_maxabs = 0, sum_pr = 0;
         std::vector<double> unit_sum(D, 0.0);
         for (int n = 0; n < N; n++) {
@@ -440,7 +440,7 @@ inline void key_sums(double* sums, const TelemetrySums& lay, int layer, const fl
         rec[KS_MAXABS] += sum_maxabs;
         rec[KS_PR] += sum_pr;
         for (int i = 0; i < D; i++) rec[KS_UNIT + i] += unit_sum[i];
-        double* gram = sums + lay.grams + ((size_t)layer * Hkv + kvh) * W * W;
+        double* gram = sums + lay.gram(layer, kvh);
         cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, W, W, N, 1.0, aug, W, aug, W, 1.0, gram, W);
     }
 }
@@ -468,12 +468,12 @@ inline void query_attention_sums(double* sums, const TelemetrySums& lay, int lay
                 maxp += row_stats[ATTN_STAT_MAXP * rows + row];
                 lmax = fmaxf(lmax, row_stats[ATTN_STAT_LOGIT_MAX * rows + row]);
             }
-        double* rec = sums + lay.query_sums + ((size_t)layer * H + h) * QS_NUM;
+        double* rec = sums + lay.query(layer, h);
         rec[QS_NORM] += qn;
         rec[QS_ENTROPY] += ent;
         rec[QS_SINK] += sink;
         rec[QS_MAXP] += maxp;
-        double& mx = sums[lay.maxima + (size_t)layer * H + h];
+        double& mx = sums[lay.max_logit(layer, h)];
         mx = fmax(mx, (double)lmax);
     }
 }
@@ -511,7 +511,7 @@ inline float model_forward(CpuModel& m, const int* tokens, const int* targets, i
         if (stats) {
             key_sums(sums, lay, l, la.qk_normed, a.keys_f64, N, c);
             query_attention_sums(sums, lay, l, la.qk_normed, la.row_stats, B, T, c);
-            double* gains = sums + lay.gains + (size_t)l * 2 * c.head_dim;
+            double* gains = sums + lay.layer_gains(l);
             std::copy_n(param_ptr(m, P_Q_GAIN, l), c.head_dim, gains);
             std::copy_n(param_ptr(m, P_K_GAIN, l), c.head_dim, gains + c.head_dim);
         }
