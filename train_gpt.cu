@@ -179,8 +179,9 @@ static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T, 
     if (c.head_dim != 64 && c.head_dim != 128) fail("the CUDA backend supports head_dim 64 and 128, not %d", c.head_dim);
     if (c.d_ff % 8 != 0) fail("the CUDA backend needs d_ff to be a multiple of 8 (got %d)", c.d_ff);
     if ((long long)max_B * max_T > kStatMaxTokens)
-        fail("options -b (--batch) and -t (--seq-len): %lld tokens in a micro-batch is more than the statistics take "
-             "(%lld); use a smaller batch with gradient accumulation (-d)", (long long)max_B * max_T, kStatMaxTokens);
+        fail("options %s and %s: %lld tokens in a micro-batch is more than the statistics take (%lld); use a smaller "
+             "batch with gradient accumulation (%s)", OPTION_LABEL("--batch"), OPTION_LABEL("--seq-len"),
+             (long long)max_B * max_T, kStatMaxTokens, OPTION_NAME("--total-batch"));
     gpu_set_shape(g, c, max_B, max_T, dist);
     g.use_nccl = nccl_wanted(dist);
     if (g.use_nccl) nccl_init(g.nccl, dist);
@@ -191,8 +192,8 @@ static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T, 
     gpu_carve(g, count);
     cudaError_t err = cudaMalloc(&g.memory, count.used);
     if (err == cudaErrorMemoryAllocation)
-        fail("options -b (--batch) and -t (--seq-len): the GPU has no room for this model and its activations "
-             "(%.1f GB were asked for)", count.used / 1e9);
+        fail("options %s and %s: the GPU has no room for this model and its activations (%.1f GB were asked for)",
+             OPTION_LABEL("--batch"), OPTION_LABEL("--seq-len"), count.used / 1e9);
     cudaCheck(err);
     cudaCheck(cudaMemset(g.memory, 0, count.used));
     Arena arena{(char*)g.memory};
@@ -457,14 +458,14 @@ static void choose_device(Run& r) {
     const Options& o = r.o;
 #ifdef __CUDACC__
     if (o.device != "cpu") r.on_gpu = cuda_device_present(r.dist.local_rank, &r.device_name);
-    if (o.device == "cuda" && !r.on_gpu) fail("option --device cuda: no CUDA device is available");
+    if (o.device == "cuda" && !r.on_gpu) fail("option %s cuda: no CUDA device is available", OPTION_LABEL("--device"));
     if (r.on_gpu && r.device_name.empty())
         fail("process %d of this machine has no GPU of its own: start at most one process per GPU", r.dist.local_rank);
 #else
-    if (o.device == "cuda") fail("option --device cuda: this build has no CUDA backend (build with nvcc)");
+    if (o.device == "cuda") fail("option %s cuda: this build has no CUDA backend (build with nvcc)", OPTION_LABEL("--device"));
 #endif
     if (dist_min(r.dist, r.on_gpu) != dist_max(r.dist, r.on_gpu))
-        fail("some processes have a GPU and some have not: give every process the same device (--device)");
+        fail("some processes have a GPU and some have not: give every process the same device (%s)", OPTION_NAME("--device"));
     if (r.dist.world > 1) printf("data parallel: %d processes\n", r.dist.world);
     if (r.on_gpu) printf("device: %s (CUDA)\n", r.device_name.c_str());
     else {
@@ -478,8 +479,8 @@ static void choose_device(Run& r) {
 static void prepare_data_and_config(Run& r) {
     Options& o = r.o;
     if (!o.data_dir.empty() && o.data_dir[0] != '/') o.data_dir = program_dir() + "/" + o.data_dir;
-    if (r.given.count("--train") && o.train_pattern.empty()) fail("option -i (--train): the pattern is empty");
-    if (r.given.count("--val") && o.val_pattern.empty()) fail("option -j (--val): the pattern is empty");
+    if (r.given.count("--train") && o.train_pattern.empty()) fail("option %s: the pattern is empty", OPTION_LABEL("--train"));
+    if (r.given.count("--val") && o.val_pattern.empty()) fail("option %s: the pattern is empty", OPTION_LABEL("--val"));
     if (o.train_pattern.empty()) {
         if (r.writes()) ensure_brown_dataset(o.data_dir);  // the first process prepares it, once
         dist_barrier(r.dist);
@@ -500,21 +501,25 @@ static void prepare_data_and_config(Run& r) {
     std::string unknown;
     parse_param_kinds(o.freeze, &r.frozen, &unknown);  // checked by parse_options
     r.frozen = frozen_kinds(r.c, r.frozen);
-    if (r.frozen == kAllParamKinds) fail("option --freeze %s: every parameter would be frozen; nothing would train", o.freeze.c_str());
+    if (r.frozen == kAllParamKinds)
+        fail("option %s %s: every parameter would be frozen; nothing would train", OPTION_LABEL("--freeze"), o.freeze.c_str());
     const ModelConfig& c = r.c;
     int T = o.seq_len ? o.seq_len : c.max_seq_len, B = o.batch;
-    if (T > c.max_seq_len) fail("option -t (--seq-len) %d is above the model's max_seq_len %d", T, c.max_seq_len);
-    if ((long long)B * T > (1LL << 28)) fail("options -b (--batch) %d and -t (--seq-len) %d: %lld tokens per micro-batch is too many", B, T, (long long)B * T);
+    if (T > c.max_seq_len) fail("option %s %d is above the model's max_seq_len %d", OPTION_LABEL("--seq-len"), T, c.max_seq_len);
+    if ((long long)B * T > (1LL << 28))
+        fail("options %s %d and %s %d: %lld tokens per micro-batch is too many", OPTION_LABEL("--batch"), B,
+             OPTION_LABEL("--seq-len"), T, (long long)B * T);
     int tokens_per_micro = B * T;
     if (!o.total_batch) o.total_batch = tokens_per_micro * r.dist.world;  // a micro-batch per process
     if (o.total_batch % tokens_per_micro != 0)
-        fail("option -d (--total-batch) %d is not a multiple of batch * seq_len = %d", o.total_batch, tokens_per_micro);
+        fail("option %s %d is not a multiple of batch * seq_len = %d", OPTION_LABEL("--total-batch"), o.total_batch,
+             tokens_per_micro);
     r.B = B;
     r.T = T;
     r.accum = o.total_batch / tokens_per_micro;
     if (r.accum % r.dist.world != 0)
-        fail("option -d (--total-batch) %d: its %d micro-batches of %dx%d do not split evenly over %d processes",
-             o.total_batch, r.accum, B, T, r.dist.world);
+        fail("option %s %d: its %d micro-batches of %dx%d do not split evenly over %d processes",
+             OPTION_LABEL("--total-batch"), o.total_batch, r.accum, B, T, r.dist.world);
     r.local_accum = r.accum / r.dist.world;
 
     dataloader_init(&r.train, o.train_pattern.c_str(), B, T, c.vocab_size, o.shuffle == 1, (uint64_t)o.seed);
@@ -551,12 +556,12 @@ static void check_same_everywhere(const Run& r) {
             fail("option %s differs between the processes; give every process the same options", option_label(s).c_str());
     for (const ConfigField& f : kConfigFields)
         if (!same(text_hash(config_value_text(r.c, f))))
-            fail("the model's %s differs between the processes (their -r, -e or -k files differ); give every process the "
-                 "same model", f.name);
+            fail("the model's %s differs between the processes (their %s, %s or %s files differ); give every process the "
+                 "same model", f.name, OPTION_NAME("--resume"), OPTION_NAME("--init"), OPTION_NAME("--tokenizer"));
     if (!same(r.train.fingerprint))
-        fail("option -i (--train): the processes read different training data; give every process the same shards");
+        fail("option %s: the processes read different training data; give every process the same shards", OPTION_LABEL("--train"));
     if (!same(r.have_val ? r.val.fingerprint : 0))
-        fail("option -j (--val): the processes read different validation data; give every process the same shards");
+        fail("option %s: the processes read different validation data; give every process the same shards", OPTION_LABEL("--val"));
 }
 
 static TrainingSchedule training_schedule(const Run& r) {
@@ -574,18 +579,19 @@ static std::string schedule_changes(const TrainingSchedule& was, const TrainingS
     auto differ = [&](const char* option, double then, double here) {
         if (then != here) changes += strprintf("%s%s %g -> %g", changes.empty() ? "" : ", ", option, then, here);
     };
-    differ("-l (--lr)", was.lr, now.lr);
-    differ("-q (--lr-floor)", was.lr_floor, now.lr_floor);
-    differ("-c (--weight-decay)", was.weight_decay, now.weight_decay);
-    differ("--clip", was.clip, now.clip);
-    differ("--beta1", was.beta1, now.beta1);
-    differ("--beta2", was.beta2, now.beta2);
-    differ("-u (--warmup)", was.warmup, now.warmup);
-    differ("-x (--steps)", was.steps, now.steps);
-    if (was.cpu_threads && now.cpu_threads) differ("--threads (times processes)", was.cpu_threads, now.cpu_threads);
+    differ(OPTION_LABEL("--lr"), was.lr, now.lr);
+    differ(OPTION_LABEL("--lr-floor"), was.lr_floor, now.lr_floor);
+    differ(OPTION_LABEL("--weight-decay"), was.weight_decay, now.weight_decay);
+    differ(OPTION_LABEL("--clip"), was.clip, now.clip);
+    differ(OPTION_LABEL("--beta1"), was.beta1, now.beta1);
+    differ(OPTION_LABEL("--beta2"), was.beta2, now.beta2);
+    differ(OPTION_LABEL("--warmup"), was.warmup, now.warmup);
+    differ(OPTION_LABEL("--steps"), was.steps, now.steps);
+    if (was.cpu_threads && now.cpu_threads)
+        differ((OPTION_LABEL("--threads") + std::string(" (times processes)")).c_str(), was.cpu_threads, now.cpu_threads);
     if (was.frozen != now.frozen)
-        changes += strprintf("%s--freeze %s -> %s", changes.empty() ? "" : ", ", param_kinds_text(was.frozen).c_str(),
-                             param_kinds_text(now.frozen).c_str());
+        changes += strprintf("%s%s %s -> %s", changes.empty() ? "" : ", ", OPTION_LABEL("--freeze"),
+                             param_kinds_text(was.frozen).c_str(), param_kinds_text(now.frozen).c_str());
     return changes;
 }
 
@@ -595,10 +601,10 @@ static std::vector<std::string> data_changes(const CheckpointOrigin& was, const 
     std::vector<std::string> changes;
     if (!was.run_id) return changes;
     uint64_t val = r.have_val ? r.val.fingerprint : 0;
-    if (was.train_data != r.train.fingerprint) changes.push_back("-i (--train) other training data");
+    if (was.train_data != r.train.fingerprint) changes.push_back(OPTION_LABEL("--train") + std::string(" other training data"));
     if (was.val_data != val)
-        changes.push_back(!val ? "-j (--val) no validation data" : was.val_data ? "-j (--val) other validation data"
-                                                                                : "-j (--val) validation data added");
+        changes.push_back(OPTION_LABEL("--val") + std::string(!val ? " no validation data" : was.val_data ? " other validation data"
+                                                                                                       : " validation data added"));
     return changes;
 }
 
@@ -629,14 +635,18 @@ static void load_weights(Model& m, Run& r, int* start_step, long long* data_posi
             std::fill(h.adam_m, h.adam_m + P, 0.0f);
             std::fill(h.adam_v, h.adam_v + P, 0.0f);
         } else {
-            if (!info.has_optimizer_state) fail("%s: cannot resume: the checkpoint holds no optimiser state (start from it with -e)", r.ckpt.c_str());
+            if (!info.has_optimizer_state)
+                fail("%s: cannot resume: the checkpoint holds no optimiser state (start from it with %s)", r.ckpt.c_str(),
+                     OPTION_NAME("--init"));
             *start_step = (int)info.step;
-            if (*start_step >= o.steps) fail("option -x (--steps) %d: the checkpoint %s is already at step %d", o.steps, r.ckpt.c_str(), *start_step);
+            if (*start_step >= o.steps)
+                fail("option %s %d: the checkpoint %s is already at step %d", OPTION_LABEL("--steps"), o.steps, r.ckpt.c_str(),
+                     *start_step);
             const DataOrder &was = info.data_order, now = data_order(r);
             struct { long long now, then; const char* option; } same[] = {
-                {now.batch, was.batch, "-b (--batch)"}, {now.seq_len, was.seq_len, "-t (--seq-len)"},
-                {now.total_batch, was.total_batch, "-d (--total-batch)"}, {now.shuffle, was.shuffle, "--shuffle"},
-                {now.seed, was.seed, "--seed"}};
+                {now.batch, was.batch, OPTION_LABEL("--batch")}, {now.seq_len, was.seq_len, OPTION_LABEL("--seq-len")},
+                {now.total_batch, was.total_batch, OPTION_LABEL("--total-batch")},
+                {now.shuffle, was.shuffle, OPTION_LABEL("--shuffle")}, {now.seed, was.seed, OPTION_LABEL("--seed")}};
             for (const auto& x : same)
                 if (was.batch && x.now != x.then)  // recorded: the data order must be the same
                     fail("option %s is %lld but the run of %s used %lld; resume with the same data order", x.option, x.now, r.ckpt.c_str(), x.then);
@@ -647,8 +657,8 @@ static void load_weights(Model& m, Run& r, int* start_step, long long* data_posi
             r.changes = schedule_changes(info.schedule, training_schedule(r));
             for (const std::string& change : data_changes(info.origin, r)) r.changes += (r.changes.empty() ? "" : ", ") + change;
             if (!r.changes.empty() && !o.allow_changes)
-                fail("options %s differ from the run of %s; resume with its options, or add --allow-changes 1 to go on "
-                     "with these (the run log records the change)%s", r.changes.c_str(), r.ckpt.c_str(),
+                fail("options %s differ from the run of %s; resume with its options, or add %s 1 to go on with these (the "
+                     "run log records the change)%s", r.changes.c_str(), r.ckpt.c_str(), OPTION_LABEL("--allow-changes"),
                      r.changes.find("--threads") == std::string::npos ? "" :
                      "; another count of threads (or of processes) changes the last bits of the CPU's float sums, so "
                      "the run would not repeat an uninterrupted one bit for bit");
@@ -922,8 +932,8 @@ static std::string resume_command(const Run& r, const std::string& ckpt) {
         runlog_close(log);
     }
     dist_fail_together(r.dist, strprintf("step %d: the loss is %g and the gradient norm %g; stopping before the weights "
-                                         "are damaged (%s and earlier checkpoints are intact; try a lower -l)",
-                                         step, loss, norm, log_path.c_str()));
+                                         "are damaged (%s and earlier checkpoints are intact; try a lower %s)",
+                                         step, loss, norm, log_path.c_str(), OPTION_NAME("--lr")));
 }
 
 template <typename Model>
