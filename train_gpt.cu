@@ -51,15 +51,11 @@
 #include "llmc/swiglu.cuh"
 #include "llmc/telemetry.cuh"
 
-struct GpuModel {
-    ModelConfig cfg;
-    int max_B = 0, max_T = 0, Vp = 0;  // Vp: the vocabulary rounded up to 128, the logits' row stride
-    int B = 0, T = 0;                  // shape of the last forward pass
+struct GpuModel : ModelShape {  // and backend.h's ModelShape
+    int Vp = 0;  // the vocabulary rounded up to 128, the logits' row stride
     size_t P = 0;
     // Data-parallel training (distributed.h): params and grads hold shard.padded floats (P of them
     // parameters), adam_m and adam_v only this process's shard (ZeRO-1).
-    Dist dist;
-    ParamShard shard;
     bool use_nccl = false;  // several processes (or TRAIN_NCCL=1): the collectives of nccl.cuh
     Nccl nccl;
     // Everything on the device lives in one allocation, `memory`, carved by gpu_carve.
@@ -73,14 +69,12 @@ struct GpuModel {
     // square, summed over the processes), and the AdamW segments.
     float *dgain_scratch, *stats_partial;
     double* stat_sums;
-    TelemetrySums stats_layout;
     double stats_tokens = 0;  // tokens measured since model_stats_begin
     int *tokens, *targets, *buckets;
     double *norm_partial, *grad_sq;
     float* grad_norm;
     ParamSegment* segments;
     int max_segments = 0, num_segments = 0;  // room carved; in use (frozen kinds and other shards have none)
-    uint32_t frozen = 0;                      // parameter kinds held fixed (config.h's frozen_kinds)
     // On the host: pinned buffers the device copies into, and the host copy of the weights and
     // AdamW state (shard.padded floats each; of the AdamW state, this process's shard).
     float* losses_host = nullptr;
@@ -135,14 +129,9 @@ static void gpu_carve(GpuModel& g, Arena& a) {
 
 // The sizes everything is carved to.
 static void gpu_set_shape(GpuModel& g, const ModelConfig& c, int max_B, int max_T, const Dist& dist) {
-    g.cfg = c;
-    g.max_B = max_B;
-    g.max_T = max_T;
+    model_shape_init(g, c, max_B, max_T, dist);
     g.Vp = (c.vocab_size + 127) / 128 * 128;
     g.P = num_parameters(c);
-    g.dist = dist;
-    g.shard = param_shard(g.P, dist.rank, dist.world);
-    g.stats_layout = telemetry_sums_layout(c);
     g.max_segments = num_param_tensors(c);  // one per tensor, the most any frozen set leaves
 }
 
@@ -413,6 +402,8 @@ static void model_logits_row(GpuModel& g, int row, float* out) {
     cudaCheck(cudaMemcpy(tmp.data(), g.acts.logits + (size_t)row * g.Vp, tmp.size() * sizeof(bf16), cudaMemcpyDeviceToHost));
     for (int v = 0; v < g.cfg.vocab_size; v++) out[v] = __bfloat162float(tmp[v]);
 }
+
+static_assert(check_backend<GpuModel>(), "GpuModel implements backend.h's contract");
 #endif  // __CUDACC__
 
 // =============================================================================================

@@ -15,12 +15,12 @@
 #include <memory>
 #include <vector>
 #include "activations.h"
+#include "backend.h"
 #include "config.h"
 #include "distributed.h"
-#include "eigen.h"
 #include "math.h"
 #include "memory.h"
-#include "telemetry.h"
+#include "telemetry_sums.h"
 #include "utils.h"
 
 // glibc ships vectorised versions of expf (libmvec). GCC uses them in `omp simd` loops only when
@@ -31,25 +31,18 @@
 extern "C" float expf(float) noexcept;
 #endif
 
-// The model and its buffers. The activations are those of activations.h, in float, in one block.
-struct CpuModel {
-    ModelConfig cfg;
-    int max_B = 0, max_T = 0;  // activation buffers are sized for these
+// The model and its buffers (backend.h's ModelShape besides). The activations are those of
+// activations.h, in float, in one block.
+struct CpuModel : ModelShape {
     std::vector<float> params, grads, adam_m, adam_v;  // flat, in the layout of config.h
     std::vector<float> rope_cos, rope_sin;             // [max_seq_len, D/2]
     Activations<float> acts;
     std::unique_ptr<char[]> act_memory;
-    int B = 0, T = 0;  // shape of the last forward pass
-    uint32_t frozen = 0;  // parameter kinds held fixed (config.h's frozen_kinds)
     // Data-parallel training (distributed.h): params, grads, adam_m and adam_v hold shard.padded
     // floats, P of them parameters; AdamW updates this process's shard only, with its state there.
-    Dist dist;
-    ParamShard shard;
     std::vector<ParamSegment> segments;  // what AdamW updates: the unfrozen parameters of the shard
     std::vector<float> grad_scratch;     // a shard, for the reduce-scatter
-    // A stats step's sums (telemetry.h), added into by every forward pass with statistics.
-    TelemetrySums stats_layout;
-    std::vector<double> stat_sums;
+    std::vector<double> stat_sums;       // a stats step's sums, added into by every forward pass with statistics
 };
 
 inline float* param_ptr(CpuModel& m, int kind, int l = 0) { return m.params.data() + param_offset(m.cfg, kind, l); }
@@ -59,18 +52,13 @@ inline void model_freeze(CpuModel& m, uint32_t asked);
 
 // The model for micro-batches up to max_B x max_T, as process dist.rank of dist.world.
 inline void model_init(CpuModel& m, const ModelConfig& cfg, int max_B, int max_T, const Dist& dist = Dist()) {
-    m.cfg = cfg;
-    m.max_B = max_B;
-    m.max_T = max_T;
-    m.dist = dist;
-    m.shard = param_shard(num_parameters(cfg), dist.rank, dist.world);
+    model_shape_init(m, cfg, max_B, max_T, dist);
     size_t padded = m.shard.padded;
     m.params.assign(padded, 0.0f);
     m.grads.assign(padded, 0.0f);
     m.adam_m.assign(padded, 0.0f);
     m.adam_v.assign(padded, 0.0f);
     m.grad_scratch.assign(dist.world > 1 ? m.shard.size : 0, 0.0f);
-    m.stats_layout = telemetry_sums_layout(cfg);
     m.stat_sums.assign(m.stats_layout.total, 0.0);
     model_freeze(m, 0);
     int D = cfg.head_dim, half = D / 2;
@@ -609,10 +597,6 @@ inline float model_grad_norm(CpuModel& m) {
     return (float)sqrt(total);
 }
 
-struct AdamWSettings {
-    float lr, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
-};
-
 // One AdamW step (t counts from 1) on this process's shard, the gradients clipped to global norm
 // `clip` (0: off) by their norm grad_norm, the value model_grad_norm returned.
 inline void model_adamw_step(CpuModel& m, const AdamWSettings& o, int t, float grad_norm, float clip) {
@@ -634,15 +618,8 @@ inline void model_param_sync(CpuModel& m) { dist_all_gather(m.dist, m.params.dat
 inline void model_stats_begin(CpuModel& m) { telemetry_sums_clear(m.stat_sums.data(), m.stats_layout); }
 inline double* model_stats_sums(CpuModel& m) { return m.stat_sums.data(); }
 
-// The rest of the interface the training loop uses (train_gpt.cu gives the GPU model the same).
-// The host arrays are the model's own here, so moving them between host and device does nothing.
-
-struct HostState {
-    // In the layout of config.h, shard.padded floats each (P of them parameters); of the AdamW
-    // state only this process's shard is kept up to date (the training loop gathers it).
-    float *params, *adam_m, *adam_v;
-};
-
+// The rest of backend.h's contract. The host arrays are the model's own here, so moving them
+// between host and device does nothing.
 inline HostState host_state(CpuModel& m) { return {m.params.data(), m.adam_m.data(), m.adam_v.data()}; }
 inline void model_free(CpuModel& m) { m = CpuModel(); }
 inline void model_upload(CpuModel&) {}
@@ -653,3 +630,5 @@ inline void model_logits_row(CpuModel& m, int row, float* out) {
     const float* z = m.acts.logits + (size_t)row * m.cfg.vocab_size;
     std::copy(z, z + m.cfg.vocab_size, out);
 }
+
+static_assert(check_backend<CpuModel>(), "CpuModel implements backend.h's contract");
