@@ -2,13 +2,12 @@
 // keys and attention patterns do (docs/telemetry.md), appending everything to a crash-safe
 // binary log (docs/log_format.md).
 //
-// The file reads top to bottom as: the GPU model (its buffers, forward and backward pass, update
-// and telemetry), then the training loop. One program, two backends: the CUDA backend when a GPU
-// is present, the CPU backend (llmc/model_cpu.h) otherwise, with the same options, the same log
-// and the same checkpoints. Both backends offer the same functions (model_init, model_forward,
-// model_backward, ...), and the training loop is written once over them. Built by nvcc when the
-// CUDA toolkit is installed; without it, the same file compiles as plain C++ (g++ -x c++) and
-// holds the CPU backend only.
+// One program, two backends: the CUDA backend when a GPU is present, the CPU backend otherwise,
+// with the same options, the same log and the same checkpoints. Both implement the contract of
+// llmc/backend.h, and the training loop is one template over it. Built by nvcc when the CUDA
+// toolkit is installed; without it, the same file compiles as plain C++ (g++ -x c++) and holds
+// the CPU backend only. It reads top to bottom as: the includes, the GPU model (its buffers,
+// forward and backward pass, update and telemetry), the training loop, main.
 #include <omp.h>
 #include <signal.h>
 #include <algorithm>
@@ -19,20 +18,22 @@
 #include <set>
 #include <string>
 #include <vector>
-#include "llmc/activations.h"
-#include "llmc/checkpoint.h"
-#include "llmc/config.h"
-#include "llmc/dataloader.h"
-#include "llmc/dataprep.h"
-#include "llmc/distributed.h"
-#include "llmc/model_cpu.h"
-#include "llmc/options.h"
-#include "llmc/rand.h"
-#include "llmc/run_dir.h"
-#include "llmc/runlog.h"
-#include "llmc/telemetry.h"
-#include "llmc/tokenizer.h"
-#include "llmc/utils.h"
+#include "llmc/activations.h"  // the table of activation buffers both backends carve
+#include "llmc/backend.h"      // what a backend offers the training loop
+#include "llmc/checkpoint.h"   // the checkpoint file
+#include "llmc/config.h"       // the model configuration, the parameter kinds and layout
+#include "llmc/dataloader.h"   // the token shards, batches and the data order
+#include "llmc/dataprep.h"     // the default corpus, prepared on first use
+#include "llmc/distributed.h"  // the processes of a data-parallel run and their collectives
+#include "llmc/model_cpu.h"    // the CPU backend
+#include "llmc/options.h"      // the command line
+#include "llmc/rand.h"         // the sampling's random numbers
+#include "llmc/resume.h"       // what -r checks against its checkpoint, and the command that resumes
+#include "llmc/run_dir.h"      // the output folder, its lock, its log and its checkpoints
+#include "llmc/runlog.h"       // the run log's records
+#include "llmc/telemetry.h"    // the statistics of a stats step, from their sums
+#include "llmc/tokenizer.h"    // SentencePiece, for the vocabulary and the samples
+#include "llmc/utils.h"        // fail(), files, time
 
 // =============================================================================================
 // The GPU model. bf16 weights and activations, float32 master weights, gradients and AdamW
@@ -425,9 +426,7 @@ struct Run {
     Tokenizer tok;
     bool have_tokenizer = false;
     std::string ckpt;  // the checkpoint of -r or -e
-    std::string changes;  // -r: the training options that differ from the checkpoint's run
-    uint64_t run_id = 0, continuation = 0;  // this run's and this continuation's ids (RunInfo)
-    CheckpointOrigin resumed;  // -r: who wrote the checkpoint
+    RunFolder folder;  // who the run is and where it writes (run_dir.h)
     ModelConfig c;
     uint32_t frozen = 0;  // the parameter kinds held fixed: --freeze and those the variant leaves unused
     int B = 0, T = 0;  // a micro-batch
@@ -555,58 +554,21 @@ static void check_same_everywhere(const Run& r) {
         fail("option %s: the processes read different validation data; give every process the same shards", OPTION_LABEL("--val"));
 }
 
-static TrainingSchedule training_schedule(const Run& r) {
-    const Options& o = r.o;
-    return {o.lr, o.lr_floor, o.weight_decay, o.clip, o.beta1, o.beta2, o.warmup, o.steps,
-            r.on_gpu ? 0 : r.threads * r.dist.world,  // the threads of every process together
-            r.frozen};
-}
-
-// The training options of this run that differ from those of the checkpoint's, as
-// "-l (--lr) 0.003 -> 0.01, ..."; empty when none do or the checkpoint does not record them.
-static std::string schedule_changes(const TrainingSchedule& was, const TrainingSchedule& now) {
-    if (was.lr == 0) return "";
-    std::string changes;
-    auto differ = [&](const char* option, double then, double here) {
-        if (then != here) changes += strprintf("%s%s %g -> %g", changes.empty() ? "" : ", ", option, then, here);
-    };
-    differ(OPTION_LABEL("--lr"), was.lr, now.lr);
-    differ(OPTION_LABEL("--lr-floor"), was.lr_floor, now.lr_floor);
-    differ(OPTION_LABEL("--weight-decay"), was.weight_decay, now.weight_decay);
-    differ(OPTION_LABEL("--clip"), was.clip, now.clip);
-    differ(OPTION_LABEL("--beta1"), was.beta1, now.beta1);
-    differ(OPTION_LABEL("--beta2"), was.beta2, now.beta2);
-    differ(OPTION_LABEL("--warmup"), was.warmup, now.warmup);
-    differ(OPTION_LABEL("--steps"), was.steps, now.steps);
-    if (was.cpu_threads && now.cpu_threads)
-        differ((OPTION_LABEL("--threads") + std::string(" (times processes)")).c_str(), was.cpu_threads, now.cpu_threads);
-    if (was.frozen != now.frozen)
-        changes += strprintf("%s%s %s -> %s", changes.empty() ? "" : ", ", OPTION_LABEL("--freeze"),
-                             param_kinds_text(was.frozen).c_str(), param_kinds_text(now.frozen).c_str());
-    return changes;
-}
-
-// The data of this run that differs from the checkpoint's run's, by fingerprint, in the words of
-// schedule_changes; none when the checkpoint does not record its data.
-static std::vector<std::string> data_changes(const CheckpointOrigin& was, const Run& r) {
-    std::vector<std::string> changes;
-    if (!was.run_id) return changes;
-    uint64_t val = r.have_val ? r.val.fingerprint : 0;
-    if (was.train_data != r.train.fingerprint) changes.push_back(OPTION_LABEL("--train") + std::string(" other training data"));
-    if (was.val_data != val)
-        changes.push_back(OPTION_LABEL("--val") + std::string(!val ? " no validation data" : was.val_data ? " other validation data"
-                                                                                                       : " validation data added"));
-    return changes;
-}
-
-static DataOrder data_order(const Run& r) {
-    DataOrder order;
-    order.batch = r.B;
-    order.seq_len = r.T;
-    order.total_batch = r.o.total_batch;
-    order.shuffle = r.o.shuffle;
-    order.seed = r.o.seed;
-    return order;
+// What a checkpoint of this run records besides its step and weights: the data order, the
+// training schedule, who wrote it and on what data. A resumed run compares it with its checkpoint's.
+static CheckpointInfo checkpoint_info(const Run& r) {
+    CheckpointInfo info;
+    info.config = r.c;
+    info.has_optimizer_state = true;
+    info.data_order.batch = r.B;
+    info.data_order.seq_len = r.T;
+    info.data_order.total_batch = r.o.total_batch;
+    info.data_order.shuffle = r.o.shuffle;
+    info.data_order.seed = r.o.seed;
+    info.schedule = training_schedule(r.o, r.on_gpu ? 0 : r.threads * r.dist.world,  // the threads of every process
+                                      r.frozen);
+    info.origin = {r.folder.run_id, r.folder.continuation, r.train.fingerprint, r.have_val ? r.val.fingerprint : 0};
+    return info;
 }
 
 // The weights and AdamW state: from the checkpoint of -r (with its step and data position) or -e,
@@ -616,8 +578,7 @@ static void load_weights(Model& m, Run& r, int* start_step, long long* data_posi
     const Options& o = r.o;
     HostState h = host_state(m);
     size_t P = num_parameters(r.c);
-    r.run_id = new_run_id();  // a new run, unless the checkpoint of -r names its run below
-    r.continuation = new_run_id();
+    r.folder = new_run();
     if (r.ckpt.empty()) {
         init_parameters(r.c, h.params, (uint64_t)o.seed);
     } else {
@@ -626,33 +587,10 @@ static void load_weights(Model& m, Run& r, int* start_step, long long* data_posi
             std::fill(h.adam_m, h.adam_m + P, 0.0f);
             std::fill(h.adam_v, h.adam_v + P, 0.0f);
         } else {
-            if (!info.has_optimizer_state)
-                fail("%s: cannot resume: the checkpoint holds no optimiser state (start from it with %s)", r.ckpt.c_str(),
-                     OPTION_NAME("--init"));
+            continue_run(r.folder, r.ckpt, info, check_resume(r.ckpt, info, checkpoint_info(r), o));
             *start_step = (int)info.step;
-            if (*start_step >= o.steps)
-                fail("option %s %d: the checkpoint %s is already at step %d", OPTION_LABEL("--steps"), o.steps, r.ckpt.c_str(),
-                     *start_step);
-            const DataOrder &was = info.data_order, now = data_order(r);
-            struct { long long now, then; const char* option; } same[] = {
-                {now.batch, was.batch, OPTION_LABEL("--batch")}, {now.seq_len, was.seq_len, OPTION_LABEL("--seq-len")},
-                {now.total_batch, was.total_batch, OPTION_LABEL("--total-batch")},
-                {now.shuffle, was.shuffle, OPTION_LABEL("--shuffle")}, {now.seed, was.seed, OPTION_LABEL("--seed")}};
-            for (const auto& x : same)
-                if (was.batch && x.now != x.then)  // recorded: the data order must be the same
-                    fail("option %s is %lld but the run of %s used %lld; resume with the same data order", x.option, x.now, r.ckpt.c_str(), x.then);
             *data_position = info.data_position;
             dataloader_seek(&r.train, *data_position);
-            r.resumed = info.origin;
-            if (info.origin.run_id) r.run_id = info.origin.run_id;  // the same run, continued
-            r.changes = schedule_changes(info.schedule, training_schedule(r));
-            for (const std::string& change : data_changes(info.origin, r)) r.changes += (r.changes.empty() ? "" : ", ") + change;
-            if (!r.changes.empty() && !o.allow_changes)
-                fail("options %s differ from the run of %s; resume with its options, or add %s 1 to go on with these (the "
-                     "run log records the change)%s", r.changes.c_str(), r.ckpt.c_str(), OPTION_LABEL("--allow-changes"),
-                     r.changes.find("--threads") == std::string::npos ? "" :
-                     "; another count of threads (or of processes) changes the last bits of the CPU's float sums, so "
-                     "the run would not repeat an uninterrupted one bit for bit");
         }
     }
     hold_unused_gains(r.c, h.params);
@@ -660,51 +598,16 @@ static void load_weights(Model& m, Run& r, int* start_step, long long* data_posi
     model_freeze(m, r.frozen);
 }
 
-// The output directory (absolute) and the run log: a new log, or the resumed run's, appended to.
-// Temporary files a killed run left behind are removed.
-static RunLog open_run_log(Run& r, int start_step, std::string* log_path) {
-    Options& o = r.o;
-    if (o.out_dir.empty()) o.out_dir = o.resume_ckpt.empty() ? utc_time("runs/%Y%m%d-%H%M%S") : o.resume_ckpt.substr(0, o.resume_ckpt.find_last_of('/') + 1);
-    if (o.out_dir.empty()) o.out_dir = ".";
-    make_dirs(o.out_dir);
-    o.out_dir = absolute_path(o.out_dir);
-    lock_run_dir(o.out_dir);
-    remove_stale_temporaries(o.out_dir);
-    *log_path = o.out_dir + "/run.attnlog";
+// What the run log's header says about the run besides the model (run_dir.h fills in its ids).
+static RunInfo run_info(const Run& r) {
     RunInfo run;
     run.config = r.c;
-    for (const OptSpec& s : kOptions) run.options.push_back({s.long_name + 2, option_value_text(o, s)});
-    run.seed = (uint64_t)o.seed;
+    for (const OptSpec& s : kOptions) run.options.push_back({s.long_name + 2, option_value_text(r.o, s)});
+    run.seed = (uint64_t)r.o.seed;
     run.backend = r.on_gpu ? "cuda" : "cpu";
     run.device = r.device_name;
     run.num_processes = r.dist.world;
-    run.run_id = r.run_id;
-    run.continuation = r.continuation;
-    bool resuming = !o.resume_ckpt.empty();
-    if (resuming) {
-        run.resumed_from = r.resumed.continuation;
-        run.resumed_from_step = start_step;
-    }
-    if (resuming && file_exists(*log_path))
-        return runlog_open_append(*log_path, run, start_step, r.changes, [&](const RunLineage& lineage) {
-            std::string why = lineage_problem(lineage, r.resumed, start_step);
-            if (!why.empty())
-                fail("%s: cannot resume %s into this log: %s; resume into a new directory (-o) instead", log_path->c_str(),
-                     r.ckpt.c_str(), why.c_str());
-        });
-    if (resuming) {  // into a folder without a log: its checkpoints, if any, must be this run's
-        for (const CheckpointFile& f : checkpoints_in(o.out_dir))
-            if (f.info.origin.run_id && f.info.origin.run_id != r.run_id)
-                fail("%s: holds checkpoints of another run (%s); resume %s into its own directory or a new one (-o)",
-                     o.out_dir.c_str(), f.name.c_str(), r.ckpt.c_str());
-    } else {
-        set_aside_unresumable_log(o.out_dir, *log_path);
-    }
-    RunLog log = runlog_create(*log_path, run);
-    if (resuming)  // a resumed run in a new directory: its log says where it began
-        runlog_note(log, start_step, strprintf("resumed from step %d of the run of %s", start_step, absolute_path(r.ckpt).c_str()) +
-                                         (r.changes.empty() ? "" : "; changed options: " + r.changes));
-    return log;
+    return run;
 }
 
 static void print_run_summary(const Run& r) {
@@ -825,14 +728,9 @@ static void save_checkpoint(Model& m, const Run& r, const std::string& path, int
     dist_gather_to_root(r.dist, h.adam_m, m.shard.size);
     dist_gather_to_root(r.dist, h.adam_v, m.shard.size);
     if (!r.writes()) return;
-    CheckpointInfo info;
-    info.config = r.c;
+    CheckpointInfo info = checkpoint_info(r);
     info.step = step;
     info.data_position = data_position;
-    info.has_optimizer_state = true;
-    info.data_order = data_order(r);
-    info.schedule = training_schedule(r);
-    info.origin = {r.run_id, r.continuation, r.train.fingerprint, r.have_val ? r.val.fingerprint : 0};
     checkpoint_write(path, info, h.params, h.adam_m, h.adam_v);
 }
 
@@ -900,23 +798,9 @@ static void on_stop_signal(int sig) {
     (void)ignored;
 }
 
-// The command that resumes this run from `ckpt`: the same options, with -r instead of -e, -r or
-// -o (a resumed run writes beside its checkpoint).
-static std::string resume_command(const Run& r, const std::string& ckpt) {
-    std::string cmd = shell_quote(r.argv[0].find('/') != std::string::npos ? absolute_path(r.argv[0]) : r.argv[0]);
-    for (size_t i = 1; i < r.argv.size(); i++) {
-        const std::string& a = r.argv[i];
-        bool dropped = a == "-r" || a == "--resume" || a == "-e" || a == "--init" || a == "-o" || a == "--out";
-        if (dropped) i++;  // and its value
-        else cmd += " " + shell_quote(a);
-    }
-    return cmd + " -r " + shell_quote(absolute_path(ckpt));
-}
-
 // A NaN or infinite loss or gradient norm (the same on every process): the step is logged and
 // the run stops before the update would damage the weights.
-[[noreturn]] static void stop_diverged(Run& r, RunLog& log, const std::string& log_path, int step, float loss, float lr,
-                                       float norm) {
+[[noreturn]] static void stop_diverged(Run& r, RunLog& log, int step, float loss, float lr, float norm) {
     wait_stats(r);
     if (r.writes()) {
         runlog_step(log, step, loss, lr, norm, 0, 0);
@@ -924,7 +808,7 @@ static std::string resume_command(const Run& r, const std::string& ckpt) {
     }
     dist_fail_together(r.dist, strprintf("step %d: the loss is %g and the gradient norm %g; stopping before the weights "
                                          "are damaged (%s and earlier checkpoints are intact; try a lower %s)",
-                                         step, loss, norm, log_path.c_str(), OPTION_NAME("--lr")));
+                                         step, loss, norm, r.folder.log_path.c_str(), OPTION_NAME("--lr")));
 }
 
 template <typename Model>
@@ -941,15 +825,12 @@ static int train(Model& m, Run& r) {
     int start_step = 0;
     long long data_position = 0;  // micro-batches of training data consumed, by every process together
     load_weights(m, r, &start_step, &data_position);
-    std::string log_path;
     RunLog log;
     dist_barrier(r.dist);  // every process has its data and weights before rank 0 touches the output
     if (r.writes()) {
-        log = open_run_log(r, start_step, &log_path);
-        if (!o.init_ckpt.empty())  // a new run from another run's weights: say whose
-            runlog_note(log, 0, strprintf("started from the weights of %s, trained for %lld steps (this log's steps count "
-                                          "from 0 at that point)", o.init_ckpt.c_str(),
-                                          (long long)checkpoint_read_header(o.init_ckpt).step));
+        take_run_dir(r.folder, o.out_dir);
+        o.out_dir = r.folder.dir;  // the log's options say where it went
+        log = open_run_log(r.folder, run_info(r), o.init_ckpt);
         print_run_summary(r);
     }
 
@@ -976,7 +857,7 @@ static int train(Model& m, Run& r) {
         model_grad_sync(m);  // the gradients summed over the processes, each its own shard
         float norm = model_grad_norm(m);
         opt.lr = lr_at_step(step, o.steps, o.warmup, o.lr, o.lr * o.lr_floor);
-        if (!std::isfinite(loss) || !std::isfinite(norm)) stop_diverged(r, log, log_path, step, loss, opt.lr, norm);
+        if (!std::isfinite(loss) || !std::isfinite(norm)) stop_diverged(r, log, step, loss, opt.lr, norm);
         model_adamw_step(m, opt, step + 1, norm, o.clip);
         model_param_sync(m);  // every process's updated shard to every process
         model_wait(m);        // the step's time includes the update
@@ -1011,7 +892,7 @@ static int train(Model& m, Run& r) {
             if (stopping) {
                 if (r.writes()) runlog_close(log);
                 printf("stopped by %s after step %d of %d; resume with:\n  %s\n", stop_signal_name(stop_signal),
-                       step + 1, o.steps, resume_command(r, path).c_str());
+                       step + 1, o.steps, resume_command(r.argv, path).c_str());
                 fflush(stdout);
                 dist_barrier(r.dist);  // the checkpoint is written before any process ends
                 dist_finalize(r.dist);
@@ -1024,7 +905,7 @@ static int train(Model& m, Run& r) {
     printf("done in %s; final val loss %.4f\n", format_duration(now_seconds() - run_start).c_str(), last_val);
     if (r.writes()) {
         print_samples(m, r, (uint64_t)o.seed + 1);
-        printf("report: /usr/bin/python3 %s/scripts/report.py %s\n", program_dir().c_str(), log_path.c_str());
+        printf("report: /usr/bin/python3 %s/scripts/report.py %s\n", program_dir().c_str(), r.folder.log_path.c_str());
     }
     model_free(m);
     dataloader_free(&r.train);

@@ -61,7 +61,7 @@ static constexpr OptSpec kOptions[] = {
     OPT("", "--freeze", OPT_STR, freeze, "parameter kinds kept at their initial or loaded values, comma-separated (e.g. k_gain or q_gain,k_gain)"),
     OPT("-e", "--init", OPT_STR, init_ckpt, "start from the weights of this checkpoint (optimiser state fresh)"),
     OPT("-r", "--resume", OPT_STR, resume_ckpt, "resume this checkpoint's run: weights, AdamW state, step, data position, log"),
-    OPT("", "--allow-changes", OPT_INT, allow_changes, "1: let -r go on with training options (-l -u -q -x -c --clip --beta1 --beta2 --freeze, CPU threads) or data (-i -j) other than the checkpoint's run had; the log records them"),
+    OPT("", "--allow-changes", OPT_INT, allow_changes, "1: let -r go on with training options or data other than the checkpoint's run had; the log records them. Those options:"),  // kScheduleOptions
     // optimisation
     OPT("-b", "--batch", OPT_INT, batch, "micro-batch size, in sequences"),
     OPT("-t", "--seq-len", OPT_INT, seq_len, "sequence length (default: max_seq_len)"),
@@ -89,6 +89,22 @@ static constexpr OptSpec kOptions[] = {
     OPT("", "--profile", OPT_INT, profile, "1: time the phases of each step (forward, backward, optimiser) and print the means at the end"),
 };
 #undef OPT
+
+// The training options a resumed run compares with its checkpoint's run (checkpoint.h's
+// TrainingSchedule, which the checkpoint records): another value needs --allow-changes 1. Besides
+// these, the schedule holds --freeze's kinds and the CPU threads of all processes.
+struct ScheduleOption {
+    const char* option;
+    float TrainingSchedule::*float_field;  // exactly one of the two is set
+    int32_t TrainingSchedule::*int_field;
+};
+
+static const ScheduleOption kScheduleOptions[] = {
+    {"--lr", &TrainingSchedule::lr, nullptr},         {"--lr-floor", &TrainingSchedule::lr_floor, nullptr},
+    {"--weight-decay", &TrainingSchedule::weight_decay, nullptr}, {"--clip", &TrainingSchedule::clip, nullptr},
+    {"--beta1", &TrainingSchedule::beta1, nullptr},   {"--beta2", &TrainingSchedule::beta2, nullptr},
+    {"--warmup", nullptr, &TrainingSchedule::warmup}, {"--steps", nullptr, &TrainingSchedule::steps},
+};
 
 // How messages name an option: "-s (--stats-every)", or "--clip" for one without a short name.
 inline std::string option_label(const OptSpec& s) {
@@ -135,6 +151,32 @@ inline std::string option_label(const char* long_name) {
     return option_label(kOptions[i]);
 }
 
+inline std::string option_name(const char* long_name) {
+    int i = option_index(long_name);
+    if (i < 0) fail("internal: no option %s", long_name);
+    return kOptions[i].short_name[0] ? kOptions[i].short_name : kOptions[i].long_name;
+}
+
+// The option's value in `o`, of an option of type OPT_INT or OPT_FLOAT.
+inline double option_number(const Options& o, const char* long_name) {
+    int i = option_index(long_name);
+    const char* p = (const char*)&o + (i < 0 ? 0 : kOptions[i].offset);
+    if (i < 0 || (kOptions[i].type != OPT_INT && kOptions[i].type != OPT_FLOAT)) fail("internal: %s is no number", long_name);
+    return kOptions[i].type == OPT_INT ? *(const int*)p : *(const float*)p;
+}
+
+// The training schedule these options give, with the CPU threads of all processes (0 on the GPU)
+// and the frozen kinds.
+inline TrainingSchedule training_schedule(const Options& o, int32_t cpu_threads, uint32_t frozen) {
+    TrainingSchedule t;
+    for (const ScheduleOption& s : kScheduleOptions)
+        if (s.float_field) t.*s.float_field = (float)option_number(o, s.option);
+        else t.*s.int_field = (int32_t)option_number(o, s.option);
+    t.cpu_threads = cpu_threads;
+    t.frozen = frozen;
+    return t;
+}
+
 inline std::string option_value_text(const Options& o, const OptSpec& s) {
     const char* p = (const char*)&o + s.offset;
     switch (s.type) {
@@ -160,6 +202,10 @@ inline void print_help() {
         if (same_text(o.long_name, "--qk-norm"))  // the variants, from their table
             for (int v = 0; v < QK_NORM_NUM; v++)
                 help += strprintf(" %s (%s)%s", kQkNormNames[v], kQkNorms[v].brief, v + 1 < QK_NORM_NUM ? "," : "");
+        if (same_text(o.long_name, "--allow-changes")) {  // the options of the schedule, and the data's
+            for (const ScheduleOption& s : kScheduleOptions) help += " " + option_name(s.option);
+            help += " " + option_name("--freeze") + ", CPU threads; data: " + option_name("--train") + " " + option_name("--val");
+        }
         printf("  %-22s %s%s\n", names, help.c_str(), value.empty() ? "" : (" [" + value + "]").c_str());
     }
     printf("  -h, --help             this text\n");
