@@ -88,12 +88,16 @@ struct ModelConfig {
     int group_size() const { return n_head / n_kv_head; }  // query heads per key/value head
 };
 
-// Every ModelConfig field by name: the header lists them and a resumed run compares them.
-struct ConfigField {
+// A field of struct S by name: an int or a float one (exactly one of the two is set).
+template <typename S>
+struct NamedField {
     const char* name;
-    int ModelConfig::*int_field;  // exactly one of the two is set
-    float ModelConfig::*float_field;
+    int S::*int_field;
+    float S::*float_field;
 };
+
+// Every ModelConfig field by name: the header lists them and a resumed run compares them.
+using ConfigField = NamedField<ModelConfig>;
 
 static const ConfigField kConfigFields[] = {
     {"vocab_size", &ModelConfig::vocab_size, nullptr}, {"n_layer", &ModelConfig::n_layer, nullptr},

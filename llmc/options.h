@@ -90,20 +90,16 @@ static constexpr OptSpec kOptions[] = {
 };
 #undef OPT
 
-// The training options a resumed run compares with its checkpoint's run (checkpoint.h's
-// TrainingSchedule, which the checkpoint records): another value needs --allow-changes 1. Besides
-// these, the schedule holds --freeze's kinds and the CPU threads of all processes.
-struct ScheduleOption {
-    const char* option;
-    float TrainingSchedule::*float_field;  // exactly one of the two is set
-    int32_t TrainingSchedule::*int_field;
-};
-
+// The training options a resumed run compares with its checkpoint's run, by long name, with their
+// field of checkpoint.h's TrainingSchedule (which the checkpoint records): another value needs
+// --allow-changes 1. Besides these, the schedule holds --freeze's kinds and the CPU threads of all
+// processes.
+using ScheduleOption = NamedField<TrainingSchedule>;
 static const ScheduleOption kScheduleOptions[] = {
-    {"--lr", &TrainingSchedule::lr, nullptr},         {"--lr-floor", &TrainingSchedule::lr_floor, nullptr},
-    {"--weight-decay", &TrainingSchedule::weight_decay, nullptr}, {"--clip", &TrainingSchedule::clip, nullptr},
-    {"--beta1", &TrainingSchedule::beta1, nullptr},   {"--beta2", &TrainingSchedule::beta2, nullptr},
-    {"--warmup", nullptr, &TrainingSchedule::warmup}, {"--steps", nullptr, &TrainingSchedule::steps},
+    {"--lr", nullptr, &TrainingSchedule::lr},         {"--lr-floor", nullptr, &TrainingSchedule::lr_floor},
+    {"--weight-decay", nullptr, &TrainingSchedule::weight_decay}, {"--clip", nullptr, &TrainingSchedule::clip},
+    {"--beta1", nullptr, &TrainingSchedule::beta1},   {"--beta2", nullptr, &TrainingSchedule::beta2},
+    {"--warmup", &TrainingSchedule::warmup, nullptr}, {"--steps", &TrainingSchedule::steps, nullptr},
 };
 
 // How messages name an option: "-s (--stats-every)", or "--clip" for one without a short name.
@@ -170,8 +166,8 @@ inline double option_number(const Options& o, const char* long_name) {
 inline TrainingSchedule training_schedule(const Options& o, int32_t cpu_threads, uint32_t frozen) {
     TrainingSchedule t;
     for (const ScheduleOption& s : kScheduleOptions)
-        if (s.float_field) t.*s.float_field = (float)option_number(o, s.option);
-        else t.*s.int_field = (int32_t)option_number(o, s.option);
+        if (s.float_field) t.*s.float_field = (float)option_number(o, s.name);
+        else t.*s.int_field = (int32_t)option_number(o, s.name);
     t.cpu_threads = cpu_threads;
     t.frozen = frozen;
     return t;
@@ -203,7 +199,7 @@ inline void print_help() {
             for (int v = 0; v < QK_NORM_NUM; v++)
                 help += strprintf(" %s (%s)%s", kQkNormNames[v], kQkNorms[v].brief, v + 1 < QK_NORM_NUM ? "," : "");
         if (same_text(o.long_name, "--allow-changes")) {  // the options of the schedule, and the data's
-            for (const ScheduleOption& s : kScheduleOptions) help += " " + option_name(s.option);
+            for (const ScheduleOption& s : kScheduleOptions) help += " " + option_name(s.name);
             help += " " + option_name("--freeze") + ", CPU threads; data: " + option_name("--train") + " " + option_name("--val");
         }
         printf("  %-22s %s%s\n", names, help.c_str(), value.empty() ? "" : (" [" + value + "]").c_str());

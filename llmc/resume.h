@@ -19,8 +19,8 @@ inline std::string schedule_changes(const TrainingSchedule& was, const TrainingS
         if (then != here) changes += strprintf("%s%s %g -> %g", changes.empty() ? "" : ", ", option.c_str(), then, here);
     };
     for (const ScheduleOption& s : kScheduleOptions)
-        if (s.float_field) differ(option_label(s.option), was.*s.float_field, now.*s.float_field);
-        else differ(option_label(s.option), was.*s.int_field, now.*s.int_field);
+        if (s.float_field) differ(option_label(s.name), was.*s.float_field, now.*s.float_field);
+        else differ(option_label(s.name), was.*s.int_field, now.*s.int_field);
     if (was.cpu_threads && now.cpu_threads)
         differ(option_label("--threads") + " (times processes)", was.cpu_threads, now.cpu_threads);
     if (was.frozen != now.frozen)
