@@ -811,28 +811,66 @@ static void on_stop_signal(int sig) {
                                          step, loss, norm, r.folder.log_path.c_str(), OPTION_NAME("--lr")));
 }
 
+// The model allocated, once every process has the same options and data and the memory it needs
+// is there.
 template <typename Model>
-static int train(Model& m, Run& r) {
-    Options& o = r.o;
+static void start_model(Model& m, Run& r) {
     check_same_everywhere(r);
     MemoryNeed need = memory_need(m, r.c, r.B, r.T, r.dist);
-    check_memory(o, r.given, r.c, need, memory_available(m));
+    check_memory(r.o, r.given, r.c, need, memory_available(m));
     try {
         model_init(m, r.c, r.B, r.T, r.dist);  // sampling at the end uses at most B sequences of at most T
     } catch (const std::bad_alloc&) {
-        fail_allocation(o, r.given, r.c, need);
+        fail_allocation(r.o, r.given, r.c, need);
     }
+}
+
+// Rank 0, once every process has its data and weights: the output folder and the run log.
+static RunLog open_output(Run& r) {
+    RunLog log;
+    dist_barrier(r.dist);
+    if (!r.writes()) return log;
+    take_run_dir(r.folder, r.o.out_dir);
+    r.o.out_dir = r.folder.dir;  // the log's options say where it went
+    log = open_run_log(r.folder, run_info(r), r.o.init_ckpt);
+    print_run_summary(r);
+    return log;
+}
+
+// After step `step`: a checkpoint every -n steps, at the last step, and when a signal asks the run
+// to stop, which it then does (with the command that resumes it).
+template <typename Model>
+static void checkpoint_after(Model& m, Run& r, RunLog& log, int step, long long data_position) {
+    const Options& o = r.o;
+    bool last = step == o.steps - 1;
+    int stop_signal = dist_max(r.dist, g_stop_signal);  // a signal to any process stops them all
+    bool stopping = stop_signal && !last;
+    if (!((o.ckpt_every && (step + 1) % o.ckpt_every == 0) || last || stopping)) return;
+    std::string path = checkpoint_path(o.out_dir, step + 1, last);
+    if (r.writes()) runlog_flush(log);
+    save_checkpoint(m, r, path, step + 1, data_position);
+    if (r.writes()) {
+        printf("wrote %s\n", path.c_str());
+        remove_old_checkpoints(o.out_dir, o.keep, step + 1);
+    }
+    if (!stopping) return;
+    if (r.writes()) runlog_close(log);
+    printf("stopped by %s after step %d of %d; resume with:\n  %s\n", stop_signal_name(stop_signal), step + 1, o.steps,
+           resume_command(r.argv, path).c_str());
+    fflush(stdout);
+    dist_barrier(r.dist);  // the checkpoint is written before any process ends
+    dist_finalize(r.dist);
+    exit(128 + stop_signal);
+}
+
+template <typename Model>
+static int train(Model& m, Run& r) {
+    const Options& o = r.o;
+    start_model(m, r);
     int start_step = 0;
     long long data_position = 0;  // micro-batches of training data consumed, by every process together
     load_weights(m, r, &start_step, &data_position);
-    RunLog log;
-    dist_barrier(r.dist);  // every process has its data and weights before rank 0 touches the output
-    if (r.writes()) {
-        take_run_dir(r.folder, o.out_dir);
-        o.out_dir = r.folder.dir;  // the log's options say where it went
-        log = open_run_log(r.folder, run_info(r), o.init_ckpt);
-        print_run_summary(r);
-    }
+    RunLog log = open_output(r);
 
     AdamWSettings opt;
     opt.beta1 = o.beta1;
@@ -879,26 +917,7 @@ static int train(Model& m, Run& r) {
             if (r.writes()) runlog_val(log, step, last_val);
             printf("val loss %.4f\n", last_val);
         }
-        int stop_signal = dist_max(r.dist, g_stop_signal);  // a signal to any process stops them all
-        bool stopping = stop_signal && !last;
-        if ((o.ckpt_every && (step + 1) % o.ckpt_every == 0) || last || stopping) {
-            std::string path = last ? o.out_dir + "/model.ckpt" : strprintf("%s/model_step%06d.ckpt", o.out_dir.c_str(), step + 1);
-            if (r.writes()) runlog_flush(log);
-            save_checkpoint(m, r, path, step + 1, data_position);
-            if (r.writes()) {
-                printf("wrote %s\n", path.c_str());
-                remove_old_checkpoints(o.out_dir, o.keep, step + 1);
-            }
-            if (stopping) {
-                if (r.writes()) runlog_close(log);
-                printf("stopped by %s after step %d of %d; resume with:\n  %s\n", stop_signal_name(stop_signal),
-                       step + 1, o.steps, resume_command(r.argv, path).c_str());
-                fflush(stdout);
-                dist_barrier(r.dist);  // the checkpoint is written before any process ends
-                dist_finalize(r.dist);
-                exit(128 + stop_signal);
-            }
-        }
+        checkpoint_after(m, r, log, step, data_position);
     }
     if (r.writes()) runlog_close(log);
     prof.print();

@@ -49,9 +49,10 @@ struct AdamWSettings {
     float lr, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
 };
 
-// The functions, one line each: the result, the call (m a Model&, c a ModelConfig, dist a Dist,
-// B, T, row, step and kinds numbers, tokens, targets and out arrays, opt an AdamWSettings), and what
-// it must do.
+// The functions, one line each: the result, the call, and what it must do. In the calls, m is the
+// model (cm when it is const), c a ModelConfig, dist a Dist, opt an AdamWSettings; B, T, row, step
+// and kinds (a mask of parameter kinds) are integers, scale, norm and clip floats, stats a bool;
+// tokens and targets are B x T token ids, out a float array. BackendCheck below gives each its type.
 #define BACKEND_CONTRACT(X)                                                                                           \
     /* before anything is allocated */                                                                               \
     X(MemoryNeed, memory_need(cm, c, B, T, dist), "the bytes this shape needs, weights and in all (memory.h)")       \

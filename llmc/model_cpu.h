@@ -1,7 +1,7 @@
-// The CPU backend: the whole model of docs/model.md in float32, forward, backward and
-// AdamW, over the named buffers of activations.h. Matrix products go through BLAS (cblas_sgemm), everything
-// else is plain loops parallelised with OpenMP. The per-element formulas come from math.h and
-// are the ones the CUDA kernels use.
+// The CPU backend (the contract of backend.h): the whole model of docs/model.md in float32, forward,
+// backward and AdamW, over the named buffers of activations.h. Matrix products go through BLAS
+// (cblas_sgemm), everything else is plain loops parallelised with OpenMP. The per-element formulas
+// come from math.h and are the ones the CUDA kernels use.
 //
 // Shapes: B batch, T sequence, N = B*T token rows, C model width, H query heads, Hkv key/value
 // heads, D head width, F SwiGLU width, V vocabulary, QKV = (H + 2 Hkv) D.

@@ -44,6 +44,12 @@ inline void lock_run_dir(const std::string& dir) {
     // fd stays open (and locked) for the rest of the process
 }
 
+// Where the checkpoint after `step` steps goes: model.ckpt when it is the run's last, else
+// model_stepNNNNNN.ckpt.
+inline std::string checkpoint_path(const std::string& dir, int step, bool final) {
+    return final ? dir + "/model.ckpt" : strprintf("%s/model_step%06d.ckpt", dir.c_str(), step);
+}
+
 // The names in `dir` (sorted) that start with `prefix` and end with `suffix`.
 inline std::vector<std::string> files_in(const std::string& dir, const std::string& prefix, const std::string& suffix) {
     std::vector<std::string> names;
