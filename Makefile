@@ -144,8 +144,10 @@ build/sanitize/train: train_gpt.cu $(CPU_HEADERS) | $(DEPS_STAMP)
 sanitize: $(TEST_DEPS_STAMP) $(SANITIZE_BINS) prepare_data build/ref/debug_state.bin
 	@FUZZ_OPTIONS='$(FUZZ_OPTIONS)' $(PYTHON) test/run_tests.py --only sanitize
 
-# Everything, with the fuzzers' smoke runs and the sanitizers' build.
+# Everything, with the fuzzers' smoke runs and the sanitizers' build; first, that no header of
+# llmc/ includes one of a higher layer (dev/include_layers.py).
 test: $(TEST_DEPS_STAMP) $(TEST_BINS) $(FUZZ_HARNESSES) build/fuzz/seeds/.made $(SANITIZE_BINS) build/ref/debug_state.bin
+	@$(PYTHON) dev/include_layers.py --check
 	@FUZZ_OPTIONS='$(FUZZ_OPTIONS)' $(PYTHON) test/run_tests.py
 
 bench: train $(TEST_DEPS_STAMP)

@@ -2,13 +2,12 @@
 // keys and attention patterns do (docs/telemetry.md), appending everything to a crash-safe
 // binary log (docs/log_format.md).
 //
-// The file reads top to bottom as: the GPU model (its buffers, forward and backward pass, update
-// and telemetry), then the training loop. One program, two backends: the CUDA backend when a GPU
-// is present, the CPU backend (llmc/model_cpu.h) otherwise, with the same options, the same log
-// and the same checkpoints. Both backends offer the same functions (model_init, model_forward,
-// model_backward, ...), and the training loop is written once over them. Built by nvcc when the
-// CUDA toolkit is installed; without it, the same file compiles as plain C++ (g++ -x c++) and
-// holds the CPU backend only.
+// One program, two backends: the CUDA backend when a GPU is present, the CPU backend otherwise,
+// with the same options, the same log and the same checkpoints. Both implement the contract of
+// llmc/backend.h, and the training loop is one template over it. Built by nvcc when the CUDA
+// toolkit is installed; without it, the same file compiles as plain C++ (g++ -x c++) and holds
+// the CPU backend only. It reads top to bottom as: the includes, the GPU model (its buffers,
+// forward and backward pass, update and telemetry), the training loop, main.
 #include <omp.h>
 #include <signal.h>
 #include <algorithm>
@@ -19,20 +18,22 @@
 #include <set>
 #include <string>
 #include <vector>
-#include "llmc/activations.h"
-#include "llmc/checkpoint.h"
-#include "llmc/config.h"
-#include "llmc/dataloader.h"
-#include "llmc/dataprep.h"
-#include "llmc/distributed.h"
-#include "llmc/model_cpu.h"
-#include "llmc/options.h"
-#include "llmc/rand.h"
-#include "llmc/run_dir.h"
-#include "llmc/runlog.h"
-#include "llmc/telemetry.h"
-#include "llmc/tokenizer.h"
-#include "llmc/utils.h"
+#include "llmc/activations.h"  // the table of activation buffers both backends carve
+#include "llmc/backend.h"      // what a backend offers the training loop
+#include "llmc/checkpoint.h"   // the checkpoint file
+#include "llmc/config.h"       // the model configuration, the parameter kinds and layout
+#include "llmc/dataloader.h"   // the token shards, batches and the data order
+#include "llmc/dataprep.h"     // the default corpus, prepared on first use
+#include "llmc/distributed.h"  // the processes of a data-parallel run and their collectives
+#include "llmc/model_cpu.h"    // the CPU backend
+#include "llmc/options.h"      // the command line
+#include "llmc/rand.h"         // the sampling's random numbers
+#include "llmc/resume.h"       // what -r checks against its checkpoint, and the command that resumes
+#include "llmc/run_dir.h"      // the output folder, its lock, its log and its checkpoints
+#include "llmc/runlog.h"       // the run log's records
+#include "llmc/telemetry.h"    // the statistics of a stats step, from their sums
+#include "llmc/tokenizer.h"    // SentencePiece, for the vocabulary and the samples
+#include "llmc/utils.h"        // fail(), files, time
 
 // =============================================================================================
 // The GPU model. bf16 weights and activations, float32 master weights, gradients and AdamW
@@ -51,15 +52,11 @@
 #include "llmc/swiglu.cuh"
 #include "llmc/telemetry.cuh"
 
-struct GpuModel {
-    ModelConfig cfg;
-    int max_B = 0, max_T = 0, Vp = 0;  // Vp: the vocabulary rounded up to 128, the logits' row stride
-    int B = 0, T = 0;                  // shape of the last forward pass
+struct GpuModel : ModelShape {  // and backend.h's ModelShape
+    int Vp = 0;  // the vocabulary rounded up to 128, the logits' row stride
     size_t P = 0;
     // Data-parallel training (distributed.h): params and grads hold shard.padded floats (P of them
     // parameters), adam_m and adam_v only this process's shard (ZeRO-1).
-    Dist dist;
-    ParamShard shard;
     bool use_nccl = false;  // several processes (or TRAIN_NCCL=1): the collectives of nccl.cuh
     Nccl nccl;
     // Everything on the device lives in one allocation, `memory`, carved by gpu_carve.
@@ -73,14 +70,12 @@ struct GpuModel {
     // square, summed over the processes), and the AdamW segments.
     float *dgain_scratch, *stats_partial;
     double* stat_sums;
-    TelemetrySums stats_layout;
     double stats_tokens = 0;  // tokens measured since model_stats_begin
     int *tokens, *targets, *buckets;
     double *norm_partial, *grad_sq;
     float* grad_norm;
     ParamSegment* segments;
     int max_segments = 0, num_segments = 0;  // room carved; in use (frozen kinds and other shards have none)
-    uint32_t frozen = 0;                      // parameter kinds held fixed (config.h's frozen_kinds)
     // On the host: pinned buffers the device copies into, and the host copy of the weights and
     // AdamW state (shard.padded floats each; of the AdamW state, this process's shard).
     float* losses_host = nullptr;
@@ -135,15 +130,10 @@ static void gpu_carve(GpuModel& g, Arena& a) {
 
 // The sizes everything is carved to.
 static void gpu_set_shape(GpuModel& g, const ModelConfig& c, int max_B, int max_T, const Dist& dist) {
-    g.cfg = c;
-    g.max_B = max_B;
-    g.max_T = max_T;
+    model_shape_init(g, c, max_B, max_T, dist);
     g.Vp = (c.vocab_size + 127) / 128 * 128;
     g.P = num_parameters(c);
-    g.dist = dist;
-    g.shard = param_shard(g.P, dist.rank, dist.world);
-    g.stats_layout = telemetry_sums_layout(c);
-    g.max_segments = (P_NUM_KINDS - 2) * c.n_layer + 2;  // one per tensor, the most any frozen set leaves
+    g.max_segments = num_param_tensors(c);  // one per tensor, the most any frozen set leaves
 }
 
 // Holds the parameter kinds in `asked` (and those the variant leaves unused) fixed from now on:
@@ -178,6 +168,10 @@ static MemoryLimit memory_available(const GpuModel&) {
 static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T, const Dist& dist = Dist()) {
     if (c.head_dim != 64 && c.head_dim != 128) fail("the CUDA backend supports head_dim 64 and 128, not %d", c.head_dim);
     if (c.d_ff % 8 != 0) fail("the CUDA backend needs d_ff to be a multiple of 8 (got %d)", c.d_ff);
+    if ((long long)max_B * max_T > kStatMaxTokens)
+        fail("options %s and %s: %lld tokens in a micro-batch is more than the statistics take (%lld); use a smaller "
+             "batch with gradient accumulation (%s)", OPTION_LABEL("--batch"), OPTION_LABEL("--seq-len"),
+             (long long)max_B * max_T, kStatMaxTokens, OPTION_NAME("--total-batch"));
     gpu_set_shape(g, c, max_B, max_T, dist);
     g.use_nccl = nccl_wanted(dist);
     if (g.use_nccl) nccl_init(g.nccl, dist);
@@ -188,8 +182,8 @@ static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T, 
     gpu_carve(g, count);
     cudaError_t err = cudaMalloc(&g.memory, count.used);
     if (err == cudaErrorMemoryAllocation)
-        fail("options -b (--batch) and -t (--seq-len): the GPU has no room for this model and its activations "
-             "(%.1f GB were asked for)", count.used / 1e9);
+        fail("options %s and %s: the GPU has no room for this model and its activations (%.1f GB were asked for)",
+             OPTION_LABEL("--batch"), OPTION_LABEL("--seq-len"), count.used / 1e9);
     cudaCheck(err);
     cudaCheck(cudaMemset(g.memory, 0, count.used));
     Arena arena{(char*)g.memory};
@@ -275,7 +269,7 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
         matmul_forward(g.mm, la.qkv, la.ln1, gpu_param(g, P_WQ, l), nullptr, N, C, QKV, s);  // [Wq; Wk; Wv] in one product
         qk_norm_rope_forward(la.qk_rope, tm ? la.qk_normed : nullptr, la.qk_rstd, la.qkv, gpu_param(g, P_Q_GAIN, l),
                              gpu_param(g, P_K_GAIN, l), g.rope_cos, g.rope_sin, N, T, H, Hkv, D, c.norm_eps,
-                             c.qk_norm != QK_NORM_NONE, s);
+                             qk_norm_normalises(c.qk_norm), s);
         attention_forward(la.atty, la.att_lse, tm ? la.row_stats : nullptr, la.qk_rope, la.qkv, B, T, H, Hkv, D, s);
         if (tm)
             telemetry_layer(g.stat_sums, g.stats_layout, g.stats_partial, a.keys_f64, g.mm, la.qk_normed, la.row_stats,
@@ -332,7 +326,7 @@ static void model_backward(GpuModel& g, const int* tokens, const int* targets, f
         attention_backward(a.dqk, a.dqkv, a.att_delta, a.datty, la.atty, la.att_lse, la.qk_rope, la.qkv, B, T, H, Hkv, D, s);
         qk_norm_rope_backward(a.dqkv, gpu_grad(g, P_Q_GAIN, l), gpu_grad(g, P_K_GAIN, l), g.dgain_scratch, a.dqk, la.qkv,
                               la.qk_rstd, gpu_param(g, P_Q_GAIN, l), gpu_param(g, P_K_GAIN, l), g.rope_cos, g.rope_sin, N,
-                              T, H, Hkv, D, c.qk_norm != QK_NORM_NONE, s);
+                              T, H, Hkv, D, qk_norm_normalises(c.qk_norm), s);
         matmul_backward(g.mm, a.dln, gpu_grad(g, P_WQ, l), a.dqkv, la.ln1, gpu_param(g, P_WQ, l), N, C, QKV, s);
         rmsnorm_backward(a.dres, gpu_grad(g, P_ATTN_NORM, l), g.dgain_scratch, a.dln, x, la.ln1_rstd,
                          gpu_param(g, P_ATTN_NORM, l), N, C, s);
@@ -342,7 +336,7 @@ static void model_backward(GpuModel& g, const int* tokens, const int* targets, f
     // Frozen parameters have no gradient: they stay out of the gradient norm.
     for (int kind = 0; kind < P_NUM_KINDS; kind++)
         if (g.frozen & param_kind_bit(kind))
-            for (int l = 0; l < (param_is_per_layer(kind) ? L : 1); l++)
+            for (int l = 0; l < param_layers(c, kind); l++)
                 cudaCheck(cudaMemsetAsync(gpu_grad(g, kind, l), 0, param_numel(c, kind) * sizeof(float), s));
 }
 
@@ -409,6 +403,8 @@ static void model_logits_row(GpuModel& g, int row, float* out) {
     cudaCheck(cudaMemcpy(tmp.data(), g.acts.logits + (size_t)row * g.Vp, tmp.size() * sizeof(bf16), cudaMemcpyDeviceToHost));
     for (int v = 0; v < g.cfg.vocab_size; v++) out[v] = __bfloat162float(tmp[v]);
 }
+
+static_assert(check_backend<GpuModel>(), "GpuModel implements backend.h's contract");
 #endif  // __CUDACC__
 
 // =============================================================================================
@@ -430,9 +426,7 @@ struct Run {
     Tokenizer tok;
     bool have_tokenizer = false;
     std::string ckpt;  // the checkpoint of -r or -e
-    std::string changes;  // -r: the training options that differ from the checkpoint's run
-    uint64_t run_id = 0, continuation = 0;  // this run's and this continuation's ids (RunInfo)
-    CheckpointOrigin resumed;  // -r: who wrote the checkpoint
+    RunFolder folder;  // who the run is and where it writes (run_dir.h)
     ModelConfig c;
     uint32_t frozen = 0;  // the parameter kinds held fixed: --freeze and those the variant leaves unused
     int B = 0, T = 0;  // a micro-batch
@@ -454,14 +448,14 @@ static void choose_device(Run& r) {
     const Options& o = r.o;
 #ifdef __CUDACC__
     if (o.device != "cpu") r.on_gpu = cuda_device_present(r.dist.local_rank, &r.device_name);
-    if (o.device == "cuda" && !r.on_gpu) fail("option --device cuda: no CUDA device is available");
+    if (o.device == "cuda" && !r.on_gpu) fail("option %s cuda: no CUDA device is available", OPTION_LABEL("--device"));
     if (r.on_gpu && r.device_name.empty())
         fail("process %d of this machine has no GPU of its own: start at most one process per GPU", r.dist.local_rank);
 #else
-    if (o.device == "cuda") fail("option --device cuda: this build has no CUDA backend (build with nvcc)");
+    if (o.device == "cuda") fail("option %s cuda: this build has no CUDA backend (build with nvcc)", OPTION_LABEL("--device"));
 #endif
     if (dist_min(r.dist, r.on_gpu) != dist_max(r.dist, r.on_gpu))
-        fail("some processes have a GPU and some have not: give every process the same device (--device)");
+        fail("some processes have a GPU and some have not: give every process the same device (%s)", OPTION_NAME("--device"));
     if (r.dist.world > 1) printf("data parallel: %d processes\n", r.dist.world);
     if (r.on_gpu) printf("device: %s (CUDA)\n", r.device_name.c_str());
     else {
@@ -475,8 +469,8 @@ static void choose_device(Run& r) {
 static void prepare_data_and_config(Run& r) {
     Options& o = r.o;
     if (!o.data_dir.empty() && o.data_dir[0] != '/') o.data_dir = program_dir() + "/" + o.data_dir;
-    if (r.given.count("--train") && o.train_pattern.empty()) fail("option -i (--train): the pattern is empty");
-    if (r.given.count("--val") && o.val_pattern.empty()) fail("option -j (--val): the pattern is empty");
+    if (r.given.count("--train") && o.train_pattern.empty()) fail("option %s: the pattern is empty", OPTION_LABEL("--train"));
+    if (r.given.count("--val") && o.val_pattern.empty()) fail("option %s: the pattern is empty", OPTION_LABEL("--val"));
     if (o.train_pattern.empty()) {
         if (r.writes()) ensure_brown_dataset(o.data_dir);  // the first process prepares it, once
         dist_barrier(r.dist);
@@ -497,21 +491,25 @@ static void prepare_data_and_config(Run& r) {
     std::string unknown;
     parse_param_kinds(o.freeze, &r.frozen, &unknown);  // checked by parse_options
     r.frozen = frozen_kinds(r.c, r.frozen);
-    if (r.frozen == kAllParamKinds) fail("option --freeze %s: every parameter would be frozen; nothing would train", o.freeze.c_str());
+    if (r.frozen == kAllParamKinds)
+        fail("option %s %s: every parameter would be frozen; nothing would train", OPTION_LABEL("--freeze"), o.freeze.c_str());
     const ModelConfig& c = r.c;
     int T = o.seq_len ? o.seq_len : c.max_seq_len, B = o.batch;
-    if (T > c.max_seq_len) fail("option -t (--seq-len) %d is above the model's max_seq_len %d", T, c.max_seq_len);
-    if ((long long)B * T > (1LL << 28)) fail("options -b (--batch) %d and -t (--seq-len) %d: %lld tokens per micro-batch is too many", B, T, (long long)B * T);
+    if (T > c.max_seq_len) fail("option %s %d is above the model's max_seq_len %d", OPTION_LABEL("--seq-len"), T, c.max_seq_len);
+    if ((long long)B * T > (1LL << 28))
+        fail("options %s %d and %s %d: %lld tokens per micro-batch is too many", OPTION_LABEL("--batch"), B,
+             OPTION_LABEL("--seq-len"), T, (long long)B * T);
     int tokens_per_micro = B * T;
     if (!o.total_batch) o.total_batch = tokens_per_micro * r.dist.world;  // a micro-batch per process
     if (o.total_batch % tokens_per_micro != 0)
-        fail("option -d (--total-batch) %d is not a multiple of batch * seq_len = %d", o.total_batch, tokens_per_micro);
+        fail("option %s %d is not a multiple of batch * seq_len = %d", OPTION_LABEL("--total-batch"), o.total_batch,
+             tokens_per_micro);
     r.B = B;
     r.T = T;
     r.accum = o.total_batch / tokens_per_micro;
     if (r.accum % r.dist.world != 0)
-        fail("option -d (--total-batch) %d: its %d micro-batches of %dx%d do not split evenly over %d processes",
-             o.total_batch, r.accum, B, T, r.dist.world);
+        fail("option %s %d: its %d micro-batches of %dx%d do not split evenly over %d processes",
+             OPTION_LABEL("--total-batch"), o.total_batch, r.accum, B, T, r.dist.world);
     r.local_accum = r.accum / r.dist.world;
 
     dataloader_init(&r.train, o.train_pattern.c_str(), B, T, c.vocab_size, o.shuffle == 1, (uint64_t)o.seed);
@@ -548,65 +546,29 @@ static void check_same_everywhere(const Run& r) {
             fail("option %s differs between the processes; give every process the same options", option_label(s).c_str());
     for (const ConfigField& f : kConfigFields)
         if (!same(text_hash(config_value_text(r.c, f))))
-            fail("the model's %s differs between the processes (their -r, -e or -k files differ); give every process the "
-                 "same model", f.name);
+            fail("the model's %s differs between the processes (their %s, %s or %s files differ); give every process the "
+                 "same model", f.name, OPTION_NAME("--resume"), OPTION_NAME("--init"), OPTION_NAME("--tokenizer"));
     if (!same(r.train.fingerprint))
-        fail("option -i (--train): the processes read different training data; give every process the same shards");
+        fail("option %s: the processes read different training data; give every process the same shards", OPTION_LABEL("--train"));
     if (!same(r.have_val ? r.val.fingerprint : 0))
-        fail("option -j (--val): the processes read different validation data; give every process the same shards");
+        fail("option %s: the processes read different validation data; give every process the same shards", OPTION_LABEL("--val"));
 }
 
-static TrainingSchedule training_schedule(const Run& r) {
-    const Options& o = r.o;
-    return {o.lr, o.lr_floor, o.weight_decay, o.clip, o.beta1, o.beta2, o.warmup, o.steps,
-            r.on_gpu ? 0 : r.threads * r.dist.world,  // the threads of every process together
-            r.frozen};
-}
-
-// The training options of this run that differ from those of the checkpoint's, as
-// "-l (--lr) 0.003 -> 0.01, ..."; empty when none do or the checkpoint does not record them.
-static std::string schedule_changes(const TrainingSchedule& was, const TrainingSchedule& now) {
-    if (was.lr == 0) return "";
-    std::string changes;
-    auto differ = [&](const char* option, double then, double here) {
-        if (then != here) changes += strprintf("%s%s %g -> %g", changes.empty() ? "" : ", ", option, then, here);
-    };
-    differ("-l (--lr)", was.lr, now.lr);
-    differ("-q (--lr-floor)", was.lr_floor, now.lr_floor);
-    differ("-c (--weight-decay)", was.weight_decay, now.weight_decay);
-    differ("--clip", was.clip, now.clip);
-    differ("--beta1", was.beta1, now.beta1);
-    differ("--beta2", was.beta2, now.beta2);
-    differ("-u (--warmup)", was.warmup, now.warmup);
-    differ("-x (--steps)", was.steps, now.steps);
-    if (was.cpu_threads && now.cpu_threads) differ("--threads (times processes)", was.cpu_threads, now.cpu_threads);
-    if (was.frozen != now.frozen)
-        changes += strprintf("%s--freeze %s -> %s", changes.empty() ? "" : ", ", param_kinds_text(was.frozen).c_str(),
-                             param_kinds_text(now.frozen).c_str());
-    return changes;
-}
-
-// The data of this run that differs from the checkpoint's run's, by fingerprint, in the words of
-// schedule_changes; none when the checkpoint does not record its data.
-static std::vector<std::string> data_changes(const CheckpointOrigin& was, const Run& r) {
-    std::vector<std::string> changes;
-    if (!was.run_id) return changes;
-    uint64_t val = r.have_val ? r.val.fingerprint : 0;
-    if (was.train_data != r.train.fingerprint) changes.push_back("-i (--train) other training data");
-    if (was.val_data != val)
-        changes.push_back(!val ? "-j (--val) no validation data" : was.val_data ? "-j (--val) other validation data"
-                                                                                : "-j (--val) validation data added");
-    return changes;
-}
-
-static DataOrder data_order(const Run& r) {
-    DataOrder order;
-    order.batch = r.B;
-    order.seq_len = r.T;
-    order.total_batch = r.o.total_batch;
-    order.shuffle = r.o.shuffle;
-    order.seed = r.o.seed;
-    return order;
+// What a checkpoint of this run records besides its step and weights: the data order, the
+// training schedule, who wrote it and on what data. A resumed run compares it with its checkpoint's.
+static CheckpointInfo checkpoint_info(const Run& r) {
+    CheckpointInfo info;
+    info.config = r.c;
+    info.has_optimizer_state = true;
+    info.data_order.batch = r.B;
+    info.data_order.seq_len = r.T;
+    info.data_order.total_batch = r.o.total_batch;
+    info.data_order.shuffle = r.o.shuffle;
+    info.data_order.seed = r.o.seed;
+    info.schedule = training_schedule(r.o, r.on_gpu ? 0 : r.threads * r.dist.world,  // the threads of every process
+                                      r.frozen);
+    info.origin = {r.folder.run_id, r.folder.continuation, r.train.fingerprint, r.have_val ? r.val.fingerprint : 0};
+    return info;
 }
 
 // The weights and AdamW state: from the checkpoint of -r (with its step and data position) or -e,
@@ -616,8 +578,7 @@ static void load_weights(Model& m, Run& r, int* start_step, long long* data_posi
     const Options& o = r.o;
     HostState h = host_state(m);
     size_t P = num_parameters(r.c);
-    r.run_id = new_run_id();  // a new run, unless the checkpoint of -r names its run below
-    r.continuation = new_run_id();
+    r.folder = new_run();
     if (r.ckpt.empty()) {
         init_parameters(r.c, h.params, (uint64_t)o.seed);
     } else {
@@ -626,29 +587,10 @@ static void load_weights(Model& m, Run& r, int* start_step, long long* data_posi
             std::fill(h.adam_m, h.adam_m + P, 0.0f);
             std::fill(h.adam_v, h.adam_v + P, 0.0f);
         } else {
-            if (!info.has_optimizer_state) fail("%s: cannot resume: the checkpoint holds no optimiser state (start from it with -e)", r.ckpt.c_str());
+            continue_run(r.folder, r.ckpt, info, check_resume(r.ckpt, info, checkpoint_info(r), o));
             *start_step = (int)info.step;
-            if (*start_step >= o.steps) fail("option -x (--steps) %d: the checkpoint %s is already at step %d", o.steps, r.ckpt.c_str(), *start_step);
-            const DataOrder &was = info.data_order, now = data_order(r);
-            struct { long long now, then; const char* option; } same[] = {
-                {now.batch, was.batch, "-b (--batch)"}, {now.seq_len, was.seq_len, "-t (--seq-len)"},
-                {now.total_batch, was.total_batch, "-d (--total-batch)"}, {now.shuffle, was.shuffle, "--shuffle"},
-                {now.seed, was.seed, "--seed"}};
-            for (const auto& x : same)
-                if (was.batch && x.now != x.then)  // recorded: the data order must be the same
-                    fail("option %s is %lld but the run of %s used %lld; resume with the same data order", x.option, x.now, r.ckpt.c_str(), x.then);
             *data_position = info.data_position;
             dataloader_seek(&r.train, *data_position);
-            r.resumed = info.origin;
-            if (info.origin.run_id) r.run_id = info.origin.run_id;  // the same run, continued
-            r.changes = schedule_changes(info.schedule, training_schedule(r));
-            for (const std::string& change : data_changes(info.origin, r)) r.changes += (r.changes.empty() ? "" : ", ") + change;
-            if (!r.changes.empty() && !o.allow_changes)
-                fail("options %s differ from the run of %s; resume with its options, or add --allow-changes 1 to go on "
-                     "with these (the run log records the change)%s", r.changes.c_str(), r.ckpt.c_str(),
-                     r.changes.find("--threads") == std::string::npos ? "" :
-                     "; another count of threads (or of processes) changes the last bits of the CPU's float sums, so "
-                     "the run would not repeat an uninterrupted one bit for bit");
         }
     }
     hold_unused_gains(r.c, h.params);
@@ -656,51 +598,16 @@ static void load_weights(Model& m, Run& r, int* start_step, long long* data_posi
     model_freeze(m, r.frozen);
 }
 
-// The output directory (absolute) and the run log: a new log, or the resumed run's, appended to.
-// Temporary files a killed run left behind are removed.
-static RunLog open_run_log(Run& r, int start_step, std::string* log_path) {
-    Options& o = r.o;
-    if (o.out_dir.empty()) o.out_dir = o.resume_ckpt.empty() ? utc_time("runs/%Y%m%d-%H%M%S") : o.resume_ckpt.substr(0, o.resume_ckpt.find_last_of('/') + 1);
-    if (o.out_dir.empty()) o.out_dir = ".";
-    make_dirs(o.out_dir);
-    o.out_dir = absolute_path(o.out_dir);
-    lock_run_dir(o.out_dir);
-    remove_stale_temporaries(o.out_dir);
-    *log_path = o.out_dir + "/run.attnlog";
+// What the run log's header says about the run besides the model (run_dir.h fills in its ids).
+static RunInfo run_info(const Run& r) {
     RunInfo run;
     run.config = r.c;
-    for (const OptSpec& s : kOptions) run.options.push_back({s.long_name + 2, option_value_text(o, s)});
-    run.seed = (uint64_t)o.seed;
+    for (const OptSpec& s : kOptions) run.options.push_back({s.long_name + 2, option_value_text(r.o, s)});
+    run.seed = (uint64_t)r.o.seed;
     run.backend = r.on_gpu ? "cuda" : "cpu";
     run.device = r.device_name;
     run.num_processes = r.dist.world;
-    run.run_id = r.run_id;
-    run.continuation = r.continuation;
-    bool resuming = !o.resume_ckpt.empty();
-    if (resuming) {
-        run.resumed_from = r.resumed.continuation;
-        run.resumed_from_step = start_step;
-    }
-    if (resuming && file_exists(*log_path))
-        return runlog_open_append(*log_path, run, start_step, r.changes, [&](const RunLineage& lineage) {
-            std::string why = lineage_problem(lineage, r.resumed, start_step);
-            if (!why.empty())
-                fail("%s: cannot resume %s into this log: %s; resume into a new directory (-o) instead", log_path->c_str(),
-                     r.ckpt.c_str(), why.c_str());
-        });
-    if (resuming) {  // into a folder without a log: its checkpoints, if any, must be this run's
-        for (const CheckpointFile& f : checkpoints_in(o.out_dir))
-            if (f.info.origin.run_id && f.info.origin.run_id != r.run_id)
-                fail("%s: holds checkpoints of another run (%s); resume %s into its own directory or a new one (-o)",
-                     o.out_dir.c_str(), f.name.c_str(), r.ckpt.c_str());
-    } else {
-        set_aside_unresumable_log(o.out_dir, *log_path);
-    }
-    RunLog log = runlog_create(*log_path, run);
-    if (resuming)  // a resumed run in a new directory: its log says where it began
-        runlog_note(log, start_step, strprintf("resumed from step %d of the run of %s", start_step, absolute_path(r.ckpt).c_str()) +
-                                         (r.changes.empty() ? "" : "; changed options: " + r.changes));
-    return log;
+    return run;
 }
 
 static void print_run_summary(const Run& r) {
@@ -763,7 +670,7 @@ template <typename Model>
 static void collect_stats(Model& m, Run& r, Telemetry* out) {
     double* sums = model_stats_sums(m);
     TelemetrySums lay = m.stats_layout;
-    dist_reduce_stats(r.dist, sums, lay);
+    telemetry_sums_reduce(r.dist, sums, lay);
     if (!r.writes()) return;
     ModelConfig c = r.c;
     r.stats_done = std::async(r.on_gpu ? std::launch::async : std::launch::deferred,
@@ -821,14 +728,9 @@ static void save_checkpoint(Model& m, const Run& r, const std::string& path, int
     dist_gather_to_root(r.dist, h.adam_m, m.shard.size);
     dist_gather_to_root(r.dist, h.adam_v, m.shard.size);
     if (!r.writes()) return;
-    CheckpointInfo info;
-    info.config = r.c;
+    CheckpointInfo info = checkpoint_info(r);
     info.step = step;
     info.data_position = data_position;
-    info.has_optimizer_state = true;
-    info.data_order = data_order(r);
-    info.schedule = training_schedule(r);
-    info.origin = {r.run_id, r.continuation, r.train.fingerprint, r.have_val ? r.val.fingerprint : 0};
     checkpoint_write(path, info, h.params, h.adam_m, h.adam_v);
 }
 
@@ -896,58 +798,79 @@ static void on_stop_signal(int sig) {
     (void)ignored;
 }
 
-// The command that resumes this run from `ckpt`: the same options, with -r instead of -e, -r or
-// -o (a resumed run writes beside its checkpoint).
-static std::string resume_command(const Run& r, const std::string& ckpt) {
-    std::string cmd = shell_quote(r.argv[0].find('/') != std::string::npos ? absolute_path(r.argv[0]) : r.argv[0]);
-    for (size_t i = 1; i < r.argv.size(); i++) {
-        const std::string& a = r.argv[i];
-        bool dropped = a == "-r" || a == "--resume" || a == "-e" || a == "--init" || a == "-o" || a == "--out";
-        if (dropped) i++;  // and its value
-        else cmd += " " + shell_quote(a);
-    }
-    return cmd + " -r " + shell_quote(absolute_path(ckpt));
-}
-
 // A NaN or infinite loss or gradient norm (the same on every process): the step is logged and
 // the run stops before the update would damage the weights.
-[[noreturn]] static void stop_diverged(Run& r, RunLog& log, const std::string& log_path, int step, float loss, float lr,
-                                       float norm) {
+[[noreturn]] static void stop_diverged(Run& r, RunLog& log, int step, float loss, float lr, float norm) {
     wait_stats(r);
     if (r.writes()) {
         runlog_step(log, step, loss, lr, norm, 0, 0);
         runlog_close(log);
     }
     dist_fail_together(r.dist, strprintf("step %d: the loss is %g and the gradient norm %g; stopping before the weights "
-                                         "are damaged (%s and earlier checkpoints are intact; try a lower -l)",
-                                         step, loss, norm, log_path.c_str()));
+                                         "are damaged (%s and earlier checkpoints are intact; try a lower %s)",
+                                         step, loss, norm, r.folder.log_path.c_str(), OPTION_NAME("--lr")));
+}
+
+// The model allocated, once every process has the same options and data and the memory it needs
+// is there.
+template <typename Model>
+static void start_model(Model& m, Run& r) {
+    check_same_everywhere(r);
+    MemoryNeed need = memory_need(m, r.c, r.B, r.T, r.dist);
+    check_memory(r.o, r.given, r.c, need, memory_available(m));
+    try {
+        model_init(m, r.c, r.B, r.T, r.dist);  // sampling at the end uses at most B sequences of at most T
+    } catch (const std::bad_alloc&) {
+        fail_allocation(r.o, r.given, r.c, need);
+    }
+}
+
+// Rank 0, once every process has its data and weights: the output folder and the run log.
+static RunLog open_output(Run& r) {
+    RunLog log;
+    dist_barrier(r.dist);
+    if (!r.writes()) return log;
+    take_run_dir(r.folder, r.o.out_dir);
+    r.o.out_dir = r.folder.dir;  // the log's options say where it went
+    log = open_run_log(r.folder, run_info(r), r.o.init_ckpt);
+    print_run_summary(r);
+    return log;
+}
+
+// After step `step`: a checkpoint every -n steps, at the last step, and when a signal asks the run
+// to stop, which it then does (with the command that resumes it).
+template <typename Model>
+static void checkpoint_after(Model& m, Run& r, RunLog& log, int step, long long data_position) {
+    const Options& o = r.o;
+    bool last = step == o.steps - 1;
+    int stop_signal = dist_max(r.dist, g_stop_signal);  // a signal to any process stops them all
+    bool stopping = stop_signal && !last;
+    if (!((o.ckpt_every && (step + 1) % o.ckpt_every == 0) || last || stopping)) return;
+    std::string path = checkpoint_path(o.out_dir, step + 1, last);
+    if (r.writes()) runlog_flush(log);
+    save_checkpoint(m, r, path, step + 1, data_position);
+    if (r.writes()) {
+        printf("wrote %s\n", path.c_str());
+        remove_old_checkpoints(o.out_dir, o.keep, step + 1);
+    }
+    if (!stopping) return;
+    if (r.writes()) runlog_close(log);
+    printf("stopped by %s after step %d of %d; resume with:\n  %s\n", stop_signal_name(stop_signal), step + 1, o.steps,
+           resume_command(r.argv, path).c_str());
+    fflush(stdout);
+    dist_barrier(r.dist);  // the checkpoint is written before any process ends
+    dist_finalize(r.dist);
+    exit(128 + stop_signal);
 }
 
 template <typename Model>
 static int train(Model& m, Run& r) {
-    Options& o = r.o;
-    check_same_everywhere(r);
-    MemoryNeed need = memory_need(m, r.c, r.B, r.T, r.dist);
-    check_memory(o, r.given, r.c, need, memory_available(m));
-    try {
-        model_init(m, r.c, r.B, r.T, r.dist);  // sampling at the end uses at most B sequences of at most T
-    } catch (const std::bad_alloc&) {
-        fail_allocation(o, r.given, r.c, need);
-    }
+    const Options& o = r.o;
+    start_model(m, r);
     int start_step = 0;
     long long data_position = 0;  // micro-batches of training data consumed, by every process together
     load_weights(m, r, &start_step, &data_position);
-    std::string log_path;
-    RunLog log;
-    dist_barrier(r.dist);  // every process has its data and weights before rank 0 touches the output
-    if (r.writes()) {
-        log = open_run_log(r, start_step, &log_path);
-        if (!o.init_ckpt.empty())  // a new run from another run's weights: say whose
-            runlog_note(log, 0, strprintf("started from the weights of %s, trained for %lld steps (this log's steps count "
-                                          "from 0 at that point)", o.init_ckpt.c_str(),
-                                          (long long)checkpoint_read_header(o.init_ckpt).step));
-        print_run_summary(r);
-    }
+    RunLog log = open_output(r);
 
     AdamWSettings opt;
     opt.beta1 = o.beta1;
@@ -972,7 +895,7 @@ static int train(Model& m, Run& r) {
         model_grad_sync(m);  // the gradients summed over the processes, each its own shard
         float norm = model_grad_norm(m);
         opt.lr = lr_at_step(step, o.steps, o.warmup, o.lr, o.lr * o.lr_floor);
-        if (!std::isfinite(loss) || !std::isfinite(norm)) stop_diverged(r, log, log_path, step, loss, opt.lr, norm);
+        if (!std::isfinite(loss) || !std::isfinite(norm)) stop_diverged(r, log, step, loss, opt.lr, norm);
         model_adamw_step(m, opt, step + 1, norm, o.clip);
         model_param_sync(m);  // every process's updated shard to every process
         model_wait(m);        // the step's time includes the update
@@ -994,33 +917,14 @@ static int train(Model& m, Run& r) {
             if (r.writes()) runlog_val(log, step, last_val);
             printf("val loss %.4f\n", last_val);
         }
-        int stop_signal = dist_max(r.dist, g_stop_signal);  // a signal to any process stops them all
-        bool stopping = stop_signal && !last;
-        if ((o.ckpt_every && (step + 1) % o.ckpt_every == 0) || last || stopping) {
-            std::string path = last ? o.out_dir + "/model.ckpt" : strprintf("%s/model_step%06d.ckpt", o.out_dir.c_str(), step + 1);
-            if (r.writes()) runlog_flush(log);
-            save_checkpoint(m, r, path, step + 1, data_position);
-            if (r.writes()) {
-                printf("wrote %s\n", path.c_str());
-                remove_old_checkpoints(o.out_dir, o.keep, step + 1);
-            }
-            if (stopping) {
-                if (r.writes()) runlog_close(log);
-                printf("stopped by %s after step %d of %d; resume with:\n  %s\n", stop_signal_name(stop_signal),
-                       step + 1, o.steps, resume_command(r, path).c_str());
-                fflush(stdout);
-                dist_barrier(r.dist);  // the checkpoint is written before any process ends
-                dist_finalize(r.dist);
-                exit(128 + stop_signal);
-            }
-        }
+        checkpoint_after(m, r, log, step, data_position);
     }
     if (r.writes()) runlog_close(log);
     prof.print();
     printf("done in %s; final val loss %.4f\n", format_duration(now_seconds() - run_start).c_str(), last_val);
     if (r.writes()) {
         print_samples(m, r, (uint64_t)o.seed + 1);
-        printf("report: /usr/bin/python3 %s/scripts/report.py %s\n", program_dir().c_str(), log_path.c_str());
+        printf("report: /usr/bin/python3 %s/scripts/report.py %s\n", program_dir().c_str(), r.folder.log_path.c_str());
     }
     model_free(m);
     dataloader_free(&r.train);

@@ -11,7 +11,7 @@
 #pragma once
 #include <cstddef>
 #include "config.h"
-#include "telemetry.h"  // ATTN_NUM_ROW_STATS
+#include "telemetry_sums.h"  // ATTN_NUM_ROW_STATS
 
 #define ACTIVATION_TABLE(X)                                                                                            \
     /* kept from the forward pass for the backward pass */                                                             \
@@ -83,11 +83,6 @@ struct Arena {
         return base ? (T*)(base + at) : nullptr;
     }
 };
-
-template <typename... Dims>
-constexpr size_t shape_numel(Dims... dims) {
-    return (1 * ... * dims);
-}
 
 #define ACTIVATION_LETTERS(d)                                                                                \
     [[maybe_unused]] size_t B = d.B, T = d.T, N = d.N, L = d.L, C = d.C, H = d.H, Hkv = d.Hkv, NH = d.NH, D = d.D, \

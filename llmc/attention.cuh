@@ -26,7 +26,7 @@
 #include <cuda_bf16.h>
 #include "cuda_common.cuh"
 #include "math.h"
-#include "telemetry.h"  // AttentionRowStat
+#include "telemetry_sums.h"  // AttentionRowStat
 
 // ---------------------------------------------------------------------------------------------
 // Pieces shared by both implementations

@@ -132,7 +132,9 @@ inline void checkpoint_write(const std::string& path, const CheckpointInfo& info
 static const uint64_t kCheckpointMaxParameters = 1ull << 59;
 
 inline bool parameter_count_fits(const ModelConfig& c) {
-    uint64_t per_layer = layer_numel(c), rest = param_numel(c, P_WTE) + param_numel(c, P_FINAL_NORM);  // < 2^52 each
+    uint64_t per_layer = layer_numel(c), rest = 0;  // < 2^52 each
+    for (int k = 0; k < P_NUM_KINDS; k++)
+        if (!param_is_per_layer(k)) rest += param_numel(c, k);
     return rest <= kCheckpointMaxParameters && per_layer <= (kCheckpointMaxParameters - rest) / (uint64_t)c.n_layer;
 }
 

@@ -14,12 +14,62 @@
 #include "rand.h"
 #include "utils.h"
 
-// How the queries and keys of each head are normalised before RoPE (--qk-norm): RMSNorm with a
-// learnable gain per component (the default, the model of the research reports), RMSNorm without
-// one (the gains stay in the parameter layout, held at 1 and never trained), or not at all (the
-// classic GPT; the gains are likewise unused).
-enum QkNorm { QK_NORM_GAIN = 0, QK_NORM_PLAIN = 1, QK_NORM_NONE = 2, QK_NORM_NUM };
-static const char* const kQkNormNames[QK_NORM_NUM] = {"gain", "plain", "none"};
+// The --qk-norm variants: how the queries and keys of each head are normalised before RoPE. One
+// line each: the variant (QK_NORM_<NAME>; its place in the table is the number checkpoints and
+// logs hold), its name (--qk-norm, the log's options), whether it normalises, whether its gains
+// q_gain and k_gain train (else they stay in the parameter layout, held at 1, never trained), a
+// few words for -h, and what it is (docs/model.md).
+#define QK_NORM_TABLE(X)                                                                                       \
+    X(GAIN, gain, true, true, "RMSNorm with learnable gains",                                                 \
+      "RMSNorm with a learnable gain per component: the default, the model of the research reports")           \
+    X(PLAIN, plain, true, false, "RMSNorm, no gains", "RMSNorm without a gain: every key has length sqrt(D)") \
+    X(NONE, none, false, false, "no norm", "not normalised: the classic GPT")
+
+enum QkNorm {
+#define QK_NORM_ENUM(NAME, name, normalises, trains_gains, brief, meaning) QK_NORM_##NAME,
+    QK_NORM_TABLE(QK_NORM_ENUM)
+#undef QK_NORM_ENUM
+    QK_NORM_NUM
+};
+
+struct QkNormInfo {
+    bool normalises, trains_gains;
+    const char* brief;
+    const char* meaning;
+};
+
+static constexpr QkNormInfo kQkNorms[QK_NORM_NUM] = {
+#define QK_NORM_INFO(NAME, name, normalises, trains_gains, brief, meaning) {normalises, trains_gains, brief, meaning},
+    QK_NORM_TABLE(QK_NORM_INFO)
+#undef QK_NORM_INFO
+};
+
+static const char* const kQkNormNames[QK_NORM_NUM] = {
+#define QK_NORM_NAME(NAME, name, normalises, trains_gains, brief, meaning) #name,
+    QK_NORM_TABLE(QK_NORM_NAME)
+#undef QK_NORM_NAME
+};
+
+// Of a valid variant: whether it normalises the queries and keys, and whether its gains train.
+inline bool qk_norm_normalises(int v) { return kQkNorms[v].normalises; }
+inline bool qk_norm_trains_gains(int v) { return kQkNorms[v].trains_gains; }
+
+// The variant named `name`, or -1.
+inline int qk_norm_index(const std::string& name) {
+    for (int v = 0; v < QK_NORM_NUM; v++)
+        if (name == kQkNormNames[v]) return v;
+    return -1;
+}
+
+// A list in words: "gain, plain or none"; numbered, "0 (gain), 1 (plain) or 2 (none)".
+inline std::string names_in_words(const char* const* names, int n, bool numbered = false) {
+    std::string text;
+    for (int i = 0; i < n; i++) {
+        text += i == 0 ? "" : i == n - 1 ? " or " : ", ";
+        text += numbered ? strprintf("%d (%s)", i, names[i]) : std::string(names[i]);
+    }
+    return text;
+}
 
 struct ModelConfig {
     int vocab_size = 8192;  // V
@@ -37,6 +87,28 @@ struct ModelConfig {
     int qkv_dim() const { return (n_head + 2 * n_kv_head) * head_dim; }  // rows of [Wq; Wk; Wv]
     int group_size() const { return n_head / n_kv_head; }  // query heads per key/value head
 };
+
+// A field of struct S by name: an int or a float one (exactly one of the two is set).
+template <typename S>
+struct NamedField {
+    const char* name;
+    int S::*int_field;
+    float S::*float_field;
+};
+
+// Every ModelConfig field by name: the header lists them and a resumed run compares them.
+using ConfigField = NamedField<ModelConfig>;
+
+static const ConfigField kConfigFields[] = {
+    {"vocab_size", &ModelConfig::vocab_size, nullptr}, {"n_layer", &ModelConfig::n_layer, nullptr},
+    {"n_head", &ModelConfig::n_head, nullptr},         {"n_kv_head", &ModelConfig::n_kv_head, nullptr},
+    {"head_dim", &ModelConfig::head_dim, nullptr},     {"d_model", &ModelConfig::d_model, nullptr},
+    {"d_ff", &ModelConfig::d_ff, nullptr},             {"max_seq_len", &ModelConfig::max_seq_len, nullptr},
+    {"rope_theta", nullptr, &ModelConfig::rope_theta}, {"norm_eps", nullptr, &ModelConfig::norm_eps},
+    {"qk_norm", &ModelConfig::qk_norm, nullptr},  // QK_NORM_TABLE's place of the variant
+};
+static_assert(sizeof(ModelConfig) == 9 * sizeof(int) + 2 * sizeof(float),
+              "ModelConfig has changed: list every one of its fields in kConfigFields");
 
 struct Preset {
     const char* name;
@@ -98,62 +170,135 @@ inline std::string config_error(const ModelConfig& c) {
     if (c.max_seq_len < 1) return strprintf("max_seq_len %d must be at least 1", c.max_seq_len);
     if (!(c.rope_theta > 1.0f) || !std::isfinite(c.rope_theta)) return "rope_theta must be a finite number greater than 1";
     if (!(c.norm_eps > 0.0f) || !std::isfinite(c.norm_eps)) return "norm_eps must be a finite positive number";
-    if (c.qk_norm < 0 || c.qk_norm >= QK_NORM_NUM) return strprintf("qk_norm %d is not 0 (gain), 1 (plain) or 2 (none)", c.qk_norm);
+    if (c.qk_norm < 0 || c.qk_norm >= QK_NORM_NUM)
+        return strprintf("qk_norm %d is not %s", c.qk_norm, names_in_words(kQkNormNames, QK_NORM_NUM, true).c_str());
     return "";
 }
 
 // ---------------------------------------------------------------------------------------------
-// Parameter layout. One flat float buffer holds every parameter in this order (the checkpoint
-// stores them in the same order):
-//   wte [V, C]
-//   for each layer l = 0..L-1:
-//     attn_norm [C], wq [H*D, C], wk [Hkv*D, C], wv [Hkv*D, C], q_gain [D], k_gain [D],
-//     wo [C, H*D], mlp_norm [C], w1 [F, C], w3 [F, C], w2 [C, F]
-//   final_norm [C]
+// Parameter layout. One flat float buffer holds every parameter (the checkpoint stores them in the
+// same order): the kinds of the table before the per-layer ones, then one block per layer of the
+// per-layer kinds in table order, then the kinds after them:
+//   wte | attn_norm wq wk wv q_gain k_gain wo mlp_norm w1 w3 w2 (layer 0) | ... (layer L-1) | final_norm
 // Within a layer wq, wk, wv follow each other, so together they are one [(H+2Hkv)*D, C] matrix
 // and the three projections are one matrix product; w1 and w3 likewise form one [2F, C] matrix.
+//
+// The parameter kinds in layout order, one line each: the kind (P_<NAME>), its name (checkpoint
+// tensors, --freeze, the PyTorch reference), the shape of one tensor in the model's letters (V
+// vocabulary, C d_model, H and Hkv query and key/value heads, D head width, F SwiGLU width), its
+// role, one per layer (LAYER) or one in all (ONCE), and what it is. Roles: MATRIX, initialised
+// N(0, 0.02) and decayed; RESIDUAL, a matrix whose product adds to the residual stream (one of 2L
+// branches), initialised with that standard deviation divided by sqrt(2L); GAIN, initialised to 1,
+// not decayed. A bit mask over the kinds (bit k: kind k) says which are frozen.
+#define PARAM_TABLE(X)                                                                                  \
+    X(WTE, wte, (V, C), MATRIX, ONCE, "token embedding, also the output projection (tied)")          \
+    X(ATTN_NORM, attn_norm, (C), GAIN, LAYER, "gain of the RMSNorm before attention")                \
+    X(WQ, wq, (H * D, C), MATRIX, LAYER, "query projection")                                         \
+    X(WK, wk, (Hkv * D, C), MATRIX, LAYER, "key projection")                                         \
+    X(WV, wv, (Hkv * D, C), MATRIX, LAYER, "value projection")                                       \
+    X(Q_GAIN, q_gain, (D), GAIN, LAYER, "gain of the query norm, shared by the layer's query heads") \
+    X(K_GAIN, k_gain, (D), GAIN, LAYER, "gain of the key norm, shared by the layer's key heads")     \
+    X(WO, wo, (C, H * D), RESIDUAL, LAYER, "attention output projection")                            \
+    X(MLP_NORM, mlp_norm, (C), GAIN, LAYER, "gain of the RMSNorm before the MLP")                    \
+    X(W1, w1, (F, C), MATRIX, LAYER, "SwiGLU gate projection")                                       \
+    X(W3, w3, (F, C), MATRIX, LAYER, "SwiGLU up projection")                                         \
+    X(W2, w2, (C, F), RESIDUAL, LAYER, "SwiGLU down projection")                                     \
+    X(FINAL_NORM, final_norm, (C), GAIN, ONCE, "gain of the final RMSNorm")
 
 enum ParamKind {
-    P_WTE, P_ATTN_NORM, P_WQ, P_WK, P_WV, P_Q_GAIN, P_K_GAIN, P_WO, P_MLP_NORM, P_W1, P_W3, P_W2,
-    P_FINAL_NORM, P_NUM_KINDS
+#define PARAM_ENUM(NAME, name, shape, role, count, meaning) P_##NAME,
+    PARAM_TABLE(PARAM_ENUM)
+#undef PARAM_ENUM
+    P_NUM_KINDS
+};
+
+enum ParamRole { PARAM_MATRIX, PARAM_RESIDUAL, PARAM_GAIN };
+enum ParamCount { PARAM_ONCE, PARAM_LAYER };
+
+struct ParamInfo {
+    ParamRole role;
+    ParamCount count;
+    const char* meaning;
+};
+
+static constexpr ParamInfo kParams[P_NUM_KINDS] = {
+#define PARAM_INFO(NAME, name, shape, role, count, meaning) {PARAM_##role, PARAM_##count, meaning},
+    PARAM_TABLE(PARAM_INFO)
+#undef PARAM_INFO
 };
 
 static const char* const kParamNames[P_NUM_KINDS] = {
-    "wte", "attn_norm", "wq", "wk", "wv", "q_gain", "k_gain", "wo", "mlp_norm", "w1", "w3", "w2",
-    "final_norm"};
+#define PARAM_NAME(NAME, name, shape, role, count, meaning) #name,
+    PARAM_TABLE(PARAM_NAME)
+#undef PARAM_NAME
+};
 
-inline bool param_is_per_layer(int kind) { return kind != P_WTE && kind != P_FINAL_NORM; }
-// Matrices take weight decay; gains (q_gain, k_gain and every *_norm) do not.
-inline bool param_is_matrix(int kind) {
-    return kind == P_WTE || kind == P_WQ || kind == P_WK || kind == P_WV || kind == P_WO ||
-           kind == P_W1 || kind == P_W3 || kind == P_W2;
+constexpr bool param_is_per_layer(int kind) { return kParams[kind].count == PARAM_LAYER; }
+// Matrices take weight decay; gains do not.
+constexpr bool param_is_matrix(int kind) { return kParams[kind].role != PARAM_GAIN; }
+
+// The per-layer kinds [kFirstLayerKind, kEndLayerKinds) are one run of the table: a layer's block.
+constexpr int first_per_layer_kind() {
+    int k = 0;
+    while (k < P_NUM_KINDS && !param_is_per_layer(k)) k++;
+    return k;
+}
+static constexpr int kFirstLayerKind = first_per_layer_kind();
+constexpr int end_of_per_layer_kinds() {
+    int k = kFirstLayerKind;
+    while (k < P_NUM_KINDS && param_is_per_layer(k)) k++;
+    return k;
+}
+static constexpr int kEndLayerKinds = end_of_per_layer_kinds();
+constexpr bool per_layer_kinds_in_one_run() {
+    for (int k = kEndLayerKinds; k < P_NUM_KINDS; k++)
+        if (param_is_per_layer(k)) return false;
+    return true;
+}
+static_assert(per_layer_kinds_in_one_run(), "PARAM_TABLE: the per-layer kinds must follow each other");
+static_assert(P_WK == P_WQ + 1 && P_WV == P_WK + 1 && P_W3 == P_W1 + 1,
+              "PARAM_TABLE: wq, wk, wv and w1, w3 follow each other (each group is one matrix product)");
+static_assert(P_NUM_KINDS <= 32, "the frozen kinds are a 32-bit mask");
+
+// The product of a shape's sizes: shape_numel(N, C) = N * C.
+template <typename... Sizes>
+constexpr size_t shape_numel(Sizes... sizes) {
+    return (size_t(1) * ... * (size_t)sizes);
+}
+
+// Tensors of this kind in the model: n_layer for a per-layer kind, else 1.
+inline int param_layers(const ModelConfig& c, int kind) { return param_is_per_layer(kind) ? c.n_layer : 1; }
+
+// Tensors in the model, of every kind.
+inline int num_param_tensors(const ModelConfig& c) {
+    int n = 0;
+    for (int k = 0; k < P_NUM_KINDS; k++) n += param_layers(c, k);
+    return n;
 }
 
 // Number of floats in one tensor of this kind (one layer's worth for per-layer kinds).
 inline size_t param_numel(const ModelConfig& c, int kind) {
-    size_t V = c.vocab_size, C = c.d_model, D = c.head_dim, F = c.d_ff;
-    size_t q_width = (size_t)c.n_head * D, kv_width = (size_t)c.n_kv_head * D;
+    [[maybe_unused]] size_t V = c.vocab_size, C = c.d_model, H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, F = c.d_ff;
     switch (kind) {
-        case P_WTE: return V * C;
-        case P_ATTN_NORM: case P_MLP_NORM: case P_FINAL_NORM: return C;
-        case P_WQ: return q_width * C;
-        case P_WK: case P_WV: return kv_width * C;
-        case P_Q_GAIN: case P_K_GAIN: return D;
-        case P_WO: return C * q_width;
-        case P_W1: case P_W3: return F * C;
-        case P_W2: return C * F;
+#define PARAM_NUMEL(NAME, name, shape, role, count, meaning) \
+    case P_##NAME: return shape_numel shape;
+        PARAM_TABLE(PARAM_NUMEL)
+#undef PARAM_NUMEL
     }
     return 0;
 }
 
+// Floats in one layer's block.
 inline size_t layer_numel(const ModelConfig& c) {
     size_t n = 0;
-    for (int k = P_ATTN_NORM; k <= P_W2; k++) n += param_numel(c, k);
+    for (int k = kFirstLayerKind; k < kEndLayerKinds; k++) n += param_numel(c, k);
     return n;
 }
 
 inline size_t num_parameters(const ModelConfig& c) {
-    return param_numel(c, P_WTE) + (size_t)c.n_layer * layer_numel(c) + param_numel(c, P_FINAL_NORM);
+    size_t n = 0;
+    for (int k = 0; k < P_NUM_KINDS; k++) n += param_numel(c, k) * (size_t)param_layers(c, k);
+    return n;
 }
 
 // The tensor's name as the PyTorch reference spells it: "wte", "layers.3.wk", "final_norm".
@@ -163,23 +308,26 @@ inline std::string param_name(int kind, int l = 0) {
 
 // Offset (in floats) of the tensor of this kind, of layer l for per-layer kinds.
 inline size_t param_offset(const ModelConfig& c, int kind, int l = 0) {
-    size_t wte = param_numel(c, P_WTE);
-    if (kind == P_WTE) return 0;
-    if (kind == P_FINAL_NORM) return wte + (size_t)c.n_layer * layer_numel(c);
-    size_t off = wte + (size_t)l * layer_numel(c);
-    for (int k = P_ATTN_NORM; k < kind; k++) off += param_numel(c, k);
+    size_t off = 0;
+    if (!param_is_per_layer(kind)) {  // after every tensor of the kinds before it
+        for (int k = 0; k < kind; k++) off += param_numel(c, k) * (size_t)param_layers(c, k);
+        return off;
+    }
+    for (int k = 0; k < kFirstLayerKind; k++) off += param_numel(c, k);
+    off += (size_t)l * layer_numel(c);
+    for (int k = kFirstLayerKind; k < kind; k++) off += param_numel(c, k);
     return off;
 }
 
 // Frozen parameters: a bit mask over ParamKind (bit k: every tensor of kind k). They keep their
 // values: no update, no weight decay, no part in the gradient norm.
-inline uint32_t param_kind_bit(int kind) { return 1u << kind; }
+constexpr uint32_t param_kind_bit(int kind) { return 1u << kind; }
 static const uint32_t kAllParamKinds = (1u << P_NUM_KINDS) - 1;
 
 // The kinds frozen in a run: those asked for, and the gains a --qk-norm variant without gains
 // holds at 1.
 inline uint32_t frozen_kinds(const ModelConfig& c, uint32_t asked) {
-    return asked | (c.qk_norm == QK_NORM_GAIN ? 0u : param_kind_bit(P_Q_GAIN) | param_kind_bit(P_K_GAIN));
+    return asked | (qk_norm_trains_gains(c.qk_norm) ? 0u : param_kind_bit(P_Q_GAIN) | param_kind_bit(P_K_GAIN));
 }
 
 // A contiguous run of parameters that either all take weight decay (matrices) or none do (gains).
@@ -194,8 +342,7 @@ inline std::vector<ParamSegment> adamw_segments(const ModelConfig& c, uint32_t f
     std::vector<ParamSegment> segs, merged;
     for (int kind = 0; kind < P_NUM_KINDS; kind++) {
         if (frozen & param_kind_bit(kind)) continue;
-        int layers = param_is_per_layer(kind) ? c.n_layer : 1;
-        for (int l = 0; l < layers; l++)
+        for (int l = 0; l < param_layers(c, kind); l++)
             segs.push_back({(long long)param_offset(c, kind, l), (long long)param_numel(c, kind), param_is_matrix(kind) ? 1 : 0});
     }
     std::sort(segs.begin(), segs.end(), [](const ParamSegment& a, const ParamSegment& b) { return a.start < b.start; });
@@ -276,21 +423,20 @@ inline std::string param_kinds_text(uint32_t mask) {
 // The variants without gains compute with gains of 1: their gains are set to 1 wherever weights
 // come in, so that every path (both backends, the checkpoint, the reference) sees the same model.
 inline void hold_unused_gains(const ModelConfig& c, float* params) {
-    if (c.qk_norm == QK_NORM_GAIN) return;
+    if (qk_norm_trains_gains(c.qk_norm)) return;
     for (int l = 0; l < c.n_layer; l++)
         for (int kind : {P_Q_GAIN, P_K_GAIN})
             for (size_t i = 0; i < param_numel(c, kind); i++) params[param_offset(c, kind, l) + i] = 1.0f;
 }
 
-// Initialisation of model.md: matrices ~ N(0, 0.02), the output projections wo and w2 with the
-// standard deviation divided by sqrt(2L) (each residual branch adds to the stream, 2L branches in
-// all), every gain 1. Deterministic for a seed on every platform.
+// Initialisation of model.md, by the roles of PARAM_TABLE: matrices ~ N(0, 0.02), the residual
+// branches' output projections with the standard deviation divided by sqrt(2L), every gain 1.
+// Deterministic for a seed on every platform.
 inline void init_parameters(const ModelConfig& c, float* params, uint64_t seed) {
     Rng rng{seed};
     for (int kind = 0; kind < P_NUM_KINDS; kind++) {
-        int layers = param_is_per_layer(kind) ? c.n_layer : 1;
-        float std = (kind == P_WO || kind == P_W2) ? 0.02f / sqrtf(2.0f * c.n_layer) : 0.02f;
-        for (int l = 0; l < layers; l++) {
+        float std = kParams[kind].role == PARAM_RESIDUAL ? 0.02f / sqrtf(2.0f * c.n_layer) : 0.02f;
+        for (int l = 0; l < param_layers(c, kind); l++) {
             float* p = params + param_offset(c, kind, l);
             size_t n = param_numel(c, kind);
             for (size_t i = 0; i < n; i++) p[i] = param_is_matrix(kind) ? std * rng_normal(rng) : 1.0f;

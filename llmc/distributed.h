@@ -10,12 +10,12 @@
 // (llmc/nccl.cuh), MPI only bringing the processes together.
 #pragma once
 #include <sched.h>
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
-#include "telemetry.h"
 #include "utils.h"
 #ifdef USE_MPI
 #define OMPI_SKIP_MPICXX 1  // the C API only
@@ -131,16 +131,16 @@ inline int dist_min(const Dist& d, int x) {
     return x;
 }
 
-// The telemetry sums of every process into rank 0's (telemetry.h): the sums added, the maxima
-// taken; the gains are the same everywhere. Only rank 0's array is complete afterwards.
-inline void dist_reduce_stats(const Dist& d, double* sums, const TelemetrySums& t) {
+// In place, on rank 0 only: x[i] summed over every process (the other processes' x is left as
+// it was); dist_max_to_root, their maximum.
+inline void dist_reduce_to_root(const Dist& d, double* x, size_t n, MPI_Op op) {
     if (d.world == 1) return;
     bool root = d.rank == 0;
-    int summed = mpi_count(t.summed, "Reduce"), n = mpi_count(t.gains - t.maxima, "Reduce");
-    mpi_check(MPI_Reduce(root ? MPI_IN_PLACE : sums, sums, summed, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD), "Reduce");
-    double* maxima = sums + t.maxima;
-    mpi_check(MPI_Reduce(root ? MPI_IN_PLACE : maxima, maxima, n, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD), "Reduce");
+    int count = mpi_count(n, "Reduce");
+    mpi_check(MPI_Reduce(root ? MPI_IN_PLACE : x, x, count, MPI_DOUBLE, op, 0, MPI_COMM_WORLD), "Reduce");
 }
+inline void dist_sum_to_root(const Dist& d, double* x, size_t n) { dist_reduce_to_root(d, x, n, MPI_SUM); }
+inline void dist_max_to_root(const Dist& d, double* x, size_t n) { dist_reduce_to_root(d, x, n, MPI_MAX); }
 
 // buf holds world shards of `shard` floats: afterwards this process's shard holds the sum over
 // every process of that shard (the other shards are left as they were). scratch: shard floats.
@@ -180,7 +180,8 @@ inline void dist_barrier(const Dist&) {}
 inline void dist_sum(const Dist&, double*, int) {}
 inline int dist_max(const Dist&, int x) { return x; }
 inline int dist_min(const Dist&, int x) { return x; }
-inline void dist_reduce_stats(const Dist&, double*, const TelemetrySums&) {}
+inline void dist_sum_to_root(const Dist&, double*, size_t) {}
+inline void dist_max_to_root(const Dist&, double*, size_t) {}
 inline void dist_reduce_scatter(const Dist&, float*, float*, size_t) {}
 inline void dist_all_gather(const Dist&, float*, size_t) {}
 inline void dist_gather_to_root(const Dist&, float*, size_t) {}

@@ -1,7 +1,7 @@
-// The CPU backend: the whole model of docs/model.md in float32, forward, backward and
-// AdamW, over the named buffers of activations.h. Matrix products go through BLAS (cblas_sgemm), everything
-// else is plain loops parallelised with OpenMP. The per-element formulas come from math.h and
-// are the ones the CUDA kernels use.
+// The CPU backend (the contract of backend.h): the whole model of docs/model.md in float32, forward,
+// backward and AdamW, over the named buffers of activations.h. Matrix products go through BLAS
+// (cblas_sgemm), everything else is plain loops parallelised with OpenMP. The per-element formulas
+// come from math.h and are the ones the CUDA kernels use.
 //
 // Shapes: B batch, T sequence, N = B*T token rows, C model width, H query heads, Hkv key/value
 // heads, D head width, F SwiGLU width, V vocabulary, QKV = (H + 2 Hkv) D.
@@ -15,12 +15,12 @@
 #include <memory>
 #include <vector>
 #include "activations.h"
+#include "backend.h"
 #include "config.h"
 #include "distributed.h"
-#include "eigen.h"
 #include "math.h"
 #include "memory.h"
-#include "telemetry.h"
+#include "telemetry_sums.h"
 #include "utils.h"
 
 // glibc ships vectorised versions of expf (libmvec). GCC uses them in `omp simd` loops only when
@@ -31,25 +31,18 @@
 extern "C" float expf(float) noexcept;
 #endif
 
-// The model and its buffers. The activations are those of activations.h, in float, in one block.
-struct CpuModel {
-    ModelConfig cfg;
-    int max_B = 0, max_T = 0;  // activation buffers are sized for these
+// The model and its buffers (backend.h's ModelShape besides). The activations are those of
+// activations.h, in float, in one block.
+struct CpuModel : ModelShape {
     std::vector<float> params, grads, adam_m, adam_v;  // flat, in the layout of config.h
     std::vector<float> rope_cos, rope_sin;             // [max_seq_len, D/2]
     Activations<float> acts;
     std::unique_ptr<char[]> act_memory;
-    int B = 0, T = 0;  // shape of the last forward pass
-    uint32_t frozen = 0;  // parameter kinds held fixed (config.h's frozen_kinds)
     // Data-parallel training (distributed.h): params, grads, adam_m and adam_v hold shard.padded
     // floats, P of them parameters; AdamW updates this process's shard only, with its state there.
-    Dist dist;
-    ParamShard shard;
     std::vector<ParamSegment> segments;  // what AdamW updates: the unfrozen parameters of the shard
     std::vector<float> grad_scratch;     // a shard, for the reduce-scatter
-    // A stats step's sums (telemetry.h), added into by every forward pass with statistics.
-    TelemetrySums stats_layout;
-    std::vector<double> stat_sums;
+    std::vector<double> stat_sums;       // a stats step's sums, added into by every forward pass with statistics
 };
 
 inline float* param_ptr(CpuModel& m, int kind, int l = 0) { return m.params.data() + param_offset(m.cfg, kind, l); }
@@ -59,18 +52,13 @@ inline void model_freeze(CpuModel& m, uint32_t asked);
 
 // The model for micro-batches up to max_B x max_T, as process dist.rank of dist.world.
 inline void model_init(CpuModel& m, const ModelConfig& cfg, int max_B, int max_T, const Dist& dist = Dist()) {
-    m.cfg = cfg;
-    m.max_B = max_B;
-    m.max_T = max_T;
-    m.dist = dist;
-    m.shard = param_shard(num_parameters(cfg), dist.rank, dist.world);
+    model_shape_init(m, cfg, max_B, max_T, dist);
     size_t padded = m.shard.padded;
     m.params.assign(padded, 0.0f);
     m.grads.assign(padded, 0.0f);
     m.adam_m.assign(padded, 0.0f);
     m.adam_v.assign(padded, 0.0f);
     m.grad_scratch.assign(dist.world > 1 ? m.shard.size : 0, 0.0f);
-    m.stats_layout = telemetry_sums_layout(cfg);
     m.stat_sums.assign(m.stats_layout.total, 0.0);
     model_freeze(m, 0);
     int D = cfg.head_dim, half = D / 2;
@@ -173,7 +161,7 @@ inline void qk_norm_rope_forward(float* qk_normed, float* qk_rope, float* qk_rst
                                  const float* g_q, const float* g_k, const float* rope_cos,
                                  const float* rope_sin, int B, int T, const ModelConfig& c) {
     int D = c.head_dim, half = D / 2, NH = c.n_head + c.n_kv_head, QKV = c.qkv_dim();
-    bool normalise = c.qk_norm != QK_NORM_NONE;
+    bool normalise = qk_norm_normalises(c.qk_norm);
 #pragma omp parallel for collapse(2)
     for (int n = 0; n < B * T; n++) {
         for (int h = 0; h < NH; h++) {
@@ -206,7 +194,7 @@ inline void qk_norm_rope_backward(float* dqkv, float* dg_q, float* dg_k, const f
                                   const ModelConfig& c) {
     int D = c.head_dim, half = D / 2, NH = c.n_head + c.n_kv_head, QKV = c.qkv_dim();
     int N = B * T;
-    bool normalise = c.qk_norm != QK_NORM_NONE;
+    bool normalise = qk_norm_normalises(c.qk_norm);
     // dy = gradient before RoPE, kept in a per-thread row; dx through the norm.
 #pragma omp parallel
     {
@@ -415,7 +403,7 @@ inline void key_sums(double* sums, const TelemetrySums& lay, int layer, const fl
     for (int kvh = 0; kvh < Hkv; kvh++) {
         const float* keys = qk_normed + (size_t)(H + kvh) * D;  // row n at keys + n * NH * D
         double* aug = keys_f64 + (size_t)kvh * N * W;
-        double* rec = sums + lay.key_sums + ((size_t)layer * Hkv + kvh) * lay.key_record;
+        double* rec = sums + lay.key(layer, kvh);
         double sum_norm = 0, sum_maxabs = 0, sum_pr = 0;
         std::vector<double> unit_sum(D, 0.0);
         for (int n = 0; n < N; n++) {
@@ -440,7 +428,7 @@ inline void key_sums(double* sums, const TelemetrySums& lay, int layer, const fl
         rec[KS_MAXABS] += sum_maxabs;
         rec[KS_PR] += sum_pr;
         for (int i = 0; i < D; i++) rec[KS_UNIT + i] += unit_sum[i];
-        double* gram = sums + lay.grams + ((size_t)layer * Hkv + kvh) * W * W;
+        double* gram = sums + lay.gram(layer, kvh);
         cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, W, W, N, 1.0, aug, W, aug, W, 1.0, gram, W);
     }
 }
@@ -468,12 +456,12 @@ inline void query_attention_sums(double* sums, const TelemetrySums& lay, int lay
                 maxp += row_stats[ATTN_STAT_MAXP * rows + row];
                 lmax = fmaxf(lmax, row_stats[ATTN_STAT_LOGIT_MAX * rows + row]);
             }
-        double* rec = sums + lay.query_sums + ((size_t)layer * H + h) * QS_NUM;
+        double* rec = sums + lay.query(layer, h);
         rec[QS_NORM] += qn;
         rec[QS_ENTROPY] += ent;
         rec[QS_SINK] += sink;
         rec[QS_MAXP] += maxp;
-        double& mx = sums[lay.maxima + (size_t)layer * H + h];
+        double& mx = sums[lay.max_logit(layer, h)];
         mx = fmax(mx, (double)lmax);
     }
 }
@@ -511,7 +499,7 @@ inline float model_forward(CpuModel& m, const int* tokens, const int* targets, i
         if (stats) {
             key_sums(sums, lay, l, la.qk_normed, a.keys_f64, N, c);
             query_attention_sums(sums, lay, l, la.qk_normed, la.row_stats, B, T, c);
-            double* gains = sums + lay.gains + (size_t)l * 2 * c.head_dim;
+            double* gains = sums + lay.layer_gains(l);
             std::copy_n(param_ptr(m, P_Q_GAIN, l), c.head_dim, gains);
             std::copy_n(param_ptr(m, P_K_GAIN, l), c.head_dim, gains + c.head_dim);
         }
@@ -580,7 +568,7 @@ inline void model_backward(CpuModel& m, const int* tokens, const int* targets, f
     // Frozen parameters have no gradient: they stay out of the gradient norm.
     for (int kind = 0; kind < P_NUM_KINDS; kind++)
         if (m.frozen & param_kind_bit(kind))
-            for (int l = 0; l < (param_is_per_layer(kind) ? L : 1); l++)
+            for (int l = 0; l < param_layers(c, kind); l++)
                 std::fill_n(grad_ptr(m, kind, l), param_numel(c, kind), 0.0f);
 }
 
@@ -609,10 +597,6 @@ inline float model_grad_norm(CpuModel& m) {
     return (float)sqrt(total);
 }
 
-struct AdamWSettings {
-    float lr, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
-};
-
 // One AdamW step (t counts from 1) on this process's shard, the gradients clipped to global norm
 // `clip` (0: off) by their norm grad_norm, the value model_grad_norm returned.
 inline void model_adamw_step(CpuModel& m, const AdamWSettings& o, int t, float grad_norm, float clip) {
@@ -634,15 +618,8 @@ inline void model_param_sync(CpuModel& m) { dist_all_gather(m.dist, m.params.dat
 inline void model_stats_begin(CpuModel& m) { telemetry_sums_clear(m.stat_sums.data(), m.stats_layout); }
 inline double* model_stats_sums(CpuModel& m) { return m.stat_sums.data(); }
 
-// The rest of the interface the training loop uses (train_gpt.cu gives the GPU model the same).
-// The host arrays are the model's own here, so moving them between host and device does nothing.
-
-struct HostState {
-    // In the layout of config.h, shard.padded floats each (P of them parameters); of the AdamW
-    // state only this process's shard is kept up to date (the training loop gathers it).
-    float *params, *adam_m, *adam_v;
-};
-
+// The rest of backend.h's contract. The host arrays are the model's own here, so moving them
+// between host and device does nothing.
 inline HostState host_state(CpuModel& m) { return {m.params.data(), m.adam_m.data(), m.adam_v.data()}; }
 inline void model_free(CpuModel& m) { m = CpuModel(); }
 inline void model_upload(CpuModel&) {}
@@ -653,3 +630,5 @@ inline void model_logits_row(CpuModel& m, int row, float* out) {
     const float* z = m.acts.logits + (size_t)row * m.cfg.vocab_size;
     std::copy(z, z + m.cfg.vocab_size, out);
 }
+
+static_assert(check_backend<CpuModel>(), "CpuModel implements backend.h's contract");

@@ -2,6 +2,7 @@
 // recorded in the run log; resolve_config turns the model options (or a checkpoint) into the
 // model configuration.
 #pragma once
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -38,7 +39,7 @@ struct OptSpec {
 };
 
 #define OPT(s, l, type, field, help) {s, l, type, offsetof(Options, field), help}
-static const OptSpec kOptions[] = {
+static constexpr OptSpec kOptions[] = {
     // data
     OPT("-i", "--train", OPT_STR, train_pattern, "training shards, a glob (default: the Brown corpus, prepared on first use)"),
     OPT("-j", "--val", OPT_STR, val_pattern, "validation shards, a glob (default: the Brown corpus' validation split)"),
@@ -56,11 +57,11 @@ static const OptSpec kOptions[] = {
     OPT("", "--vocab-size", OPT_INT, vocab_size, "vocabulary size (default: the tokenizer's; required for shards without one)"),
     OPT("", "--rope-theta", OPT_FLOAT, rope_theta, "RoPE base"),
     OPT("", "--norm-eps", OPT_FLOAT, norm_eps, "epsilon inside every RMSNorm"),
-    OPT("", "--qk-norm", OPT_STR, qk_norm, "how each query and key head is normalised before RoPE: gain (RMSNorm with learnable gains), plain (RMSNorm, no gains), none"),
+    OPT("", "--qk-norm", OPT_STR, qk_norm, "how each query and key head is normalised before RoPE:"),  // and the variants
     OPT("", "--freeze", OPT_STR, freeze, "parameter kinds kept at their initial or loaded values, comma-separated (e.g. k_gain or q_gain,k_gain)"),
     OPT("-e", "--init", OPT_STR, init_ckpt, "start from the weights of this checkpoint (optimiser state fresh)"),
     OPT("-r", "--resume", OPT_STR, resume_ckpt, "resume this checkpoint's run: weights, AdamW state, step, data position, log"),
-    OPT("", "--allow-changes", OPT_INT, allow_changes, "1: let -r go on with training options (-l -u -q -x -c --clip --beta1 --beta2 --freeze, CPU threads) or data (-i -j) other than the checkpoint's run had; the log records them"),
+    OPT("", "--allow-changes", OPT_INT, allow_changes, "1: let -r go on with training options or data other than the checkpoint's run had; the log records them. Those options:"),  // kScheduleOptions
     // optimisation
     OPT("-b", "--batch", OPT_INT, batch, "micro-batch size, in sequences"),
     OPT("-t", "--seq-len", OPT_INT, seq_len, "sequence length (default: max_seq_len)"),
@@ -89,6 +90,89 @@ static const OptSpec kOptions[] = {
 };
 #undef OPT
 
+// The training options a resumed run compares with its checkpoint's run, by long name, with their
+// field of checkpoint.h's TrainingSchedule (which the checkpoint records): another value needs
+// --allow-changes 1. Besides these, the schedule holds --freeze's kinds and the CPU threads of all
+// processes.
+using ScheduleOption = NamedField<TrainingSchedule>;
+static const ScheduleOption kScheduleOptions[] = {
+    {"--lr", nullptr, &TrainingSchedule::lr},         {"--lr-floor", nullptr, &TrainingSchedule::lr_floor},
+    {"--weight-decay", nullptr, &TrainingSchedule::weight_decay}, {"--clip", nullptr, &TrainingSchedule::clip},
+    {"--beta1", nullptr, &TrainingSchedule::beta1},   {"--beta2", nullptr, &TrainingSchedule::beta2},
+    {"--warmup", &TrainingSchedule::warmup, nullptr}, {"--steps", &TrainingSchedule::steps, nullptr},
+};
+
+// How messages name an option: "-s (--stats-every)", or "--clip" for one without a short name.
+inline std::string option_label(const OptSpec& s) {
+    return s.short_name[0] ? strprintf("%s (%s)", s.short_name, s.long_name) : std::string(s.long_name);
+}
+
+constexpr bool same_text(const char* a, const char* b) {
+    while (*a && *a == *b) a++, b++;
+    return *a == *b;
+}
+
+// The place in kOptions of the option with this long name ("--stats-every"), or -1.
+constexpr int option_index(const char* long_name) {
+    for (int i = 0; i < (int)(sizeof kOptions / sizeof kOptions[0]); i++)
+        if (same_text(kOptions[i].long_name, long_name)) return i;
+    return -1;
+}
+
+template <int I>
+inline const char* option_label_of() {
+    static_assert(I >= 0, "OPTION_LABEL: no option of kOptions has this long name");
+    static const std::string label = option_label(kOptions[I]);
+    return label.c_str();
+}
+
+// The label of the option with this long name, as a C string: OPTION_LABEL("--stats-every") is
+// "-s (--stats-every)". A long name that kOptions lacks does not compile.
+#define OPTION_LABEL(long_name) option_label_of<option_index(long_name)>()
+
+template <int I>
+constexpr const char* option_name_of() {
+    static_assert(I >= 0, "OPTION_NAME: no option of kOptions has this long name");
+    return kOptions[I].short_name[0] ? kOptions[I].short_name : kOptions[I].long_name;
+}
+
+// How a hint names the option with this long name: its short name, or the long one when it has
+// none. OPTION_NAME("--out") is "-o", OPTION_NAME("--clip") "--clip".
+#define OPTION_NAME(long_name) option_name_of<option_index(long_name)>()
+
+// The same for a long name known only at run time (an entry of a table); fails on one kOptions lacks.
+inline std::string option_label(const char* long_name) {
+    int i = option_index(long_name);
+    if (i < 0) fail("internal: no option %s", long_name);
+    return option_label(kOptions[i]);
+}
+
+inline std::string option_name(const char* long_name) {
+    int i = option_index(long_name);
+    if (i < 0) fail("internal: no option %s", long_name);
+    return kOptions[i].short_name[0] ? kOptions[i].short_name : kOptions[i].long_name;
+}
+
+// The option's value in `o`, of an option of type OPT_INT or OPT_FLOAT.
+inline double option_number(const Options& o, const char* long_name) {
+    int i = option_index(long_name);
+    const char* p = (const char*)&o + (i < 0 ? 0 : kOptions[i].offset);
+    if (i < 0 || (kOptions[i].type != OPT_INT && kOptions[i].type != OPT_FLOAT)) fail("internal: %s is no number", long_name);
+    return kOptions[i].type == OPT_INT ? *(const int*)p : *(const float*)p;
+}
+
+// The training schedule these options give, with the CPU threads of all processes (0 on the GPU)
+// and the frozen kinds.
+inline TrainingSchedule training_schedule(const Options& o, int32_t cpu_threads, uint32_t frozen) {
+    TrainingSchedule t;
+    for (const ScheduleOption& s : kScheduleOptions)
+        if (s.float_field) t.*s.float_field = (float)option_number(o, s.name);
+        else t.*s.int_field = (int32_t)option_number(o, s.name);
+    t.cpu_threads = cpu_threads;
+    t.frozen = frozen;
+    return t;
+}
+
 inline std::string option_value_text(const Options& o, const OptSpec& s) {
     const char* p = (const char*)&o + s.offset;
     switch (s.type) {
@@ -110,19 +194,17 @@ inline void print_help() {
         char names[48];
         snprintf(names, sizeof names, "%s%s%s", o.short_name, o.short_name[0] ? ", " : "    ", o.long_name);
         std::string value = option_value_text(defaults, o);
-        printf("  %-22s %s%s\n", names, o.help, value.empty() ? "" : (" [" + value + "]").c_str());
+        std::string help = o.help;
+        if (same_text(o.long_name, "--qk-norm"))  // the variants, from their table
+            for (int v = 0; v < QK_NORM_NUM; v++)
+                help += strprintf(" %s (%s)%s", kQkNormNames[v], kQkNorms[v].brief, v + 1 < QK_NORM_NUM ? "," : "");
+        if (same_text(o.long_name, "--allow-changes")) {  // the options of the schedule, and the data's
+            for (const ScheduleOption& s : kScheduleOptions) help += " " + option_name(s.name);
+            help += " " + option_name("--freeze") + ", CPU threads; data: " + option_name("--train") + " " + option_name("--val");
+        }
+        printf("  %-22s %s%s\n", names, help.c_str(), value.empty() ? "" : (" [" + value + "]").c_str());
     }
     printf("  -h, --help             this text\n");
-}
-
-inline std::string option_label(const OptSpec& s) {
-    return s.short_name[0] ? strprintf("%s (%s)", s.short_name, s.long_name) : std::string(s.long_name);
-}
-
-inline int qk_norm_index(const std::string& name) {
-    for (int v = 0; v < QK_NORM_NUM; v++)
-        if (name == kQkNormNames[v]) return v;
-    return -1;
 }
 
 // Fills `given` with the long names of the options on the command line.
@@ -171,58 +253,80 @@ inline Options parse_options(int argc, char** argv, std::set<std::string>& given
     auto need = [](bool ok, const char* opt, const char* what) {
         if (!ok) fail("option %s: %s", opt, what);
     };
-    need(o.batch >= 1, "-b (--batch)", "must be at least 1");
-    need(o.seq_len >= 0, "-t (--seq-len)", "must not be negative (0: max_seq_len)");
-    need(o.total_batch >= 0, "-d (--total-batch)", "must not be negative (0: one micro-batch per process)");
-    need(o.steps >= 1, "-x (--steps)", "must be at least 1");
-    need(o.warmup >= 0, "-u (--warmup)", "must not be negative");
-    need(o.lr > 0, "-l (--lr)", "must be positive");
-    need(o.lr_floor >= 0 && o.lr_floor <= 1, "-q (--lr-floor)", "must be between 0 and 1");
-    need(o.weight_decay >= 0, "-c (--weight-decay)", "must not be negative");
-    need(o.clip >= 0, "--clip", "must not be negative (0 turns clipping off)");
-    need(o.beta1 >= 0 && o.beta1 < 1, "--beta1", "must be in [0, 1)");
-    need(o.beta2 >= 0 && o.beta2 < 1, "--beta2", "must be in [0, 1)");
-    need(o.val_every >= 0, "-v (--val-every)", "must not be negative");
-    need(o.val_batches >= 1, "--val-batches", "must be at least 1");
-    need(o.stats_every >= 0, "-s (--stats-every)", "must not be negative (0 turns statistics off)");
-    need(o.ckpt_every >= 0, "-n (--ckpt-every)", "must not be negative");
-    need(o.keep >= 0, "--keep", "must not be negative (0 keeps every checkpoint)");
-    need(o.samples >= 0 && o.samples <= 64, "--samples", "must be between 0 and 64");
-    need(o.sample_tokens >= 0, "-g (--sample-tokens)", "must not be negative");
-    need(o.threads >= 0, "--threads", "must not be negative");
-    need(o.shuffle == 0 || o.shuffle == 1, "--shuffle", "must be 0 or 1");
-    need(o.profile == 0 || o.profile == 1, "--profile", "must be 0 or 1");
-    need(o.allow_changes == 0 || o.allow_changes == 1, "--allow-changes", "must be 0 or 1");
-    need(o.device == "auto" || o.device == "cpu" || o.device == "cuda", "--device", "must be auto, cpu or cuda");
-    need(o.init_ckpt.empty() || o.resume_ckpt.empty(), "-e (--init)", "cannot be combined with -r (--resume)");
-    need(qk_norm_index(o.qk_norm) >= 0, "--qk-norm", "must be gain, plain or none");
+    need(o.batch >= 1, OPTION_LABEL("--batch"), "must be at least 1");
+    need(o.seq_len >= 0, OPTION_LABEL("--seq-len"), "must not be negative (0: max_seq_len)");
+    need(o.total_batch >= 0, OPTION_LABEL("--total-batch"), "must not be negative (0: one micro-batch per process)");
+    need(o.steps >= 1, OPTION_LABEL("--steps"), "must be at least 1");
+    need(o.warmup >= 0, OPTION_LABEL("--warmup"), "must not be negative");
+    need(o.lr > 0, OPTION_LABEL("--lr"), "must be positive");
+    need(o.lr_floor >= 0 && o.lr_floor <= 1, OPTION_LABEL("--lr-floor"), "must be between 0 and 1");
+    need(o.weight_decay >= 0, OPTION_LABEL("--weight-decay"), "must not be negative");
+    need(o.clip >= 0, OPTION_LABEL("--clip"), "must not be negative (0 turns clipping off)");
+    need(o.beta1 >= 0 && o.beta1 < 1, OPTION_LABEL("--beta1"), "must be in [0, 1)");
+    need(o.beta2 >= 0 && o.beta2 < 1, OPTION_LABEL("--beta2"), "must be in [0, 1)");
+    need(o.val_every >= 0, OPTION_LABEL("--val-every"), "must not be negative");
+    need(o.val_batches >= 1, OPTION_LABEL("--val-batches"), "must be at least 1");
+    need(o.stats_every >= 0, OPTION_LABEL("--stats-every"), "must not be negative (0 turns statistics off)");
+    need(o.ckpt_every >= 0, OPTION_LABEL("--ckpt-every"), "must not be negative");
+    need(o.keep >= 0, OPTION_LABEL("--keep"), "must not be negative (0 keeps every checkpoint)");
+    need(o.samples >= 0 && o.samples <= 64, OPTION_LABEL("--samples"), "must be between 0 and 64");
+    need(o.sample_tokens >= 0, OPTION_LABEL("--sample-tokens"), "must not be negative");
+    need(o.threads >= 0, OPTION_LABEL("--threads"), "must not be negative");
+    need(o.shuffle == 0 || o.shuffle == 1, OPTION_LABEL("--shuffle"), "must be 0 or 1");
+    need(o.profile == 0 || o.profile == 1, OPTION_LABEL("--profile"), "must be 0 or 1");
+    need(o.allow_changes == 0 || o.allow_changes == 1, OPTION_LABEL("--allow-changes"), "must be 0 or 1");
+    need(o.device == "auto" || o.device == "cpu" || o.device == "cuda", OPTION_LABEL("--device"), "must be auto, cpu or cuda");
+    need(o.init_ckpt.empty() || o.resume_ckpt.empty(), OPTION_LABEL("--init"),
+         ("cannot be combined with " + std::string(OPTION_LABEL("--resume"))).c_str());
+    need(qk_norm_index(o.qk_norm) >= 0, OPTION_LABEL("--qk-norm"), ("must be " + names_in_words(kQkNormNames, QK_NORM_NUM)).c_str());
     uint32_t frozen;
     std::string unknown;
     if (!parse_param_kinds(o.freeze, &frozen, &unknown)) {
         std::string kinds;
         for (const char* name : kParamNames) kinds += (kinds.empty() ? "" : ", ") + std::string(name);
-        fail("option --freeze: %s is not a parameter kind (%s)", unknown == "an empty name" ? unknown.c_str() :
+        fail("option %s: %s is not a parameter kind (%s)", OPTION_LABEL("--freeze"), unknown == "an empty name" ? unknown.c_str() :
              ("'" + unknown + "'").c_str(), kinds.c_str());
     }
     return o;
 }
 
+// The model options that set an int field of ModelConfig: their long name, their field in Options
+// and in ModelConfig.
+struct ModelOption {
+    const char* option;
+    int Options::*value;
+    int ModelConfig::*field;
+};
+
+static const ModelOption kModelOptions[] = {
+    {"--n-layer", &Options::n_layer, &ModelConfig::n_layer},       {"--n-head", &Options::n_head, &ModelConfig::n_head},
+    {"--n-kv-head", &Options::n_kv_head, &ModelConfig::n_kv_head}, {"--head-dim", &Options::head_dim, &ModelConfig::head_dim},
+    {"--d-ff", &Options::d_ff, &ModelConfig::d_ff},                {"--max-seq-len", &Options::max_seq_len, &ModelConfig::max_seq_len},
+    {"--vocab-size", &Options::vocab_size, &ModelConfig::vocab_size}};
+
 // A message about the configuration in the words of the options the user typed: "n_head 2 is not
-// a multiple of n_kv_head 3" reads "--n-head 2 is not a multiple of --n-kv-head 3".
+// a multiple of n_kv_head 3" reads "--n-head 2 is not a multiple of --n-kv-head 3". A field of
+// kConfigFields is set by the option of the same name with dashes ("--n-head"), where there is one.
 inline std::string in_option_names(std::string text) {
-    static const char* const names[][2] = {
-        {"vocab_size", "--vocab-size"}, {"n_layer", "--n-layer"},     {"n_head", "--n-head"},
-        {"n_kv_head", "--n-kv-head"},   {"head_dim", "--head-dim"},   {"d_ff", "--d-ff"},
-        {"max_seq_len", "--max-seq-len"}, {"rope_theta", "--rope-theta"}, {"norm_eps", "--norm-eps"}};
     auto word_char = [](char ch) { return isalnum((unsigned char)ch) || ch == '_' || ch == '-'; };
-    for (const auto& n : names) {
-        size_t len = strlen(n[0]);
-        for (size_t at = text.find(n[0]); at != std::string::npos; at = text.find(n[0], at + 1)) {
-            bool whole = (at == 0 || !word_char(text[at - 1])) && (at + len == text.size() || !word_char(text[at + len]));
-            if (whole) text.replace(at, len, n[1]);
+    for (const ConfigField& f : kConfigFields) {
+        std::string field = f.name, option = "--" + field;
+        std::replace(option.begin(), option.end(), '_', '-');
+        if (option_index(option.c_str()) < 0) continue;
+        option = option_label(option.c_str());
+        for (size_t at = text.find(field); at != std::string::npos; at = text.find(field, at + 1)) {
+            bool whole = (at == 0 || !word_char(text[at - 1])) && (at + field.size() == text.size() || !word_char(text[at + field.size()]));
+            if (whole) text.replace(at, field.size(), option);
         }
     }
     return text;
+}
+
+// The presets' names: "d6, d12, d22".
+inline std::string preset_names() {
+    std::string names;
+    for (const Preset& p : kPresets) names += (names.empty() ? "" : ", ") + std::string(p.name);
+    return names;
 }
 
 // The model configuration: from the checkpoint when there is one (explicit model options must
@@ -230,45 +334,42 @@ inline std::string in_option_names(std::string text) {
 inline ModelConfig resolve_config(const Options& o, const std::set<std::string>& given, int tokenizer_vocab,
                                   const std::string& ckpt) {
     ModelConfig c;
-    struct Explicit {
-        int value;
-        int ModelConfig::*field;
-        const char* option;
-    } ints[] = {{o.n_layer, &ModelConfig::n_layer, "--n-layer"},     {o.n_head, &ModelConfig::n_head, "--n-head"},
-                {o.n_kv_head, &ModelConfig::n_kv_head, "--n-kv-head"}, {o.head_dim, &ModelConfig::head_dim, "--head-dim"},
-                {o.d_ff, &ModelConfig::d_ff, "--d-ff"},                {o.max_seq_len, &ModelConfig::max_seq_len, "--max-seq-len"},
-                {o.vocab_size, &ModelConfig::vocab_size, "--vocab-size"}};
     if (!ckpt.empty()) {
         c = checkpoint_read_header(ckpt).config;
-        for (const Explicit& e : ints)
-            if (e.value && e.value != c.*e.field)
-                fail("option %s %d does not match the checkpoint %s, which has %d", e.option, e.value, ckpt.c_str(), c.*e.field);
+        for (const ModelOption& m : kModelOptions)
+            if (o.*m.value && o.*m.value != c.*m.field)
+                fail("option %s %d does not match the checkpoint %s, which has %d", option_label(m.option).c_str(), o.*m.value,
+                     ckpt.c_str(), c.*m.field);
         if (tokenizer_vocab && tokenizer_vocab != c.vocab_size)
             fail("%s: checkpoint vocabulary %d does not match the tokenizer's %d", ckpt.c_str(), c.vocab_size, tokenizer_vocab);
         if (given.count("--preset"))
-            fail("option -m (--preset): the model comes from the checkpoint %s; leave the preset out", ckpt.c_str());
+            fail("option %s: the model comes from the checkpoint %s; leave the preset out", OPTION_LABEL("--preset"), ckpt.c_str());
         if ((given.count("--rope-theta") && o.rope_theta != c.rope_theta) || (given.count("--norm-eps") && o.norm_eps != c.norm_eps))
             fail("option %s does not match the checkpoint %s (rope_theta %g, norm_eps %g)",
-                 given.count("--rope-theta") ? "--rope-theta" : "--norm-eps", ckpt.c_str(), c.rope_theta, c.norm_eps);
+                 given.count("--rope-theta") ? OPTION_LABEL("--rope-theta") : OPTION_LABEL("--norm-eps"), ckpt.c_str(),
+                 c.rope_theta, c.norm_eps);
         if (given.count("--qk-norm") && qk_norm_index(o.qk_norm) != c.qk_norm)
-            fail("option --qk-norm %s does not match the checkpoint %s, which has %s", o.qk_norm.c_str(), ckpt.c_str(),
-                 kQkNormNames[c.qk_norm]);
+            fail("option %s %s does not match the checkpoint %s, which has %s", OPTION_LABEL("--qk-norm"), o.qk_norm.c_str(),
+                 ckpt.c_str(), kQkNormNames[c.qk_norm]);
         return c;
     }
     const Preset* p = find_preset(o.preset.c_str());
-    if (!p) fail("option -m (--preset): unknown preset '%s' (d6, d12, d22)", o.preset.c_str());
+    if (!p) fail("option %s: unknown preset '%s' (%s)", OPTION_LABEL("--preset"), o.preset.c_str(), preset_names().c_str());
     apply_preset(c, *p);
     c.vocab_size = tokenizer_vocab;
-    for (const Explicit& e : ints)
-        if (e.value < 0 || (e.value == 0 && given.count(e.option))) fail("option %s must be at least 1", e.option);
-        else if (e.value) c.*e.field = e.value;
+    for (const ModelOption& m : kModelOptions)
+        if (o.*m.value < 0 || (o.*m.value == 0 && given.count(m.option)))
+            fail("option %s must be at least 1", option_label(m.option).c_str());
+        else if (o.*m.value)
+            c.*m.field = o.*m.value;
     c.d_model = c.n_head * c.head_dim;
     c.rope_theta = o.rope_theta;
     c.norm_eps = o.norm_eps;
     c.qk_norm = qk_norm_index(o.qk_norm);
     if (tokenizer_vocab && o.vocab_size && o.vocab_size != tokenizer_vocab)
-        fail("option --vocab-size %d does not match the tokenizer's %d", o.vocab_size, tokenizer_vocab);
-    if (!c.vocab_size) fail("option --vocab-size: needed when the shards have no tokenizer (-k)");
+        fail("option %s %d does not match the tokenizer's %d", OPTION_LABEL("--vocab-size"), o.vocab_size, tokenizer_vocab);
+    if (!c.vocab_size)
+        fail("option %s: needed when the shards have no tokenizer (%s)", OPTION_LABEL("--vocab-size"), OPTION_NAME("--tokenizer"));
     std::string err = config_error(c);
     if (!err.empty()) fail("model options: %s", in_option_names(err).c_str());
     return c;
@@ -277,23 +378,20 @@ inline ModelConfig resolve_config(const Options& o, const std::set<std::string>&
 // The model option whose return to the preset's value shrinks the model most (or the preset
 // itself), as "--n-layer 100000": what to change when the weights do not fit.
 inline std::string model_size_culprit(const Options& o, const std::set<std::string>& given, const ModelConfig& c) {
-    std::string culprit = "-m (--preset) " + o.preset;
+    std::string culprit = OPTION_LABEL("--preset") + (" " + o.preset);
     const Preset* p = find_preset(o.preset.c_str());
     if (!p) return culprit;
     ModelConfig preset = c;
     apply_preset(preset, *p);
     size_t smallest = num_parameters(c);
-    struct { const char* option; int ModelConfig::*field; } sizes[] = {
-        {"--n-layer", &ModelConfig::n_layer}, {"--n-head", &ModelConfig::n_head}, {"--n-kv-head", &ModelConfig::n_kv_head},
-        {"--head-dim", &ModelConfig::head_dim}, {"--d-ff", &ModelConfig::d_ff}, {"--vocab-size", &ModelConfig::vocab_size}};
-    for (const auto& f : sizes) {
+    for (const ModelOption& f : kModelOptions) {  // (--max-seq-len never shrinks it)
         if (!given.count(f.option)) continue;
         ModelConfig smaller = c;
         smaller.*f.field = preset.*f.field;
         smaller.d_model = smaller.n_head * smaller.head_dim;
         if (num_parameters(smaller) < smallest) {
             smallest = num_parameters(smaller);
-            culprit = strprintf("%s %d", f.option, c.*f.field);
+            culprit = strprintf("%s %d", option_label(f.option).c_str(), c.*f.field);
         }
     }
     return culprit;
@@ -308,8 +406,9 @@ inline void check_memory(const Options& o, const std::set<std::string>& given, c
     if (need.weights > limit.bytes)
         fail("model option %s: the weights, gradients and AdamW state need %.1f GB; %s has %.1f GB available",
              model_size_culprit(o, given, c).c_str(), need.weights / 1e9, limit.where.c_str(), limit.bytes / 1e9);
-    fail("options -b (--batch) %d and -t (--seq-len): the activations need %.1f GB beside the model's %.1f GB; %s has "
-         "%.1f GB available", o.batch, (need.total - need.weights) / 1e9, need.weights / 1e9, limit.where.c_str(), limit.bytes / 1e9);
+    fail("options %s %d and %s: the activations need %.1f GB beside the model's %.1f GB; %s has %.1f GB available",
+         OPTION_LABEL("--batch"), o.batch, OPTION_LABEL("--seq-len"), (need.total - need.weights) / 1e9, need.weights / 1e9,
+         limit.where.c_str(), limit.bytes / 1e9);
 }
 
 // An allocation failed that the limits seen allowed (one this program cannot see, or memory
@@ -318,7 +417,8 @@ inline void check_memory(const Options& o, const std::set<std::string>& given, c
                                          const MemoryNeed& need) {
     double activations = need.total - need.weights;
     std::string culprit = need.weights >= activations ? "model option " + model_size_culprit(o, given, c)
-                                                      : strprintf("options -b (--batch) %d and -t (--seq-len)", o.batch);
+                                                      : strprintf("options %s %d and %s", OPTION_LABEL("--batch"), o.batch,
+                                                                  OPTION_LABEL("--seq-len"));
     fail("%s: allocating %.1f GB failed (weights, gradients and AdamW state %.1f GB, activations %.1f GB)", culprit.c_str(),
          need.total / 1e9, need.weights / 1e9, activations / 1e9);
 }

@@ -1,6 +1,7 @@
 // The run folder (-o DIR): one live run owns it, a new run never takes over another's, a resumed
 // run only appends to the log of its own run and only from a checkpoint on the line that log
-// records, and --keep never deletes the checkpoint a resume needs.
+// records, and --keep never deletes the checkpoint a resume needs. Here: the run as its folder
+// knows it (RunFolder), taking the folder, opening its log, and the folder's checkpoints.
 //
 //   DIR/run.attnlog              the run log (runlog.h)
 //   DIR/model.ckpt               the final checkpoint (checkpoint.h)
@@ -15,7 +16,9 @@
 #include <vector>
 #include "checkpoint.h"
 #include "dataprep.h"
+#include "options.h"
 #include "runlog.h"
+#include "runlog_append.h"
 #include "utils.h"
 
 // A random 64-bit id, never 0 (0 means "none"): a run's, or a continuation's.
@@ -35,10 +38,16 @@ inline void lock_run_dir(const std::string& dir) {
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
         if (errno == EWOULDBLOCK)
             fail("%s: another ./train is running into this directory; wait for it to end, or choose another output "
-                 "directory (-o)", dir.c_str());
+                 "directory (%s)", dir.c_str(), OPTION_NAME("--out"));
         close(fd);
     }
     // fd stays open (and locked) for the rest of the process
+}
+
+// Where the checkpoint after `step` steps goes: model.ckpt when it is the run's last, else
+// model_stepNNNNNN.ckpt.
+inline std::string checkpoint_path(const std::string& dir, int step, bool final) {
+    return final ? dir + "/model.ckpt" : strprintf("%s/model_step%06d.ckpt", dir.c_str(), step);
 }
 
 // The names in `dir` (sorted) that start with `prefix` and end with `suffix`.
@@ -85,9 +94,9 @@ inline void set_aside_unresumable_log(const std::string& dir, const std::string&
     std::vector<CheckpointFile> ckpts = checkpoints_in(dir);
     bool have_log = file_exists(log_path);
     if (!ckpts.empty())
-        fail("%s: %s already there; resume it (-r %s/%s) or choose another output directory (-o)",
-             (have_log ? log_path : dir).c_str(), have_log ? "a run log is" : "a run's checkpoints are", dir.c_str(),
-             ckpts.front().name.c_str());
+        fail("%s: %s already there; resume it (%s %s/%s) or choose another output directory (%s)",
+             (have_log ? log_path : dir).c_str(), have_log ? "a run log is" : "a run's checkpoints are",
+             OPTION_NAME("--resume"), dir.c_str(), ckpts.front().name.c_str(), OPTION_NAME("--out"));
     if (!have_log) return;
     std::string kept = dir + "/" + utc_time("run-%Y%m%d-%H%M%S.attnlog");
     for (int n = 2; file_exists(kept); n++) kept = dir + "/" + utc_time("run-%Y%m%d-%H%M%S") + strprintf("-%d.attnlog", n);
@@ -130,6 +139,94 @@ inline void remove_old_checkpoints(const std::string& dir, int keep, int64_t ste
     for (const CheckpointFile& f : checkpoints_in(dir)) {
         if (f.name == "model.ckpt" || f.info.step > step || ++kept <= keep) continue;
         std::string path = dir + "/" + f.name;
-        if (remove(path.c_str()) != 0) fail("%s: cannot remove an old checkpoint (--keep %d): %s", path.c_str(), keep, strerror(errno));
+        if (remove(path.c_str()) != 0)
+            fail("%s: cannot remove an old checkpoint (%s %d): %s", path.c_str(), OPTION_NAME("--keep"), keep, strerror(errno));
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The run and its folder
+
+// A run as its folder, log and checkpoints know it: who it is, where it came from, where it
+// writes. Rank 0's is the one that counts (it alone writes).
+struct RunFolder {
+    std::string dir;       // absolute, once taken
+    std::string log_path;  // dir/run.attnlog
+    uint64_t run_id = 0, continuation = 0;  // the run's, the same in all its logs and checkpoints; this start's
+    std::string resumed_ckpt;               // -r's checkpoint; empty for a new run
+    CheckpointOrigin resumed;               // -r: who wrote the checkpoint
+    int64_t start_step = 0;                 // -r: the checkpoint's step
+    std::string changes;                    // -r: the training options and data that differ from its run (resume.h)
+};
+
+// A new run, with ids of its own.
+inline RunFolder new_run() {
+    RunFolder f;
+    f.run_id = new_run_id();
+    f.continuation = new_run_id();
+    return f;
+}
+
+// The run of checkpoint `ckpt` (`info`, its header), continued from its step by this start of
+// ./train; `changes`: what differs from that run (resume.h's check_resume).
+inline void continue_run(RunFolder& f, const std::string& ckpt, const CheckpointInfo& info, const std::string& changes) {
+    f.resumed_ckpt = ckpt;
+    f.resumed = info.origin;
+    f.start_step = info.step;
+    f.changes = changes;
+    if (info.origin.run_id) f.run_id = info.origin.run_id;  // the same run (a checkpoint of version 3 says which)
+}
+
+// Takes the output folder: `out` (-o), by default runs/<UTC date and time> for a new run and the
+// checkpoint's folder for a resumed one. Made when missing, locked for this process, cleared of
+// the temporaries of an interrupted write.
+inline void take_run_dir(RunFolder& f, const std::string& out) {
+    std::string dir = out;
+    if (dir.empty())
+        dir = f.resumed_ckpt.empty() ? utc_time("runs/%Y%m%d-%H%M%S") : f.resumed_ckpt.substr(0, f.resumed_ckpt.find_last_of('/') + 1);
+    if (dir.empty()) dir = ".";
+    make_dirs(dir);
+    f.dir = absolute_path(dir);
+    lock_run_dir(f.dir);
+    remove_stale_temporaries(f.dir);
+    f.log_path = f.dir + "/run.attnlog";
+}
+
+// The run log of the folder take_run_dir took, for the run `info` describes (its ids and where it
+// resumed from are filled in here): a resumed run appends to its log when the folder has one, if
+// the checkpoint is on the line that log records; else the log is new (a resumed run's says
+// where it began, one started from the weights of `init_ckpt` (-e) whose weights they are).
+// Refused: another run's log or checkpoints in the folder.
+inline RunLog open_run_log(const RunFolder& f, RunInfo info, const std::string& init_ckpt) {
+    info.run_id = f.run_id;
+    info.continuation = f.continuation;
+    bool resuming = !f.resumed_ckpt.empty();
+    if (resuming) {
+        info.resumed_from = f.resumed.continuation;
+        info.resumed_from_step = f.start_step;
+    }
+    if (resuming && file_exists(f.log_path))
+        return runlog_open_append(f.log_path, info, f.start_step, f.changes, [&](const RunLineage& lineage) {
+            std::string why = lineage_problem(lineage, f.resumed, f.start_step);
+            if (!why.empty())
+                fail("%s: cannot resume %s into this log: %s; resume into a new directory (%s) instead", f.log_path.c_str(),
+                     f.resumed_ckpt.c_str(), why.c_str(), OPTION_NAME("--out"));
+        });
+    if (resuming) {  // into a folder without a log: its checkpoints, if any, must be this run's
+        for (const CheckpointFile& c : checkpoints_in(f.dir))
+            if (c.info.origin.run_id && c.info.origin.run_id != f.run_id)
+                fail("%s: holds checkpoints of another run (%s); resume %s into its own directory or a new one (%s)",
+                     f.dir.c_str(), c.name.c_str(), f.resumed_ckpt.c_str(), OPTION_NAME("--out"));
+    } else {
+        set_aside_unresumable_log(f.dir, f.log_path);
+    }
+    RunLog log = runlog_create(f.log_path, info);
+    if (resuming)  // a resumed run in a new directory: its log says where it began
+        runlog_note(log, f.start_step,
+                    strprintf("resumed from step %lld of the run of %s", (long long)f.start_step,
+                              absolute_path(f.resumed_ckpt).c_str()) + (f.changes.empty() ? "" : "; changed options: " + f.changes));
+    if (!init_ckpt.empty())  // a new run from another run's weights: say whose
+        runlog_note(log, 0, strprintf("started from the weights of %s, trained for %lld steps (this log's steps count "
+                                      "from 0 at that point)", init_ckpt.c_str(), (long long)checkpoint_read_header(init_ckpt).step));
+    return log;
 }

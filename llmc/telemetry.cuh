@@ -1,43 +1,31 @@
 // Telemetry kernels: on a stats step they reduce, per layer and head, the statistics of
 // telemetry.md from the post-norm, pre-RoPE queries and keys the forward pass wrote in float32 and
 // from the per-row accumulators of the attention kernel, and add them into the step's sums
-// (telemetry.h's TelemetrySums, in float64 on the device) that the host turns into statistics once
+// (telemetry_sums.h's TelemetrySums, in float64 on the device) that the host turns into statistics once
 // the step's every micro-batch (on every process) is in. Every reduction runs in a fixed order (no
 // atomics), so a stats step gives the same bits every run. The augmented Gram matrices
 // [K 1]^T [K 1] are accumulated in float64 from float64 copies of the float32 keys.
 #pragma once
 #include "config.h"
-#include "eigen.h"
 #include "cuda_common.cuh"
 #include "math.h"
 #include "matmul.cuh"
-#include "telemetry.h"
+#include "telemetry_sums.h"
 
 static const int kStatRowsPerBlock = 256;
 static const int kStatWarps = 8;
+static const long long kStatMaxTokens = 65535LL * kStatRowsPerBlock;  // in a micro-batch: 65535 blocks of rows
 
-// What a block sums over its rows for one head: the partial sums that head_stats_finish_kernel
-// turns into statistics. In the partial buffer each record is followed by the sum of the unit
-// vectors x / ||x|| (D floats, behind k_cos); query heads fill only `norm`.
-struct HeadRowSums {
-    float norm;    // sum of ||x||
-    float maxabs;  // sum of max_i |x_i|
-    float pr;      // sum of participation ratios
-};
-static const int kHeadRowSumFloats = sizeof(HeadRowSums) / sizeof(float);
-
-__host__ __device__ inline int head_record_floats(int D) { return kHeadRowSumFloats + D; }
-
-// Per head h and block of rows: the HeadRowSums and unit-vector sum of its rows, written as
-// partial[(h * chunks + chunk) * head_record_floats(D) + ...]. Heads 0..H-1 are queries.
+// Per head h and block of rows: the head's record (telemetry_sums.h's HeadSum) of its rows in
+// float, written as partial[(h * chunks + chunk) * head_record_size(D) + ...]. Heads 0..H-1 are
+// queries, which fill only KS_NORM.
 __global__ void head_row_stats_kernel(float* partial, const float* qk_normed, int N, int H, int NH, int D) {
     extern __shared__ float smem[];  // [warps][record]
-    int h = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y, record = head_record_floats(D);
+    int h = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y, record = head_record_size(D);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     bool is_key = h >= H;
-    float* mine = smem + (size_t)warp * record;
-    HeadRowSums* sums = (HeadRowSums*)mine;
-    float* unit_sum = mine + kHeadRowSumFloats;
+    float* mine = smem + (size_t)warp * record;  // this warp's record
+    float* unit_sum = mine + KS_UNIT;
     for (int i = lane; i < record; i += 32) mine[i] = 0.0f;
     __syncwarp();  // lanes below add into entries other lanes zeroed
     int first = chunk * kStatRowsPerBlock, last = min(N, first + kStatRowsPerBlock);
@@ -52,13 +40,13 @@ __global__ void head_row_stats_kernel(float* partial, const float* qk_normed, in
         }
         sq = warp_sum(sq);
         float norm = sqrtf(sq);
-        if (lane == 0) sums->norm += norm;
+        if (lane == 0) mine[KS_NORM] += norm;
         if (!is_key) continue;
         quad = warp_sum(quad);
         mx = warp_max(mx);
         if (lane == 0) {
-            sums->maxabs += mx;
-            sums->pr += (float)participation_ratio(sq, quad);
+            mine[KS_MAXABS] += mx;
+            mine[KS_PR] += (float)participation_ratio(sq, quad);
         }
         if (norm > 0.0f)
             for (int i = lane; i < D; i += 32) unit_sum[i] += x[i] / norm;
@@ -71,33 +59,22 @@ __global__ void head_row_stats_kernel(float* partial, const float* qk_normed, in
     }
 }
 
-// One warp per head: adds the chunks in order (double) into the sums of `layer`: ||q|| for query
-// heads; ||k||, max |k_i|, the participation ratio and the unit vectors for key heads.
+// One warp per head: adds its blocks' records in order (double) into the sums of `layer`: the whole
+// record for key heads, ||q|| for query heads.
 __global__ void head_stats_finish_kernel(double* sums, TelemetrySums lay, const float* partial, int chunks, int H,
-                                         int Hkv, int D, int layer) {
-    int h = blockIdx.x, lane = threadIdx.x, record = head_record_floats(D);
+                                         int D, int layer) {
+    int h = blockIdx.x, lane = threadIdx.x, record = head_record_size(D);
     const float* p = partial + (size_t)h * chunks * record;
-    double* key_rec = h >= H ? sums + lay.key_sums + ((size_t)layer * Hkv + (h - H)) * lay.key_record : nullptr;
-    if (key_rec)
-        for (int i = lane; i < D; i += 32) {
-            double s = 0.0;
-            for (int c = 0; c < chunks; c++) s += p[(size_t)c * record + kHeadRowSumFloats + i];
-            key_rec[KS_UNIT + i] += s;
-        }
-    if (lane != 0) return;
-    double norm = 0.0, maxabs = 0.0, pr = 0.0;
-    for (int c = 0; c < chunks; c++) {
-        const HeadRowSums& sums = *(const HeadRowSums*)(p + (size_t)c * record);
-        norm += sums.norm;
-        maxabs += sums.maxabs;
-        pr += sums.pr;
-    }
-    if (h < H) {
-        sums[lay.query_sums + ((size_t)layer * H + h) * QS_NUM + QS_NORM] += norm;
-    } else {
-        key_rec[KS_NORM] += norm;
-        key_rec[KS_MAXABS] += maxabs;
-        key_rec[KS_PR] += pr;
+    auto chunks_sum = [&](int i) {
+        double s = 0.0;
+        for (int c = 0; c < chunks; c++) s += p[(size_t)c * record + i];
+        return s;
+    };
+    if (h >= H) {
+        double* key_rec = sums + lay.key(layer, h - H);
+        for (int i = lane; i < record; i += 32) key_rec[i] += chunks_sum(i);
+    } else if (lane == 0) {
+        sums[lay.query(layer, h) + QS_NORM] += chunks_sum(KS_NORM);
     }
 }
 
@@ -113,28 +90,28 @@ __global__ void attention_stats_finish_kernel(double* sums, TelemetrySums lay, c
     for (int k = threadIdx.x; k < B * T; k += blockDim.x) {
         int b = k / T, t = k % T;
         size_t row = ((size_t)b * H + h) * T + t;
-        ent += row_stats[row];
-        sink += row_stats[rows + row];
-        maxp += row_stats[2 * rows + row];
-        lmax = fmaxf(lmax, row_stats[3 * rows + row]);
+        ent += row_stats[ATTN_STAT_ENTROPY * rows + row];
+        sink += row_stats[ATTN_STAT_SINK * rows + row];
+        maxp += row_stats[ATTN_STAT_MAXP * rows + row];
+        lmax = fmaxf(lmax, row_stats[ATTN_STAT_LOGIT_MAX * rows + row]);
     }
     ent = block_sum(ent, shared);
     sink = block_sum(sink, shared);
     maxp = block_sum(maxp, shared);
     lmax = block_max(lmax, shared);
     if (threadIdx.x == 0) {
-        size_t at = (size_t)layer * H + h;
-        double* rec = sums + lay.query_sums + at * QS_NUM;
+        double* rec = sums + lay.query(layer, h);
         rec[QS_ENTROPY] += ent;
         rec[QS_SINK] += sink;
         rec[QS_MAXP] += maxp;
-        sums[lay.maxima + at] = fmax(sums[lay.maxima + at], (double)lmax);
+        double& mx = sums[lay.max_logit(layer, h)];
+        mx = fmax(mx, (double)lmax);
     }
 }
 
 // The layer's gains, g_q then g_k, into the sums (as doubles): the values the step measured with.
 __global__ void gains_to_sums_kernel(double* sums, TelemetrySums lay, const float* g_q, const float* g_k, int D, int layer) {
-    double* out = sums + lay.gains + (size_t)layer * 2 * D;
+    double* out = sums + lay.layer_gains(layer);
     for (int i = threadIdx.x; i < D; i += blockDim.x) {
         out[i] = g_q[i];
         out[D + i] = g_k[i];
@@ -148,7 +125,7 @@ __global__ void telemetry_sums_clear_kernel(double* sums, TelemetrySums lay) {
 }
 
 inline int telemetry_partial_floats(int N, const ModelConfig& c) {
-    return (c.n_head + c.n_kv_head) * ceil_div(N, kStatRowsPerBlock) * head_record_floats(c.head_dim);
+    return (c.n_head + c.n_kv_head) * ceil_div(N, kStatRowsPerBlock) * head_record_size(c.head_dim);
 }
 
 // The key heads' keys as float64 rows with a trailing 1, keys_f64 [Hkv][N][D+1]: the augmented
@@ -169,13 +146,11 @@ inline void telemetry_layer(double* sums, const TelemetrySums& lay, float* parti
                             const float* g_k, int B, int T, const ModelConfig& c, int layer, cudaStream_t s) {
     int N = B * T, H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, NH = H + Hkv, W = D + 1;
     int chunks = ceil_div(N, kStatRowsPerBlock);
-    if (chunks > 65535)  // the grid's second dimension
-        fail("options -b (--batch) and -t (--seq-len): %d tokens in a micro-batch is more than the statistics take (%d); "
-             "use a smaller batch with gradient accumulation (-d)", N, 65535 * kStatRowsPerBlock);
-    size_t smem = (size_t)kStatWarps * head_record_floats(D) * sizeof(float);
+    if (N > kStatMaxTokens) fail("internal: %d tokens in a micro-batch is more than the statistics take", N);
+    size_t smem = (size_t)kStatWarps * head_record_size(D) * sizeof(float);
     head_row_stats_kernel<<<dim3(NH, chunks), kStatWarps * 32, smem, s>>>(partial, qk_normed, N, H, NH, D);
     cuda_check_launch();
-    head_stats_finish_kernel<<<NH, 32, 0, s>>>(sums, lay, partial, chunks, H, Hkv, D, layer);
+    head_stats_finish_kernel<<<NH, 32, 0, s>>>(sums, lay, partial, chunks, H, D, layer);
     cuda_check_launch();
     attention_stats_finish_kernel<<<H, 256, 0, s>>>(sums, lay, row_stats, B, T, H, layer);
     cuda_check_launch();
@@ -186,7 +161,7 @@ inline void telemetry_layer(double* sums, const TelemetrySums& lay, float* parti
     const double one = 1.0;
     cublasCheck(cublasSetStream(mm.blas, s));
     cublasCheck(cublasDgemmStridedBatched(mm.blas, CUBLAS_OP_N, CUBLAS_OP_T, W, W, N, &one, keys_f64, W, (long long)N * W,
-                                          keys_f64, W, (long long)N * W, &one, sums + lay.grams + (size_t)layer * Hkv * W * W,
+                                          keys_f64, W, (long long)N * W, &one, sums + lay.gram(layer, 0),
                                           W, (long long)W * W, Hkv));
     gains_to_sums_kernel<<<1, 128, 0, s>>>(sums, lay, g_q, g_k, D, layer);
     cuda_check_launch();

@@ -12,7 +12,7 @@
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <functional>
-#include "llmc/runlog.h"
+#include "llmc/runlog_append.h"
 #include "testing.h"
 
 // ---------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-// libFuzzer harness of the run log appender's parser (llmc/runlog.h): runlog_check_existing,
+// libFuzzer harness of the run log appender's parser (llmc/runlog_append.h): runlog_check_existing,
 // which checks the preamble and header (runlog_check_header) and finds where the intact records
 // end and the continuations its header and notes record, as runlog_open_append does before it appends; and runlog_scan, the scan over damaged
 // records, against a plain re-implementation of the readers' rule that checks every record's CRC
@@ -6,7 +6,7 @@
 // Input: a switch byte (fuzz.h: kFixHeaderCrc, kFixPayloadCrc), then the file.
 // Seeds: test/fuzz/make_seeds.cpp, logs of fuzz_log_config() written by runlog_create and the
 // record writers.
-#include "llmc/runlog.h"
+#include "llmc/runlog_append.h"
 #include "fuzz.h"
 
 // The readers' rule, plainly (docs/log_format.md, "Reading", 4 to 6).

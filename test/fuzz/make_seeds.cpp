@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include "llmc/checkpoint.h"
 #include "llmc/dataloader.h"
-#include "llmc/runlog.h"
+#include "llmc/runlog_append.h"
 #include "fuzz.h"
 
 static std::string g_dir;
