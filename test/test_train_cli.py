@@ -203,6 +203,22 @@ def wait_for_step(proc, step):
     pytest.fail(f"the run ended before step {step}: {proc.stderr.read()}")
 
 
+def interrupt_after(proc, step, while_running=None):
+    """Ctrl-C to a background run once it has printed step `step` (after `while_running`, called
+    at step 1); its remaining stdout and stderr. The run is always reaped, also when a check fails."""
+    try:
+        if while_running:
+            wait_for_step(proc, 1)
+            while_running()
+        wait_for_step(proc, step)
+        proc.send_signal(signal.SIGINT)
+        return proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def test_ctrl_c_writes_a_checkpoint_and_the_resume_command(data, tmp_path):
     """Ctrl-C lets the step finish, writes a checkpoint, closes the log and prints the command that
     resumes; that command, as printed, finishes the run with the losses of an uninterrupted one."""
@@ -424,18 +440,12 @@ def test_a_second_run_into_a_live_runs_folder_is_refused(data, tmp_path):
     out = tmp_path / "run"
     first = start_training(data, out, "-x", "100000", "-b", "64", "-s", "5", "-v", "0", "--val-batches", "1", "-g", "0",
                            "--seed", "1")
-    try:
-        wait_for_step(first, 1)
+    def refuse_a_second():
         second = train(data, out, "-x", "30", "--seed", "2")
         assert first.poll() is None  # the first was still training when the second was refused
         assert_one_line_error(second, str(out), "another ./train is running into this directory")
-        wait_for_step(first, 3)
-        first.send_signal(signal.SIGINT)
-        rest, err = first.communicate(timeout=300)
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.communicate()
+
+    rest, err = interrupt_after(first, 3, while_running=refuse_a_second)
     stopped = re.search(r"stopped by Ctrl-C after step (\d+) of 100000", rest)
     assert first.returncode == 128 + signal.SIGINT and stopped, rest + err
     step = int(stopped.group(1))
@@ -488,14 +498,7 @@ def test_keep_never_deletes_the_checkpoint_the_resume_command_names(data, tmp_pa
     proc = subprocess.Popen([str(a) for a in (TRAIN, "-i", data / "train_*.bin", "-j", data / "val_*.bin", *TINY_MODEL,
                                               *args, "-n", "1", "--keep", "1", "-r", out / "model_step000010.ckpt")],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for_step(proc, 13)
-        proc.send_signal(signal.SIGINT)
-        rest, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    rest, err = interrupt_after(proc, 13)
     stopped = re.search(r"stopped by Ctrl-C after step (\d+) of 40; resume with:\n  .+ -r (\S+)\n", rest)
     assert stopped and int(stopped.group(1)) < 20, rest + err
     step = int(stopped.group(1))
