@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/random.h>
+#include <cctype>
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -68,16 +69,29 @@ inline void remove_stale_temporaries(const std::string& dir) {
     }
 }
 
-// The folder's checkpoints whose headers read as such, with the steps recorded inside, newest step
+// The folder's checkpoints (by the names ./train gives them) whose headers read as such, with the steps recorded inside, newest step
 // first (the final model.ckpt before an intermediate one of the same step).
 struct CheckpointFile {
     std::string name;
     CheckpointInfo info;
 };
 
+// The names ./train gives checkpoints (checkpoint_path): model.ckpt and model_step<digits>.ckpt.
+inline bool is_checkpoint_name(const std::string& name) {
+    if (name == "model.ckpt") return true;
+    const std::string prefix = "model_step", suffix = ".ckpt";
+    if (name.size() <= prefix.size() + suffix.size() || name.compare(0, prefix.size(), prefix) != 0 ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+        return false;
+    for (size_t i = prefix.size(); i < name.size() - suffix.size(); i++)
+        if (!isdigit((unsigned char)name[i])) return false;
+    return true;
+}
+
 inline std::vector<CheckpointFile> checkpoints_in(const std::string& dir) {
     std::vector<CheckpointFile> found;
     for (const std::string& name : files_in(dir, "model", ".ckpt")) {
+        if (!is_checkpoint_name(name)) continue;  // a copy of the user's (model_best.ckpt) is not the run's
         CheckpointFile f{name, {}};
         if (checkpoint_peek(dir + "/" + name, &f.info)) found.push_back(f);
     }
@@ -91,12 +105,16 @@ inline std::vector<CheckpointFile> checkpoints_in(const std::string& dir) {
 // resumed and is refused here; when it left none (killed before its first one), nothing can
 // resume it, so its log is kept under a dated name and the new run starts its own.
 inline void set_aside_unresumable_log(const std::string& dir, const std::string& log_path) {
-    std::vector<CheckpointFile> ckpts = checkpoints_in(dir);
+    std::vector<std::string> names;  // by name: a damaged checkpoint, or one of a newer format, counts too
+    for (const std::string& name : files_in(dir, "model", ".ckpt"))
+        if (is_checkpoint_name(name)) names.push_back(name);
+    std::vector<CheckpointFile> readable = checkpoints_in(dir);
     bool have_log = file_exists(log_path);
-    if (!ckpts.empty())
+    if (!names.empty())
         fail("%s: %s already there; resume it (%s %s/%s) or choose another output directory (%s)",
              (have_log ? log_path : dir).c_str(), have_log ? "a run log is" : "a run's checkpoints are",
-             OPTION_NAME("--resume"), dir.c_str(), ckpts.front().name.c_str(), OPTION_NAME("--out"));
+             OPTION_NAME("--resume"), dir.c_str(), (readable.empty() ? names.back() : readable.front().name).c_str(),
+             OPTION_NAME("--out"));
     if (!have_log) return;
     std::string kept = dir + "/" + utc_time("run-%Y%m%d-%H%M%S.attnlog");
     for (int n = 2; file_exists(kept); n++) kept = dir + "/" + utc_time("run-%Y%m%d-%H%M%S") + strprintf("-%d.attnlog", n);
@@ -132,13 +150,15 @@ inline std::string lineage_problem(const RunLineage& lineage, const CheckpointOr
 // --keep N: of the intermediate checkpoints at or before `step` (the one just written), only the
 // N with the latest steps recorded inside stay. One of a later step (a longer run's, or of a
 // continuation that was abandoned) is not older than this one, and is left alone; so is a file
-// that does not read as a checkpoint.
+// that does not read as a checkpoint or is not named as ./train names them. The checkpoint just
+// written is never removed.
 inline void remove_old_checkpoints(const std::string& dir, int keep, int64_t step) {
     if (!keep) return;
-    int kept = 0;
+    std::string newest = checkpoint_path(dir, (int)step, false);  // the one just written: kept, and counted first
+    int kept = 1;
     for (const CheckpointFile& f : checkpoints_in(dir)) {
-        if (f.name == "model.ckpt" || f.info.step > step || ++kept <= keep) continue;
         std::string path = dir + "/" + f.name;
+        if (f.name == "model.ckpt" || path == newest || f.info.step > step || ++kept <= keep) continue;
         if (remove(path.c_str()) != 0)
             fail("%s: cannot remove an old checkpoint (%s %d): %s", path.c_str(), OPTION_NAME("--keep"), keep, strerror(errno));
     }

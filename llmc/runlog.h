@@ -52,7 +52,7 @@ struct RunInfo {
     // continuation that wrote its checkpoint and the checkpoint's step. Zero: none (not resumed,
     // or a checkpoint that does not say).
     uint64_t run_id = 0, continuation = 0, resumed_from = 0;
-    int64_t resumed_from_step = 0;
+    int64_t resumed_from_step = -1;  // -1: not resumed
 };
 
 struct RunLog {
@@ -92,9 +92,8 @@ inline std::string runlog_run_members(const RunInfo& info, const char* sep) {
     j += sep + strprintf("\"num_processes\": %d", info.num_processes);
     if (info.run_id) j += sep + ("\"run_id\": " + json_id(info.run_id));
     if (info.continuation) j += sep + ("\"continuation\": " + json_id(info.continuation));
-    if (info.resumed_from)
-        j += sep + ("\"resumed_from\": " + json_id(info.resumed_from)) + sep +
-             strprintf("\"resumed_from_step\": %lld", (long long)info.resumed_from_step);
+    if (info.resumed_from) j += sep + ("\"resumed_from\": " + json_id(info.resumed_from));
+    if (info.resumed_from_step >= 0) j += sep + strprintf("\"resumed_from_step\": %lld", (long long)info.resumed_from_step);
     return j;
 }
 

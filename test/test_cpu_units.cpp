@@ -596,6 +596,24 @@ static void test_run_dir() {
     std::vector<CheckpointFile> ranked = checkpoints_in(d);
     report(ranked.size() == 4 && ranked[0].name == "model.ckpt" && ranked[1].name == "model_step2000000.ckpt",
            "checkpoints_in: newest step first");
+    // A copy of the user's under another name, at the very step just written: neither is removed.
+    write_ckpt("model_best.ckpt", 1000003);
+    write_ckpt("model_step1000003.ckpt", 1000003);
+    remove_old_checkpoints(d, 1, 1000003);
+    left = files_in(d, "model", ".ckpt");
+    want = {"model.ckpt", "model_best.ckpt", "model_step000001.ckpt", "model_step1000003.ckpt", "model_step2000000.ckpt"};
+    listing.clear();
+    for (const std::string& n : left) listing += n + " ";
+    report(left == want, "--keep 1: the checkpoint just written stays, and files ./train does not name as its own", listing);
+    // A new run into a folder whose only checkpoint does not read (damaged, or of a newer format)
+    // is refused all the same: it would overwrite it.
+    char other[] = "/tmp/run_dir_unreadable_XXXXXX";
+    if (!mkdtemp(other)) fail("mkdtemp failed");
+    std::string damaged = std::string(other) + "/model_step000004.ckpt";
+    write_file(damaged, "not a checkpoint any more");
+    expect_user_error("run folder: a checkpoint that does not read still stops a new run",
+                      [&] { set_aside_unresumable_log(other, std::string(other) + "/run.attnlog"); }, other,
+                      "a run's checkpoints are already there", damaged);
 
     // A second run into a locked folder is refused with one line; the lock goes with its holder.
     int ready[2];
