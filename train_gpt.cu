@@ -851,7 +851,7 @@ static void checkpoint_after(Model& m, Run& r, RunLog& log, int step, long long 
     save_checkpoint(m, r, path, step + 1, data_position);
     if (r.writes()) {
         printf("wrote %s\n", path.c_str());
-        remove_old_checkpoints(o.out_dir, o.keep, step + 1);
+        remove_old_checkpoints(o.out_dir, o.keep, step + 1, path);
     }
     if (!stopping) return;
     if (r.writes()) runlog_close(log);

@@ -147,15 +147,15 @@ inline std::string lineage_problem(const RunLineage& lineage, const CheckpointOr
     return "";
 }
 
-// --keep N: of the intermediate checkpoints at or before `step` (the one just written), only the
+// --keep N: of the intermediate checkpoints at or before `step` (`written` was just written), only the
 // N with the latest steps recorded inside stay. One of a later step (a longer run's, or of a
 // continuation that was abandoned) is not older than this one, and is left alone; so is a file
 // that does not read as a checkpoint or is not named as ./train names them. The checkpoint just
 // written is never removed.
-inline void remove_old_checkpoints(const std::string& dir, int keep, int64_t step) {
+inline void remove_old_checkpoints(const std::string& dir, int keep, int64_t step, const std::string& written) {
     if (!keep) return;
-    std::string newest = checkpoint_path(dir, (int)step, false);  // the one just written: kept, and counted first
-    int kept = 1;
+    std::string newest = checkpoint_path(dir, (int)step, false);  // when it is the one just written: kept, counted first
+    int kept = written == newest ? 1 : 0;
     for (const CheckpointFile& f : checkpoints_in(dir)) {
         std::string path = dir + "/" + f.name;
         if (f.name == "model.ckpt" || path == newest || f.info.step > step || ++kept <= keep) continue;

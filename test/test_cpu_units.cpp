@@ -585,7 +585,7 @@ static void test_run_dir() {
     FILE* junk = fopen((d + "/model_step000001.ckpt").c_str(), "wb");  // not a checkpoint: never touched
     fputs("junk", junk);
     fclose(junk);
-    remove_old_checkpoints(d, 2, 1000002);
+    remove_old_checkpoints(d, 2, 1000002, checkpoint_path(d, 1000002, false));
     std::vector<std::string> left = files_in(d, "model", ".ckpt");
     std::vector<std::string> want = {"model.ckpt", "model_step000001.ckpt", "model_step1000001.ckpt",
                                      "model_step1000002.ckpt", "model_step2000000.ckpt"};
@@ -599,7 +599,7 @@ static void test_run_dir() {
     // A copy of the user's under another name, at the very step just written: neither is removed.
     write_ckpt("model_best.ckpt", 1000003);
     write_ckpt("model_step1000003.ckpt", 1000003);
-    remove_old_checkpoints(d, 1, 1000003);
+    remove_old_checkpoints(d, 1, 1000003, checkpoint_path(d, 1000003, false));
     left = files_in(d, "model", ".ckpt");
     want = {"model.ckpt", "model_best.ckpt", "model_step000001.ckpt", "model_step1000003.ckpt", "model_step2000000.ckpt"};
     listing.clear();
