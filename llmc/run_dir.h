@@ -88,10 +88,17 @@ inline bool is_checkpoint_name(const std::string& name) {
     return true;
 }
 
+// The names in `dir` that ./train gives checkpoints, sorted (a copy of the user's, model_best.ckpt, is not the run's).
+inline std::vector<std::string> checkpoint_names(const std::string& dir) {
+    std::vector<std::string> names;
+    for (const std::string& name : files_in(dir, "model", ".ckpt"))
+        if (is_checkpoint_name(name)) names.push_back(name);
+    return names;
+}
+
 inline std::vector<CheckpointFile> checkpoints_in(const std::string& dir) {
     std::vector<CheckpointFile> found;
-    for (const std::string& name : files_in(dir, "model", ".ckpt")) {
-        if (!is_checkpoint_name(name)) continue;  // a copy of the user's (model_best.ckpt) is not the run's
+    for (const std::string& name : checkpoint_names(dir)) {
         CheckpointFile f{name, {}};
         if (checkpoint_peek(dir + "/" + name, &f.info)) found.push_back(f);
     }
@@ -105,9 +112,7 @@ inline std::vector<CheckpointFile> checkpoints_in(const std::string& dir) {
 // resumed and is refused here; when it left none (killed before its first one), nothing can
 // resume it, so its log is kept under a dated name and the new run starts its own.
 inline void set_aside_unresumable_log(const std::string& dir, const std::string& log_path) {
-    std::vector<std::string> names;  // by name: a damaged checkpoint, or one of a newer format, counts too
-    for (const std::string& name : files_in(dir, "model", ".ckpt"))
-        if (is_checkpoint_name(name)) names.push_back(name);
+    std::vector<std::string> names = checkpoint_names(dir);  // by name: a damaged checkpoint, or one of a newer format, counts too
     std::vector<CheckpointFile> readable = checkpoints_in(dir);
     bool have_log = file_exists(log_path);
     if (!names.empty())
