@@ -80,6 +80,15 @@ build/ref/debug_state.bin: test/reference.py scripts/attnlog/model_torch.py scri
 
 TEST_BINS = build/test_gpt_cpu build/test_data build/test_runlog build/test_cpu_units prepare_data train
 
+# The reference test/test_bpe.py compares attnlog.bpe with: Hugging Face's tokenizers library, as
+# its Node.js build from npm (Debian has no Python build of it). When npm cannot fetch it, the
+# comparison is skipped, and says so.
+TOKENIZERS_NPM = tokenizers@0.23.2
+build/npm/node_modules/tokenizers/package.json: | $(DEPS_STAMP)
+	@mkdir -p build/npm
+	@npm install --prefix build/npm --no-audit --no-fund --no-save $(TOKENIZERS_NPM) >build/npm/install.log 2>&1 \
+	    || echo "note: npm could not install $(TOKENIZERS_NPM) (build/npm/install.log): the comparison with it is skipped"
+
 # The CUDA tests and kernel checks: built (so CI compiles them) whenever nvcc exists; they run
 # only where there is a GPU.
 ifneq ($(NVCC),)
@@ -146,7 +155,8 @@ sanitize: $(TEST_DEPS_STAMP) $(SANITIZE_BINS) prepare_data build/ref/debug_state
 
 # Everything, with the fuzzers' smoke runs and the sanitizers' build; first, that no header of
 # llmc/ includes one of a higher layer (dev/include_layers.py).
-test: $(TEST_DEPS_STAMP) $(TEST_BINS) $(FUZZ_HARNESSES) build/fuzz/seeds/.made $(SANITIZE_BINS) build/ref/debug_state.bin
+test: $(TEST_DEPS_STAMP) $(TEST_BINS) $(FUZZ_HARNESSES) build/fuzz/seeds/.made $(SANITIZE_BINS) build/ref/debug_state.bin \
+      build/npm/node_modules/tokenizers/package.json
 	@$(PYTHON) dev/include_layers.py --check
 	@FUZZ_OPTIONS='$(FUZZ_OPTIONS)' $(PYTHON) test/run_tests.py
 

@@ -18,10 +18,10 @@ from attnlog import commands
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "scripts" / "attnlog"
 COMMANDS = {"attnlog": "attnlog.py", "attnlog-report": "report.py", "attnlog-probe": "probe.py",
-            "attnlog-export-hf": "export_hf.py"}  # installed name: its script in scripts/ of the checkout
+            "attnlog-export-hf": "export_hf.py", "attnlog-tokenize-hf": "tokenize_hf.py"}  # installed name: its script
 # Arguments each command takes (the inputs need not exist) and an option none of them knows.
 BAD_OPTION = {"attnlog.py": ["info", "x.attnlog"], "report.py": ["x.attnlog"], "probe.py": ["svd", "x.ckpt"],
-              "export_hf.py": ["x.ckpt", "out"], "bench.py": ["cpu"]}
+              "export_hf.py": ["x.ckpt", "out"], "tokenize_hf.py": ["encode", "tokenizer.json", "text"], "bench.py": ["cpu"]}
 
 
 # -- pip install -e . ----------------------------------------------------------------------------------
@@ -100,6 +100,7 @@ def test_every_command_reports_a_bad_option_in_one_line(script):
     ("report.py", ["{missing}", "-o", "{out}"]),
     ("probe.py", ["svd", "{missing}", "--out", "{out}"]),
     ("export_hf.py", ["{missing}", "{out}"]),
+    ("tokenize_hf.py", ["prepare", "{missing}", "{missing}", "--out", "{out}"]),
 ])
 def test_every_command_reports_a_missing_input_in_one_line(script, args, tmp_path):
     missing = tmp_path / "missing.file"
