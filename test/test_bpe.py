@@ -12,6 +12,7 @@ import json
 import os
 import random
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -144,8 +145,8 @@ def test_llama3_and_qwen2_regexes(tmp_path):
     # one (Qwen2); \s*[\r\n]+ takes the newlines but not the spaces after them; of "  cd" the last
     # space joins the word; punctuation keeps the newline after it.
     llama = words(load(tmp_path / "l", pre=split_pre(LLAMA3)), text)
-    assert llama == ["I", "'M", "\u0120", "123", "45", "\u0120ab", "\u010a\u010a", "\u0120", "\u0120cd", "\u0120", "\u0120end",
-                     ".\u010a"]
+    assert llama == ["I", "'M", "\u0120", "123", "45", "\u0120ab", "\u010a\u010a", "\u0120", "\u0120cd", "\u0120",
+                     "\u0120end", ".\u010a"]
     qwen = words(load(tmp_path / "q", pre=split_pre(QWEN2)), text)
     assert qwen == llama[:3] + ["1", "2", "3", "4", "5"] + llama[5:]
 
@@ -253,6 +254,7 @@ def mutate(path, value):
     ("model.continuing_subword_prefix", "##", ["model.continuing_subword_prefix"]),
     ("model.byte_fallback", True, ["model.byte_fallback"]),
     ("model.vocab", None, ["model.vocab: missing"]),
+    ("model.vocab", {}, ["model.vocab: empty"]),
     ("model.merges", [["a", "q q"]], ["model.merges[0]: 'q q' is not in model.vocab"]),
     ("model.merges", ["a b c"], ["model.merges[0]"]),
     ("model.merges", [["a", "b"], ["b", "c"]], ["model.merges[1]: 'bc' is not in model.vocab"]),
@@ -360,7 +362,8 @@ class NodeTokenizers:
         self.node, self.env = node, dict(os.environ, NODE_PATH=str(modules))
 
     def run(self, script, *args):
-        result = subprocess.run([self.node, "-e", script, *map(str, args)], capture_output=True, text=True, env=self.env)
+        result = subprocess.run([self.node, "-e", script, *map(str, args)], capture_output=True, text=True,
+                                env=self.env)
         assert result.returncode == 0, result.stderr[-2000:]
 
     def train(self, corpus, out):
@@ -383,15 +386,17 @@ def reference():
     node = shutil.which("node")
     if node and (NODE_MODULES / "tokenizers").is_dir():
         return NodeTokenizers(node, NODE_MODULES)
-    pytest.skip(f"the tokenizers library is not here: neither its Python package nor its Node.js build in {NODE_MODULES} "
-                "(make test installs that with npm)")
+    pytest.skip(f"the tokenizers library is not here: neither its Python package nor its Node.js build in "
+                f"{NODE_MODULES} (make test installs that with npm)")
 
 
-SAMPLES = ["Hello world", "It's 12345 o'clock, isn't it? I'LL do it, you'd've.", "  leading\tand   trailing  \n\n\n spaces   ",
-           "def f(x):\n    return x**2  # square\r\n\tif x != 0: pass\n", "na\u00efve caf\u00e9 \u2014 \u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8, "
-           "\ud55c\uad6d\uc5b4, \u0395\u03bb\u03bb\u03b7\u03bd\u03b9\u03ba\u03ac, \u0440\u0443\u0441\u0441\u043a\u0438\u0439",
+SAMPLES = ["Hello world", "It's 12345 o'clock, isn't it? I'LL do it, you'd've.",
+           "  leading\tand   trailing  \n\n\n spaces   ", "def f(x):\n    return x**2  # square\r\n\tif x != 0: pass\n",
+           "na\u00efve caf\u00e9 \u2014 \u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8, \ud55c\uad6d\uc5b4, "
+           "\u0395\u03bb\u03bb\u03b7\u03bd\u03b9\u03ba\u03ac, \u0440\u0443\u0441\u0441\u043a\u0438\u0439",
            "emoji \U0001F600\U0001F44D\U0001F3FD, e\u0301 and A\u030a against \u00c5, the ligature \ufb01",
-           "<|endoftext|>next<|im_start|>user\n<think>hmm</think>", "3.14159 1e-10 0x1F 1,000,000 \u0663\u0664 \u00b2\u00bd\u2460",
+           "<|endoftext|>next<|im_start|>user\n<think>hmm</think>",
+           "3.14159 1e-10 0x1F 1,000,000 \u0663\u0664 \u00b2\u00bd\u2460",
            "\x1c\x1d\x1e\x1f\x85\xa0\u2028\u3000 x", "", " ", "\n", "a" * 300, "=" * 40 + " ---- ****"]
 PIECES = [" ", "  ", "\n", "\r\n", "\t", "'s", "'T", "'ll", "0123456789", "abcXYZ", "\u00e9\u00e0\u00fc\u00df",
           "\u65e5\u672c\u8a9e", "\ud55c\uad6d", "\U0001F600", "e\u0301", "\u00a0", "<|endoftext|>", "<think>", "!?.,;:",
@@ -407,8 +412,8 @@ def varied_texts():
     rng = random.Random(21)
     texts = list(SAMPLES) + ["quixotic zephyr, Zephyrs! quixotic"]
     texts += ["".join(rng.choice(PIECES) for _ in range(rng.randint(1, 30))) for _ in range(150)]
-    texts += ["".join(chr(rng.choice([rng.randint(0, 0x2FF), rng.randint(0x300, 0xD7FF), rng.randint(0xE000, 0x10FFFF)]))
-                      for _ in range(rng.randint(1, 20))) for _ in range(100)]
+    code_point = lambda: rng.choice([rng.randint(0, 0x2FF), rng.randint(0x300, 0xD7FF), rng.randint(0xE000, 0x10FFFF)])
+    texts += ["".join(chr(code_point()) for _ in range(rng.randint(1, 20))) for _ in range(100)]
     for name in ("README.md", "llmc/dataloader.h", "scripts/attnlog/bpe.py", "docs/telemetry.md"):
         texts.append((ROOT / name).read_text(encoding="utf-8")[:30000])
     return texts
@@ -423,8 +428,9 @@ def family_variants(trained):
         vocab.setdefault(token, len(vocab))
     n = len(vocab)
     trained["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
-    trained["added_tokens"] = [added("<|endoftext|>", n), added("<|im_start|>", n + 1), added("<think>", n + 2, special=False),
-                               added("</think>", n + 3, special=False), added("\u00e9l\u00e8ve", n + 4, normalized=True)]
+    trained["added_tokens"] = [added("<|endoftext|>", n), added("<|im_start|>", n + 1),
+                               added("<think>", n + 2, special=False), added("</think>", n + 3, special=False),
+                               added("\u00e9l\u00e8ve", n + 4, normalized=True)]
     llama = json.loads(json.dumps(trained))
     llama["pre_tokenizer"] = split_pre(LLAMA3)
     llama["model"]["ignore_merges"] = True
@@ -479,21 +485,25 @@ def test_validation_documents():
 
 
 def test_document_tokens_follow_the_config(tmp_path):
-    extra = dict(added_tokens=[added("<|begin_of_text|>", 300), added("<|end_of_text|>", 301), added("<|endoftext|>", 302)])
-    llama = bpe.load(write(tmp_path / "llama", spec(**extra), {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}))
-    assert tokenize_hf.document_tokens(llama, None, None) == (("<|begin_of_text|>", 300), None, "bos_token of tokenizer_config.json")
-    qwen = bpe.load(write(tmp_path / "qwen", spec(**extra), {"bos_token": None, "eos_token": {"content": "<|endoftext|>"}}))
-    assert tokenize_hf.document_tokens(qwen, None, None) == (None, ("<|endoftext|>", 302), "eos_token of tokenizer_config.json")
-    no_bos = bpe.load(write(tmp_path / "no_bos", spec(**extra), {"bos_token": "<|begin_of_text|>", "add_bos_token": False,
-                                                                  "eos_token": "<|end_of_text|>"}))
+    tokens = spec(added_tokens=[added("<|begin_of_text|>", 300), added("<|end_of_text|>", 301),
+                                added("<|endoftext|>", 302)])
+    llama_config = {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}
+    llama = bpe.load(write(tmp_path / "llama", tokens, llama_config))
+    assert tokenize_hf.document_tokens(llama, None, None) == (("<|begin_of_text|>", 300), None,
+                                                              "bos_token of tokenizer_config.json")
+    qwen = bpe.load(write(tmp_path / "qwen", tokens, {"bos_token": None, "eos_token": {"content": "<|endoftext|>"}}))
+    assert tokenize_hf.document_tokens(qwen, None, None) == (None, ("<|endoftext|>", 302),
+                                                             "eos_token of tokenizer_config.json")
+    no_bos = bpe.load(write(tmp_path / "no_bos", tokens, {"bos_token": "<|begin_of_text|>", "add_bos_token": False,
+                                                           "eos_token": "<|end_of_text|>"}))
     assert tokenize_hf.document_tokens(no_bos, None, None)[:2] == (None, ("<|end_of_text|>", 301))
-    mapped = write(tmp_path / "mapped", spec(**extra))
+    mapped = write(tmp_path / "mapped", tokens)
     (tmp_path / "mapped" / "special_tokens_map.json").write_text(json.dumps({"bos_token": "<|endoftext|>"}))
     assert tokenize_hf.document_tokens(bpe.load(mapped), None, None) == (("<|endoftext|>", 302), None,
                                                                          "bos_token of special_tokens_map.json")
     assert tokenize_hf.document_tokens(llama, "none", "<|endoftext|>") == (None, ("<|endoftext|>", 302),
                                                                            "--doc-start / --doc-end")
-    bare = bpe.load(write(tmp_path / "bare", spec(**extra)))
+    bare = bpe.load(write(tmp_path / "bare", tokens))
     with pytest.raises(commands.UserError, match="names a bos_token or eos_token; say which special token"):
         tokenize_hf.document_tokens(bare, None, None)
     with pytest.raises(commands.UserError, match="--doc-end: '<eos>' is not a token of"):
@@ -519,8 +529,8 @@ def corpus(folder):
     rng = random.Random(5)
     files = []
     for k in range(3):
-        docs = ["".join(rng.choice(PIECES[:16] + [" the", " cat", "\u00e9t\u00e9", "x = 1;"]) for _ in range(rng.randint(5, 60)))
-                for _ in range(12)]
+        pieces = PIECES[:16] + [" the", " cat", "\u00e9t\u00e9", "x = 1;"]
+        docs = ["".join(rng.choice(pieces) for _ in range(rng.randint(5, 60))) for _ in range(12)]
         files.append(folder / f"part{k}.txt")
         files[-1].write_text("\n\n".join(d.replace("\n", " ").replace("\r", " ").strip() or "x" for d in docs) + "\n")
     return files
@@ -532,7 +542,8 @@ def expected_streams(tok, files, start=None, end=None):
     is_val = tokenize_hf.choose_validation_docs([len(d.encode("utf-8")) for d in docs], 0.1)
     streams = ([], [])
     for doc, val in zip(docs, is_val):
-        streams[val].extend(([start] if start is not None else []) + bpe.encode(tok, doc) + ([end] if end is not None else []))
+        marked = ([start] if start is not None else []) + bpe.encode(tok, doc) + ([end] if end is not None else [])
+        streams[val].extend(marked)
     return streams
 
 
@@ -551,12 +562,13 @@ def test_prepare_writes_shards_the_loader_reads(tmp_path, cli):
     train, val = expected_streams(tok, files, end=400)
     shards = read_shards(out / "*_*.bin", tok.vocab_size)
     train_shards = [shards[name] for name in sorted(shards) if name.startswith("train_")]
-    assert sum(train_shards, []) == train and sum([shards[n] for n in sorted(shards) if n.startswith("val_")], []) == val
+    val_shards = [shards[name] for name in sorted(shards) if name.startswith("val_")]
+    assert sum(train_shards, []) == train and sum(val_shards, []) == val
     # 300 tokens a shard; the last takes the remainder when it is under a tenth of that
     assert len(train_shards) == len(train) // 300 + (len(train) % 300 >= 30)
     assert all(len(s) == 300 for s in train_shards[:-1]) and 30 <= len(train_shards[-1]) < 330
-    assert (out / "train_000000.bin").read_bytes()[:12] == (20240520).to_bytes(4, "little") + (1).to_bytes(4, "little") \
-        + len(train_shards[0]).to_bytes(4, "little")
+    header = (out / "train_000000.bin").read_bytes()[:12]
+    assert header == struct.pack("<3i", 20240520, 1, len(train_shards[0]))
     info = (out / "dataset.txt").read_text()
     assert f"vocab_size: {tok.vocab_size}\n" in info and "shards: version 1 (uint16 tokens)" in info
     assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".bin")) == [
@@ -580,7 +592,8 @@ def test_prepare_large_vocabulary_writes_version_2(tmp_path, cli):
           {"bos_token": "<|begin_of_text|>", "eos_token": None})
     files = corpus(tmp_path / "text")
     out = tmp_path / "out"
-    status, _, err = cli("prepare", folder, *files, "--out", out, "--docs", "blank", "--val-fraction", "0.1", "--workers", "1")
+    status, _, err = cli("prepare", folder, *files, "--out", out, "--docs", "blank", "--val-fraction", "0.1",
+                         "--workers", "1")
     assert status == 0, err
     train, val = expected_streams(bpe.load(folder), files, start=70000)
     shards = read_shards(out / "*.bin", 70001)

@@ -127,7 +127,8 @@ def expect(path, obj, field, kind, name=None):
     """obj[field], which must be of the given type."""
     value = obj.get(field) if isinstance(obj, dict) else None
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise field_error(path, name or field, f"missing or not {'an object' if kind is dict else 'a ' + kind.__name__}")
+        article = "an object" if kind is dict else "a " + kind.__name__
+        raise field_error(path, name or field, f"missing or not {article}")
     return value
 
 
@@ -143,6 +144,8 @@ def read_model(tok, model):
     if model.get("byte_fallback"):
         raise field_error(path, "model.byte_fallback", "true is not implemented (a byte-level vocabulary needs none)")
     vocab = expect(path, model, "vocab", dict, "model.vocab")
+    if not vocab:
+        raise field_error(path, "model.vocab", "empty")
     owner = {}
     for token, i in vocab.items():
         if not isinstance(i, int) or isinstance(i, bool) or i < 0:
@@ -172,7 +175,8 @@ def read_model(tok, model):
         for token in (pair[0], pair[1], pair[0] + pair[1]):
             if token not in vocab:
                 raise field_error(path, f"model.merges[{n}]", f"{token!r} is not in model.vocab")
-        tok.merges[vocab[pair[0]], vocab[pair[1]]] = (rank, vocab[pair[0] + pair[1]])  # a repeated pair: the last wins, as in tokenizers
+        # a pair listed twice: the last one counts, as in tokenizers
+        tok.merges[vocab[pair[0]], vocab[pair[1]]] = (rank, vocab[pair[0] + pair[1]])
         rank += 1
 
 
@@ -192,7 +196,8 @@ def read_added_tokens(tok, added):
                  "normalized": bool(entry.get("normalized", True)), "lstrip": bool(entry.get("lstrip", False)),
                  "rstrip": bool(entry.get("rstrip", False)), "single_word": bool(entry.get("single_word", False))}
         tok.added[content] = token
-        tok.id_tokens[i] = (normalize(tok, content) if token["normalized"] else content, token["special"])  # as decoding sees it
+        decoded_as = normalize(tok, content) if token["normalized"] else content  # as tokenizers decodes it
+        tok.id_tokens[i] = (decoded_as, token["special"])
 
 
 def read_normalizer(path, spec, field):
@@ -204,8 +209,10 @@ def read_normalizer(path, spec, field):
         return [kind]
     if kind == "Sequence":
         parts = expect(path, spec, "normalizers", list, field + ".normalizers")
-        return [form for n, part in enumerate(parts) for form in read_normalizer(path, part, f"{field}.normalizers[{n}]")]
-    raise field_error(path, field + ".type", f"{kind!r} is not implemented (null, {', '.join(NORMALIZERS)} or a Sequence of them)")
+        return [form for n, part in enumerate(parts)
+                for form in read_normalizer(path, part, f"{field}.normalizers[{n}]")]
+    raise field_error(path, field + ".type",
+                      f"{kind!r} is not implemented (null, {', '.join(NORMALIZERS)} or a Sequence of them)")
 
 
 def read_pre_tokenizer(path, spec):
@@ -243,7 +250,8 @@ def read_split(path, part, field):
         raise field_error(path, field + ".pattern", f"not a regular expression this module reads ({e})") from None
     behavior = part.get("behavior")
     if behavior not in SPLIT_BEHAVIORS:
-        raise field_error(path, field + ".behavior", f"{behavior!r} is not implemented (only {' or '.join(SPLIT_BEHAVIORS)})")
+        raise field_error(path, field + ".behavior",
+                          f"{behavior!r} is not implemented (only {' or '.join(SPLIT_BEHAVIORS)})")
     if part.get("invert"):
         raise field_error(path, field + ".invert", "true is not implemented (only false)")
     return ("split", compiled, behavior == "Removed")

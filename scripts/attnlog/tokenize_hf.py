@@ -265,9 +265,10 @@ def check_output_dir(out_dir, force):
         raise UserError(f"--out: {out_dir} is not a directory")
     names = sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []
     if names and not force:
-        raise UserError(f"{out_dir}: is not empty (it holds {names[0]}{f' and {len(names) - 1} more' if len(names) > 1 else ''});"
-                        " choose a new or empty --out, or --force to write the dataset there (it replaces only a "
-                        "dataset's files: tokenizer.json, its config, dataset.txt, .complete, train_NNNNNN.bin, val_NNNNNN.bin)")
+        more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+        raise UserError(f"{out_dir}: is not empty (it holds {names[0]}{more}); choose a new or empty --out, or --force "
+                        "to write the dataset there (it replaces only a dataset's files: tokenizer.json, its config, "
+                        "dataset.txt, .complete, train_NNNNNN.bin, val_NNNNNN.bin)")
 
 
 def command_prepare(args):
@@ -285,7 +286,8 @@ def command_prepare(args):
     is_val = choose_validation_docs(doc_bytes, args.val_fraction)
     check_output_dir(args.out, args.force)
     print(f"tokenize: {len(doc_bytes)} documents in {len(args.files)} file(s) ({sum(doc_bytes) / 1e6:.1f} MB): "
-          f"{len(doc_bytes) - sum(is_val)} train, {sum(is_val)} validation; each {marks(start, end)} ({rule})", flush=True)
+          f"{len(doc_bytes) - sum(is_val)} train, {sum(is_val)} validation; each {marks(start, end)} ({rule})",
+          flush=True)
 
     os.makedirs(args.out, exist_ok=True)
     stamp = os.path.join(args.out, ".complete")
@@ -391,10 +393,13 @@ def command_line():
     prepare.add_argument("--out", required=True, metavar="DIR", help="output folder: new or empty, unless --force")
     prepare.add_argument("--docs", choices=DOC_MODES, default="file",
                          help="file: each file a document (default); blank: separated by blank lines; line: each line")
-    prepare.add_argument("--val-fraction", type=float, default=0.05, help="share of the text for validation (default 0.05)")
+    prepare.add_argument("--val-fraction", type=float, default=0.05,
+                         help="share of the text for validation (default 0.05)")
     prepare.add_argument("--max-docs", type=positive_int, default=0, help="use only the first N documents")
-    prepare.add_argument("--doc-start", metavar="TOKEN", help="token starting every document, or none (default: the config's rule)")
-    prepare.add_argument("--doc-end", metavar="TOKEN", help="token ending every document, or none (default: the config's rule)")
+    prepare.add_argument("--doc-start", metavar="TOKEN",
+                         help="token starting every document, or none (default: the config's bos_token)")
+    prepare.add_argument("--doc-end", metavar="TOKEN",
+                         help="token ending every document, or none (default: the config's eos_token, if no bos_token)")
     prepare.add_argument("--shard-tokens", type=positive_int, default=100_000_000,
                          help="tokens per shard (default 100M; the last of a split up to a tenth more)")
     prepare.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1,
