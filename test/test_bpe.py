@@ -395,12 +395,12 @@ SAMPLES = ["Hello world", "It's 12345 o'clock, isn't it? I'LL do it, you'd've.",
            "na\u00efve caf\u00e9 \u2014 \u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8, \ud55c\uad6d\uc5b4, "
            "\u0395\u03bb\u03bb\u03b7\u03bd\u03b9\u03ba\u03ac, \u0440\u0443\u0441\u0441\u043a\u0438\u0439",
            "emoji \U0001F600\U0001F44D\U0001F3FD, e\u0301 and A\u030a against \u00c5, the ligature \ufb01",
-           "<|endoftext|>next<|im_start|>user\n<think>hmm</think>",
+           "<|endoftext|>next<|im_start|>user\n<think>hmm</think>", "a  <mask>  b, x<mask>y, <mask>\n<mask>",
            "3.14159 1e-10 0x1F 1,000,000 \u0663\u0664 \u00b2\u00bd\u2460",
            "\x1c\x1d\x1e\x1f\x85\xa0\u2028\u3000 x", "", " ", "\n", "a" * 300, "=" * 40 + " ---- ****"]
 PIECES = [" ", "  ", "\n", "\r\n", "\t", "'s", "'T", "'ll", "0123456789", "abcXYZ", "\u00e9\u00e0\u00fc\u00df",
           "\u65e5\u672c\u8a9e", "\ud55c\uad6d", "\U0001F600", "e\u0301", "\u00a0", "<|endoftext|>", "<think>", "!?.,;:",
-          "==", "//", "\u200b", "\U0001F9D1\u200d\U0001F4BB", "\u0300"]
+          "==", "//", " <mask> ", "<mask>", "\u200b", "\U0001F9D1\u200d\U0001F4BB", "\u0300"]
 
 
 # Words of the compared texts, not of the training text, given a token of their own.
@@ -430,7 +430,8 @@ def family_variants(trained):
     trained["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
     trained["added_tokens"] = [added("<|endoftext|>", n), added("<|im_start|>", n + 1),
                                added("<think>", n + 2, special=False), added("</think>", n + 3, special=False),
-                               added("\u00e9l\u00e8ve", n + 4, normalized=True)]
+                               added("\u00e9l\u00e8ve", n + 4, normalized=True),
+                               added("<mask>", n + 5, lstrip=True, rstrip=True, single_word=True)]
     llama = json.loads(json.dumps(trained))
     llama["pre_tokenizer"] = split_pre(LLAMA3)
     llama["model"]["ignore_merges"] = True

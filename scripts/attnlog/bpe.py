@@ -285,8 +285,7 @@ def added_matcher(tok, normalized):
     return regex.compile("|".join(regex.escape(c) for c in ordered)), contents
 
 
-WORD_START, WORD_END = regex.compile(r"\w"), regex.compile(r"\w\Z")
-LEADING_SPACE, TRAILING_SPACE = regex.compile(r"\s*"), regex.compile(r"\s*\Z")
+WORD_CHAR, SPACE_CHAR = regex.compile(r"\w"), regex.compile(r"\s")
 
 
 def split_added(tok, text, matcher):
@@ -300,12 +299,12 @@ def split_added(tok, text, matcher):
     for m in pattern.finditer(text):
         token = tokens[m.group()]
         start, stop = m.span()
-        if token["single_word"] and (WORD_END.search(text[:start]) or WORD_START.match(text[stop:])):
+        if token["single_word"] and ((start > 0 and WORD_CHAR.match(text, start - 1)) or WORD_CHAR.match(text, stop)):
             continue
-        if token["lstrip"]:
-            start = max(done, TRAILING_SPACE.search(text[:start]).start())
-        if token["rstrip"]:
-            stop += LEADING_SPACE.match(text[stop:]).end()
+        while token["lstrip"] and start > done and SPACE_CHAR.match(text, start - 1):
+            start -= 1
+        while token["rstrip"] and stop < len(text) and SPACE_CHAR.match(text, stop):
+            stop += 1
         if done < start:
             pieces.append((text[done:start], None))
         pieces.append((text[start:stop], token["id"]))
