@@ -25,6 +25,7 @@ tokenizers' encode(text, add_special_tokens=False) does: a special token written
 becomes that token.
 """
 import argparse
+import itertools
 import json
 import multiprocessing
 import os
@@ -52,36 +53,30 @@ def documents(files, mode, max_docs=0):
     """The documents of the files, in order: each file one (mode file), separated by blank lines
     (blank) or one per non-blank line (line); Windows line ends and a UTF-8 byte-order mark
     dropped, white space at a document's end and blank lines at its start too, documents of only
-    white space skipped; at most max_docs (0: all). Text that is not UTF-8 is a UserError naming
-    the file and line."""
-    emitted = 0
-    for path in files:
-        doc = []
-        try:
-            f = open(path, "rb")
-        except OSError as e:
-            raise UserError(f"{path}: cannot open ({e.strerror})") from None
-        with f:
-            for number, raw in enumerate(f, 1):
-                line = text_line(raw, number, path)
-                blank = not line.strip(BLANK)
-                if mode == "line" or (mode == "blank" and blank):
-                    if mode == "line":
-                        doc = [line]
-                    text = finish(doc)
-                    if text:
-                        yield text
-                        emitted += 1
-                        if emitted == max_docs:
-                            return
-                elif doc or not blank:
-                    doc.append(line)
-        text = finish(doc)
-        if text:
-            yield text
-            emitted += 1
-            if emitted == max_docs:
-                return
+    white space skipped; at most max_docs (0: all), the files read no further than that. Text
+    that is not UTF-8 is a UserError naming the file and line."""
+    docs = (doc for path in files for doc in file_documents(path, mode) if doc)
+    return itertools.islice(docs, max_docs or None)
+
+
+def file_documents(path, mode):
+    """The documents of one file, those left empty included."""
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise UserError(f"{path}: cannot open ({e.strerror})") from None
+    lines = []
+    with f:
+        for number, raw in enumerate(f, 1):
+            line = text_line(raw, number, path)
+            blank = not line.strip(BLANK)
+            if mode == "line":
+                yield finish([line])
+            elif mode == "blank" and blank:
+                yield finish(lines)
+            elif lines or not blank:  # a document never starts with a blank line
+                lines.append(line)
+    yield finish(lines)
 
 
 def text_line(raw, number, path):
