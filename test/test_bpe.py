@@ -584,6 +584,14 @@ def test_prepare_writes_shards_the_loader_reads(tmp_path, cli):
     assert sorted(p.name for p in out.glob("*.bin")) == ["train_000000.bin", "val_000000.bin"]
     assert read_shards(out / "train_*.bin", tok.vocab_size)["train_000000.bin"] == train
     assert (out / "notes.txt").read_text() == "mine"
+    # a tokenizer.json of another name, without a config: copied as tokenizer.json, the old config gone
+    other = tmp_path / "other" / "qwen.json"
+    other.parent.mkdir()
+    shutil.copyfile(folder / "tokenizer.json", other)
+    status, _, err = cli("prepare", other, *files, "--out", out, "--docs", "blank", "--doc-end", "<|endoftext|>",
+                         "--workers", "1", "--force")
+    assert status == 0, err
+    assert (out / "tokenizer.json").read_bytes() == other.read_bytes() and not (out / "tokenizer_config.json").exists()
 
 
 def test_prepare_large_vocabulary_writes_version_2(tmp_path, cli):

@@ -304,9 +304,7 @@ def command_prepare(args):
     for series in splits.values():
         series.finish()
 
-    folder = os.path.dirname(tok.path)
-    for name in ("tokenizer.json",) + CONFIG_FILES:
-        copy_into(os.path.join(folder, name), args.out)
+    copy_tokenizer(tok.path, args.out)
     train, val = splits[False], splits[True]
     with open(os.path.join(args.out, "dataset.txt"), "w", encoding="utf-8") as f:
         f.write(dataset_text(args, tok, start, end, rule, is_val, train, val, version))
@@ -317,11 +315,16 @@ def command_prepare(args):
           " (or the vocabulary of the checkpoint given with -e)")
 
 
-def copy_into(path, folder):
-    """Copies the file path, when there is one, into folder (unless it is there already)."""
-    target = os.path.join(folder, os.path.basename(path))
-    if os.path.isfile(path) and not (os.path.exists(target) and os.path.samefile(path, target)):
-        shutil.copyfile(path, target)
+def copy_tokenizer(path, out_dir):
+    """The tokenizer into the dataset: path as tokenizer.json, and the config files beside it (an
+    earlier preparation's that this tokenizer lacks removed)."""
+    for source, name in [(path, "tokenizer.json")] + [(os.path.join(os.path.dirname(path), n), n) for n in CONFIG_FILES]:
+        target = os.path.join(out_dir, name)
+        if os.path.isfile(source):
+            if not (os.path.exists(target) and os.path.samefile(source, target)):
+                shutil.copyfile(source, target)
+        elif os.path.exists(target):
+            os.remove(target)
 
 
 def marks(start, end):
