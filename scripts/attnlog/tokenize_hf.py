@@ -318,7 +318,8 @@ def command_prepare(args):
 def copy_tokenizer(path, out_dir):
     """The tokenizer into the dataset: path as tokenizer.json, and the config files beside it (an
     earlier preparation's that this tokenizer lacks removed)."""
-    for source, name in [(path, "tokenizer.json")] + [(os.path.join(os.path.dirname(path), n), n) for n in CONFIG_FILES]:
+    beside = [(os.path.join(os.path.dirname(path), name), name) for name in CONFIG_FILES]
+    for source, name in [(path, "tokenizer.json")] + beside:
         target = os.path.join(out_dir, name)
         if os.path.isfile(source):
             if not (os.path.exists(target) and os.path.samefile(source, target)):
