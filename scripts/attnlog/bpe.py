@@ -36,6 +36,7 @@ from attnlog.commands import UserError
 # The pre-tokenizer regex of GPT-2, which ByteLevel applies when use_regex is true.
 GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 NORMALIZERS = ("NFC", "NFD", "NFKC", "NFKD")
+CACHE_WORDS = 1 << 18  # words whose ids are kept, as tokenizers keeps them
 SPLIT_BEHAVIORS = ("Isolated", "Removed")
 
 
@@ -406,7 +407,9 @@ def encode_word(tok, word):
     if ids is None:
         whole = tok.vocab.get(word) if tok.ignore_merges else None
         ids = [whole] if whole is not None else merge(tok, word_symbols(tok, word))
-        if len(word) < 256 and len(tok.cache) < 100000:
+        if len(tok.cache) >= CACHE_WORDS:  # full: start afresh, with the words of the text now coming
+            tok.cache.clear()
+        if len(word) < 256:
             tok.cache[word] = ids
     return ids
 
