@@ -16,11 +16,12 @@ last one added to the one before), llm.c's format: version 1 (uint16) when every
 tokenizer fits, else version 2 (uint32), as for the vocabularies of 128k-152k tokens of Llama 3 and
 Qwen. Each document is marked with the special tokens the tokenizer's config names:
   - it starts with bos_token, when tokenizer_config.json (or special_tokens_map.json) names one
-    and does not set add_bos_token to false (Llama 3: <|begin_of_text|>; GPT-2: <|endoftext|>);
+    and does not set add_bos_token to false (Llama 3: <|begin_of_text|>);
   - otherwise it ends with eos_token (Qwen: <|endoftext|> for the base models; Qwen3's
     post-trained ones name <|im_end|>, the end of a chat turn: give --doc-end '<|endoftext|>' for
     plain text).
---doc-start and --doc-end set either (a token, or `none`). The text of a document is encoded as
+--doc-start and --doc-end set either (a token, or `none`); a config that names neither needs one
+(GPT-2's: --doc-start '<|endoftext|>', as llm.c writes its shards). The text of a document is encoded as
 tokenizers' encode(text, add_special_tokens=False) does: a special token written in the text
 becomes that token.
 """
