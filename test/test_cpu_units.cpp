@@ -350,6 +350,53 @@ static void test_init() {
     check_close("init: wte std 0.02, w2 std 0.02/sqrt(2L), gains 1", got, want, 3, 0.05, 0);
 }
 
+// The fields of pretrained models: what the CUDA backend refuses (naming the field), the kinds an
+// untied model adds (lm_head: a decayed matrix, which --freeze can name only when it exists), the
+// memory it needs, and the RoPE scaling's three bands of frequencies.
+static void test_pretrained_fields() {
+    ModelConfig c = small_config();
+    c.head_dim = 64;
+    c.d_model = 4 * 64;
+    ModelConfig untied = c, wide = c, scaled = c, d128 = c;
+    untied.tied_embeddings = 0;
+    wide.d_model = 48;
+    scaled.rope_factor = 8.0f, scaled.rope_low_freq_factor = 1.0f, scaled.rope_high_freq_factor = 4.0f;
+    scaled.rope_original_max_pos = 32;
+    d128.head_dim = 128;
+    d128.d_model = 4 * 128;
+    report(config_error(wide).empty() && config_error(untied).empty() && config_error(scaled).empty(),
+           "config: d_model apart from n_head * head_dim, untied embeddings and RoPE scaling are possible");
+    report(cuda_unsupported_field(c).empty() && cuda_unsupported_field(d128).find("head_dim 128") == 0 &&
+               cuda_unsupported_field(wide).find("d_model 48") == 0 &&
+               cuda_unsupported_field(untied).find("tied_embeddings 0") == 0 &&
+               cuda_unsupported_field(scaled).find("rope_factor 8") == 0,
+           "CUDA backend: refuses head_dim 128, d_model apart, untied embeddings and RoPE scaling by the field's name",
+           cuda_unsupported_field(wide));
+    report(absent_kinds(c) == param_kind_bit(P_LM_HEAD) && absent_kinds(untied) == 0 && param_is_matrix(P_LM_HEAD) &&
+               adamw_segments(untied, 0).back().decay == 1 &&
+               adamw_segments(untied, 0).back().start + adamw_segments(untied, 0).back().count == (long long)num_parameters(untied),
+           "untied embeddings: lm_head exists only then, last in the layout, and takes weight decay");
+    // The memory estimate counts lm_head's weights, gradients and AdamW moments: 16 bytes each.
+    CpuModel m;
+    double extra = memory_need(m, untied, 2, 8).weights - memory_need(m, c, 2, 8).weights;
+    report(extra == 16.0 * c.vocab_size * c.d_model, "memory estimate: lm_head's V x C weights, gradients and moments",
+           strprintf("%.0f bytes more", extra));
+    // The inverse frequencies of head_dim 64, theta 10^4, with factor 8 and bands of wavelength
+    // 32 / 4 = 8 and 32 / 1 = 32: pair 0 (wavelength 2 pi) keeps its frequency, pairs 1..5
+    // (wavelength 8.4 to 26.5) are blended, the rest (35.3 and up) are 8 times slower. Pair 3 by
+    // hand: wavelength 2 pi 10^(3/8) = 14.90, s = (32 / 14.90 - 1) / 3 = 0.3826, ratio
+    // s + (1 - s) / 8 = 0.4597.
+    auto ratio = [&](int i) {
+        double plain = rope_inv_freq(i, 64, 1e4, 0, 0, 0, 0);
+        return rope_inv_freq(i, 64, 1e4, 8, 1, 4, 32) / plain;
+    };
+    double wavelength3 = 2 * M_PI * pow(1e4, 6.0 / 64), s3 = (32 / wavelength3 - 1) / 3;
+    report(ratio(0) == 1.0 && ratio(1) < 1.0 && ratio(5) > 0.125 && ratio(6) == 0.125 && ratio(31) == 0.125 &&
+               fabs(ratio(3) - (s3 + (1 - s3) / 8)) < 1e-15 && fabs(ratio(3) - 0.4597) < 1e-4,
+           "rope scaling: high frequencies kept, low ones divided by the factor, the band between blended",
+           strprintf("pair 3: %.6f", ratio(3)));
+}
+
 static void test_checkpoint() {
     ModelConfig c = small_config();
     size_t P = num_parameters(c);
@@ -737,6 +784,7 @@ int main() {
     test_lr_schedule();
     test_rng();
     test_init();
+    test_pretrained_fields();
     test_checkpoint();
     test_param_shards();
     test_run_dir();
