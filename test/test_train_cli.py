@@ -462,6 +462,26 @@ def test_untied_embeddings_and_a_residual_width_apart(data, tmp_path):
     assert torch.equal(after["lm_head"], params["lm_head"]) and not torch.equal(after["wte"], params["wte"])
 
 
+def test_a_version_3_checkpoint_loads_as_before(full_run, data, tmp_path):
+    """A checkpoint of format version 3 (before untied embeddings and RoPE scaling) reads in both
+    readers as a tied model without scaling, whatever its bytes 200..219 hold, and -e starts from it."""
+    out, _ = full_run
+    raw = bytearray((out / "model.ckpt").read_bytes())
+    struct.pack_into("<I", raw, 8, 3)
+    struct.pack_into("<Ifffi", raw, 200, 1, 8.0, 1.0, 4.0, 64)  # what version 4 would read as untied and scaled
+    struct.pack_into("<I", raw, 92, zlib.crc32(bytes(raw[96:256]), zlib.crc32(bytes(raw[:92]))))
+    old = tmp_path / "v3.ckpt"
+    old.write_bytes(bytes(raw))
+    c, params, _ = model_torch.read_checkpoint(str(old))
+    _, now, _ = model_torch.read_checkpoint(str(out / "model.ckpt"))
+    assert c.tied_embeddings and c.rope_factor == 0 and "lm_head" not in params
+    assert all(torch.equal(params[n], now[n]) for n in now)
+    r = train(data, tmp_path / "from_v3", "-x", "1", "-e", old)
+    assert r.returncode == 0, r.stdout + r.stderr
+    config = attnlog.open_log(tmp_path / "from_v3" / "run.attnlog").header["config"]
+    assert config["tied_embeddings"] == 1 and config["rope_factor"] == 0
+
+
 def test_a_second_run_into_a_live_runs_folder_is_refused(data, tmp_path):
     """Two runs started into one folder: the second is refused with one line while the first
     trains, and changes nothing; the first goes on, and its checkpoint and log are its own."""
