@@ -127,6 +127,11 @@ def spearman(x, y):
     return float(np.corrcoef(ranks(x), ranks(y))[0, 1])
 
 
+def within_layers(x, y):
+    """Spearman's rho of [L, units] x and y after centring both per layer (row)."""
+    return spearman((x - x.mean(axis=1, keepdims=True)).ravel(), (y - y.mean(axis=1, keepdims=True)).ravel())
+
+
 GROUPS = {"early": [0, 1], "middle": [LAYERS // 2 - 1, LAYERS // 2], "final": [LAYERS - 2, LAYERS - 1]}
 KV_OF = np.arange(HEADS) // (HEADS // KV_HEADS)
 
@@ -769,7 +774,8 @@ def constructed_run(k_norm, entropy, steps=None, **metrics):
             "missing": [m for m in analysis.USED_METRICS if m not in arrays], "stats_steps": steps,
             "window": analysis.decision_window(steps),
             "groups": analysis.layer_groups(k_norm.shape[1]), "init": None, "options": {"warmup": "0"},
-            "step_range": (0, int(steps[-1])), "tokens_per_step": 10 ** 6}
+            "step_range": (0, int(steps[-1])), "tokens_per_step": 10 ** 6, "loss": (steps, np.zeros(len(steps))),
+            "val": (steps[-1:], np.zeros(1))}
 
 
 def correlated(sign, layers=6, kv=4, heads=4, steps=20, seed=0):
@@ -800,10 +806,12 @@ def test_per_kv_head_units():
     from attnlog import verdicts
     k_norm, entropy = correlated(-1, layers=6, kv=2, heads=8)
     h = verdicts.hypothesis_entropy_norm(constructed_run(k_norm, entropy))
-    assert h["n_units"] == 12 and h["within"]["n"] == 12
+    assert h["n_units"] == 12 and h["across"]["n"] == 12
     per_kv = entropy.reshape(20, 6, 2, 4).mean(axis=3)
     w = slice(15, 20)  # steps 150..190: the last quarter of 0..190
-    assert h["value"] == close(spearman(k_norm[w].mean(axis=0).ravel(), per_kv[w].mean(axis=0).ravel()), **RHO)
+    x, y = k_norm[w].mean(axis=0), per_kv[w].mean(axis=0)
+    assert h["across"]["rho"] == close(spearman(x.ravel(), y.ravel()), **RHO)
+    assert h["value"] == close(within_layers(x, y), **RHO)
 
 
 def test_one_dead_band_for_every_hypothesis():
@@ -834,6 +842,229 @@ def test_t_interval_by_hand():
     # Against a table's three decimals (+-5e-4), the expansion's own error being below 1e-4.
     assert analysis.t975(40) == close(2.021, atol=1e-3) and analysis.t975(120) == close(1.980, atol=1e-3)
     assert np.isnan(analysis.mean_interval([0.5])[1])
+
+
+# -- autocorrelation, trends, within-layer structure, the guard, the path: constructed runs -------------
+
+
+def ar1(phi, n, rng, count=1):
+    """count stationary AR(1) series of n steps with unit innovations: u_t = phi u_(t-1) + e_t."""
+    shocks = rng.standard_normal((count, n))
+    series = np.empty_like(shocks)
+    series[:, 0] = shocks[:, 0] / np.sqrt(1 - phi ** 2)
+    for t in range(1, n):
+        series[:, t] = phi * series[:, t - 1] + shocks[:, t]
+    return series
+
+
+def naive_half(sample):
+    """The t-interval that counts every window step as an independent sample."""
+    n = len(sample)
+    return {29: 2.045, 39: 2.023}[n - 1] * np.std(sample, ddof=1) / np.sqrt(n)
+
+
+def test_autocorrelated_series_without_trend():
+    """AR(1) noise with phi = 0.8 around a constant: no trend is flagged, and the interval of the mean
+    is wider than the naive t-interval; over 300 such series it holds the true mean (0) far more often
+    than the naive one, which counts each step as a sample (about 50% of the time at phi = 0.8)."""
+    from attnlog.analysis import window_trend
+    rng = np.random.default_rng(3)
+    steps = np.arange(40) * 10
+    trend = window_trend(steps, ar1(0.8, 40, rng)[0])
+    assert not trend["moving"] and abs(trend["change"]) < trend["change_half"]
+    assert trend["half_width"] > naive_half(ar1(0.8, 40, np.random.default_rng(3))[0])
+    assert 0.5 < trend["phi"] < 0.99 and trend["n_eff"] < 40 / 3
+    series = ar1(0.8, 30, rng, 300)
+    trends = [window_trend(steps[:30], s) for s in series]
+    covered = np.mean([abs(t["mean"]) <= t["half_width"] for t in trends])
+    naive = np.mean([abs(s.mean()) <= naive_half(s) for s in series])
+    assert covered >= 0.85 and naive <= 0.65, (covered, naive)
+    assert np.mean([t["moving"] for t in trends]) <= 0.12  # a 5% test that autocorrelation makes a little liberal
+
+
+def test_trending_series_is_moving():
+    """A line rising by 1 across the window under AR(1) noise of sd 0.1: still moving, the change
+    found within its interval, and the line's end value half the change above the mean."""
+    from attnlog.analysis import window_trend
+    steps = np.arange(30) * 10
+    series = steps / steps[-1] + 0.1 * np.sqrt(1 - 0.5 ** 2) * ar1(0.5, 30, np.random.default_rng(4))[0]
+    trend = window_trend(steps, series)
+    assert trend["moving"] and abs(trend["change"] - 1) < trend["change_half"] < 0.3
+    assert trend["end"] == close(trend["mean"] + trend["change"] / 2, **SAME_F64)
+
+
+def test_window_trend_by_hand():
+    """Residuals of the line with negative lag-1 autocorrelation: phi = 0, n_eff = n, and the intervals
+    are the t-intervals of least squares with n - 2 degrees of freedom."""
+    from attnlog.analysis import window_trend
+    steps, series = np.arange(6) * 10.0, np.array([0.0, 1.0, 0.0, 1.0, 0.0, 1.0]) + 0.01 * np.arange(6)
+    trend = window_trend(steps, series)
+    x = steps - steps.mean()
+    slope = x @ (series - series.mean()) / (x @ x)
+    residuals = series - series.mean() - slope * x
+    variance = residuals @ residuals / 4
+    assert (trend["phi"], trend["n_eff"]) == (0.0, 6.0)
+    assert trend["half_width"] == close(2.776 * np.sqrt(variance / 6), **SAME_F64)
+    assert trend["change"] == close(slope * 50, **SAME_F64)
+    assert trend["change_half"] == close(2.776 * np.sqrt(variance / (x @ x)) * 50, **SAME_F64)
+    short = window_trend(steps[:2], series[:2])
+    assert short["mean"] == 0.505 and np.isnan(short["half_width"]) and not short["moving"]
+    smooth = window_trend(np.arange(20.0), np.cumsum(np.random.default_rng(0).standard_normal(20)))
+    assert smooth["n_eff"] < 3 and smooth["half_width"] == np.inf  # a random walk: no interval
+
+
+def test_a_moving_test_keeps_its_verdict_only_if_its_end_does():
+    from attnlog import verdicts
+    trend = {"moving": True, "mean": 0.0, "change": 0.04, "change_half": 0.01, "n": 20, "n_eff": 10.0, "phi": 0.3}
+    away = verdicts.make_test("t", 0.10, 0.01, 0.05, "u", dict(trend, end=0.02))  # rising further: supported
+    assert (away["verdict"], away["why"], away["moving"], away["end"]) == ("supported", "decided", True,
+                                                                           close(0.12, **SAME_F64))
+    back = verdicts.make_test("t", 0.07, 0.01, 0.05, "u", dict(trend, end=-0.02))  # falling into the dead band
+    assert (back["verdict"], back["why"], back["end"]) == ("inconclusive", "still moving", close(0.05, **SAME_F64))
+    settled = verdicts.make_test("t", 0.07, 0.01, 0.05, "u", dict(trend, moving=False, end=-0.02))
+    assert (settled["verdict"], settled["why"]) == ("supported", "decided")
+    assert verdicts.decide(0.2, float("inf"), 0.1) == ("inconclusive", "uncertain")  # no interval, no decision
+    assert verdicts.combine([away, back]) == ("inconclusive", "still moving")
+
+
+def layered(within, between, layers=12, kv=4, heads=8, steps=20, seed=0):
+    """k_norm [S, L, kv] and attn_entropy [S, L, heads]: each layer's mean key norm and entropy
+    related across layers with slope `between` (0: independent), and its kv heads' deviations from
+    the layer's means related with slope `within` (0: independent); small noise at each step."""
+    rng = np.random.default_rng(seed)
+    layer_norm = rng.uniform(6, 10, layers)
+    layer_entropy = 3 + (between * (layer_norm - 8) if between else rng.uniform(-1, 1, layers))
+    deviation = rng.uniform(-1, 1, (layers, kv))
+    deviation -= deviation.mean(axis=1, keepdims=True)  # the layer's mean is its own
+    head_entropy = within * deviation if within else rng.uniform(-1, 1, (layers, kv))
+    head_entropy -= head_entropy.mean(axis=1, keepdims=True)
+    k_norm = (layer_norm[:, None] + deviation)[None] + 0.01 * rng.standard_normal((steps, layers, kv))
+    entropy = np.repeat((layer_entropy[:, None] + head_entropy)[None], heads // kv, axis=2)
+    return k_norm, entropy + 0.01 * rng.standard_normal((steps, layers, heads))
+
+
+def test_within_layer_relation_without_depth():
+    """Heads of a layer with longer keys attend more sharply, the layers' means unrelated: (a) is
+    supported within layers, and the layers' means show no relation."""
+    from attnlog import verdicts
+    run = constructed_run(*layered(within=-1, between=0))
+    h = verdicts.hypotheses(run, verdicts.training_status(run))[0]
+    assert h["verdict"] == "supported" and h["value"] < -0.9 and h["p_value"] < 0.001, h["detail"]
+    assert abs(h["layer_means"]["rho"]) < h["layer_means"]["chance"]
+    assert "which includes depth" in h["detail"]
+
+
+def test_depth_without_a_within_layer_relation():
+    """Deep layers with longer keys and sharper attention, the heads of each layer unrelated: across
+    all kv heads rho is strongly negative (depth), the layers' means perfectly so, but within layers
+    there is nothing beyond chance, and (a) is inconclusive."""
+    from attnlog import verdicts
+    run = constructed_run(*layered(within=0, between=-1))
+    h = verdicts.hypotheses(run, verdicts.training_status(run))[0]
+    assert h["verdict"] == "inconclusive" and abs(h["value"]) < h["chance"], h["detail"]
+    assert h["across"]["rho"] < -0.5 and h["across"]["p"] < 0.001 and h["layer_means"]["rho"] == close(-1, **RHO)
+
+
+def test_within_layer_null_shuffles_only_within_layers():
+    """The permutation null of rho within layers keeps every head in its layer: with two layers of
+    three heads each, only (3!)^2 = 36 pairings exist, so the smallest two-sided p is near 2/36."""
+    from attnlog.analysis import rank_correlation
+    x, y = np.array([1.0, 2, 3, 11, 12, 13]), np.array([3.0, 2, 1, 13, 12, 11])
+    within = rank_correlation(x, y, strata=np.array([0, 0, 0, 1, 1, 1]))
+    assert within["rho"] == close(-1, **RHO) and within["p"] == close(2 / 36, atol=0.01)
+    assert rank_correlation(x, y)["rho"] > 0  # across both layers, depth makes it positive
+
+
+def trending(rise, steps=80, layers=6, kv=4):
+    """k_norm rising by `rise` x sqrt(D) across the decision window (the last quarter of 80 stats
+    steps) in every layer, flat before it, with small noise."""
+    from attnlog.analysis import decision_window
+    rng = np.random.default_rng(5)
+    s = np.arange(steps) * 10
+    start = s[decision_window(s)[0]]
+    path = 8 * (1 + rise * np.clip((s - start) / (s[-1] - start), 0, 1))
+    k_norm = path[:, None, None] + 0.002 * rng.standard_normal((steps, layers, kv))
+    return constructed_run(k_norm, np.full((steps, layers, 8), 2.0), steps=s)
+
+
+def test_guard_asks_whether_the_statistics_have_settled():
+    """Keys still growing by 10% of sqrt(D) across the window: no verdicts and no taxonomy, saying
+    that the statistics have not settled; by 2%: they have (the growth is only still moving)."""
+    from attnlog import verdicts
+    run = trending(0.10)
+    training = verdicts.training_status(run)
+    assert not training["enough"] and training["trained"] and not training["settled"]
+    assert training["unsettled"][0] == "layer 0's k_norm +10.0%" and len(training["unsettled"]) == 6
+    assert "the statistics have not settled" in training["reasons"][0]
+    assert [h["why"] for h in verdicts.hypotheses(run, training)] == ["not settled", "not settled", "no data",
+                                                                      "no data"]  # (c), (d): no k_maxabs, k_pr
+    settled = verdicts.training_status(trending(0.02))
+    assert settled["enough"] and settled["unsettled"] == []
+    (b,) = [h for h in verdicts.hypotheses(trending(0.02), settled) if h["id"] == "b"]
+    assert b["moving"] and all(t["moving"] for t in b["tests"])
+
+
+def test_reference_step_is_the_end_of_warmup():
+    """k_pr rising from 22 to 24 during a warm-up of 40 steps, then falling to 21.6: 10% below the
+    reference at the end of warm-up (supported), though only 1.8% below the first step."""
+    from attnlog import verdicts
+    s = np.arange(80) * 10
+    pr = np.where(s <= 40, 22 + 2 * s / 40, 21.6 + 2.4 * np.exp(-(s - 40) / 60))[:, None, None] * np.ones((1, 6, 4))
+    pr[5:] += 0.01 * np.random.default_rng(7).standard_normal(pr[5:].shape)  # noise after the reference step
+    run = constructed_run(np.full((80, 6, 4), 8.0), np.full((80, 6, 4), 2.0), steps=s, k_pr=pr)
+    run["options"] = {"warmup": "40"}
+    h = verdicts.hypothesis_pr_falls(run)
+    assert (h["reference_step"], h["reference"], h["first"]) == (40, 24.0, 22.0)
+    assert h["tests"][0]["effect"] == close(1 - h["last"] / 24, **SAME_F64) and h["tests"][0]["verdict"] == "supported"
+    assert "24.00 at step 40 (the end of warm-up)" in h["detail"] and "from the first stats step" in h["detail"]
+    run["options"] = {"warmup": "700"}  # no stats step past the warm-up before the window
+    assert verdicts.hypothesis_pr_falls(run)["tests"] == []
+
+
+def test_verdict_path():
+    """Keys of the final layers that grow from step 500 to 800 of 1190: (b) is supported only when the
+    run's window is past that growth; at 75% the growth ends inside the window, whose statistics have
+    not settled; every end of the path has its own window."""
+    from attnlog import verdicts
+    s = np.arange(120) * 10
+    k_norm = np.full((120, 6, 4), 8.0)
+    k_norm[:, :2] = 7.2  # early keys dampened throughout
+    k_norm[:, -2:] = 8 + 1.2 * np.clip((s - 500) / 300, 0, 1)[:, None, None]  # final keys: 8 -> 9.2
+    run = constructed_run(k_norm + 0.01 * np.random.default_rng(2).standard_normal(k_norm.shape),
+                          np.full((120, 6, 4), 2.0), steps=s)
+    path = verdicts.verdict_path(run)
+    assert [p["end_step"] for p in path] == [290, 590, 890, 1190] and [p["fraction"] for p in path] == [0.25, 0.5,
+                                                                                                          0.75, 1]
+    assert [p["window"] for p in path] == [[220, 290], [450, 590], [670, 890], [900, 1190]]
+    assert [p["enough"] for p in path] == [True, True, False, True]
+    assert [p["hypotheses"]["b"]["why"] for p in path] == ["within the margin", "within the margin", "not settled",
+                                                         "decided"]
+    assert [p["hypotheses"]["b"]["verdict"] for p in path] == ["inconclusive"] * 3 + ["supported"]
+    final = verdicts.hypotheses(run, verdicts.training_status(run))
+    assert {h["id"]: h["verdict"] for h in final} == {k: v["verdict"] for k, v in path[-1]["hypotheses"].items()}
+
+
+def test_taxonomy_thresholds_are_the_runs():
+    """Every key amplified (9 to 12 > 1.05 x 8): long and short are the thirds of the run's kv heads,
+    and the diffuse heads with amplified keys are counted and named, against the notes' premise."""
+    from attnlog import verdicts
+    rng = np.random.default_rng(6)
+    k_norm = np.broadcast_to(rng.uniform(9, 12, (1, 6, 4)), (20, 6, 4)).copy()
+    entropy = np.broadcast_to(rng.uniform(0.5, 4, (1, 6, 4)), (20, 6, 4)).copy()  # one query head per kv head
+    run = constructed_run(k_norm, entropy, k_maxabs=0.1 * k_norm, attn_sink=np.full((20, 6, 4), 0.01))
+    tax = verdicts.taxonomy(run, verdicts.training_status(run))
+    short, long = np.quantile(k_norm[0], [1 / 3, 2 / 3])
+    assert (tax["short_k_norm"], tax["long_k_norm"]) == (close(short, **SAME_F64), close(long, **SAME_F64))
+    focus = 0.5 * np.mean(np.log(np.arange(1, T + 1)))
+    for head in tax["heads"]:
+        k, e = k_norm[0, head["layer"], head["head"]], entropy[0, head["layer"], head["head"]]
+        expected = ("semantic retriever" if e < focus and k > long else
+                    "syntactic gatherer" if e >= focus and k < short else "other")
+        assert head["class"] == expected
+    diffuse = [[l, h] for l in range(6) for h in range(4) if entropy[0, l, h] >= focus]
+    group = tax["diffuse_amplified"]
+    assert group["heads"] == diffuse and group["count"] == group["diffuse"] == len(diffuse) > 0
+    assert group["contradicts_premise"] and group["amplified_k_norm"] == 8.4
 
 # -- the HTML and Markdown pages: contents, anchors, collapsed lists, empty values ---------------------
 
