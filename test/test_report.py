@@ -218,7 +218,8 @@ def test_hypothesis_a_spearman(made, log):
     x, y = window_kv_means(log)
     h = summary["hypotheses"]["a"]
     assert h["n_units"] == LAYERS * KV_HEADS
-    assert h["value"] == close(spearman(x.ravel(), y.ravel()), **RHO)
+    assert h["value"] == close(within_layers(x, y), **RHO)
+    assert h["across"]["rho"] == close(spearman(x.ravel(), y.ravel()), **RHO)
     assert 0 < h["p_value"] <= 1
     assert (h["verdict"], h["why"]) == ("inconclusive", "too little training")
     assert f"rho = {h['value']:+.3f}" in text
@@ -495,7 +496,7 @@ def test_comparison(log_path, tmp_path):
         assert row["val_loss"] == close(log.val_loss()[1][-1], **LOGGED)
         assert row["k_norm"] == {g: close(group_mean(k_norm, g), **LOGGED) for g in GROUPS}
         assert row["sink_rate"] == close(np.mean(last(log, "attn_sink") > 0.3), **LOGGED)
-        assert row["spearman"] == close(spearman(x.ravel(), y.ravel()), **RHO)
+        assert row["spearman"] == close(within_layers(x, y), **RHO)
         assert f"| {row['label']} | gain | nothing | {row['last_step']} | {row['final_loss']:.3f} |" in text
     assert comparison["runs"][1]["last_step"] < comparison["runs"][0]["last_step"]
     assert "Problems of short/run: the log ends at step" in text
@@ -557,17 +558,24 @@ def window_kv_means(log):
     return k_norm[w].astype(float).mean(axis=0), per_kv[w].mean(axis=0)
 
 
-T975 = {1: 12.706, 2: 4.303, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110}  # Student's t, 97.5%
-
-
-def t_interval(sample):
-    sample = np.asarray(sample, float)
-    return sample.mean(), T975[len(sample) - 1] * sample.std(ddof=1) / np.sqrt(len(sample))
-
-
 def rule(effect, half, margin):
     """docs/research.md: the one rule every verdict follows."""
     return "supported" if effect - half > margin else "contradicted" if effect + half < -margin else "inconclusive"
+
+
+def moving_rule(test):
+    """The rule, and a test still moving keeps its verdict only if the value its line reaches at the
+    window's last step gets the same one (docs/research.md); half-widths that JSON holds as null are
+    infinite (no interval)."""
+    half = np.inf if test["half_width"] is None else test["half_width"]
+    verdict = rule(test["effect"], half, test["margin"])
+    if test["moving"] and (verdict == "inconclusive" or rule(test["end"], half, test["margin"]) != verdict):
+        return "inconclusive"
+    return verdict
+
+
+def verdict_cell(h):
+    return f"**{h['verdict']}**" + (" (still moving)" if h["moving"] else "")
 
 
 @pytest.fixture(scope="module")
@@ -609,31 +617,100 @@ def test_trained_run_passes_the_guards(trained):
         assert words in text, words
 
 
+def test_trained_run_has_settled(trained):
+    _, summary, text, _, _ = trained
+    assert summary["training"]["settled"] and summary["training"]["unsettled"] == []
+    assert "This run passes: its verdicts and taxonomy are given." in text
+
+
+def test_epochs(trained, trained_paths):
+    """The header's train_tokens is what the training shards hold; the report divides the tokens of the
+    run's steps by it."""
+    _, summary, text, _, log = trained
+    shards = sorted((trained_paths[0].parent.parent / "data").glob("train_*.bin"))
+    tokens = sum(int(np.fromfile(p, "<i4", 3)[2]) for p in shards)
+    data = summary["data"]
+    assert log.header["train_tokens"] == data["train_tokens"] == tokens and data["source"] == "the log's header"
+    assert data["tokens_seen"] == TRAINED_STEPS * 4 * T and data["epochs"] == close(TRAINED_STEPS * 4 * T / tokens,
+                                                                                    **SAME_F64)
+    assert f"The training shards hold {tokens:,} tokens (the log's header), so the {TRAINED_STEPS * 4 * T:,} tokens " \
+           f"of this log's steps are {data['epochs']:.2f} epochs" in text
+
+
+def with_header(data, edit):
+    """The log with its header changed by edit(header), the preamble's length and CRC made to match."""
+    n = struct.unpack_from("<I", data, 12)[0]
+    header = json.loads(data[20:20 + n])
+    edit(header)
+    text = json.dumps(header).encode()
+    return b"ATTNLOG\0" + struct.pack("<III", 1, len(text), zlib.crc32(text)) + text + data[20 + n:]
+
+
+def test_epochs_of_a_log_without_train_tokens(trained_paths, tmp_path):
+    """A log written before train_tokens: the shards its train option names are counted as found now,
+    saying so; where none is found, the epochs are unknown, saying why."""
+    data = trained_paths[0].read_bytes()
+    shards = sorted((trained_paths[0].parent.parent / "data").glob("train_*.bin"))
+    tokens = sum(int(np.fromfile(p, "<i4", 3)[2]) for p in shards)
+    old = tmp_path / "old.attnlog"
+    old.write_bytes(with_header(data, lambda h: h.pop("train_tokens")))
+    assert report(old, "-o", tmp_path / "old").returncode == 0
+    found = json.loads((tmp_path / "old" / "summary.json").read_text())["data"]
+    assert found["train_tokens"] == tokens and found["source"].startswith(f"counted now in the {len(shards)} shard")
+    assert "they may not be the shards the run read" in found["source"]
+
+    def elsewhere(header):
+        header.pop("train_tokens")
+        header["options"]["train"] = str(tmp_path / "gone" / "train_*.bin")
+    old.write_bytes(with_header(data, elsewhere))
+    assert report(old, "-o", tmp_path / "gone").returncode == 0
+    summary = json.loads((tmp_path / "gone" / "summary.json").read_text())
+    assert summary["data"]["train_tokens"] is None and summary["data"]["epochs"] is None
+    assert "How often it saw each training token is not known: the log does not record it, and no shard " \
+           "matches" in (tmp_path / "gone" / "report.md").read_text()
+
+
+def test_path_in_the_report(trained):
+    _, summary, text, _, _ = trained
+    path = summary["path"]
+    assert [p["fraction"] for p in path] == [0.25, 0.5, 0.75, 1] and path[-1]["end_step"] == TRAINED_STEPS - 1
+    assert {k: v["verdict"] for k, v in path[-1]["hypotheses"].items()} == \
+        {k: h["verdict"] for k, h in summary["hypotheses"].items()}
+    assert "**The verdicts' path.**" in text and f"| to step {TRAINED_STEPS - 1} (100%) |" in text
+
+
 def test_trained_hypothesis_a(trained):
     _, summary, text, _, log = trained
     x, y = window_kv_means(log)
     rho = spearman(x.ravel(), y.ravel())
     within = spearman((x - x.mean(axis=1, keepdims=True)).ravel(), (y - y.mean(axis=1, keepdims=True)).ravel())
     h = summary["hypotheses"]["a"]
-    assert h["n_units"] == LAYERS * KV_HEADS and h["value"] == close(rho, **RHO)
-    assert h["within"]["rho"] == close(within, **RHO)
+    assert h["n_units"] == LAYERS * KV_HEADS and h["value"] == close(within, **RHO)
+    assert h["across"]["rho"] == close(rho, **RHO)
+    assert h["layer_means"]["rho"] == close(spearman(x.mean(axis=1), y.mean(axis=1)), **RHO)
     (t,) = h["tests"]
-    assert t["effect"] == close(-rho, **RHO) and t["half_width"] == h["chance"] and t["margin"] == 0.1
-    assert 0 < h["chance"] < 1 and h["verdict"] == rule(-rho, h["chance"], 0.1)
+    assert t["effect"] == close(-within, **RHO) and t["half_width"] == h["chance"] and t["margin"] == 0.1
+    assert 0 < h["chance"] < 1 and t["verdict"] in (rule(-within, h["chance"], 0.1), "inconclusive")
     row = next(line for line in text.splitlines() if line.startswith("| (a)"))
-    assert row.endswith(f"**{h['verdict']}** |") and f"rho = {rho:+.3f} across {LAYERS * KV_HEADS} kv heads" in row
+    assert row.endswith(f"{verdict_cell(h)} |") and f"within layers rho = {within:+.3f} over {LAYERS} layers" in row
+    assert f"across all {LAYERS * KV_HEADS} kv heads rho = {rho:+.3f}" in row and "which includes depth" in row
 
 
 def test_trained_hypothesis_b(trained):
+    """The effects are the window means; their intervals and trends those of the series of effects."""
+    from attnlog.analysis import window_trend
     _, summary, text, _, log = trained
     steps, k_norm = log.metric("k_norm")
     w = window(steps)
     h = summary["hypotheses"]["b"]
     for t, group, sign in zip(h["tests"], ("early", "final"), (-1, 1)):
-        mean, half = t_interval([group_mean(table, group) for table in k_norm[w].astype(float)])
-        assert h[group] == close(mean, **LOGGED)
-        assert t["effect"] == close(sign * (mean - 8) / 8, **LOGGED) and t["half_width"] == close(half / 8, **LOGGED)
-        assert t["verdict"] == rule(t["effect"], t["half_width"], 0.05)
+        series = np.array([sign * (group_mean(table, group) - 8) / 8 for table in k_norm[w].astype(float)])
+        trend = window_trend(steps[w], series)
+        assert h[group] == close(np.mean([group_mean(table, group) for table in k_norm[w]]), **LOGGED)
+        assert t["effect"] == close(series.mean(), **LOGGED)
+        assert t["half_width"] == close(trend["half_width"], **LOGGED) or t["half_width"] is trend["half_width"] is None
+        assert t["trend"]["change"] == close(trend["change"], **LOGGED) and t["moving"] == trend["moving"]
+        assert t["verdict"] == moving_rule(t)
     verdicts = [t["verdict"] for t in h["tests"]]
     assert h["verdict"] == ("contradicted" if "contradicted" in verdicts else
                             "supported" if verdicts == ["supported"] * 2 else "inconclusive")
@@ -646,23 +723,25 @@ def test_trained_hypothesis_c(trained):
     share = (maxabs.astype(float) / log.metric("k_norm")[1]) ** 2
     means = share[window(steps)].mean(axis=0)
     top = np.unravel_index(np.argmax(means), means.shape)
-    mean, half = t_interval(share[window(steps), top[0], top[1]])
+    mean = share[window(steps), top[0], top[1]].mean()
     h = summary["hypotheses"]["c"]
     assert h["value"] == int((means > 0.5).sum()) and h["of"] == LAYERS * KV_HEADS
     assert h["max_ratio"] == close(mean, **LOGGED) and h["max_ratio_head"] == [int(top[0]), int(top[1])]
     assert h["tests"][0]["effect"] == close(mean / 0.5 - 1, **LOGGED)
-    assert h["verdict"] == rule(mean / 0.5 - 1, half / 0.5, 0.05)
+    assert h["verdict"] == moving_rule(h["tests"][0])
 
 
 def test_trained_hypothesis_d(trained):
     _, summary, _, _, log = trained
     steps, pr = log.metric("k_pr")
     pr = pr.astype(float).mean(axis=(1, 2))
-    mean, half = t_interval(pr[window(steps)])
+    mean = pr[window(steps)].mean()
     h = summary["hypotheses"]["d"]
+    ref = int(np.flatnonzero(steps >= 20)[0])  # the first stats step at or after the warm-up of 20 steps
+    assert (h["reference_step"], h["reference"]) == (steps[ref], close(pr[ref], **LOGGED))
     assert (h["first"], h["last"]) == (close(pr[0], **LOGGED), close(mean, **LOGGED))
-    assert h["tests"][0]["effect"] == close((pr[0] - mean) / pr[0], **LOGGED)
-    assert h["verdict"] == rule((pr[0] - mean) / pr[0], half / pr[0], 0.05)
+    assert h["tests"][0]["effect"] == close((pr[ref] - mean) / pr[ref], **LOGGED)
+    assert h["verdict"] == moving_rule(h["tests"][0])
     assert "k_erank_centered" in h["detail"] and set(h) >= {"erank", "erank_centered", "mean_share"}
 
 
@@ -673,22 +752,25 @@ def test_taxonomy(trained):
     def mean(name):
         return log.metric(name)[1][w].astype(float).mean(axis=0)
 
+    short, long = np.quantile(mean("k_norm"), [1 / 3, 2 / 3])  # thirds of the kv heads' key norms
     k_norm, share = mean("k_norm")[:, KV_OF], ((log.metric("k_maxabs")[1] / log.metric("k_norm")[1])[w] ** 2)
     share = share.astype(float).mean(axis=0)[:, KV_OF]
     entropy, sink = mean("attn_entropy"), mean("attn_sink")
     focus = 0.5 * np.mean(np.log(np.arange(1, T + 1)))  # half the entropy of uniform causal attention
-    expected = {}
+    expected, diffuse_amplified = {}, []
     for layer in range(LAYERS):
         for h in range(HEADS):
             if sink[layer, h] > 0.3:
                 cls = "static sink"
-            elif entropy[layer, h] < focus and k_norm[layer, h] > 1.05 * 8:
+            elif entropy[layer, h] < focus and k_norm[layer, h] > long:
                 cls = "semantic retriever"
-            elif entropy[layer, h] >= focus and k_norm[layer, h] <= 1.05 * 8 and share[layer, h] <= 0.5:
+            elif entropy[layer, h] >= focus and k_norm[layer, h] < short and share[layer, h] <= 0.5:
                 cls = "syntactic gatherer"
             else:
                 cls = "other"
             expected[(layer, h)] = cls
+            if cls != "static sink" and entropy[layer, h] >= focus and k_norm[layer, h] > 1.05 * 8:
+                diffuse_amplified.append([layer, h])
     tax = summary["taxonomy"]
     assert tax["available"] and tax["step"] == TRAINED_STEPS - 1 and tax["window"][1] == TRAINED_STEPS - 1
     assert {(x["layer"], x["head"]): x["class"] for x in tax["heads"]} == expected
@@ -696,6 +778,9 @@ def test_taxonomy(trained):
     assert tax["counts"] == counts and sum(counts.values()) == LAYERS * HEADS
     for cls, rule_text in tax["rules"].items():  # each rule is written next to its class, with its count
         assert f"| {cls} | {rule_text} | {counts[cls]} |" in text
+    assert (tax["short_k_norm"], tax["long_k_norm"]) == (close(short, **LOGGED), close(long, **LOGGED))
+    assert tax["diffuse_amplified"]["heads"] == diffuse_amplified
+    assert f"**Diffuse but amplified:** {len(diffuse_amplified)} of the {tax['diffuse_amplified']['diffuse']}" in text
 
 
 def test_replicates(trained_paths, trained, tmp_path):

@@ -145,8 +145,8 @@ def training_data_size(header, options):
         if paths and None not in counts:
             return {"tokens": sum(counts), "source": f"counted now in the {len(paths)} shard(s) matching "
                     f"{base / pattern}: the log does not record it, and they may not be the shards the run read"}
-    return {"tokens": None, "source": f"the log does not record it, and no shard matches {pattern or 'its train option'} "
-            "here"}
+    return {"tokens": None,
+            "source": f"the log does not record it, and no shard matches {pattern or 'its train option'} here"}
 
 
 def shard_tokens(path):

@@ -167,7 +167,9 @@ def training_text(s):
 
 
 def guard_text(training):
-    return "Too little training for verdicts" if not training["trained"] else "No verdicts: the statistics have not settled"
+    if not training["trained"]:
+        return "Too little training for verdicts"
+    return "No verdicts: the statistics have not settled"
 
 
 def epochs_text(data):

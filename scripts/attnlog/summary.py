@@ -102,13 +102,14 @@ def summarise(run, made=None, skipped=None, opts=None):
     hypotheses        {"a"|"b"|"c"|"d": verdicts.hypotheses: {"id", "title", "claim", "rule",
                        "statistic", "verdict" ("supported" | "contradicted" | "inconclusive"), "why"
                        ("decided" | "within the margin" | "uncertain" | "still moving" | "too little
-                       training" | "not settled" | "no data"), "moving" (a test is still moving: verdicts.MOVING), "detail",
-                       "tests": [{"name", "effect", "half_width" (infinite, null in JSON, when the window
-                       holds fewer than 3 effective samples), "low", "high", "margin", "uncertainty" (what
-                       half_width is), "verdict", "why", "moving", "end" (the effect the window's trend
-                       line reaches at its last step), "trend" ({"change" (the line's rise across the
-                       window, in the effect's units), "change_half" (its 95% half-width), "n" (window
-                       steps), "n_eff" (their effective number), "phi" (the AR(1) coefficient)} or null)}]
+                       training" | "not settled" | "no data"), "moving" (a test is still moving:
+                       verdicts.MOVING), "detail", "tests": [{"name", "effect", "half_width" (infinite,
+                       null in JSON, when the window holds fewer than 3 effective samples), "low", "high",
+                       "margin", "uncertainty" (what half_width is), "verdict", "why", "moving", "end"
+                       (the effect the window's trend line reaches at its last step), "trend" ({"change"
+                       (the line's rise across the window, in the effect's units), "change_half" (its 95%
+                       half-width), "n" (window steps), "n_eff" (their effective number), "phi" (the
+                       AR(1) coefficient)} or null)}]
                        (empty without data), and per hypothesis (decision-window means):
                        a: value (Spearman's rho within layers, deciding), n_units (kv heads), p_value
                           (two-sided, permutations within layers), chance (95th percentile of |rho| under

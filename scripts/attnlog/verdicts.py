@@ -237,9 +237,10 @@ def hypothesis_hierarchy(run):
              series_test("final amplification", steps, (curves["final"][w] - root) / root, RELATIVE_MARGIN)]
     early, final = curves["early"][w].mean(), curves["final"][w].mean()
     return dict(result, early=early, final=final, sqrt_head_dim=root, value=[early, final], tests=tests,
-                detail=f"early {interval_text(early, tests[0]['half_width'] * root)} ({100 * (early / root - 1):+.1f}% "
-                       f"from {root:.2f}, {tests[0]['verdict']}), final {interval_text(final, tests[1]['half_width'] * root)} "
-                       f"({100 * (final / root - 1):+.1f}%, {tests[1]['verdict']}); {window_text(run)}")
+                detail=f"early {interval_text(early, tests[0]['half_width'] * root)} "
+                       f"({100 * (early / root - 1):+.1f}% from {root:.2f}, {tests[0]['verdict']}), final "
+                       f"{interval_text(final, tests[1]['half_width'] * root)} ({100 * (final / root - 1):+.1f}%, "
+                       f"{tests[1]['verdict']}); {window_text(run)}")
 
 
 def hypothesis_axis_aligned(run):
@@ -305,15 +306,16 @@ def hypothesis_pr_falls(run):
             low = int(np.argmin(curve))
             extra[name.replace("k_", "", 1)] = {"first": float(curve[0]), "last": float(curve[w].mean()),
                                                 "lowest": float(curve[low]), "lowest_step": int(steps[low])}
-            more += f"; {name} {curve[0]:.3g} \u2192 {curve[w].mean():.3g} (lowest {curve[low]:.3g} at step {steps[low]})"
+            more += (f"; {name} {curve[0]:.3g} \u2192 {curve[w].mean():.3g} (lowest {curve[low]:.3g} at step "
+                     f"{steps[low]})")
     if "erank" in extra and "erank_centered" in extra:
         more += ": " + offset_or_collapse(*([d["first"], d["last"]] for d in (extra["erank"], extra["erank_centered"])))
     return dict(result, reference=reference, reference_step=int(steps[ref]), first=first, last=last,
                 value=[reference, last], first_step=int(steps[0]), tests=[t], **extra,
                 detail=f"{reference:.2f} at step {steps[ref]} (the end of warm-up), "
-                       f"{interval_text(last, t['half_width'] * reference)} ({100 * (last - reference) / reference:+.1f}%; "
-                       f"{window_text(run)}); from the first stats step, {first:.2f} at step {steps[0]}: "
-                       f"{100 * (last - first) / first:+.1f}%{more}")
+                       f"{interval_text(last, t['half_width'] * reference)} "
+                       f"({100 * (last - reference) / reference:+.1f}%; {window_text(run)}); from the first stats "
+                       f"step, {first:.2f} at step {steps[0]}: {100 * (last - first) / first:+.1f}%{more}")
 
 
 def hypotheses(run, training):
@@ -340,8 +342,9 @@ def hypotheses(run, training):
 def verdict_path(run):
     """The hypotheses decided again on the run cut at PATH_FRACTIONS of its stats steps' span
     (analysis.run_until), each cut with its own decision window and guards: [{"fraction", "end_step",
-    "window" [first, last] (null when empty), "enough", "trained" (training_status), "hypotheses" {id: {"verdict", "why",
-    "moving", "tests" [{"name", "effect", "half_width", "verdict", "moving"}]}}}]."""
+    "window" [first, last] (null when empty), "enough", "trained" (training_status), "hypotheses"
+    {id: {"verdict", "why", "moving", "tests" [{"name", "effect", "half_width", "verdict",
+    "moving"}]}}}]."""
     steps, out = run["stats_steps"], []
     for fraction in PATH_FRACTIONS if len(steps) else ():
         cut = run_until(run, int(round(steps[0] + fraction * (steps[-1] - steps[0]))))
