@@ -1073,14 +1073,19 @@ def trending(rise, steps=80, layers=6, kv=4):
 
 
 def test_guard_asks_whether_the_statistics_have_settled():
-    """Keys still growing by 10% of sqrt(D) across the window: no verdicts and no taxonomy, saying
-    that the statistics have not settled; by 2%: they have (the growth is only still moving)."""
+    """Keys growing by 20% of sqrt(D) across the window, flat before it: the window's mean is 10% above
+    the quarter before, so no verdicts and no taxonomy, saying that the statistics have not settled;
+    growing by 2%: they have (the growth is only still moving)."""
     from attnlog import verdicts
-    run = trending(0.10)
+    run = trending(0.20)
     training = verdicts.training_status(run)
     assert not training["enough"] and training["trained"] and not training["settled"]
     assert training["unsettled"][0] == "layer 0's k_norm +10.0%" and len(training["unsettled"]) == 6
-    assert "the statistics have not settled" in training["reasons"][0]
+    assert "the statistics have not settled" in training["reasons"][0] and "from the quarter before" in \
+        training["reasons"][0]
+    with_all = dict(run, metrics=dict(run["metrics"], k_maxabs=run["metrics"]["k_norm"],
+                                      attn_sink=run["metrics"]["attn_entropy"]), missing=[])
+    assert verdicts.taxonomy(with_all, training)["reason"].startswith("the statistics have not settled")
     assert [h["why"] for h in verdicts.hypotheses(run, training)] == ["not settled", "not settled", "no data",
                                                                       "no data"]  # (c), (d): no k_maxabs, k_pr
     settled = verdicts.training_status(trending(0.02))

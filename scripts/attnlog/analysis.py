@@ -418,8 +418,8 @@ def mean_interval(sample):
 # about the mean as n_eff = n (1 - phi) / (1 + phi) independent ones would, and the slope's standard
 # error grows by the same factor (Bretherton et al. 1999; Santer et al. 2000 for trends), with n_eff - 2
 # degrees of freedom. phi comes from the lag-1 autocorrelation of the residuals of the line, which in
-# a short series is biased low (by about (2 + 7 phi) / n for 20-100 steps), which would overstate n_eff;
-# so it is taken median-unbiased (Andrews 1993): the phi whose simulated series give that
+# a short series is biased low (by about 2/n at phi = 0 and 9/n at phi = 0.9), which would overstate
+# n_eff; so it is taken median-unbiased (Andrews 1993): the phi whose simulated series give that
 # autocorrelation as their median. Not a block bootstrap: a window holds 20-30 stats steps, too few
 # for blocks long enough to carry the autocorrelation; not a sum over many lags: at this length the
 # autocorrelations beyond lag 1 are mostly noise.

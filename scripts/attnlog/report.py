@@ -160,7 +160,7 @@ def training_text(s):
                  f"{w['first']} to step {w['last']}, the last {w['fraction']:.0%} of the stats steps' span. ")
     text += (f"A guard decides whether the run gets verdicts and a head taxonomy at all: it must be past warm-up, "
              f"have trained on at least {t['min_tokens']:,} tokens, have {t['min_window_count']} stats steps in the "
-             f"window, and {SETTLING}. ")
+             f"window, and have settled ({SETTLING}). ")
     if t["enough"]:
         return text + "This run passes: its verdicts and taxonomy are given."
     return text + f"**{guard_text(t)}**: " + "; ".join(t["reasons"]) + "."

@@ -139,8 +139,8 @@ def summarise(run, made=None, skipped=None, opts=None):
     figures           {"made": [file], "skipped": {file: why}}
     comparison        (several logs, added by attnlog.report) {"figures": {...}, "runs": [{"label", "log",
                        "last_step", "final_loss" (mean of the last 10 steps), "val_loss", "k_norm" {group:
-                       value}, "sink_rate", "spearman" (hypothesis a's rho), "verdicts" {id: verdict},
-                       "problems"}], "replicates": [verdicts.replicate_verdicts, one per set of runs that
+                       value}, "sink_rate", "spearman" (hypothesis a's rho within layers), "verdicts" {id:
+                       verdict}, "problems"}], "replicates": [verdicts.replicate_verdicts, one per set of runs that
                        differ only in their seed: {"runs", "seeds", "left_out" {label: why}, "hypotheses"
                        {id: {"title", "verdict", "why", "detail", "tests": [{"name", "values", "n",
                        "mean" (also as "effect"), "t", "half_width", "low", "high", "margin",

@@ -42,10 +42,10 @@ MOVING = ("a test whose statistic still trends inside the decision window (a lin
           "rises or falls, and the 95% interval of that change, which allows for autocorrelation, excludes 0) "
           "is still moving: it keeps its verdict only when the line's value at the window's last step gets the "
           "same verdict, and is otherwise inconclusive (\"still moving\")")
-SETTLING = ("the statistics have settled when no layer's mean k_norm, attn_entropy or k_pr changes across the "
-            f"decision window by more than {NORM_MARGIN:.0%} of its scale (sqrt(D) for k_norm, the entropy of uniform "
-            "attention for attn_entropy, the window mean for k_pr) while still moving, or while too autocorrelated "
-            "for an interval of its change")
+SETTLING = ("the statistics have settled when the last two quarters of the run agree: no layer's mean k_norm, "
+            "attn_entropy or k_pr over the decision window differs from its mean over the quarter before by more "
+            f"than {NORM_MARGIN:.0%} of its scale (sqrt(D) for k_norm, the entropy of uniform attention for "
+            "attn_entropy, the window mean for k_pr)")
 
 
 # -- the guards --------------------------------------------------------------------------------------
@@ -78,9 +78,9 @@ def training_status(run):
     moving = unsettled(run) if len(run["window"]) >= MIN_WINDOW_STATS else []
     if moving:
         steps = run["stats_steps"][run["window"]]
-        reasons.append(f"the statistics have not settled: across the decision window (steps {steps[0]}-{steps[-1]}) "
-                       f"{len(moving)} layer statistics still moved by more than {NORM_MARGIN:.0%} of their scale ("
-                       + ", ".join(moving[:4]) + (", ..." if len(moving) > 4 else "") + ")")
+        reasons.append(f"the statistics have not settled: over the decision window (steps {steps[0]}-{steps[-1]}) "
+                       f"{len(moving)} layer statistics moved by more than {NORM_MARGIN:.0%} of their scale from the "
+                       "quarter before (" + ", ".join(moving[:4]) + (", ..." if len(moving) > 4 else "") + ")")
     return {"enough": not reasons, "trained": len(reasons) == bool(moving), "reasons": reasons,
             "tokens_per_step": run["tokens_per_step"],
             "steps_trained": trained, "init_steps": init_steps, "tokens": tokens, "min_tokens": MIN_TOKENS,
@@ -90,21 +90,21 @@ def training_status(run):
 
 def unsettled(run):
     """The layer statistics that have not settled (SETTLING): each layer's mean over its heads of
-    k_norm, attn_entropy and k_pr, as a line plus AR(1) noise over the decision window
-    (analysis.window_trend); one whose line changes across the window by more than NORM_MARGIN of its
-    scale has not, unless the change's interval (when the window allows one) reaches 0. ["layer L's
-    NAME +x.x%"], the change as a share of the scale."""
-    w, steps = run["window"], run["stats_steps"]
+    k_norm, attn_entropy and k_pr, averaged over the decision window and over the stats steps of the
+    quarter before it; one whose two averages differ by more than NORM_MARGIN of its scale has not
+    (what the previous quarter of training did, another might still do). ["layer L's NAME +x.x%"],
+    the difference as a share of the scale; none without stats steps before the window."""
+    steps, w = run["stats_steps"], run["window"]
+    before = np.flatnonzero((steps < steps[w[0]]) & (steps >= 2 * steps[w[0]] - steps[-1]))
     scales = {"k_norm": math.sqrt(run["D"]), "attn_entropy": uniform_entropy(run["seq_len"]), "k_pr": None}
     out = []
-    for name, scale in scales.items():
+    for name, scale in scales.items() if len(before) else ():
         if not has(run, name):
             continue
-        layer_means = values(run, name)[w].mean(axis=2)
-        for layer in range(run["L"]):
-            trend = window_trend(steps[w], layer_means[:, layer])
-            share = trend["change"] / (scale or trend["mean"])
-            if abs(share) > NORM_MARGIN and (trend["moving"] or not math.isfinite(trend["change_half"])):
+        layer_means = values(run, name).mean(axis=2)
+        last, previous = layer_means[w].mean(axis=0), layer_means[before].mean(axis=0)
+        for layer, share in enumerate((last - previous) / (scale or last)):
+            if abs(share) > NORM_MARGIN:
                 out.append(f"layer {layer}'s {name} {100 * share:+.1f}%")
     return out
 
