@@ -605,6 +605,7 @@ static RunInfo run_info(const Run& r) {
     run.backend = r.on_gpu ? "cuda" : "cpu";
     run.device = r.device_name;
     run.num_processes = r.dist.world;
+    run.train_tokens = r.train.total_tokens;
     return run;
 }
 

@@ -189,7 +189,7 @@ def test_header_fields(log_path):
     assert h["options"] == OPTIONS and list(h["options"]) == list(OPTIONS)
     assert h["seed"] == 2**64 - 1
     assert (h["backend"], h["device"]) == ("cpu", 'test device "x" \\ 2 cores')
-    assert h["num_processes"] == 3
+    assert h["num_processes"] == 3 and h["train_tokens"] == 1420931
     table = h["records"]
     assert [(t["type"], t["name"]) for t in table] == [(1, "step"), (2, "val"), (3, "telemetry"), (4, "note")]
     assert [f["name"] for f in table[0]["fields"]] == SCALARS
@@ -203,13 +203,13 @@ def test_header_fields(log_path):
 
 def test_header_without_num_processes(tmp_path, data):
     """Logs written before data-parallel training have no "num_processes": one process, read as
-    such; the writer's (3 processes) is shown by info."""
+    such; the writer's (3 processes) is shown by info. Nor do they have "train_tokens"."""
     assert "3 process(es)" in run_cli("info", saved(tmp_path, data, "three.attnlog")).stdout
     header = json.loads(data[20:20 + struct.unpack_from("<I", data, 12)[0]])
-    del header["num_processes"]
+    del header["num_processes"], header["train_tokens"]
     path = saved(tmp_path, with_header(data, json.dumps(header).encode()))
     log = attnlog.open_log(path)
-    assert "num_processes" not in log.header and log.problems == []
+    assert "num_processes" not in log.header and "train_tokens" not in log.header and log.problems == []
     check_values(log, range(10))
     result = run_cli("info", path)
     assert result.returncode == 0 and result.stdout.endswith("problems: none\n"), result.stderr
@@ -677,6 +677,8 @@ MALFORMED_HEADERS = [  # (what, edit of the header or its text, parts of the one
     ("device a list", setter("device", value=["gpu"]), ['device is ["gpu"], not a string']),
     ("no processes", setter("num_processes", value=0), ["num_processes is 0, not a positive integer"]),
     ("processes as text", setter("num_processes", value="2"), ['num_processes is "2", not an integer']),
+    ("tokens negative", setter("train_tokens", value=-1), ["train_tokens is -1, not a number of tokens"]),
+    ("tokens as float", setter("train_tokens", value=1.5), ["train_tokens is 1.5, not an integer"]),
     ("version as bool", setter("version", value=True), ["the text says format 'attnlog' version True"]),
     ("records null", setter("records", value=None), ["its record table is malformed: records is null, not a list"]),
     ("record type null", setter("records", 1, value=None), ["records[1] is null, not an object"]),
