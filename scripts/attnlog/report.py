@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 import attnlog
-from attnlog import figures
+from attnlog import claims, figures
 from attnlog.analysis import ReportError, load_run
 from attnlog.commands import DEFAULT_DATA, ArgumentParser, UserError, run
 from attnlog.document import code, to_html, to_markdown
@@ -108,7 +108,11 @@ def run_blocks(summary, made, skipped):
 
     if "ablation" in s:
         blocks += ablation_blocks(s["ablation"], tax)
+    blocks += claims.claim_blocks(s["claims"])
     blocks.append(("h2", "Figures"))
+    if not s["training"]["enough"]:
+        blocks.append(("p", "The captions state the numbers only: the run trained too little for them to be read "
+                            "as findings (see the training above)."))
     for i, (name, caption) in enumerate(made, 1):
         blocks.append(("figure", name, f"Figure {i} ({name}). {caption}"))
 
