@@ -218,12 +218,15 @@ def rule_range(rule):
         return low * (1 - rule["relative"]), high * (1 + rule["relative"]), True, True
     if "near" in rule:
         return rule["near"] - rule["absolute"], rule["near"] + rule["absolute"], True, True
-    for kind, bounds in (("above", lambda x: (x, math.inf, False, True)), ("below", lambda x: (-math.inf, x, True, False)),
-                         ("at_least", lambda x: (x, math.inf, True, True)),
-                         ("at_most", lambda x: (-math.inf, x, True, True))):
+    for kind, bounds in ONE_SIDED.items():
         if kind in rule:
             return bounds(rule[kind])
     raise ValueError(f"claims.json: unknown rule {rule}")
+
+
+# The rules with one bound: (low, high, low included, high included) of a bound x.
+ONE_SIDED = {"above": lambda x: (x, math.inf, False, True), "below": lambda x: (-math.inf, x, True, False),
+             "at_least": lambda x: (x, math.inf, True, True), "at_most": lambda x: (-math.inf, x, True, True)}
 
 
 def meets(rule, result):
@@ -249,7 +252,7 @@ def rule_text(rule, shown):
         return f"from {show(rule['between'][0])} to {show(rule['between'][1])}, \u00b1{rule['relative']:.0%}" + span
     if "near" in rule:
         return f"within \u00b1{show(rule['absolute']).lstrip('+')} of {show(rule['near'])}"
-    kind = next(k for k in ("above", "below", "at_least", "at_most") if k in rule)
+    kind = next(k for k in ONE_SIDED if k in rule)
     return f"{kind.replace('_', ' ')} {show(rule[kind])}"
 
 

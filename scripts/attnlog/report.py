@@ -12,7 +12,8 @@ folder beside the first log):
     *.png          the figures of the first run (names as in the reports: key_norm_evolution.png, ...)
     compare_*.png  with several logs: each run's layer-group curves overlaid
     report.md      configuration, figures with captions computed from the run, the reports'
-                   hypotheses checked on it, a taxonomy of the heads, problems found in the log
+                   hypotheses checked on it, a taxonomy of the heads, the research notes' claims
+                   beside what the run shows (attnlog.claims), problems found in the log
     report.html    the same, one self-contained file (figures embedded, long tables folded away)
     summary.json   every number of the report, for programs (its keys: summary.summarise)
 

@@ -59,7 +59,8 @@ def rope_gains(run):
            "long_dims": int((~short).sum())}
     for name in ("q", "k"):
         by_layer = dict(zip(("short", "long"), split_means(values(run, f"g_{name}")[-1], short)))
+        groups = {g: {kind: None if v is None else float(v[layers].mean()) for kind, v in by_layer.items()}
+                  for g, layers in run["groups"].items()}
         out[name] = {"layers": {kind: None if v is None else v.tolist() for kind, v in by_layer.items()},
-                     "groups": {g: {kind: None if v is None else float(v[layers].mean()) for kind, v in by_layer.items()}
-                                for g, layers in run["groups"].items()}}
+                     "groups": groups}
     return out

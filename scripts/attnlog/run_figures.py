@@ -276,7 +276,7 @@ def figure_scatter_by_layer(run, path, opts):
                           (x.ravel(), y.ravel(), layer_of(x), "kv head (entropy: mean of its query heads)" if gqa
                            else "head"),
                           (qx.ravel(), qy.ravel(), layer_of(qy), "query head") if gqa else None,
-                          run["L"], "k_norm of the kv head" if gqa else "k_norm of the head", "attention entropy (nats)",
+                          run["L"], f"k_norm of the {'kv ' if gqa else ''}head", "attention entropy (nats)",
                           (root, f"sqrt(D) = {root:.2f}", h_uniform, f"uniform attention, {h_uniform:.2f} nats"),
                           fits=run["Hkv"] > 1)
     means = y.mean(axis=1)
@@ -365,17 +365,17 @@ def figure_rope_gains(run, path, opts):
                                 np.array(r["wavelength"]), [("g_q", values(run, "g_q")[-1]),
                                                             ("g_k", values(run, "g_k")[-1])],
                                 T, f"training context T = {T}")
-    means = "; ".join(f"g_{name} " + ", ".join(f"{g} {number(v['short'])} / {number(v['long'])}"
+    means = "; ".join(f"g_{name} " + ", ".join(f"{g} {gain_text(v['short'])} / {gain_text(v['long'])}"
                                                for g, v in r[name]["groups"].items()) for name in ("q", "k"))
     return (f"Each layer's gain of every dimension at step {r['step']} (points, in the colour and marker of their band "
             f"of layers) against the wavelength 2 pi theta^(2i/D) of the dimension's RoPE pair: dimensions i and "
-            f"i + D/2 turn together (theta = {r['theta']:g}, D = {D}); black, the mean over layers. Dashed: the training "
-            f"context T = {T}; {short} of the {D} dimensions (the pairs i < {short // 2}) turn within it. Mean gain "
-            f"of those / of the others, by layer group: {means}."
+            f"i + D/2 turn together (theta = {r['theta']:g}, D = {D}); black, the mean over layers. Dashed: the "
+            f"training context T = {T}; {short} of the {D} dimensions (the pairs i < {short // 2}) turn within it. "
+            f"Mean gain of those / of the others, by layer group: {means}."
             + interpreted(opts, " " + wavelength_reading(r)))
 
 
-def number(x):
+def gain_text(x):
     return "n/a" if x is None else f"{x:.3f}"
 
 
