@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,18 @@ def test_installed_package_imports(venv, tmp_path):
                             env=clean_env())
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [str(project / "scripts" / "attnlog" / "__init__.py"), "open_log"]
+
+
+def test_wheel_holds_the_package_data(venv, tmp_path):
+    """A wheel, what a plain (not editable) install builds, holds the package's data files beside
+    its modules: the research notes' claims the report reads."""
+    bin_dir, project = venv
+    env = clean_env(PIP_NO_INDEX="1", PIP_NO_CACHE_DIR="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    built = subprocess.run([str(bin_dir / "python"), "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w",
+                            str(tmp_path), str(project)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    (wheel,) = tmp_path.glob("attnlog-*.whl")
+    assert "attnlog/claims.json" in zipfile.ZipFile(wheel).namelist()
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -46,7 +46,7 @@ TRAINED_ARGS = ["--n-layer", LAYERS, "--n-head", HEADS, "--n-kv-head", KV_HEADS,
 FIGURES = ["key_norm_evolution.png", "layer_heatmaps.png", "outlier_magnitude.png", "axis_share.png",
            "latent_redundancy.png", "key_magnitude_profile.png", "norm_divergence.png", "entropy_norm_scatter.png",
            "entropy_norm_by_layer.png", "effective_rank.png", "key_offset.png", "gamma_heatmap.png", "gains_q_k.png",
-           "qk_ratio.png", "logit_ceiling.png", "attn_maxp.png", "sink_rate.png", "loss.png"]
+           "gains_wavelength.png", "qk_ratio.png", "logit_ceiling.png", "attn_maxp.png", "sink_rate.png", "loss.png"]
 COMPARED = ["k_norm", "k_maxabs", "k_cos", "k_pr", "attn_entropy"]
 TELEMETRY = 3
 

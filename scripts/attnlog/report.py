@@ -12,7 +12,8 @@ folder beside the first log):
     *.png          the figures of the first run (names as in the reports: key_norm_evolution.png, ...)
     compare_*.png  with several logs: each run's layer-group curves overlaid
     report.md      configuration, figures with captions computed from the run, the reports'
-                   hypotheses checked on it, a taxonomy of the heads, problems found in the log
+                   hypotheses checked on it, a taxonomy of the heads, the research notes' claims
+                   beside what the run shows (attnlog.claims), problems found in the log
     report.html    the same, one self-contained file (figures embedded, long tables folded away)
     summary.json   every number of the report, for programs (its keys: summary.summarise)
 
@@ -31,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 import attnlog
-from attnlog import figures
+from attnlog import claims, figures
 from attnlog.analysis import ReportError, load_run
 from attnlog.commands import DEFAULT_DATA, ArgumentParser, UserError, run
 from attnlog.document import code, to_html, to_markdown
@@ -124,7 +125,11 @@ def run_blocks(summary, made, skipped):
 
     if "ablation" in s:
         blocks += ablation_blocks(s["ablation"], tax)
+    blocks += claims.claim_blocks(s["claims"])
     blocks.append(("h2", "Figures"))
+    if not s["training"]["enough"]:
+        blocks.append(("p", "The captions state the numbers only: the run trained too little for them to be read "
+                            "as findings (see the training above)."))
     for i, (name, caption) in enumerate(made, 1):
         blocks.append(("figure", name, f"Figure {i} ({name}). {caption}"))
 

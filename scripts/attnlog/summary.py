@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from attnlog import verdicts
+from attnlog import claims, rope, verdicts
 from attnlog.analysis import (SINK_THRESHOLD, WINDOW_FRACTION, divergence_layer, group_curves, has, isotropic_pr,
                               option_int, qk_ratio, sink_rate, uniform_entropy, uniform_sink, values)
 
@@ -136,6 +136,16 @@ def summarise(run, made=None, skipped=None, opts=None):
                        "diffuse", "amplified_k_norm", "heads" [[layer, head]], "contradicts_premise"}}
                        (window means), or {"available": false, "reason", "rules"}
     norm_divergence_layer   {"layer", "why"}
+    rope_gains        rope.rope_gains: {"available", "theta", "context" (T), "step" (the last stats step),
+                       "wavelength" [D] (of each dimension's RoPE pair), "short_dims", "long_dims", "q"|"k":
+                       {"layers": {"short": [L], "long": [L]}, "groups": {group: {"short", "long"}}}}, the mean
+                       gain of the dimensions whose pair's wavelength is below T and of the others; or
+                       {"available": false, "reason"}
+    claims            claims.claim_table: the research notes' claims beside this run, {"file", "dynamics",
+                       "why_static", "counts" {outcome: n}, "notes": [{"file", "title", "rows": [{"id", "claim",
+                       "quotes" [text], "at", "step" (the logged step compared), "observed", "rule", "values",
+                       "outcome" ("reproduces" | "does not reproduce" | "not applicable" | "not reached" |
+                       "no data"), "why"}]}]}
     figures           {"made": [file], "skipped": {file: why}}
     comparison        (several logs, added by attnlog.report) {"figures": {...}, "runs": [{"label", "log",
                        "last_step", "final_loss" (mean of the last 10 steps), "val_loss", "k_norm" {group:
@@ -185,6 +195,8 @@ def summarise(run, made=None, skipped=None, opts=None):
     if has(run, "k_norm"):
         layer, why = divergence_layer(run, opts["layer"] if opts else None)
         out["norm_divergence_layer"] = {"layer": layer, "why": why}
+    out["rope_gains"] = rope.rope_gains(run)
+    out["claims"] = claims.claim_table(run)
     if made is not None:
         out["figures"] = {"made": [name for name, _ in made], "skipped": skipped}
     return out
