@@ -314,7 +314,7 @@ def assess(run, claim, dynamics, why_static):
         if i is None or (claim_needs_later(claim) and i == len(steps) - 1):
             return dict(row, outcome=NOT_REACHED, why=f"the log's stats steps are {steps[0]}-{steps[-1]}")
     else:
-        i, row["at"] = len(steps) - 1, f"the measured state ({why_static})"
+        i, row["at"] = len(steps) - 1, "the measured state (the last stats step)"
     results = [STATISTICS[m["statistic"]][0](run, i, m) for m in measures]
     reproduced = all(meets(m["rule"], r) for m, r in zip(measures, results))
     return dict(row, step=int(steps[i]), observed="; ".join(r["text"] for r in results),
