@@ -265,9 +265,7 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
     if (targets) cudaCheck(cudaMemcpyAsync(g.targets, targets, N * sizeof(int), cudaMemcpyHostToDevice, s));
     if (tm) {  // the document starts: counted on the host, their bits for the attention kernels
         g.stats_tokens += (double)N;
-        g.stats_doc_view += queries_seeing_document_start(tokens, B, T, g.eot_token);
-        g.host_doc_bits.resize((size_t)B * document_start_words(T));
-        document_start_bits(g.host_doc_bits.data(), tokens, B, T, g.eot_token);
+        g.stats_doc_view += micro_batch_document_starts(g.host_doc_bits, tokens, B, T, g.eot_token);
         cudaCheck(cudaMemcpyAsync(g.doc_bits, g.host_doc_bits.data(), g.host_doc_bits.size() * sizeof(uint32_t),
                                   cudaMemcpyHostToDevice, s));
     }

@@ -433,6 +433,15 @@ __device__ __forceinline__ void mma_scores_times_tile(float (&acc)[D / 8][4], co
     }
 }
 
+// The document starts among the keys j0 .. j0 + 63 of a tile, bit j - j0 for key j, from the
+// sequence's bits (null: none): two words, the second absent when the tile runs past T.
+__device__ __forceinline__ uint64_t tile_document_starts(const uint32_t* row_bits, int j0, int words) {
+    static_assert(kMmaTile == 64, "a tile's document starts are two 32-bit words");
+    if (!row_bits) return 0;
+    const int w = j0 / 32;
+    return row_bits[w] | (w + 1 < words ? (uint64_t)row_bits[w + 1] << 32 : 0);
+}
+
 // Forward: block (query tile, h, b); grid.x = number of query tiles, taken last first so that the
 // longest rows start first. Each warp keeps its 16 queries as A fragments and, over key tiles
 // 0 .. its own (the diagonal one), computes S = Q K^T (16 x 64), scales it (and masks it, on the
@@ -477,7 +486,7 @@ __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(bf16
     float doc[2] = {0.0f, 0.0f};
     float o[D / 8][4] = {};  // sum_j e^(s_tj - m) v_j: 16 rows x D as 16 x 8 blocks
     const int words = document_start_words(T);
-    const uint32_t* row_bits = WITH_STATS && doc_bits ? doc_bits + (size_t)b * words : nullptr;
+    const uint32_t* row_bits = WITH_STATS && doc_bits ? doc_bits + (size_t)b * words : nullptr;  // the sequence's
     for (int k_tile_index = 0; k_tile_index <= q_tile; k_tile_index++) {
         const int j0 = k_tile_index * kMmaTile, buffer = k_tile_index % 2;
         next_kv_tiles<D, LD>(k_tiles, v_tiles, keys, values, qk_stride, qkv_stride, k_tile_index, q_tile, T);
@@ -521,16 +530,12 @@ __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(bf16
             }
         }
         // Unnormalised probabilities e^(s - m) in place of the scores (0 where masked); this lane's
-        // share of l, a and doc (bit i of tile_bits: column j0 + i starts a document). A masked
-        // term is skipped in a: its 0 * (-inf) would be NaN. __expf
-        // (one ex2.approx) is within a few 1e-6 relative of expf for every term that matters (its
-        // error grows with |x|, and e^x is below 1e-9 beyond x = -20): far below bf16's 4e-3, at
-        // a third of expf's instructions. The backward kernels use it too.
-        uint64_t tile_bits = 0;
-        if (row_bits) {
-            const int w = j0 / 32;  // a tile is two words (kMmaTile = 64), the second absent past T
-            tile_bits = row_bits[w] | (w + 1 < words ? (uint64_t)row_bits[w + 1] << 32 : 0);
-        }
+        // share of l, a and doc (bit i of tile_bits: key j0 + i starts a document). A masked term
+        // is skipped in a: its 0 * (-inf) would be NaN. __expf (one ex2.approx) is within a few
+        // 1e-6 relative of expf for every term that matters (its error grows with |x|, and e^x is
+        // below 1e-9 beyond x = -20): far below bf16's 4e-3, at a third of expf's instructions.
+        // The backward kernels use it too.
+        const uint64_t tile_bits = tile_document_starts(row_bits, j0, words);
 #pragma unroll
         for (int nb = 0; nb < kMmaTile / 8; nb++) {
 #pragma unroll

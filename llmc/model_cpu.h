@@ -238,8 +238,8 @@ inline void qk_norm_rope_backward(float* dqkv, float* dg_q, float* dg_k, const f
     }
 }
 
-// The attention mass of row t of a sequence, its probabilities p, on the document starts s <= t
-// (row_bits: the sequence's bits, telemetry_sums.h), in the order of s.
+// The attention that row t of a sequence (its probabilities p) puts on the document starts s <= t
+// of the sequence (row_bits, telemetry_sums.h), summed in the order of s.
 inline float document_start_mass(const float* p, const uint32_t* row_bits, int t) {
     float mass = 0.0f;
     for (int w = 0; w <= t / 32; w++) {
@@ -506,9 +506,7 @@ inline float model_forward(CpuModel& m, const int* tokens, const int* targets, i
     std::vector<uint32_t> doc_bits;  // the document starts of the batch (telemetry_sums.h)
     if (stats) {
         sums[lay.count] += N;
-        sums[lay.doc_view] += queries_seeing_document_start(tokens, B, T, m.eot_token);
-        doc_bits.resize((size_t)B * document_start_words(T));
-        document_start_bits(doc_bits.data(), tokens, B, T, m.eot_token);
+        sums[lay.doc_view] += micro_batch_document_starts(doc_bits, tokens, B, T, m.eot_token);
     }
     ActivationDims dims = activation_dims(c, B, T, V);
     for (int l = 0; l < L; l++) {

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 #include "config.h"
 #include "math.h"
 
@@ -60,6 +61,14 @@ inline double queries_seeing_document_start(const int* tokens, int B, int T, int
                 break;
             }
     return count;
+}
+
+// A micro-batch's document starts, for a forward pass with statistics: their bits into `bits`, and
+// the number of queries with one in view.
+inline double micro_batch_document_starts(std::vector<uint32_t>& bits, const int* tokens, int B, int T, int eot) {
+    bits.resize((size_t)B * document_start_words(T));
+    document_start_bits(bits.data(), tokens, B, T, eot);
+    return queries_seeing_document_start(tokens, B, T, eot);
 }
 
 // The record of a head's rows x (keys after the k norm and gain, before RoPE): the sums of ||x||,

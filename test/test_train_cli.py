@@ -84,6 +84,7 @@ def test_end_to_end_run(full_run):
     vsteps, _ = log.val_loss()
     assert list(vsteps) == [2, 5]
     assert log.problems == []
+    assert log.header["options"]["eot"] == "1"  # the tokenizer's BOS, before every document of the shards
     assert "samples (temperature 0.8):" in r.stdout and "report:" in r.stdout
 
 
@@ -305,6 +306,8 @@ def test_unfinished_dataset(data, tmp_path):
     (["--freeze", "k_gain,bias"], ["--freeze", "'bias' is not a parameter kind"]),
     (["--freeze", "k_gain,"], ["--freeze", "an empty name is not a parameter kind"]),
     (["--freeze", ",".join(layout.PARAM_KINDS)], ["--freeze wte,attn_norm", "nothing would train"]),
+    (["--eot", "-2"], ["--eot", "must be a token id, or -1"]),
+    (["--eot", "100000"], ["--eot 100000", "not a token of the vocabulary"]),
 ])
 def test_impossible_options(data, tmp_path, args, parts):
     out = tmp_path / "out"

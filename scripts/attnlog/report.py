@@ -159,7 +159,7 @@ def doc_start_text(d):
     w = {name: value["window_mean"] for name, value in d.items() if name != "eot"}
     text = (f"Attention on document starts (the positions after the end-of-text token, id {d['eot']}), mean over "
             f"every query head and the decision window: attn_doc_start {w['attn_doc_start']:.3f}, beside attn_sink "
-            f"{w['attn_sink']:.3f} on the window's first position, which mostly falls inside a document.")
+            f"{w['attn_sink']:.3f} on the window's first position, wherever in a document the window begins.")
     if "visible" in w:
         text += (f" {w['visible']:.0%} of the queries had a document start in view (the others count 0 in "
                  f"attn_doc_start); over those alone the mass on document starts is "
