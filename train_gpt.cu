@@ -70,7 +70,10 @@ struct GpuModel : ModelShape {  // and backend.h's ModelShape
     // square, summed over the processes), and the AdamW segments.
     float *dgain_scratch, *stats_partial;
     double* stat_sums;
-    double stats_tokens = 0;  // tokens measured since model_stats_begin
+    double stats_tokens = 0;    // tokens measured since model_stats_begin
+    double stats_doc_view = 0;  // of those, the queries with a document start in view
+    uint32_t* doc_bits;         // a stats step's document starts (telemetry_sums.h)
+    std::vector<uint32_t> host_doc_bits;
     int *tokens, *targets, *buckets;
     double *norm_partial, *grad_sq;
     float* grad_norm;
@@ -119,6 +122,7 @@ static void gpu_carve(GpuModel& g, Arena& a) {
                                              (size_t)qk_norm_rope_backward_blocks((int)N, (int)NH) * 2 * D));
     g.stat_sums = a.take<double>(g.stats_layout.total);
     g.stats_partial = a.take<float>(telemetry_partial_floats((int)N, c));
+    g.doc_bits = a.take<uint32_t>((size_t)g.max_B * document_start_words(g.max_T));
     g.tokens = a.take<int>(N);
     g.targets = a.take<int>(N);
     g.buckets = a.take<int>(3 * N + 1);
@@ -245,7 +249,6 @@ static float* gpu_grad(GpuModel& g, int kind, int l = 0) { return g.grads + para
 static float model_forward(GpuModel& g, const int* tokens, const int* targets, int B, int T, bool tm) {
     const ModelConfig& c = g.cfg;
     if (B > g.max_B || T > g.max_T) fail("internal: batch %dx%d exceeds the allocated %dx%d", B, T, g.max_B, g.max_T);
-    if (tm) g.stats_tokens += (double)B * T;
     g.B = B;
     g.T = T;
     int N = B * T, C = c.d_model, F = c.d_ff, L = c.n_layer, H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim;
@@ -254,6 +257,12 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
     cudaStream_t s = g.stream;
     cudaCheck(cudaMemcpyAsync(g.tokens, tokens, N * sizeof(int), cudaMemcpyHostToDevice, s));
     if (targets) cudaCheck(cudaMemcpyAsync(g.targets, targets, N * sizeof(int), cudaMemcpyHostToDevice, s));
+    if (tm) {  // the document starts: counted on the host, their bits for the attention kernels
+        g.stats_tokens += (double)N;
+        g.stats_doc_view += micro_batch_document_starts(g.host_doc_bits, tokens, B, T, g.eot_token);
+        cudaCheck(cudaMemcpyAsync(g.doc_bits, g.host_doc_bits.data(), g.host_doc_bits.size() * sizeof(uint32_t),
+                                  cudaMemcpyHostToDevice, s));
+    }
     embedding_forward(a.emb, g.tokens, gpu_param(g, P_WTE), N, C, s);
     ActivationDims dims = activation_dims(c, B, T, g.Vp);
     for (int l = 0; l < L; l++) {
@@ -264,7 +273,7 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
         qk_norm_rope_forward(la.qk_rope, tm ? la.qk_normed : nullptr, la.qk_rstd, la.qkv, gpu_param(g, P_Q_GAIN, l),
                              gpu_param(g, P_K_GAIN, l), g.rope_cos, g.rope_sin, N, T, H, Hkv, D, c.norm_eps,
                              qk_norm_normalises(c.qk_norm), s);
-        attention_forward(la.atty, la.att_lse, tm ? la.row_stats : nullptr, la.qk_rope, la.qkv, B, T, H, Hkv, D, s);
+        attention_forward(la.atty, la.att_lse, tm ? la.row_stats : nullptr, g.doc_bits, la.qk_rope, la.qkv, B, T, H, Hkv, D, s);
         if (tm)
             telemetry_layer(g.stat_sums, g.stats_layout, g.stats_partial, a.keys_f64, g.mm, la.qk_normed, la.row_stats,
                             gpu_param_f32(g, P_Q_GAIN, l), gpu_param_f32(g, P_K_GAIN, l), B, T, c, l, s);
@@ -375,11 +384,12 @@ static void model_param_sync(GpuModel& g) {
 }
 
 // A stats step: the sums cleared before its first forward pass; after its last, copied to the
-// host (with the count of tokens, which the host keeps).
+// host (with the counts of tokens and of queries that see a document start, which the host keeps).
 static void model_stats_begin(GpuModel& g) {
     telemetry_sums_clear_kernel<<<64, 256, 0, g.stream>>>(g.stat_sums, g.stats_layout);
     cuda_check_launch();
     g.stats_tokens = 0;
+    g.stats_doc_view = 0;
 }
 
 static double* model_stats_sums(GpuModel& g) {
@@ -387,6 +397,7 @@ static double* model_stats_sums(GpuModel& g) {
                               g.stream));
     cudaCheck(cudaStreamSynchronize(g.stream));
     g.stat_sums_host[g.stats_layout.count] = g.stats_tokens;
+    g.stat_sums_host[g.stats_layout.doc_view] = g.stats_doc_view;
     return g.stat_sums_host;
 }
 
@@ -481,6 +492,9 @@ static void prepare_data_and_config(Run& r) {
     if (r.have_tokenizer) tokenizer_load(&r.tok, o.tokenizer);
     r.ckpt = o.resume_ckpt.empty() ? o.init_ckpt : o.resume_ckpt;
     r.c = resolve_config(o, r.given, r.have_tokenizer ? tokenizer_vocab_size(&r.tok) : 0, r.ckpt);
+    if (o.eot >= r.c.vocab_size)
+        fail("option %s %d: not a token of the vocabulary (0 to %d)", OPTION_LABEL("--eot"), o.eot, r.c.vocab_size - 1);
+    if (o.eot < 0 && r.have_tokenizer) o.eot = tokenizer_bos_id(&r.tok);  // the log's options say the token used
     o.qk_norm = kQkNormNames[r.c.qk_norm];  // the log's options say the variant a checkpoint brought
     o.tied_embeddings = r.c.tied_embeddings;
     std::string unknown;
@@ -626,6 +640,8 @@ static void print_run_summary(const Run& r) {
            o.stats_every);
     printf("data: %s (%lld tokens)%s%s\n", o.train_pattern.c_str(), r.train.total_tokens,
            r.have_val ? ", validation " : "", r.have_val ? o.val_pattern.c_str() : "");
+    if (o.stats_every && o.eot < 0)
+        printf("statistics: no end-of-text token (no tokenizer, and no %s): attn_doc_start is 0\n", OPTION_NAME("--eot"));
     printf("output: %s\n", o.out_dir.c_str());
 }
 
@@ -870,6 +886,7 @@ template <typename Model>
 static int train(Model& m, Run& r) {
     const Options& o = r.o;
     start_model(m, r);
+    m.eot_token = o.eot;  // the document starts of the statistics
     int start_step = 0;
     long long data_position = 0;  // micro-batches of training data consumed, by every process together
     load_weights(m, r, &start_step, &data_position);

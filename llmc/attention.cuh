@@ -17,7 +17,8 @@
 //   qkv  [B, T, (H + 2 Hkv) D]    the projections; value head g is head H + Hkv + g of a token
 //   out  [B, T, H D]              heads side by side
 //   lse  [B, H, T]                ln sum_j e^(s_tj) of each row
-//   row_stats (optional)          4 arrays [B, H, T], in AttentionRowStat order
+//   row_stats (optional)          ATTN_NUM_ROW_STATS arrays [B, H, T], in AttentionRowStat order
+//   doc_bits (optional)           [B, document_start_words(T)]: the document starts (telemetry_sums.h)
 // Gradients: dqk like qk (post-RoPE queries and keys); the value gradients go into the value
 // heads of dqkv, whose query and key heads are left untouched; dout like out.
 #pragma once
@@ -42,10 +43,11 @@ __device__ __forceinline__ float online_softmax_raise_max(float m_old, float m_n
 }
 
 // What the forward pass keeps of a finished row: its log-sum-exp and, on statistics steps, the
-// four statistics. s_first is the row's score at key 0; `rows` = B * H * T.
+// row statistics. s_first is the row's score at key 0, doc = sum e^(s - m) over the row's
+// document starts; `rows` = B * H * T.
 template <bool WITH_STATS>
 __device__ __forceinline__ void store_row_results(float* lse, float* row_stats, size_t row, size_t rows, float m,
-                                                  float l, float a, float s_first) {
+                                                  float l, float a, float s_first, float doc) {
     lse[row] = m + logf(l);
     if (WITH_STATS) {
         float inv_l = 1.0f / l;
@@ -53,6 +55,7 @@ __device__ __forceinline__ void store_row_results(float* lse, float* row_stats, 
         row_stats[ATTN_STAT_SINK * rows + row] = expf(s_first - m) * inv_l;
         row_stats[ATTN_STAT_MAXP * rows + row] = inv_l;  // the largest term is e^(m - m) = 1
         row_stats[ATTN_STAT_LOGIT_MAX * rows + row] = m;
+        row_stats[ATTN_STAT_DOC_START * rows + row] = doc * inv_l;
     }
 }
 
@@ -116,11 +119,13 @@ __device__ __forceinline__ float warp_dot(const float (&x)[2 * PAIRS], const flo
 
 // Forward: one warp per query row (b, h, t), at row index (b * H + h) * T + t. The warp walks the
 // keys j = 0 .. t in order, keeping the online softmax state (the same in every lane) and its
-// lanes' share of sum_j e^(s_tj - m) v_j.
+// lanes' share of sum_j e^(s_tj - m) v_j; on statistics steps also the sum over the document
+// starts j, rescaled with l.
 template <int PAIRS, bool WITH_STATS>
 __global__ void __launch_bounds__(128) attention_forward_simple_kernel(bf16* out, float* lse, float* row_stats,
-                                                                       const bf16* qk, const bf16* qkv, int B,
-                                                                       int T, int H, int Hkv, int D) {
+                                                                       const uint32_t* doc_bits, const bf16* qk,
+                                                                       const bf16* qkv, int B, int T, int H, int Hkv,
+                                                                       int D) {
     size_t rows = (size_t)B * H * T;
     size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     int lane = threadIdx.x % 32;
@@ -136,7 +141,8 @@ __global__ void __launch_bounds__(128) attention_forward_simple_kernel(bf16* out
     lane_load<PAIRS>(q, qk + ((size_t)b * T + t) * qk_stride + (size_t)h * D, D, lane);
 #pragma unroll
     for (int i = 0; i < 2 * PAIRS; i++) acc[i] = 0.0f;
-    float m = -INFINITY, l = 0.0f, a = 0.0f, s_first = 0.0f;
+    const uint32_t* row_bits = WITH_STATS && doc_bits ? doc_bits + (size_t)b * document_start_words(T) : nullptr;
+    float m = -INFINITY, l = 0.0f, a = 0.0f, s_first = 0.0f, doc = 0.0f;
     for (int j = 0; j <= t; j++) {
         lane_load<PAIRS>(kv, keys + (size_t)j * qk_stride, D, lane);
         float s = warp_dot<PAIRS>(q, kv) * scale;
@@ -145,17 +151,19 @@ __global__ void __launch_bounds__(128) attention_forward_simple_kernel(bf16* out
             float r = online_softmax_raise_max(m, s, &l, &a);
 #pragma unroll
             for (int i = 0; i < 2 * PAIRS; i++) acc[i] *= r;
+            doc *= r;
             m = s;
         }
         float e = expf(s - m);
         l += e;
         a += e * (s - m);
+        if (row_bits && document_start_bit(row_bits, j)) doc += e;
         lane_load<PAIRS>(kv, values + (size_t)j * qkv_stride, D, lane);
 #pragma unroll
         for (int i = 0; i < 2 * PAIRS; i++) acc[i] += e * kv[i];
     }
     lane_store<PAIRS>(out + ((size_t)b * T + t) * H * D + (size_t)h * D, acc, 1.0f / l, D, lane);
-    if (lane == 0) store_row_results<WITH_STATS>(lse, row_stats, row, rows, m, l, a, s_first);
+    if (lane == 0) store_row_results<WITH_STATS>(lse, row_stats, row, rows, m, l, a, s_first, doc);
 }
 
 // Backward, keys and values: one warp per key row (b, g, j), at row index (b * Hkv + g) * T + j.
@@ -425,15 +433,26 @@ __device__ __forceinline__ void mma_scores_times_tile(float (&acc)[D / 8][4], co
     }
 }
 
+// The document starts among the keys j0 .. j0 + 63 of a tile, bit j - j0 for key j, from the
+// sequence's bits (null: none): two words, the second absent when the tile runs past T.
+__device__ __forceinline__ uint64_t tile_document_starts(const uint32_t* row_bits, int j0, int words) {
+    static_assert(kMmaTile == 64, "a tile's document starts are two 32-bit words");
+    if (!row_bits) return 0;
+    const int w = j0 / 32;
+    return row_bits[w] | (w + 1 < words ? (uint64_t)row_bits[w + 1] << 32 : 0);
+}
+
 // Forward: block (query tile, h, b); grid.x = number of query tiles, taken last first so that the
 // longest rows start first. Each warp keeps its 16 queries as A fragments and, over key tiles
 // 0 .. its own (the diagonal one), computes S = Q K^T (16 x 64), scales it (and masks it, on the
 // diagonal tile), updates the online softmax per row and adds P V into its 16 x D accumulators.
-// Key/value tiles are double-buffered: tile i + 1 is copied in while tile i is in use.
+// Key/value tiles are double-buffered: tile i + 1 is copied in while tile i is in use. On
+// statistics steps each lane also sums its columns' e^(s - m) at document starts, as it does l.
 template <int D, bool WITH_STATS>
 __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(bf16* out, float* lse, float* row_stats,
-                                                                           const bf16* qk, const bf16* qkv, int B,
-                                                                           int T, int H, int Hkv) {
+                                                                           const uint32_t* doc_bits, const bf16* qk,
+                                                                           const bf16* qkv, int B, int T, int H,
+                                                                           int Hkv) {
     static_assert(D % 32 == 0, "D must be a multiple of 32");
     constexpr int LD = D + kMmaTilePad;
     __shared__ __align__(16) bf16 k_tiles[2][kMmaTile * LD];
@@ -464,7 +483,10 @@ __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(bf16
 
     const int t_row[2] = {q_tile * kMmaTile + warp * 16 + g, q_tile * kMmaTile + warp * 16 + g + 8};
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, a[2] = {0.0f, 0.0f}, s_first[2] = {0.0f, 0.0f};
+    float doc[2] = {0.0f, 0.0f};
     float o[D / 8][4] = {};  // sum_j e^(s_tj - m) v_j: 16 rows x D as 16 x 8 blocks
+    const int words = document_start_words(T);
+    const uint32_t* row_bits = WITH_STATS && doc_bits ? doc_bits + (size_t)b * words : nullptr;  // the sequence's
     for (int k_tile_index = 0; k_tile_index <= q_tile; k_tile_index++) {
         const int j0 = k_tile_index * kMmaTile, buffer = k_tile_index % 2;
         next_kv_tiles<D, LD>(k_tiles, v_tiles, keys, values, qk_stride, qkv_stride, k_tile_index, q_tile, T);
@@ -499,6 +521,7 @@ __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(bf16
             tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
             float m_new = fmaxf(m[r], tile_max[r]);
             float rescale = online_softmax_raise_max(m[r], m_new, &l[r], &a[r]);
+            doc[r] *= rescale;
             m[r] = m_new;
 #pragma unroll
             for (int nd = 0; nd < D / 8; nd++) {
@@ -507,10 +530,12 @@ __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(bf16
             }
         }
         // Unnormalised probabilities e^(s - m) in place of the scores (0 where masked); this lane's
-        // share of l and a. A masked term is skipped in a: its 0 * (-inf) would be NaN. __expf
-        // (one ex2.approx) is within a few 1e-6 relative of expf for every term that matters (its
-        // error grows with |x|, and e^x is below 1e-9 beyond x = -20): far below bf16's 4e-3, at
-        // a third of expf's instructions. The backward kernels use it too.
+        // share of l, a and doc (bit i of tile_bits: key j0 + i starts a document). A masked term
+        // is skipped in a: its 0 * (-inf) would be NaN. __expf (one ex2.approx) is within a few
+        // 1e-6 relative of expf for every term that matters (its error grows with |x|, and e^x is
+        // below 1e-9 beyond x = -20): far below bf16's 4e-3, at a third of expf's instructions.
+        // The backward kernels use it too.
+        const uint64_t tile_bits = tile_document_starts(row_bits, j0, words);
 #pragma unroll
         for (int nb = 0; nb < kMmaTile / 8; nb++) {
 #pragma unroll
@@ -519,6 +544,7 @@ __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(bf16
                 float p = __expf(s[nb][e] - m[r]);
                 l[r] += p;
                 if (WITH_STATS && p > 0.0f) a[r] += p * (s[nb][e] - m[r]);
+                if (WITH_STATS && ((tile_bits >> (nb * 8 + 2 * c + e % 2)) & 1)) doc[r] += p;
                 s[nb][e] = p;
             }
         }
@@ -534,6 +560,8 @@ __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(bf16
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
         a[r] += __shfl_xor_sync(0xffffffffu, a[r], 1);
         a[r] += __shfl_xor_sync(0xffffffffu, a[r], 2);
+        doc[r] += __shfl_xor_sync(0xffffffffu, doc[r], 1);
+        doc[r] += __shfl_xor_sync(0xffffffffu, doc[r], 2);
         const int t = t_row[r];
         if (t < T) {
             float inv_l = 1.0f / l[r];
@@ -543,7 +571,8 @@ __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(bf16
                 *reinterpret_cast<__nv_bfloat162*>(y + nd * 8) =
                     __floats2bfloat162_rn(o[nd][2 * r] * inv_l, o[nd][2 * r + 1] * inv_l);
             if (c == 0)
-                store_row_results<WITH_STATS>(lse, row_stats, ((size_t)b * H + h) * T + t, rows, m[r], l[r], a[r], s_first[r]);
+                store_row_results<WITH_STATS>(lse, row_stats, ((size_t)b * H + h) * T + t, rows, m[r], l[r], a[r],
+                                              s_first[r], doc[r]);
         }
     }
 }
@@ -791,13 +820,15 @@ inline AttentionImpl attention_prepare(AttentionImpl impl, int B, int T, int H, 
 inline int attention_simple_blocks(long long rows) { return ceil_div(rows * 32, 128); }
 
 template <int PAIRS>
-inline void attention_forward_simple(bf16* out, float* lse, float* row_stats, const bf16* qk, const bf16* qkv, int B,
-                                     int T, int H, int Hkv, int D, cudaStream_t stream) {
+inline void attention_forward_simple(bf16* out, float* lse, float* row_stats, const uint32_t* doc_bits, const bf16* qk,
+                                     const bf16* qkv, int B, int T, int H, int Hkv, int D, cudaStream_t stream) {
     int blocks = attention_simple_blocks((long long)B * H * T);
     if (row_stats)
-        attention_forward_simple_kernel<PAIRS, true><<<blocks, 128, 0, stream>>>(out, lse, row_stats, qk, qkv, B, T, H, Hkv, D);
+        attention_forward_simple_kernel<PAIRS, true><<<blocks, 128, 0, stream>>>(out, lse, row_stats, doc_bits, qk, qkv, B,
+                                                                                 T, H, Hkv, D);
     else
-        attention_forward_simple_kernel<PAIRS, false><<<blocks, 128, 0, stream>>>(out, lse, row_stats, qk, qkv, B, T, H, Hkv, D);
+        attention_forward_simple_kernel<PAIRS, false><<<blocks, 128, 0, stream>>>(out, lse, row_stats, doc_bits, qk, qkv, B,
+                                                                                  T, H, Hkv, D);
     cuda_check_launch();
 }
 
@@ -813,23 +844,27 @@ inline void attention_backward_simple(bf16* dqk, bf16* dqkv, const float* delta,
     cuda_check_launch();
 }
 
-// out, lse (and row_stats when non-null, else no statistics are computed) from qk and qkv.
-inline void attention_forward(bf16* out, float* lse, float* row_stats, const bf16* qk, const bf16* qkv, int B, int T,
-                              int H, int Hkv, int D, cudaStream_t stream, AttentionImpl impl = ATTENTION_AUTO) {
+// out, lse (and row_stats when non-null, else no statistics are computed) from qk and qkv; the
+// statistics' document starts from doc_bits (null: none).
+inline void attention_forward(bf16* out, float* lse, float* row_stats, const uint32_t* doc_bits, const bf16* qk,
+                              const bf16* qkv, int B, int T, int H, int Hkv, int D, cudaStream_t stream,
+                              AttentionImpl impl = ATTENTION_AUTO) {
     impl = attention_prepare(impl, B, T, H, Hkv, D, {out, qk, qkv}, {lse});
     if (impl == ATTENTION_MMA) {
         dim3 grid(ceil_div(T, kMmaTile), H, B);
         if (row_stats)
-            attention_forward_mma_kernel<64, true><<<grid, kMmaThreads, 0, stream>>>(out, lse, row_stats, qk, qkv, B, T, H, Hkv);
+            attention_forward_mma_kernel<64, true>
+                <<<grid, kMmaThreads, 0, stream>>>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv);
         else
-            attention_forward_mma_kernel<64, false><<<grid, kMmaThreads, 0, stream>>>(out, lse, row_stats, qk, qkv, B, T, H, Hkv);
+            attention_forward_mma_kernel<64, false>
+                <<<grid, kMmaThreads, 0, stream>>>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv);
         cuda_check_launch();
     } else if (D <= 64) {
-        attention_forward_simple<1>(out, lse, row_stats, qk, qkv, B, T, H, Hkv, D, stream);
+        attention_forward_simple<1>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, D, stream);
     } else if (D <= 128) {
-        attention_forward_simple<2>(out, lse, row_stats, qk, qkv, B, T, H, Hkv, D, stream);
+        attention_forward_simple<2>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, D, stream);
     } else {
-        attention_forward_simple<4>(out, lse, row_stats, qk, qkv, B, T, H, Hkv, D, stream);
+        attention_forward_simple<4>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, D, stream);
     }
 }
 

@@ -26,6 +26,7 @@ struct ModelShape {
     ParamShard shard;            // its shard of the parameters (ZeRO-1): the AdamW state it keeps and updates
     TelemetrySums stats_layout;  // the layout of model_stats_sums' array
     uint32_t frozen = 0;         // the parameter kinds held fixed (config.h's frozen_kinds)
+    int eot_token = -1;          // the corpus' end-of-text token, for the document starts of the statistics (-1: none)
 };
 
 inline void model_shape_init(ModelShape& m, const ModelConfig& c, int max_B, int max_T, const Dist& dist) {

@@ -232,14 +232,27 @@ inline void qk_norm_rope_backward(float* dqkv, float* dg_q, float* dg_k, const f
     }
 }
 
+// The attention that row t of a sequence (its probabilities p) puts on the document starts s <= t
+// of the sequence (row_bits, telemetry_sums.h), summed in the order of s.
+inline float document_start_mass(const float* p, const uint32_t* row_bits, int t) {
+    float mass = 0.0f;
+    for (int w = 0; w <= t / 32; w++) {
+        uint32_t word = row_bits[w];
+        if (w == t / 32) word &= (2u << (t % 32)) - 1u;  // positions up to t only
+        for (; word; word &= word - 1) mass += p[32 * w + __builtin_ctz(word)];
+    }
+    return mass;
+}
+
 // Causal attention for one (sequence, head) at a time, as three matrix products through BLAS:
 // S = Q K^T / sqrt(D) (a T x T scratch per thread, upper triangle ignored), the causal softmax of
 // each row in place, Y = P V. Saves each row's log-sum-exp so that the backward pass can rebuild P.
 // Query head h reads key/value head h / (H / Hkv). When row_stats is not null, also keeps each
-// row's entropy, mass on position 0, largest probability and largest logit (telemetry.md) in it:
-// ATTN_NUM_ROW_STATS arrays [B, H, T], in AttentionRowStat order.
-inline void attention_forward(float* atty, float* lse, float* row_stats, const float* qk_rope, const float* qkv,
-                              int B, int T, const ModelConfig& c) {
+// row's entropy, mass on position 0, largest probability, largest logit and mass on the document
+// starts of doc_bits (telemetry.md; null: none) in it: ATTN_NUM_ROW_STATS arrays [B, H, T], in
+// AttentionRowStat order.
+inline void attention_forward(float* atty, float* lse, float* row_stats, const uint32_t* doc_bits, const float* qk_rope,
+                              const float* qkv, int B, int T, const ModelConfig& c) {
     int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, NH = H + Hkv, QKV = c.qkv_dim(), A = c.attn_dim();
     int group = c.group_size();
     float scale = 1.0f / sqrtf((float)D);
@@ -278,6 +291,8 @@ inline void attention_forward(float* atty, float* lse, float* row_stats, const f
                         row_stats[ATTN_STAT_SINK * rows + r] = row[0];
                         row_stats[ATTN_STAT_MAXP * rows + r] = inv_l;  // the largest term is e^(m - m) = 1
                         row_stats[ATTN_STAT_LOGIT_MAX * rows + r] = m;
+                        row_stats[ATTN_STAT_DOC_START * rows + r] =
+                            doc_bits ? document_start_mass(row, doc_bits + (size_t)b * document_start_words(T), t) : 0.0f;
                     }
                 }
                 float* y = atty + (size_t)b * T * A + (size_t)h * D;
@@ -434,7 +449,7 @@ inline void query_attention_sums(double* sums, const TelemetrySums& lay, int lay
     int H = c.n_head, D = c.head_dim, NH = H + c.n_kv_head, N = B * T;
     size_t rows = (size_t)B * H * T;
     for (int h = 0; h < H; h++) {
-        double qn = 0, ent = 0, sink = 0, maxp = 0;
+        double qn = 0, ent = 0, sink = 0, maxp = 0, doc = 0;
         float lmax = -INFINITY;
         for (int n = 0; n < N; n++) {
             const float* q = qk_normed + ((size_t)n * NH + h) * D;
@@ -448,6 +463,7 @@ inline void query_attention_sums(double* sums, const TelemetrySums& lay, int lay
                 ent += row_stats[ATTN_STAT_ENTROPY * rows + row];
                 sink += row_stats[ATTN_STAT_SINK * rows + row];
                 maxp += row_stats[ATTN_STAT_MAXP * rows + row];
+                doc += row_stats[ATTN_STAT_DOC_START * rows + row];
                 lmax = fmaxf(lmax, row_stats[ATTN_STAT_LOGIT_MAX * rows + row]);
             }
         double* rec = sums + lay.query(layer, h);
@@ -455,6 +471,7 @@ inline void query_attention_sums(double* sums, const TelemetrySums& lay, int lay
         rec[QS_ENTROPY] += ent;
         rec[QS_SINK] += sink;
         rec[QS_MAXP] += maxp;
+        rec[QS_DOC_START] += doc;
         double& mx = sums[lay.max_logit(layer, h)];
         mx = fmax(mx, (double)lmax);
     }
@@ -480,7 +497,11 @@ inline float model_forward(CpuModel& m, const int* tokens, const int* targets, i
 
     double* sums = m.stat_sums.data();
     const TelemetrySums& lay = m.stats_layout;
-    if (stats) sums[lay.count] += N;
+    std::vector<uint32_t> doc_bits;  // the document starts of the batch (telemetry_sums.h)
+    if (stats) {
+        sums[lay.count] += N;
+        sums[lay.doc_view] += micro_batch_document_starts(doc_bits, tokens, B, T, m.eot_token);
+    }
     ActivationDims dims = activation_dims(c, B, T, V);
     for (int l = 0; l < L; l++) {
         Activations<float> la = layer_activations(a, dims, l);  // this layer's part of each buffer
@@ -489,7 +510,7 @@ inline float model_forward(CpuModel& m, const int* tokens, const int* targets, i
         matmul_forward(la.qkv, la.ln1, param_ptr(m, P_WQ, l), N, C, QKV);  // wq, wk, wv are one matrix
         qk_norm_rope_forward(stats ? la.qk_normed : nullptr, la.qk_rope, la.qk_rstd, la.qkv, param_ptr(m, P_Q_GAIN, l),
                              param_ptr(m, P_K_GAIN, l), m.rope_cos.data(), m.rope_sin.data(), B, T, c);
-        attention_forward(la.atty, la.att_lse, stats ? la.row_stats : nullptr, la.qk_rope, la.qkv, B, T, c);
+        attention_forward(la.atty, la.att_lse, stats ? la.row_stats : nullptr, doc_bits.data(), la.qk_rope, la.qkv, B, T, c);
         if (stats) {
             key_sums(sums, lay, l, la.qk_normed, a.keys_f64, N, c);
             query_attention_sums(sums, lay, l, la.qk_normed, la.row_stats, B, T, c);

@@ -26,6 +26,7 @@ struct Options {
     float lr = 3e-3f, lr_floor = 0.1f, weight_decay = 0.1f, clip = 1.0f, beta1 = 0.9f, beta2 = 0.95f;
     int val_every = 100, val_batches = 16, ckpt_every = 0, keep = 0, stats_every = 10, shuffle = 1;
     int samples = 3, sample_tokens = 48, threads = 0, profile = 0, allow_changes = 0;
+    int eot = -1;  // the end-of-text token; -1: the tokenizer's BOS, none without a tokenizer
     long long seed = 1337;
 };
 
@@ -47,6 +48,7 @@ static constexpr OptSpec kOptions[] = {
     OPT("-k", "--tokenizer", OPT_STR, tokenizer, "SentencePiece model for the vocabulary size and sampled text (default: tokenizer.model beside the training shards)"),
     OPT("", "--data-dir", OPT_STR, data_dir, "where the default corpus is prepared and cached (relative: to the directory of ./train)"),
     OPT("", "--shuffle", OPT_INT, shuffle, "1: visit shards and windows in a seeded random order each epoch; 0: in order"),
+    OPT("", "--eot", OPT_INT, eot, "end-of-text token, the one between documents (the token after it starts one: attn_doc_start; -1: the tokenizer's BOS, which prepare_data puts before every document; none without a tokenizer)"),
     // model
     OPT("-m", "--preset", OPT_STR, preset, "model preset: d6 (default, minutes on a CPU), d12, d22 (the reports' model)"),
     OPT("", "--n-layer", OPT_INT, n_layer, "transformer blocks (overrides the preset)"),
@@ -276,6 +278,7 @@ inline Options parse_options(int argc, char** argv, std::set<std::string>& given
     need(o.sample_tokens >= 0, OPTION_LABEL("--sample-tokens"), "must not be negative");
     need(o.threads >= 0, OPTION_LABEL("--threads"), "must not be negative");
     need(o.shuffle == 0 || o.shuffle == 1, OPTION_LABEL("--shuffle"), "must be 0 or 1");
+    need(o.eot >= -1, OPTION_LABEL("--eot"), "must be a token id, or -1 (the tokenizer's BOS)");
     need(o.profile == 0 || o.profile == 1, OPTION_LABEL("--profile"), "must be 0 or 1");
     need(o.tied_embeddings == 0 || o.tied_embeddings == 1, OPTION_LABEL("--tied-embeddings"), "must be 0 or 1");
     need(o.allow_changes == 0 || o.allow_changes == 1, OPTION_LABEL("--allow-changes"), "must be 0 or 1");

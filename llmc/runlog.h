@@ -118,6 +118,10 @@ inline std::string runlog_record_table(const ModelConfig& c) {
     std::vector<std::string> step, telemetry;
     for (const auto& f : kStepFields) step.push_back(json_field(f[0], "float32", "[]", "[]", f[1]));
     for (const MetricInfo& m : kMetrics) {
+        if (m.shape == PER_STEP) {
+            telemetry.push_back(json_field(m.name, "float32", "[]", "[]", m.meaning));
+            continue;
+        }
         const char* col = metric_dim_name(m.shape);
         telemetry.push_back(json_field(m.name, "float32", strprintf("[%d, %d]", c.n_layer, metric_cols(c, m.shape)),
                                        strprintf("[\"layer\", \"%s\"]", col), m.meaning));
@@ -229,11 +233,12 @@ inline void runlog_val(RunLog& log, int64_t step, float val_loss) {
     runlog_commit(log);
 }
 
-// Every metric of kMetrics in table order, each a row-major [n_layer][cols] float32 array.
+// Every metric of kMetrics in table order, each a row-major [n_layer][cols] float32 array (one
+// float32 for a PER_STEP metric).
 inline void runlog_telemetry(RunLog& log, int64_t step, const Telemetry& t, const ModelConfig& c) {
     runlog_begin(log, REC_TELEMETRY, step);
     for (int m = 0; m < M_NUM_METRICS; m++) {
-        size_t n = (size_t)c.n_layer * metric_cols(c, kMetrics[m].shape);
+        size_t n = metric_size(c, kMetrics[m].shape);
         if (t.values[m].size() != n)
             fail("%s: telemetry metric %s holds %zu values, the model has %zu", log.path.c_str(), kMetrics[m].name,
                  t.values[m].size(), n);

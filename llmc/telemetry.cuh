@@ -79,31 +79,34 @@ __global__ void head_stats_finish_kernel(double* sums, TelemetrySums lay, const 
 }
 
 // One block per query head: sums over the B*T rows of the attention kernel's per-row statistics
-// (entropy, mass on position 0, largest probability), and the largest logit, into the sums of
-// `layer`. row_stats holds four [B, H, T] arrays.
+// (entropy, mass on position 0, largest probability, mass on document starts), and the largest
+// logit, into the sums of `layer`. row_stats holds ATTN_NUM_ROW_STATS [B, H, T] arrays.
 __global__ void attention_stats_finish_kernel(double* sums, TelemetrySums lay, const float* row_stats, int B, int T,
                                               int H, int layer) {
     __shared__ float shared[32];
     int h = blockIdx.x;
     size_t rows = (size_t)B * H * T;
-    float ent = 0.0f, sink = 0.0f, maxp = 0.0f, lmax = -INFINITY;
+    float ent = 0.0f, sink = 0.0f, maxp = 0.0f, doc = 0.0f, lmax = -INFINITY;
     for (int k = threadIdx.x; k < B * T; k += blockDim.x) {
         int b = k / T, t = k % T;
         size_t row = ((size_t)b * H + h) * T + t;
         ent += row_stats[ATTN_STAT_ENTROPY * rows + row];
         sink += row_stats[ATTN_STAT_SINK * rows + row];
         maxp += row_stats[ATTN_STAT_MAXP * rows + row];
+        doc += row_stats[ATTN_STAT_DOC_START * rows + row];
         lmax = fmaxf(lmax, row_stats[ATTN_STAT_LOGIT_MAX * rows + row]);
     }
     ent = block_sum(ent, shared);
     sink = block_sum(sink, shared);
     maxp = block_sum(maxp, shared);
+    doc = block_sum(doc, shared);
     lmax = block_max(lmax, shared);
     if (threadIdx.x == 0) {
         double* rec = sums + lay.query(layer, h);
         rec[QS_ENTROPY] += ent;
         rec[QS_SINK] += sink;
         rec[QS_MAXP] += maxp;
+        rec[QS_DOC_START] += doc;
         double& mx = sums[lay.max_logit(layer, h)];
         mx = fmax(mx, (double)lmax);
     }

@@ -17,6 +17,7 @@ enum MetricShape {
     PER_KV_HEAD,  // [n_layer][n_kv_head]
     PER_Q_HEAD,   // [n_layer][n_head]
     PER_DIM,      // [n_layer][head_dim]
+    PER_STEP,     // one value for the whole step (the log's shape [])
 };
 
 // The statistics, one line each in log order: the metric (M_<NAME>), its name in the log, its
@@ -33,6 +34,10 @@ enum MetricShape {
     X(Q_NORM, q_norm, PER_Q_HEAD, "mean L2 norm of the queries after the q norm and its gain, before RoPE")         \
     X(ATTN_ENTROPY, attn_entropy, PER_Q_HEAD, "mean entropy of an attention row, nats")                             \
     X(ATTN_SINK, attn_sink, PER_Q_HEAD, "mean attention probability on the first position")                         \
+    X(ATTN_DOC_START, attn_doc_start, PER_Q_HEAD,                                                                   \
+      "mean attention probability on document starts (positions after the end-of-text token, position 0 excluded)") \
+    X(DOC_START_VISIBLE, doc_start_visible, PER_STEP,                                                               \
+      "share of the step's queries with a document start in view, where attn_doc_start can be above 0")            \
     X(ATTN_MAXP, attn_maxp, PER_Q_HEAD, "mean over rows of the largest attention probability")                      \
     X(ATTN_LOGIT_MAX, attn_logit_max, PER_Q_HEAD, "largest attention logit q.k/sqrt(head_dim), after RoPE")         \
     X(G_Q, g_q, PER_DIM, "gain vector of the q norm (parameter q_gain)")                                            \
@@ -57,22 +62,26 @@ static constexpr MetricInfo kMetrics[M_NUM_METRICS] = {
 #undef METRIC_INFO
 };
 
-// The name of a metric's second dimension, as the log's header spells it.
+// The name of a per-layer metric's second dimension, as the log's header spells it.
 inline const char* metric_dim_name(MetricShape s) {
     return s == PER_KV_HEAD ? "kv_head" : s == PER_Q_HEAD ? "q_head" : "dim";
 }
 
+// A metric is a row-major [rows][cols] array: a row per layer, or one value (PER_STEP).
+inline int metric_rows(const ModelConfig& c, MetricShape s) { return s == PER_STEP ? 1 : c.n_layer; }
+
 inline int metric_cols(const ModelConfig& c, MetricShape s) {
-    return s == PER_KV_HEAD ? c.n_kv_head : s == PER_Q_HEAD ? c.n_head : c.head_dim;
+    return s == PER_KV_HEAD ? c.n_kv_head : s == PER_Q_HEAD ? c.n_head : s == PER_DIM ? c.head_dim : 1;
 }
 
-// One stats step's measurements: values[m] holds metric m as a row-major [n_layer][cols] array.
+inline size_t metric_size(const ModelConfig& c, MetricShape s) { return (size_t)metric_rows(c, s) * metric_cols(c, s); }
+
+// One stats step's measurements: values[m] holds metric m as a row-major [rows][cols] array.
 struct Telemetry {
     std::vector<float> values[M_NUM_METRICS];
 
     void resize(const ModelConfig& c) {
-        for (int m = 0; m < M_NUM_METRICS; m++)
-            values[m].assign((size_t)c.n_layer * metric_cols(c, kMetrics[m].shape), 0.0f);
+        for (int m = 0; m < M_NUM_METRICS; m++) values[m].assign(metric_size(c, kMetrics[m].shape), 0.0f);
     }
     float* row(int m, int layer, const ModelConfig& c) {
         return values[m].data() + (size_t)layer * metric_cols(c, kMetrics[m].shape);
@@ -122,9 +131,11 @@ inline void telemetry_from_sums(Telemetry& tm, const double* sums, const Telemet
         tm.values[M_Q_NORM][k] = (float)(r[QS_NORM] / n);
         tm.values[M_ATTN_ENTROPY][k] = (float)(r[QS_ENTROPY] / n);
         tm.values[M_ATTN_SINK][k] = (float)(r[QS_SINK] / n);
+        tm.values[M_ATTN_DOC_START][k] = (float)(r[QS_DOC_START] / n);
         tm.values[M_ATTN_MAXP][k] = (float)(r[QS_MAXP] / n);
         tm.values[M_ATTN_LOGIT_MAX][k] = (float)sums[t.max_logit(k / H, k % H)];
     }
+    tm.values[M_DOC_START_VISIBLE][0] = (float)(sums[t.doc_view] / n);
     for (int l = 0; l < L; l++)
         for (int i = 0; i < D; i++) {
             tm.row(M_G_Q, l, c)[i] = (float)sums[t.layer_gains(l) + i];

@@ -61,9 +61,18 @@ def key_statistics(K):
             mean_share.item(), effective_rank(K - mean)]
 
 
-def attention_statistics(qr, kr, c):
-    """qr [B, T, H, D], kr [B, T, Hkv, D] after RoPE. Per query head: entropy, sink, maxp, logit max,
-    from the full attention matrix in float64."""
+def document_starts(tokens, eot):
+    """[B, T] booleans: position s starts a document when s > 0 and the token before it, at s - 1,
+    is the end-of-text token (telemetry.md); position 0 never does."""
+    starts = torch.zeros(tokens.shape, dtype=torch.bool)
+    starts[:, 1:] = tokens[:, :-1] == eot
+    return starts
+
+
+def attention_statistics(qr, kr, c, starts):
+    """qr [B, T, H, D], kr [B, T, Hkv, D] after RoPE, starts [B, T] the document starts. Per query
+    head: entropy, sink, maxp, logit max, mass on document starts, from the full attention matrix
+    in float64."""
     B, T, H, D = qr.shape
     group = H // c.n_kv_head
     q = qr.double().transpose(1, 2)
@@ -74,19 +83,25 @@ def attention_statistics(qr, kr, c):
     p = torch.softmax(s_masked, dim=-1)
     plogp = torch.where(p > 0, p * p.clamp_min(1e-300).log(), torch.zeros_like(p))
     entropy = -plogp.sum(-1)  # [B, H, T]
+    on_starts = (p * starts[:, None, None, :]).sum(-1)  # [B, H, T]: p_ts = 0 for s > t
     out = []
     for h in range(H):
         logit_max = s[:, h][causal.expand(B, T, T)].max().item()
         out.append([entropy[:, h].mean().item(), p[:, h, :, 0].mean().item(),
-                    p[:, h].max(-1).values.mean().item(), logit_max])
+                    p[:, h].max(-1).values.mean().item(), logit_max, on_starts[:, h].mean().item()])
     return out
 
 
-def telemetry(p, c, taps):
-    """Every statistic of telemetry.md as float64 arrays [L, cols]."""
+ATTENTION_STATISTICS = ["attn_entropy", "attn_sink", "attn_maxp", "attn_logit_max", "attn_doc_start"]
+
+
+def telemetry(p, c, taps, tokens):
+    """Every statistic of telemetry.md as float64 arrays [L, cols] (doc_start_visible: one value)."""
     L, H, Hkv = c.n_layer, c.n_head, c.n_kv_head
+    starts = document_starts(tokens, EOT)
     stats = {name: np.zeros((L, Hkv)) for name in KEY_STATISTICS}
-    stats.update({name: np.zeros((L, H)) for name in ["q_norm", "attn_entropy", "attn_sink", "attn_maxp", "attn_logit_max"]})
+    stats.update({name: np.zeros((L, H)) for name in ["q_norm"] + ATTENTION_STATISTICS})
+    stats["doc_start_visible"] = np.array((starts.cumsum(1) > 0).double().mean().item())  # a start s <= t
     stats["g_q"] = np.zeros((L, c.head_dim))
     stats["g_k"] = np.zeros((L, c.head_dim))
     for l in range(L):
@@ -95,11 +110,11 @@ def telemetry(p, c, taps):
             K = t["k"][:, :, h, :].reshape(-1, c.head_dim)
             for name, value in zip(KEY_STATISTICS, key_statistics(K)):
                 stats[name][l, h] = value
-        att = attention_statistics(t["qr"], t["kr"], c)
+        att = attention_statistics(t["qr"], t["kr"], c, starts)
         for h in range(H):
             Q = t["q"][:, :, h, :].reshape(-1, c.head_dim).double()
             stats["q_norm"][l, h] = Q.norm(dim=1).mean().item()
-            for name, value in zip(["attn_entropy", "attn_sink", "attn_maxp", "attn_logit_max"], att[h]):
+            for name, value in zip(ATTENTION_STATISTICS, att[h]):
                 stats[name][l, h] = value
         stats["g_q"][l] = p[f"layers.{l}.q_gain"].detach().double().numpy()
         stats["g_k"][l] = p[f"layers.{l}.k_gain"].detach().double().numpy()
@@ -165,6 +180,26 @@ def read_tensorfile(path):
 
 
 # ------------------------------------------------------------------------------------------------
+# The batch's documents
+
+EOT = 1  # the end-of-text token (the corpus' BOS id, which prepare_data puts before every document)
+# Where the batch holds it, (sequence, position) of the inputs: document starts mid-window, two in
+# a row (an empty document), one at the last position (the next sequence's position 0 is no start),
+# one at position 0 (a start at 1), and a sequence without one.
+EOT_AT = [(0, 7), (0, 38), (0, 39), (1, 63), (2, 0), (2, 29)]
+
+
+def with_document_ends(seq):
+    """(tokens, targets) of the sequences seq [B, T + 1], the end-of-text token at EOT_AT and
+    nowhere else."""
+    seq = seq.clone()
+    seq[seq == EOT] = EOT + 1
+    for b, t in EOT_AT:
+        seq[b, t] = EOT
+    return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+
+
+# ------------------------------------------------------------------------------------------------
 
 def exact_state(params32, c, tokens, targets):
     """One forward/backward in float64 from float32 weights: the exact answer the float32 backends
@@ -179,12 +214,13 @@ def exact_state(params32, c, tokens, targets):
     tensors = [
         ("config", np.array([getattr(c, f) for f in CONFIG_FIELDS], dtype="<i4")),
         ("tokens", tokens.numpy().astype("<i4")),
+        ("eot", np.array([EOT], dtype="<i4")),
         ("targets", targets.numpy().astype("<i4")),
         ("logits", logits.detach().numpy().astype("<f8")),
         ("loss", np.array([loss.item()], dtype="<f8")),
         ("grads", grads.astype("<f8")),
     ]
-    tensors += [("stat." + name, value.astype("<f8")) for name, value in telemetry(p, c, taps).items()]
+    tensors += [("stat." + name, value.astype("<f8")) for name, value in telemetry(p, c, taps, tokens).items()]
     return p, tensors
 
 
@@ -237,7 +273,7 @@ def main():
     seq = pattern.repeat(B * (T + 1) // 16 + 1)[: B * (T + 1)].view(B, T + 1).clone()
     noise = torch.rand(B, T + 1, generator=g) < 0.3
     seq[noise] = torch.randint(0, c.vocab_size, (int(noise.sum()),), generator=g)
-    tokens, targets = seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+    tokens, targets = with_document_ends(seq)
     os.makedirs(args.out, exist_ok=True)
 
     # The initial state, and AdamW steps from it with the trainer's schedule; then the same for the

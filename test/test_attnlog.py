@@ -38,7 +38,8 @@ COLUMNS = {"kv_head": 2, "q_head": 4, "dim": 8}
 
 def writer_metrics():
     """[(name, dim)] of every telemetry metric in payload order, dim naming its columns ("kv_head",
-    "q_head" or "dim"): the trainer's table of metrics, as test_runlog --metrics prints it. Without
+    "q_head" or "dim"), or "scalar" for one value per step: the trainer's table of metrics, as
+    test_runlog --metrics prints it. Without
     test_runlog, none: every test that needs it then fails, saying so (run_writer)."""
     if not os.path.exists(WRITER):
         return []
@@ -49,7 +50,20 @@ def writer_metrics():
 
 METRICS = writer_metrics()
 DIM_OF = dict(METRICS)
-TELEMETRY_BYTES = 4 * 3 * sum(COLUMNS[dim] for _, dim in METRICS)
+DIM_NAMES = [name for name, _ in METRICS]
+
+
+def metric_shape(dim):
+    """The shape of a metric test_runlog writes: its 3 layers by its columns, or () for a scalar."""
+    return () if dim == "scalar" else (3, COLUMNS[dim])
+
+
+def dims_text(dim):
+    """A metric's dims as info and dump print them."""
+    return "scalar" if dim == "scalar" else f"layer x {dim}"
+
+
+TELEMETRY_BYTES = 4 * sum(int(np.prod(metric_shape(dim))) for _, dim in METRICS)
 STEP, VAL, TELEMETRY, NOTE = 1, 2, 3, 4
 
 
@@ -64,6 +78,8 @@ def val_value(step, segment):
 
 
 def metric_value(m, step, segment):
+    if METRICS[m][1] == "scalar":  # layer 0, column 0
+        return np.float64(segment * 1e6 + step * 1e5 + m * 1000 + 0.5)
     layers = np.arange(3)[:, None]
     cols = np.arange(COLUMNS[METRICS[m][1]])[None, :]
     return segment * 1e6 + step * 1e5 + m * 1000 + layers * 100 + cols + 0.5
@@ -99,7 +115,7 @@ def check_values(log, steps, missing=(), segment_of=lambda step: 0):
     for m, (name, dim) in enumerate(METRICS):
         got_steps, values = log.metric(name)
         assert got_steps.tolist() == tel_steps
-        assert values.shape == (len(tel_steps), 3, COLUMNS[dim]) and values.dtype == np.float32
+        assert values.shape == (len(tel_steps),) + metric_shape(dim) and values.dtype == np.float32
         for i, s in enumerate(tel_steps):
             np.testing.assert_array_equal(values[i], np.float32(metric_value(m, s, segment_of(s))))
 
@@ -197,7 +213,7 @@ def test_header_fields(log_path):
     for t in table[:2]:
         assert all(f["dtype"] == "float32" and f["shape"] == [] and f["meaning"] for f in t["fields"])
     assert [(f["name"], f["dtype"], f["shape"], f["dims"]) for f in table[2]["fields"]] == [
-        (name, "float32", [3, COLUMNS[dim]], ["layer", dim]) for name, dim in METRICS]
+        (name, "float32", list(metric_shape(dim)), [] if dim == "scalar" else ["layer", dim]) for name, dim in METRICS]
     assert [(f["name"], f["dtype"], f["shape"]) for f in table[3]["fields"]] == [("text", "utf8", [-1])]
 
 
@@ -480,7 +496,7 @@ def test_cli_info(log_path):
     assert "records: 10 step, 3 val, 4 telemetry, 2 note; steps 0..9\n" in out
     assert "model: vocab_size=96 n_layer=3 n_head=4 n_kv_head=2 head_dim=8" in out
     assert '  data = "C:\\\\runs\\\\\\"best\\".bin"\n' in out
-    assert "metrics: " + ", ".join(f"{name} [layer x {dim}]" for name, dim in METRICS) + "\n" in out
+    assert "metrics: " + ", ".join(f"{name} [{dims_text(dim)}]" for name, dim in METRICS) + "\n" in out
     assert out.endswith("problems: none\n")
 
 
@@ -499,7 +515,11 @@ def test_cli_dump_step(log_path):
     lines = result.stdout.splitlines()
     assert lines[:4] == ["step 0", "  loss 8.0, lr 0.0009765625, grad_norm 1.0, tokens_per_s 1000.0, ms 0.5",
                          "  val_loss 7.0", f"  note: {note_text(0, 0)}"]
-    assert lines[4] == f"  {METRICS[0][0]} [layer x {METRICS[0][1]}]" and len(lines) == 4 + len(METRICS) * (1 + 3)
+    assert lines[4] == f"  {METRICS[0][0]} [layer x {METRICS[0][1]}]"
+    assert len(lines) == 4 + sum(1 + (1 if dim == "scalar" else 3) for _, dim in METRICS)
+    name = next(name for name, dim in METRICS if dim == "scalar")  # one value, on a line of its own
+    at = lines.index(f"  {name} [scalar]")
+    assert lines[at + 1] == f"    {np.float32(metric_value(DIM_NAMES.index(name), 0, 0))}"
 
 
 def test_cli_dump_errors(log_path):
@@ -514,6 +534,10 @@ def test_cli_csv_metric(tmp_path, log_path, m):
     assert result.returncode == 0 and result.stdout == "", result.stderr
     with open(out, newline="") as f:
         rows = list(csv.reader(f))
+    if METRICS[m][1] == "scalar":  # one value per step: step,name
+        assert rows[0] == ["step", METRICS[m][0]]
+        assert [[int(a), float(v)] for a, v in rows[1:]] == [[s, np.float32(metric_value(m, s, 0))] for s in (0, 3, 6, 9)]
+        return
     assert rows[0] == ["step", "layer", "head_or_dim", "value"]
     expected = [[s, layer, col, metric_value(m, s, 0)[layer, col]]
                 for s in (0, 3, 6, 9) for layer in range(3) for col in range(COLUMNS[METRICS[m][1]])]
@@ -564,6 +588,9 @@ def expected_export(steps, segment_of=lambda step: 0):
         if has_telemetry(s):
             for m, (name, dim) in enumerate(METRICS):
                 table = np.float32(metric_value(m, s, seg))
+                if dim == "scalar":
+                    rows[name, s, -1, -1] = ("scalar", float(table))
+                    continue
                 for (layer, col), value in np.ndenumerate(table):
                     rows[name, s, layer, col] = (dim, float(value))
     return rows
@@ -628,7 +655,7 @@ def test_export_labels_and_torn_tail(tmp_path, data):
     result = run_cli("export", cut, cut, "-o", out)
     assert result.returncode == 0, result.stderr
     _, runs, count = read_export_csv(out)
-    expected = {k: v for k, v in expected_export(range(10)).items() if not (k[1] == 9 and v[0] != "scalar")}
+    expected = {k: v for k, v in expected_export(range(10)).items() if not (k[1] == 9 and k[0] in DIM_OF)}
     label = f"{tmp_path.name}/copy"
     assert runs == {label: expected, f"{label} (2)": expected} and count == 2 * len(expected)
 

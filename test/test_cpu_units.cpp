@@ -244,7 +244,7 @@ static void test_attention_statistics() {
         for (int i = c.n_head * D; i < NH * D; i++) qk_rope[(size_t)n * NH * D + i] = rng_normal(rng);
     std::vector<float> atty((size_t)N * c.d_model), lse((size_t)N * c.n_head);
     std::vector<float> row_stats((size_t)ATTN_NUM_ROW_STATS * B * c.n_head * T);
-    attention_forward(atty.data(), lse.data(), row_stats.data(), qk_rope.data(), qkv.data(), B, T, c);
+    attention_forward(atty.data(), lse.data(), row_stats.data(), nullptr, qk_rope.data(), qkv.data(), B, T, c);
     TelemetrySums lay = telemetry_sums_layout(c);
     std::vector<double> sums(lay.total);
     telemetry_sums_clear(sums.data(), lay);
@@ -263,6 +263,59 @@ static void test_attention_statistics() {
     // float32 accumulators over at most 16 equal scores: a few u32 relative (1e-7); the 1e-6
     // floor for the logit max, exactly 0. A row off by one key errs by about 1/(t+1)^2.
     check_close("uniform attention: entropy ln(t+1), maxp and sink 1/(t+1), logit max 0", got, want, 4, 1e-5, 1e-6);
+}
+
+static void test_document_starts() {
+    // Uniform attention (zero queries) over sequences whose document starts are known: row t puts
+    // 1 / (t + 1) on each of its keys, so its mass on the document starts s <= t is their count
+    // over t + 1. Token 7 is the end-of-text token. Sequence 0: 7 at 3, 4 and 15 (starts 4 and 5; 16
+    // is past the window); sequence 1: 7 at 0 (start 1); sequence 2: none, though sequence 1 ends
+    // in 7 (its position 0 is no start). Position 0 counting, or a start taken at the 7 itself
+    // instead of after it, changes the expected values below.
+    ModelConfig c = small_config();
+    int B = 3, T = 16, N = B * T, NH = c.n_head + c.n_kv_head, D = c.head_dim, eot = 7;
+    std::vector<int> tokens(N, 2);
+    for (int n : {3, 4, 15, T + 0, T + 15}) tokens[n] = eot;
+    std::vector<std::vector<int>> starts = {{4, 5}, {1}, {}};
+    std::vector<uint32_t> bits((size_t)B * document_start_words(T));
+    document_start_bits(bits.data(), tokens.data(), B, T, eot);
+    std::vector<float> qk_rope((size_t)N * NH * D, 0.0f), qkv((size_t)N * c.qkv_dim(), 0.0f);
+    std::vector<float> atty((size_t)N * c.d_model), lse((size_t)N * c.n_head);
+    size_t rows = (size_t)B * c.n_head * T;
+    std::vector<float> row_stats(ATTN_NUM_ROW_STATS * rows);
+    attention_forward(atty.data(), lse.data(), row_stats.data(), bits.data(), qk_rope.data(), qkv.data(), B, T, c);
+    std::vector<double> want_rows(rows), want_mean(c.n_head, 0.0);
+    double seen = 0;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < c.n_head; h++)
+            for (int t = 0; t < T; t++) {
+                int in_view = 0;
+                for (int s : starts[b]) in_view += s <= t;
+                want_rows[((size_t)b * c.n_head + h) * T + t] = in_view / (t + 1.0);
+                want_mean[h] += in_view / (t + 1.0) / N;
+                seen += h == 0 && in_view > 0;
+            }
+    // float32 sums of at most two probabilities 1/(t+1), each within an ulp: 1e-6 relative.
+    check_close("uniform attention: mass on document starts, row by row", row_stats.data() + ATTN_STAT_DOC_START * rows,
+                want_rows.data(), rows, 1e-6, 0);
+    TelemetrySums lay = telemetry_sums_layout(c);
+    std::vector<double> sums(lay.total);
+    telemetry_sums_clear(sums.data(), lay);
+    query_attention_sums(sums.data(), lay, 0, qk_rope.data(), row_stats.data(), B, T, c);
+    sums[lay.count] = N;
+    sums[lay.doc_view] = queries_seeing_document_start(tokens.data(), B, T, eot);
+    Telemetry tm;
+    telemetry_from_sums(tm, sums.data(), lay, c);
+    check_close("attn_doc_start: the mean over rows of the mass on document starts", tm.values[M_ATTN_DOC_START].data(),
+                want_mean.data(), c.n_head, 1e-6, 0);
+    double want_visible = seen / N, got_visible = tm.values[M_DOC_START_VISIBLE][0];
+    report(seen == (T - 4) + (T - 1) && got_visible == (float)want_visible,
+           "doc_start_visible: the share of queries with a document start in view", strprintf("%g", got_visible));
+    // Without an end-of-text token there are no document starts.
+    document_start_bits(bits.data(), tokens.data(), B, T, -1);
+    bool none = queries_seeing_document_start(tokens.data(), B, T, -1) == 0;
+    for (uint32_t w : bits) none &= w == 0;
+    report(none, "no end-of-text token: no document starts");
 }
 
 static void test_online_entropy() {
@@ -780,6 +833,7 @@ int main() {
     test_key_statistics();
     test_near_low_rank_keys();
     test_attention_statistics();
+    test_document_starts();
     test_online_entropy();
     test_lr_schedule();
     test_rng();

@@ -60,6 +60,7 @@ static void check_state(CpuModel& m, const std::string& label, const std::string
         targets[i] = (int)tensor_or_fail(ref, "targets", dbg).values[i];
     }
     model_init(m, c, B, T);
+    m.eot_token = (int)tensor_or_fail(ref, "eot", dbg).values[0];
     checkpoint_read(ckpt, m.params.data(), nullptr, nullptr);
 
     Telemetry stats;
@@ -140,6 +141,7 @@ static void check_stats_over_micro_batches(CpuModel& m, const std::string& ckpt,
     std::vector<int> tokens(tokens_t.values.begin(), tokens_t.values.end());
     ModelConfig c = checkpoint_read_header(ckpt).config;
     model_init(m, c, B, T);
+    m.eot_token = (int)tensor_or_fail(ref, "eot", dbg).values[0];
     checkpoint_read(ckpt, m.params.data(), nullptr, nullptr);
     Telemetry whole, micro, first;
     model_stats_begin(m);
@@ -164,6 +166,18 @@ static void check_stats_over_micro_batches(CpuModel& m, const std::string& ckpt,
     report(first_differs, "stats of the first micro-batch alone differ from those of the whole batch");
 }
 
+// The reference's batch holds document starts mid-window, so that attn_doc_start's check above is
+// not one of zeros: every head puts some attention on them, and some queries but not all see one.
+static void check_batch_has_document_starts(const std::string& dbg) {
+    auto ref = read_tensorfile(dbg);
+    const std::vector<double>& doc = tensor_or_fail(ref, "stat.attn_doc_start", dbg).values;
+    double visible = tensor_or_fail(ref, "stat.doc_start_visible", dbg).values[0];
+    bool every_head = !doc.empty();
+    for (double v : doc) every_head &= v > 1e-3;
+    report(every_head && visible > 0.1 && visible < 0.9, "the reference batch has document starts mid-window",
+           strprintf("doc_start_visible %.3f", visible));
+}
+
 int main(int argc, char** argv) {
     if (argc != 2) fail("usage: test_gpt_cpu REFERENCE_DIR");
     std::string dir = argv[1];
@@ -185,5 +199,6 @@ int main(int argc, char** argv) {
     check_adamw_steps(m, "qwen3 shape, untied: ", dir + "/qwen3.ckpt", dir + "/debug_qwen3.bin");
     check_adamw_steps(m, "llama3 shape, rope scaling: ", dir + "/llama3.ckpt", dir + "/debug_llama3.bin");
     check_stats_over_micro_batches(m, dir + "/trained.ckpt", dir + "/debug_trained.bin");
+    check_batch_has_document_starts(dir + "/debug_trained.bin");
     return test_exit_code();
 }

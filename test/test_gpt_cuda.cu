@@ -154,8 +154,10 @@ int main(int argc, char** argv) {
         targets[i] = (int)tensor_or_fail(ref, "targets", dbg).values[i];
     }
     size_t P = num_parameters(c);
+    int eot = (int)tensor_or_fail(ref, "eot", dbg).values[0];  // the batch's document starts follow it
     GpuModel g;
     model_init(g, c, B, T);
+    g.eot_token = eot;
 
     // The trained state: the forward pass and every statistic (from float32 keys, the Gram
     // matrices summed in float64).
@@ -206,6 +208,7 @@ int main(int argc, char** argv) {
     for (const auto& v : variants) {
         std::string vckpt = dir + "/" + v.ckpt, vdbg = dir + "/" + v.dbg;
         model_init(g, checkpoint_read_header(vckpt).config, B, T);
+        g.eot_token = eot;
         const ModelConfig& vc = g.cfg;
         check_forward(g, v.label, vckpt, vdbg, tokens, targets, B, T, stats);
         compare_gradients(g, v.label, backward_gradients(g, tokens, targets, B, T), vdbg);

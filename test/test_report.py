@@ -211,6 +211,43 @@ def test_sink_rate(made, log):
     assert f"{100 * np.mean(sink[0] > 0.3):.0f}% \u2192 {100 * np.mean(sink[-1] > 0.3):.0f}%" in text
 
 
+@pytest.fixture(scope="module")
+def lines_run(tmp_path_factory):
+    """A short run of the tiny model on the lines of docs/*.md, each a document of a few dozen tokens,
+    so that most windows hold document starts: (log, summary.json, report.md)."""
+    tmp = tmp_path_factory.mktemp("lines")
+    texts = sorted(str(p) for p in ROOT.glob("docs/*.md"))
+    run([PREPARE_BIN, "--out", tmp / "data", "--vocab", 512, "--docs", "line", *texts], "prepare_data")
+    run([TRAIN_BIN, "-i", tmp / "data" / "train_*.bin", "-j", tmp / "data" / "val_*.bin", "--n-layer", LAYERS,
+         "--n-head", HEADS, "--n-kv-head", KV_HEADS, "--d-ff", 128, "--max-seq-len", T, "-b", 4, "-x", 10, "-s", 2,
+         "-v", 0, "--val-batches", 1, "--samples", 0, "-o", tmp / "run"], "the trainer")
+    result = report(tmp / "run" / "run.attnlog")
+    assert result.returncode == 0, result.stderr
+    outdir = tmp / "run" / "report"
+    return (attnlog.open_log(tmp / "run" / "run.attnlog"), json.loads((outdir / "summary.json").read_text()),
+            (outdir / "report.md").read_text())
+
+
+def test_doc_starts_beside_the_sink(lines_run):
+    """attn_doc_start beside attn_sink, means over every query head, and the share of queries that
+    see a document start (prepare_data's BOS before every document is the end-of-text token)."""
+    log, summary, text = lines_run
+    steps, sink = log.metric("attn_sink")
+    doc, visible = log.metric("attn_doc_start")[1].mean(axis=(1, 2)), log.metric("doc_start_visible")[1]
+    d, w = summary["doc_starts"], window(steps)
+    assert d["eot"] == int(log.header["options"]["eot"]) == 1  # SentencePiece's BOS id
+    assert d["attn_sink"]["window_mean"] == close(sink.mean(axis=(1, 2))[w].mean(), **LOGGED)
+    assert d["attn_doc_start"]["first"] == close(doc[0], **LOGGED)
+    assert d["attn_doc_start"]["window_mean"] == close(doc[w].mean(), **LOGGED)
+    assert d["visible"]["last"] == close(visible[-1], **LOGGED)
+    assert 0 < visible.max() < 1 and (doc > 0).any()  # the run's windows hold document starts
+    ratio = doc[w] / visible[w] if (visible[w] > 0).all() else None  # the mean over the queries that see one
+    assert d["per_visible_query"]["window_mean"] == (None if ratio is None else close(ratio.mean(), **LOGGED))
+    assert (f"attn_doc_start {doc[w].mean():.3f}, beside attn_sink {sink.mean(axis=(1, 2))[w].mean():.3f}" in text
+            and f"{visible[w].mean():.0%} of the queries had a document start in view" in text)
+    assert "attn_doc_start, the attention on document starts" in text  # the line in sink_rate.png
+
+
 def test_hypothesis_a_spearman(made, log):
     """The 30-step run: the correlation is computed per kv head over the decision window, and the
     verdict is inconclusive, the run being too short (inside its warm-up of 40 steps)."""
@@ -346,6 +383,21 @@ def test_log_without_some_metrics(log_path, tmp_path):
     assert summary["taxonomy"]["available"] is False and "attn_sink" in summary["taxonomy"]["reason"]
     assert summary["sink_rate"]["last"] is None
     assert all(summary["hypotheses"][k]["why"] != "no data" for k in "abcd")  # they need neither
+
+
+def test_log_before_doc_starts(log_path, tmp_path):
+    """A log written before attn_doc_start and doc_start_visible: read as before, every figure made
+    (sink_rate.png without the line of document starts), the report saying they were not measured."""
+    older = tmp_path / "older.attnlog"
+    older.write_bytes(without_metrics(log_path.read_bytes(), {"attn_doc_start", "doc_start_visible"}))
+    result = report(older, "-o", tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert summary["missing_metrics"] == ["attn_doc_start"] and summary["doc_starts"] is None
+    assert summary["figures"] == {"made": FIGURES, "skipped": {}}
+    assert "Attention on document starts: not measured (the log has no attn_doc_start)." in text
+    assert "the attention on document starts" not in text
 
 
 def with_payloads(data, change):

@@ -68,7 +68,7 @@ static void write_segment(RunLog& log, int segment, int first, int last) {
         if (s % 5 == 0 || s == 9) runlog_val(log, s, seg + 7 - s / 8.0f);
         if (s % 3 == 0) {
             for (int m = 0; m < M_NUM_METRICS; m++)
-                for (int l = 0; l < c.n_layer; l++)
+                for (int l = 0; l < metric_rows(c, kMetrics[m].shape); l++)
                     for (int col = 0; col < metric_cols(c, kMetrics[m].shape); col++)
                         t.row(m, l, c)[col] = segment * 1e6f + s * 1e5f + m * 1000 + l * 100 + col + 0.5f;
             runlog_telemetry(log, s, t, c);
@@ -209,6 +209,7 @@ static void test_header() {
         R"({"name": "k_norm", "dtype": "float32", "shape": [3, 2], "dims": ["layer", "kv_head"])",
         R"({"name": "q_norm", "dtype": "float32", "shape": [3, 4], "dims": ["layer", "q_head"])",
         R"({"name": "g_k", "dtype": "float32", "shape": [3, 8], "dims": ["layer", "dim"])",
+        R"({"name": "doc_start_visible", "dtype": "float32", "shape": [], "dims": [])",
         R"({"name": "text", "dtype": "utf8", "shape": [-1], "dims": ["byte"])",
     };
     std::string missing;
@@ -487,7 +488,8 @@ static void test_append_refuses_headers_readers_reject() {
         {"metric_dims", replaced(h, R"(["layer", "kv_head"])", R"(["layer", "q_head"])"), R"("k_norm" "float32" [3, 2] ["layer", "q_head"] in the log)"},
         {"metric_dtype", replaced(h, R"("dtype": "float32", "shape": [3, 2])", R"("dtype": "float64", "shape": [3, 2])"),
          R"("k_norm" "float64" [3, 2])"},
-        {"metric_missing", replaced(h, k_pr_field, ""), "the telemetry record has 13 fields in the log, 14 in this program"},
+        {"metric_missing", replaced(h, k_pr_field, ""),
+         strprintf("the telemetry record has %d fields in the log, %d in this program", M_NUM_METRICS - 1, M_NUM_METRICS)},
         {"step_field_missing_key", replaced(h, R"({"name": "loss", "dtype": "float32", )", R"({"name": "loss", )"),
          R"(field 1 of the step record is "loss" (no dtype) [] [] in the log)"},
         {"meaning_not_text", replaced(h, R"("meaning": "learning rate the step used")", R"("meaning": 5)"),
@@ -622,11 +624,13 @@ static void test_telemetry_size_check() {
 }
 
 // Prints kMetrics, in table (= payload) order, as one JSON array of [name, dim] pairs: dim names the
-// metric's columns, "kv_head", "q_head" or "dim", as the log writer spells it in the header.
+// metric's columns, "kv_head", "q_head" or "dim", as the log writer spells it in the header, or is
+// "scalar" for a metric of one value per step.
 static void print_metrics() {
     std::string out;
     for (const MetricInfo& m : kMetrics)
-        out += (out.empty() ? "[" : ", [") + json_string(m.name) + ", " + json_string(metric_dim_name(m.shape)) + "]";
+        out += (out.empty() ? "[" : ", [") + json_string(m.name) + ", " +
+               json_string(m.shape == PER_STEP ? "scalar" : metric_dim_name(m.shape)) + "]";
     printf("[%s]\n", out.c_str());
 }
 

@@ -84,6 +84,7 @@ def test_end_to_end_run(full_run):
     vsteps, _ = log.val_loss()
     assert list(vsteps) == [2, 5]
     assert log.problems == []
+    assert log.header["options"]["eot"] == "1"  # the tokenizer's BOS, before every document of the shards
     assert "samples (temperature 0.8):" in r.stdout and "report:" in r.stdout
 
 
@@ -308,6 +309,8 @@ def test_unfinished_dataset(data, tmp_path):
     (["--freeze", "k_gain,lm_head"], ["--freeze k_gain,lm_head", "this model has no lm_head", "tied embeddings"]),
     (["--tied-embeddings", "2"], ["--tied-embeddings", "must be 0 or 1"]),
     (["--d-model", "0"], ["--d-model must be at least 1"]),
+    (["--eot", "-2"], ["--eot", "must be a token id, or -1"]),
+    (["--eot", "100000"], ["--eot 100000", "not a token of the vocabulary"]),
 ])
 def test_impossible_options(data, tmp_path, args, parts):
     out = tmp_path / "out"

@@ -5,7 +5,7 @@
 // alone cover) it feeds both implementations and the CPU the same bf16-rounded random inputs and
 // compares, per tensor, with |gpu - cpu| <= atol + rtol |cpu| per element (test/testing.h prints the
 // worst element of each) and the relative RMS error of the whole tensor:
-//   forward:  out, lse and the four row statistics;
+//   forward:  out, lse and the row statistics (the mass on document starts of random ones among them);
 //   backward: dq, dk, dv (the CPU backward gets the out and lse the GPU backward reads, so that
 //             the check sees the backward kernels alone), the untouched query/key part of dqkv,
 //             and the same bits on a second run.
@@ -129,9 +129,23 @@ struct Problem {
     Shape s;
     size_t N, qk_size, qkv_size, out_size, rows;
     std::vector<bf16> qk, qkv, dout;
+    std::vector<uint32_t> doc_bits;  // the document starts of random tokens (telemetry_sums.h)
     bf16 *d_qk, *d_qkv, *d_dout, *d_out, *d_dqk, *d_dqkv;
     float *d_lse, *d_stats, *d_delta;
+    uint32_t* d_doc_bits;
 };
+
+// Tokens 0..9 at random, 0 the end-of-text token, and one at the end of the first sequence (the
+// second's position 0 is no document start): the document starts fall anywhere, tile and word
+// boundaries included.
+static std::vector<uint32_t> random_document_starts(int B, int T, Rng& rng) {
+    std::vector<int> tokens((size_t)B * T);
+    for (int& t : tokens) t = (int)(rng_uniform(rng) * 10);
+    tokens[T - 1] = 0;
+    std::vector<uint32_t> bits((size_t)B * document_start_words(T));
+    document_start_bits(bits.data(), tokens.data(), B, T, 0);
+    return bits;
+}
 
 static Problem make_problem(const Shape& s, uint64_t seed) {
     Problem p;
@@ -150,6 +164,8 @@ static Problem make_problem(const Shape& s, uint64_t seed) {
         }
     p.qkv = random_bf16(p.qkv_size, 1.0f, rng);
     p.dout = random_bf16(p.out_size, 1.0f, rng);
+    p.doc_bits = random_document_starts(s.B, s.T, rng);
+    p.d_doc_bits = device_copy(p.doc_bits);
     p.d_qk = device_copy(p.qk);
     p.d_qkv = device_copy(p.qkv);
     p.d_dout = device_copy(p.dout);
@@ -164,7 +180,7 @@ static Problem make_problem(const Shape& s, uint64_t seed) {
 
 static void free_problem(Problem& p) {
     for (void* ptr : {(void*)p.d_qk, (void*)p.d_qkv, (void*)p.d_dout, (void*)p.d_out, (void*)p.d_dqk, (void*)p.d_dqkv,
-                      (void*)p.d_lse, (void*)p.d_stats, (void*)p.d_delta})
+                      (void*)p.d_lse, (void*)p.d_stats, (void*)p.d_delta, (void*)p.d_doc_bits})
         cudaCheck(cudaFree(ptr));
 }
 
@@ -192,7 +208,8 @@ static CpuForward cpu_forward_reference(const Problem& p) {
     r.lse.assign(p.rows, 0.0f);
     r.row_stats.assign(ATTN_NUM_ROW_STATS * p.rows, 0.0f);
     std::vector<float> qk = to_float(p.qk), qkv = to_float(p.qkv);
-    attention_forward(r.out.data(), r.lse.data(), r.row_stats.data(), qk.data(), qkv.data(), s.B, s.T, attention_config(s));
+    attention_forward(r.out.data(), r.lse.data(), r.row_stats.data(), p.doc_bits.data(), qk.data(), qkv.data(), s.B, s.T,
+                      attention_config(s));
     return r;
 }
 
@@ -204,7 +221,7 @@ static void validate(const Problem& p, const CpuForward& ref, AttentionImpl impl
     poison(p.d_out, p.out_size);
     poison(p.d_lse, p.rows);
     poison(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
-    attention_forward(p.d_out, p.d_lse, p.d_stats, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0, impl);
+    attention_forward(p.d_out, p.d_lse, p.d_stats, p.d_doc_bits, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0, impl);
     cudaCheck(cudaDeviceSynchronize());
     std::vector<bf16> out = host_copy(p.d_out, p.out_size);
     std::vector<float> lse = host_copy(p.d_lse, p.rows);
@@ -218,19 +235,23 @@ static void validate(const Problem& p, const CpuForward& ref, AttentionImpl impl
     // scores' spread |s - m| (a few units, some tens for the sharp shape): 1e-3 relative, 1e-4
     // absolute for rows whose entropy is near 0.
     // The probabilities p_t0 and max p, e^(s - lse): relative errors of |ds| + |dlse|, ~1e-4;
-    // 1e-3 relative, and 1e-6 absolute for probabilities that underflow. The largest score: one
+    // 1e-3 relative, and 1e-6 absolute for probabilities that underflow; the same for the mass on
+    // document starts, a sum of such probabilities (a start missed, or one too many, costs a whole
+    // probability, ~1/(t+1) for the flat rows, far above 1e-3 of the mass). The largest score: one
     // float32 dot product of D <= 192 bf16 terms (exact products): ~D u32 |s|, within 1e-4.
     auto ref_stat = [&](AttentionRowStat k) { return ref.row_stats.data() + k * p.rows; };
     check_close(prefix + "entropy", stats.data() + ATTN_STAT_ENTROPY * p.rows, ref_stat(ATTN_STAT_ENTROPY), p.rows, 1e-3, 1e-4);
     check_close(prefix + "p_t0", stats.data() + ATTN_STAT_SINK * p.rows, ref_stat(ATTN_STAT_SINK), p.rows, 1e-3, 1e-6);
     check_close(prefix + "max p", stats.data() + ATTN_STAT_MAXP * p.rows, ref_stat(ATTN_STAT_MAXP), p.rows, 1e-3, 1e-6);
+    check_close(prefix + "mass on document starts", stats.data() + ATTN_STAT_DOC_START * p.rows,
+                ref_stat(ATTN_STAT_DOC_START), p.rows, 1e-3, 1e-6);
     check_close(prefix + "max logit", stats.data() + ATTN_STAT_LOGIT_MAX * p.rows, ref_stat(ATTN_STAT_LOGIT_MAX), p.rows,
                 1e-4, 1e-4);
 
     // Without statistics: the same out and lse, bit for bit.
     poison(p.d_out, p.out_size);
     poison(p.d_lse, p.rows);
-    attention_forward(p.d_out, p.d_lse, nullptr, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0, impl);
+    attention_forward(p.d_out, p.d_lse, nullptr, nullptr, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0, impl);
     cudaCheck(cudaDeviceSynchronize());
     bool same = same_bits(out, host_copy(p.d_out, p.out_size)) && same_bits(lse, host_copy(p.d_lse, p.rows));
     report(same, prefix + "forward without statistics gives the same bits", same ? "" : "out or lse differ");
@@ -283,8 +304,10 @@ static void benchmark(const Shape& s) {
     for (AttentionImpl impl : {ATTENTION_MMA, ATTENTION_SIMPLE}) {
         if (impl == ATTENTION_MMA && !attention_mma_supports(s.D)) continue;
         int reps = impl == ATTENTION_MMA ? 20 : 3;
-        float fwd = time_ms([&] { attention_forward(p.d_out, p.d_lse, nullptr, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0, impl); }, reps);
-        float fwd_stats = time_ms([&] { attention_forward(p.d_out, p.d_lse, p.d_stats, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0, impl); }, reps);
+        float fwd = time_ms([&] { attention_forward(p.d_out, p.d_lse, nullptr, nullptr, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0, impl); }, reps);
+        float fwd_stats = time_ms([&] {
+            attention_forward(p.d_out, p.d_lse, p.d_stats, p.d_doc_bits, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0, impl);
+        }, reps);
         float bwd = time_ms([&] {
             attention_backward(p.d_dqk, p.d_dqkv, p.d_delta, p.d_dout, p.d_out, p.d_lse, p.d_qk, p.d_qkv, s.B, s.T, s.H,
                                s.Hkv, s.D, 0, impl);

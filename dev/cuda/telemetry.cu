@@ -27,6 +27,7 @@ static void check_layer(int B, int T, int H, int Hkv, int layer) {
         row_stats[ATTN_STAT_SINK * rows + r] = (float)rng_uniform(rng);
         row_stats[ATTN_STAT_MAXP * rows + r] = (float)rng_uniform(rng);
         row_stats[ATTN_STAT_LOGIT_MAX * rows + r] = 10.0f * rng_normal(rng);
+        row_stats[ATTN_STAT_DOC_START * rows + r] = rng_uniform(rng) < 0.5 ? 0.0f : (float)rng_uniform(rng);
     }
     std::vector<float> g_q = random_values(D, 1.0f, rng), g_k = random_values(D, 1.0f, rng);
     TelemetrySums lay = telemetry_sums_layout(c);
@@ -38,6 +39,7 @@ static void check_layer(int B, int T, int H, int Hkv, int layer) {
     std::copy(g_q.begin(), g_q.end(), want_sums.begin() + lay.gains + (size_t)layer * 2 * D);
     std::copy(g_k.begin(), g_k.end(), want_sums.begin() + lay.gains + (size_t)layer * 2 * D + D);
     want_sums[lay.count] = N;
+    want_sums[lay.doc_view] = N / 3;  // counted on the host, as the token count
     Telemetry want;
     telemetry_from_sums(want, want_sums.data(), lay, c);
 
@@ -56,12 +58,14 @@ static void check_layer(int B, int T, int H, int Hkv, int layer) {
     run_layer();
     std::vector<double> host = download(d_sums, lay.total);
     host[lay.count] = N;
+    host[lay.doc_view] = N / 3;
     Telemetry got;
     telemetry_from_sums(got, host.data(), lay, c);
     std::string tag = " B" + std::to_string(B) + " T" + std::to_string(T) + " H" + std::to_string(H) + ":" + std::to_string(Hkv);
     for (int m = 0; m < M_NUM_METRICS; m++) {
-        const float* g = got.row(m, layer, c);
-        const float* w = want.row(m, layer, c);
+        int row = kMetrics[m].shape == PER_STEP ? 0 : layer;
+        const float* g = got.row(m, row, c);
+        const float* w = want.row(m, row, c);
         int cols = metric_cols(c, kMetrics[m].shape);
         // Per-token float32 terms summed in float32 partial sums (the CPU sums them otherwise):
         // at most N u32 = 1e-3 relative for N = 16384 tokens (sqrt(N) u32 = 8e-6 typically), and
@@ -72,6 +76,7 @@ static void check_layer(int B, int T, int H, int Hkv, int layer) {
     run_layer();
     std::vector<double> again = download(d_sums, lay.total);
     again[lay.count] = N;
+    again[lay.doc_view] = N / 3;
     report(again == host, "telemetry gives the same bits twice" + tag);
     float ms = time_ms(run_layer);
     double t0 = omp_get_wtime();

@@ -29,7 +29,7 @@ SHARD_MAGIC = 20240520  # the first int32 of a token shard (llmc/dataloader.h)
 
 # The telemetry metrics this report reads; a log without one of them loses the figures that need it.
 USED_METRICS = ["k_norm", "k_maxabs", "k_pr", "k_cos", "k_erank", "k_mean_share", "k_erank_centered", "q_norm",
-                "attn_entropy", "attn_sink", "attn_maxp", "attn_logit_max", "g_q", "g_k"]
+                "attn_entropy", "attn_sink", "attn_doc_start", "attn_maxp", "attn_logit_max", "g_q", "g_k"]
 # The dims a metric's columns may have in the header's telemetry table (the rows are layers), and the
 # field of the model configuration that sizes each.
 COLUMN_SIZES = {"kv_head": "n_kv_head", "q_head": "n_head", "dim": "head_dim"}
@@ -86,11 +86,12 @@ def load_run(path, label):
     options = log.header.get("options") if isinstance(log.header.get("options"), dict) else {}
     seq_len = sequence_length(options, config)
     stats_steps = next(iter(metrics.values()))[0] if metrics else np.zeros(0, np.int64)
+    doc_view = step_value(log, "doc_start_visible", stats_steps) if "attn_doc_start" in metrics else None
     return {
         "path": str(path), "label": label, "header": log.header, "config": config, "options": options,
         "problems": problems, "notes": log.notes(), "step_range": log.step_range(),
         "L": n_layer, "H": n_head, "Hkv": n_kv, "D": head_dim,
-        "metrics": metrics, "columns": columns, "missing": missing,
+        "metrics": metrics, "columns": columns, "missing": missing, "doc_view": doc_view,
         "loss": finite_only(*loss, "training loss", problems),
         "val": finite_only(*val, "validation loss", problems),
         "stats_steps": stats_steps, "window": decision_window(stats_steps),
@@ -99,6 +100,18 @@ def load_run(path, label):
         "init": started_from(options, log.notes()), "train_tokens": training_data_size(log.header, options),
         "variant": model_variant(config, options),
     }
+
+
+def step_value(log, name, stats_steps):
+    """[S] float64: a telemetry field of one value per step (shape []) at each stats step, or None
+    when the log lacks it at any of them."""
+    field = log.record_types["telemetry"].fields.get(name)
+    if field is None or list(field["shape"]) != []:
+        return None
+    steps, table = log.metric(name)
+    if not np.isin(stats_steps, steps).all():
+        return None
+    return table[np.searchsorted(steps, stats_steps)].astype(np.float64)
 
 
 def finite_steps(metrics, problems):

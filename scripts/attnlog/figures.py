@@ -323,7 +323,8 @@ def _annotated_heatmap(fig, ax, values, cmap, vmin, vmax, colour_label, fmt="{:.
 
 def lines_and_heatmap(path, title, steps, left, right):
     """Left: curves over training; right: an annotated heatmap. left: (panel title, y label, {label:
-    curve [S]} drawn in black or, for layer groups, in the groups' styles, groups or None, y limits
+    curve [S]} drawn in black (up to four, each its own line style) or, for layer groups, in the
+    groups' styles, groups or None, y limits
     or None, reference value or None, its label). right: (panel title, values [rows, cols], x label,
     colour map, vmin, vmax, colour bar label, reference on the colour bar or None, number format)."""
     subtitle, ylabel, curves, groups, ylim, ref, ref_label = left
@@ -332,9 +333,9 @@ def lines_and_heatmap(path, title, steps, left, right):
     if groups is not None:
         _group_lines(ax, steps, curves, groups)
     else:
-        for label, curve in curves.items():
-            ax.plot(steps, curve, color="black", marker="o" if len(steps) <= FEW_STEPS else None, markersize=3.5,
-                    label=label)
+        for (label, curve), style in zip(curves.items(), ("-", "--", ":", "-.")):
+            ax.plot(steps, curve, color="black", linestyle=style, marker="o" if len(steps) <= FEW_STEPS else None,
+                    markersize=3.5, label=label)
     if ref is not None:
         _reference_line(ax, ref, ref_label)
     if ylim is not None:

@@ -419,7 +419,8 @@ class RunLog:
         return self.read("val", "val_loss")
 
     def metric(self, name):
-        """(steps [S], values [S, n_layer, cols]) of one telemetry metric."""
+        """(steps [S], values [S, n_layer, cols]) of one telemetry metric; values [S] for a metric of
+        one value per step (doc_start_visible)."""
         return self.read("telemetry", name)
 
     def metric_names(self):
@@ -809,6 +810,11 @@ def _text(values):
     return np.asarray(values).astype(str)
 
 
+def _dims_text(dims):
+    """A field's dims as info and dump show them: "layer x kv_head", or "scalar" for one value."""
+    return " x ".join(dims) or "scalar"
+
+
 def _rows(table, dims):
     """One record's field as lines of text: a line per index of its first dimension ("layer 2: 0.5
     1.5 ..." for a [layer x kv_head] table, the rest of the dimensions flattened), or its one value."""
@@ -837,7 +843,7 @@ def command_info(log, args):
     print(f"records: {counts}; " + (f"steps {span[0]}..{span[1]}" if span else "no steps"))
     metrics = log.record_types.get("telemetry")
     if metrics:
-        print("metrics: " + ", ".join(f"{name} [{' x '.join(spec['dims'])}]" for name, spec in metrics.fields.items()))
+        print("metrics: " + ", ".join(f"{name} [{_dims_text(spec['dims'])}]" for name, spec in metrics.fields.items()))
     for start, count in log.superseded:
         print(f"superseded: {count} records written for steps {start} and later before the run resumed from step "
               f"{start} (an abandoned continuation, kept in the file, left out of every read)")
@@ -878,7 +884,7 @@ def command_dump(log, args):
         dims = log.record_types["telemetry"].fields[name]["dims"]
         for step, table in zip(steps.tolist(), values):
             if args.step is None or step == args.step:  # format only the tables to be printed
-                add(step, f"  {name} [{' x '.join(dims)}]" + "".join(f"\n    {row}" for row in _rows(table, dims)))
+                add(step, f"  {name} [{_dims_text(dims)}]" + "".join(f"\n    {row}" for row in _rows(table, dims)))
     if args.step is not None and args.step not in lines:
         raise LogError(f"{log.path}: nothing recorded at step {args.step}")
     for step in sorted(lines):
@@ -886,16 +892,24 @@ def command_dump(log, args):
         print("\n".join(lines[step]))
 
 
+def _metric_columns(log, name):
+    """The header and columns of csv --metric: step,layer,head_or_dim,value for a metric of layer by
+    column, step,NAME for a metric of one value per step."""
+    steps, values = log.metric(name)
+    if values.ndim not in (1, 3):
+        raise LogError(f"{log.path}: {name} has the shape {list(values.shape[1:])}, not layer by column or one "
+                       "value (export writes every value of every shape)")
+    if values.ndim == 1:
+        return ["step", name], [steps, values]
+    n, layers, cols = values.shape
+    return (["step", "layer", "head_or_dim", "value"],
+            [np.repeat(steps, layers * cols), np.tile(np.repeat(np.arange(layers), cols), n),
+             np.tile(np.arange(cols), n * layers), values.ravel()])
+
+
 def command_csv(log, args):
     if args.metric is not None:
-        steps, values = log.metric(args.metric)
-        if values.ndim != 3:
-            raise LogError(f"{log.path}: {args.metric} has the shape {list(values.shape[1:])}, not layer by "
-                           "column (export writes every value of every shape)")
-        n, layers, cols = values.shape
-        header = ["step", "layer", "head_or_dim", "value"]
-        columns = [np.repeat(steps, layers * cols), np.tile(np.repeat(np.arange(layers), cols), n),
-                   np.tile(np.arange(cols), n * layers), values.ravel()]
+        header, columns = _metric_columns(log, args.metric)
     elif args.val:
         header = ["step", "val_loss"]
         columns = list(log.val_loss())
@@ -938,7 +952,8 @@ def command_line():
     table = commands.add_parser("csv", help="a tidy CSV table, of the step records unless told otherwise")
     table.add_argument("log", help="the run log")
     which = table.add_mutually_exclusive_group()
-    which.add_argument("--metric", help="one telemetry metric: step,layer,head_or_dim,value")
+    which.add_argument("--metric", help="one telemetry metric: step,layer,head_or_dim,value (step,NAME for one "
+                       "value per step)")
     which.add_argument("--scalars", action="store_true", help="the step records: step,loss,lr,... (the default)")
     which.add_argument("--val", action="store_true", help="the validation loss: step,val_loss")
     table.add_argument("-o", "--output", metavar="FILE", help="write here instead of to standard output")

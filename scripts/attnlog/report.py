@@ -82,6 +82,7 @@ def run_blocks(summary, made, skipped):
                      f"validation loss {number(loss['val_last'], '{:.3f}')}"
                    + (f" at step {loss['val_last_step']}." if loss["val_last_step"] is not None else ".")))
     blocks.append(("p", training_text(s)))
+    blocks.append(("p", doc_start_text(s["doc_starts"])))
 
     blocks.append(("h2", "Problems and missing data"))
     if problem_lines(s) or skipped:
@@ -185,6 +186,24 @@ def epochs_text(data):
             f"{data['tokens_seen']:,} tokens of this log's steps are {data['epochs']:.2f} epochs"
             + (": the run saw its training text more than once, and its losses and statistics are those of "
                "repeated data" if data["epochs"] > 1 else "") + ".")
+
+
+def doc_start_text(d):
+    """Attention on document starts beside attention on the window's first token (summary's doc_starts)."""
+    if d is None:
+        return "Attention on document starts: not measured (the log has no attn_doc_start)."
+    if d["eot"] is None:
+        return ("Attention on document starts: the run knew no end-of-text token (no tokenizer, no --eot), so "
+                "attn_doc_start is 0 throughout.")
+    w = {name: value["window_mean"] for name, value in d.items() if name != "eot"}
+    text = (f"Attention on document starts (the positions after the end-of-text token, id {d['eot']}), mean over "
+            f"every query head and the decision window: attn_doc_start {w['attn_doc_start']:.3f}, beside attn_sink "
+            f"{w['attn_sink']:.3f} on the window's first position, wherever in a document the window begins.")
+    if "visible" in w:
+        text += (f" {w['visible']:.0%} of the queries had a document start in view (the others count 0 in "
+                 f"attn_doc_start); over those alone the mass on document starts is "
+                 f"{number(w['per_visible_query'], '{:.3f}')}.")
+    return text
 
 
 def problem_lines(s):

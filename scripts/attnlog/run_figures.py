@@ -455,17 +455,28 @@ def figure_maxp(run, path, opts):
 def figure_sinks(run, path, opts):
     sink, rate, steps, T = values(run, "attn_sink"), sink_rate(run), run["stats_steps"], run["seq_len"]
     base = uniform_sink(T)
+    curves = {f"sink rate (query heads with attn_sink > {SINK_THRESHOLD})": 100 * rate}
+    doc = has(run, "attn_doc_start")
+    if doc:  # beside the first position, the document starts (positions after the end-of-text token)
+        mean_sink, mean_doc = sink.mean(axis=(1, 2)), values(run, "attn_doc_start").mean(axis=(1, 2))
+        curves.update({"attn_sink, mean over heads (% of attention)": 100 * mean_sink,
+                       "attn_doc_start, mean over heads (% of attention)": 100 * mean_doc})
     figures.lines_and_heatmap(path, "Attention sinks: attention mass on the first position", steps,
-                              ("sink rate", f"query heads with attn_sink > {SINK_THRESHOLD} (%)",
-                               {"all layers": 100 * rate}, None, (-3, 103), None, None),
+                              ("sink rate" + (" and attention on the first position and document starts" if doc else ""),
+                               "%", curves, None, (-3, 103), None, None),
                               (f"attn_sink at step {steps[-1]}", sink[-1], "query head", "magma_r", 0.0, 1.0,
                                f"attention mass on position 0 (line: uniform, {base:.3f})", base, "{:.2f}"))
     l, h = np.unravel_index(np.argmax(sink[-1]), sink[-1].shape)
-    return (f"Left: share of the {run['L'] * run['H']} query heads with attn_sink > {SINK_THRESHOLD}, "
-            f"{span(run)}: {100 * rate[0]:.0f}% \u2192 {100 * rate[-1]:.0f}%. Right: attn_sink of every head at "
-            f"step {steps[-1]}; the strongest sink is layer {l}, query head {h} ({sink[-1][l, h]:.2f} of its "
-            f"attention on position 0). Uniform causal attention over T = {T} puts {base:.3f} there (mean of "
-            "1/(t+1)).")
+    text = (f"Left: share of the {run['L'] * run['H']} query heads with attn_sink > {SINK_THRESHOLD}, "
+            f"{span(run)}: {100 * rate[0]:.0f}% \u2192 {100 * rate[-1]:.0f}%.")
+    if doc:
+        text += (f" Dashed: attn_sink averaged over every query head, {100 * mean_sink[0]:.1f}% \u2192 "
+                 f"{100 * mean_sink[-1]:.1f}% of the attention; dotted: attn_doc_start, the attention on document "
+                 f"starts (the positions after the end-of-text token; position 0 is attn_sink's), "
+                 f"{100 * mean_doc[0]:.1f}% \u2192 {100 * mean_doc[-1]:.1f}%.")
+    return text + (f" Right: attn_sink of every head at step {steps[-1]}; the strongest sink is layer {l}, query head "
+                   f"{h} ({sink[-1][l, h]:.2f} of its attention on position 0). Uniform causal attention over T = {T} "
+                   f"puts {base:.3f} there (mean of 1/(t+1)).")
 
 
 def figure_loss(run, path, opts):

@@ -12,7 +12,7 @@ from attnlog.analysis import (SINK_THRESHOLD, WINDOW_FRACTION, divergence_layer,
 
 
 SUMMARISED = ("k_norm", "k_maxabs", "k_cos", "k_pr", "k_erank", "k_mean_share", "k_erank_centered", "q_norm",
-              "attn_entropy", "attn_sink", "attn_maxp", "attn_logit_max")
+              "attn_entropy", "attn_sink", "attn_doc_start", "attn_maxp", "attn_logit_max")
 
 
 def group_means(run, pick):
@@ -23,6 +23,25 @@ def group_means(run, pick):
     if has(run, "q_norm", "k_norm"):
         out["qk_ratio"] = {g: float(pick(c)) for g, c in group_curves(run, qk_ratio(run)).items()}
     return out
+
+
+def doc_start_summary(run):
+    """Attention on document starts beside attention on the window's first token, over every query
+    head: {"eot", "attn_sink", "attn_doc_start", "visible", "per_visible_query"}, each {"first",
+    "last", "window_mean"}; or None for a log without attn_doc_start."""
+    if not has(run, "attn_doc_start", "attn_sink"):
+        return None
+    eot = option_int(run["options"], "eot", -1)
+    sink, doc = values(run, "attn_sink").mean(axis=(1, 2)), values(run, "attn_doc_start").mean(axis=(1, 2))
+    series = {"attn_sink": sink, "attn_doc_start": doc}
+    if run["doc_view"] is not None:  # queries without a start in view add 0 to attn_doc_start
+        visible = run["doc_view"]
+        series.update(visible=visible, per_visible_query=np.divide(doc, visible, out=np.full_like(doc, np.nan),
+                                                                   where=visible > 0))
+    window = run["window"]
+    out = {name: {"first": float(c[0]), "last": float(c[-1]), "window_mean": float(c[window].mean())}
+           for name, c in series.items()}
+    return dict(out, eot=eot if eot >= 0 else None)
 
 
 def loss_summary(run):
@@ -97,8 +116,14 @@ def summarise(run, made=None, skipped=None, opts=None):
     first_step, last_step, window_mean   {statistic: {group: mean over the group's layers and heads}}
                        at the first/last stats step and averaged over the decision window, for k_norm
                        k_maxabs k_cos k_pr k_erank k_mean_share k_erank_centered q_norm attn_entropy
-                       attn_sink attn_maxp attn_logit_max qk_ratio (those the log has)
+                       attn_sink attn_doc_start attn_maxp attn_logit_max qk_ratio (those the log has)
     sink_rate         {"threshold", "first", "last"}: share of query heads with attn_sink > threshold
+    doc_starts        {"eot": the end-of-text token (null: the run knew none), and for each of "attn_sink",
+                       "attn_doc_start" (means over every query head), "visible" (doc_start_visible: the
+                       share of queries with a document start in view) and "per_visible_query"
+                       (attn_doc_start / visible: the mean over those queries alone): {"first", "last",
+                       "window_mean"}}; visible and per_visible_query only when the log has
+                       doc_start_visible; null for a log without attn_doc_start
     hypotheses        {"a"|"b"|"c"|"d": verdicts.hypotheses: {"id", "title", "claim", "rule",
                        "statistic", "verdict" ("supported" | "contradicted" | "inconclusive"), "why"
                        ("decided" | "within the margin" | "uncertain" | "still moving" | "too little
@@ -188,6 +213,7 @@ def summarise(run, made=None, skipped=None, opts=None):
         "sink_rate": {"threshold": SINK_THRESHOLD,
                       "first": float(sink_rate(run)[0]) if has(run, "attn_sink") else None,
                       "last": float(sink_rate(run)[-1]) if has(run, "attn_sink") else None},
+        "doc_starts": doc_start_summary(run),
         "hypotheses": {h["id"]: h for h in verdicts.hypotheses(run, training)},
         "path": verdicts.verdict_path(run),
         "taxonomy": verdicts.taxonomy(run, training),
