@@ -26,7 +26,7 @@
 inline std::string runlog_config_difference(const JsonValue& logged, const ModelConfig& config) {
     for (const ConfigField& f : kConfigFields) {
         const JsonValue* v = logged.get(f.name);
-        if (!v && f.int_field == &ModelConfig::qk_norm && config.qk_norm == QK_NORM_GAIN) continue;  // logs before variants
+        if (!v && config_field_is_default(config, f)) continue;  // a log older than the field: the model it knew
         if (!v) return strprintf("the model configuration in the header has no %s", f.name);
         char* end = nullptr;
         bool same = v->kind == JsonValue::NUMBER &&

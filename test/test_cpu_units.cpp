@@ -407,7 +407,7 @@ static void test_checkpoint() {
     refused_header("impossible data order", [](CheckpointInfo& i) { i.data_order.total_batch = 20; }, "data order is impossible");
     refused_header("unknown qk_norm", [](CheckpointInfo& i) { i.config.qk_norm = 3; }, "qk_norm 3 is not");
     refused_header("unknown frozen kind", [](CheckpointInfo& i) { i.schedule.frozen = 1u << P_NUM_KINDS; },
-                   "frozen parameter mask 0x2000");
+                   strprintf("frozen parameter mask 0x%x", 1u << P_NUM_KINDS));
     ModelConfig wide = c;
     wide.n_head = 1 << 20;
     wide.head_dim = 1 << 12;  // n_head * head_dim overflows 32 bits

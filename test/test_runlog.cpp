@@ -203,7 +203,7 @@ static void test_header() {
         R"("seed": 18446744073709551615)",
         R"("backend": "cpu")",
         R"("num_processes": 3)",
-        R"("config": {"vocab_size": 96, "n_layer": 3, "n_head": 4, "n_kv_head": 2, "head_dim": 8, "d_model": 32, "d_ff": 80, "max_seq_len": 16, "rope_theta": 500000.0, "norm_eps": 1e-06, "qk_norm": 0})",
+        R"("config": {"vocab_size": 96, "n_layer": 3, "n_head": 4, "n_kv_head": 2, "head_dim": 8, "d_model": 32, "d_ff": 80, "max_seq_len": 16, "rope_theta": 500000.0, "norm_eps": 1e-06, "qk_norm": 0, "tied_embeddings": 1, "rope_factor": 0.0, "rope_low_freq_factor": 0.0, "rope_high_freq_factor": 0.0, "rope_original_max_pos": 0})",
         R"({"name": "k_norm", "dtype": "float32", "shape": [3, 2], "dims": ["layer", "kv_head"])",
         R"({"name": "q_norm", "dtype": "float32", "shape": [3, 4], "dims": ["layer", "q_head"])",
         R"({"name": "g_k", "dtype": "float32", "shape": [3, 8], "dims": ["layer", "dim"])",
