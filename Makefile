@@ -93,7 +93,7 @@ build/dev_%: dev/cuda/%.cu dev/cuda/common.h $(HEADERS) | $(DEPS_STAMP)
 	$(NVCC) $(NVCCFLAGS) $< -o $@ $(NVLDLIBS)
 endif
 
-# Fuzzing: harnesses of the checkpoint, shard and run log parsers, built with clang's libFuzzer,
+# Fuzzing: harnesses of the checkpoint, shard, run log and safetensors parsers, built with clang's libFuzzer,
 # ASan and UBSan, and with -DFAIL_THROWS: a rejected input is a normal return (test/fuzz/fuzz.h).
 # Each starts from seeds that make_seeds writes with the project's own writers.
 FUZZ_CXX ?= clang++
