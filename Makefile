@@ -70,6 +70,9 @@ build/test_runlog: test/test_runlog.cpp test/testing.h $(HEADERS) | $(DEPS_STAMP
 build/test_cpu_units: test/test_cpu_units.cpp test/testing.h $(HEADERS) | $(DEPS_STAMP)
 	$(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
 
+build/hf_logits: test/hf_logits.cpp $(HEADERS) | $(DEPS_STAMP)
+	$(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
+
 prepare_data: dev/data/prepare_data.cpp $(HEADERS) | $(DEPS_STAMP)
 	$(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
 
@@ -78,7 +81,7 @@ build/ref/debug_state.bin: test/reference.py scripts/attnlog/model_torch.py scri
 	@mkdir -p build/ref
 	PYTHONPATH=scripts $(PYTHON) test/reference.py --out build/ref
 
-TEST_BINS = build/test_gpt_cpu build/test_data build/test_runlog build/test_cpu_units prepare_data train
+TEST_BINS = build/test_gpt_cpu build/test_data build/test_runlog build/test_cpu_units build/hf_logits prepare_data train
 
 # The CUDA tests and kernel checks: built (so CI compiles them) whenever nvcc exists; they run
 # only where there is a GPU.

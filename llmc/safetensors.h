@@ -89,9 +89,11 @@ inline SafetensorsTensor safetensors_entry(const char* path, const std::string& 
     if (!offsets || offsets->kind != JsonValue::ARRAY || offsets->items.size() != 2 || !json_to_u64(offsets->items[0], &begin) ||
         !json_to_u64(offsets->items[1], &end))
         fail("%s: tensor %s has no data_offsets [begin, end]", path, n);
-    if (begin > end || end > data_bytes)
-        fail("%s: tensor %s: data_offsets [%llu, %llu] lie outside the file's %llu bytes of data", path, n,
-             (unsigned long long)begin, (unsigned long long)end, (unsigned long long)data_bytes);
+    if (begin > end) fail("%s: tensor %s: data_offsets [%llu, %llu] end before they begin", path, n, (unsigned long long)begin,
+                          (unsigned long long)end);
+    if (end > data_bytes)
+        fail("%s: tensor %s: data_offsets [%llu, %llu] run past the file's %llu bytes of data: truncated, or the header lies",
+             path, n, (unsigned long long)begin, (unsigned long long)end, (unsigned long long)data_bytes);
     t.bytes = end - begin;
     if (t.bytes != t.numel * itemsize)
         fail("%s: tensor %s: data_offsets [%llu, %llu] span %llu bytes; shape %s of %s is %llu", path, n,
