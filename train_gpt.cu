@@ -189,14 +189,8 @@ static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T, 
     Arena arena{(char*)g.memory};
     gpu_carve(g, arena);
 
-    int D = c.head_dim;
-    std::vector<float> cs((size_t)c.max_seq_len * D / 2), sn(cs.size());
-    for (int t = 0; t < c.max_seq_len; t++)
-        for (int i = 0; i < D / 2; i++) {
-            double a = rope_angle(t, i, D, c.rope_theta);
-            cs[(size_t)t * D / 2 + i] = (float)cos(a);
-            sn[(size_t)t * D / 2 + i] = (float)sin(a);
-        }
+    std::vector<float> cs((size_t)c.max_seq_len * c.head_dim / 2), sn(cs.size());
+    rope_tables(c, c.max_seq_len, cs.data(), sn.data());
     cudaCheck(cudaMemcpy(g.rope_cos, cs.data(), cs.size() * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(g.rope_sin, sn.data(), sn.size() * sizeof(float), cudaMemcpyHostToDevice));
     model_freeze(g, 0);

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+#include "math.h"
 #include "rand.h"
 #include "utils.h"
 
@@ -231,6 +232,22 @@ inline std::string config_error(const ModelConfig& c) {
     return rope_scaling_error(c);
 }
 
+// The cos and sin of RoPE's angles at positions 0..T-1, [T][D/2] each (math.h's rope_inv_freq,
+// with the configuration's scaling): the tables both backends turn the pairs by.
+inline void rope_tables(const ModelConfig& c, int T, float* cos_table, float* sin_table) {
+    int half = c.head_dim / 2;
+    std::vector<double> inv_freq(half);
+    for (int i = 0; i < half; i++)
+        inv_freq[i] = rope_inv_freq(i, c.head_dim, c.rope_theta, c.rope_factor, c.rope_low_freq_factor,
+                                    c.rope_high_freq_factor, c.rope_original_max_pos);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < half; i++) {
+            double a = rope_angle(t, inv_freq[i]);
+            cos_table[(size_t)t * half + i] = (float)cos(a);
+            sin_table[(size_t)t * half + i] = (float)sin(a);
+        }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Parameter layout. One flat float buffer holds every parameter (the checkpoint stores them in the
 // same order): the kinds of the table before the per-layer ones, then one block per layer of the
@@ -330,6 +347,9 @@ inline int param_layers(const ModelConfig& c, int kind) {
     if (param_is_per_layer(kind)) return c.n_layer;
     return kParams[kind].count == PARAM_UNTIED && c.tied_embeddings ? 0 : 1;
 }
+
+// The kind whose tensor turns the final norm's output into logits: wte when the embeddings are tied.
+inline int output_projection(const ModelConfig& c) { return c.tied_embeddings ? P_WTE : P_LM_HEAD; }
 
 // Tensors in the model, of every kind.
 inline int num_param_tensors(const ModelConfig& c) {
