@@ -545,3 +545,108 @@ def test_options_that_conflict_with_the_checkpoint(small, tmp_path):
     (folder / "config.json").unlink()
     assert_one_line_error(train_from(folder, tmp_path / "run", shard), str(folder), "without config.json")
     assert not (tmp_path / "run").exists()
+
+
+# -- round trips through scripts/export_hf.py: every bit kept ----------------------------------------
+
+def export(ckpt, out, *extra):
+    r = subprocess.run(["/usr/bin/python3", EXPORT, ckpt, out, *extra], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def import_to_checkpoint(folder, ckpt):
+    """The weights ./train -e takes from folder, as a checkpoint of ./train."""
+    config = json.loads((Path(folder) / "config.json").read_text())
+    cpp_logits(folder, tokens_for(config)[:, :4], ckpt)
+    return model_torch.read_checkpoint(ckpt)
+
+
+def config_fields(c):
+    return {k: v for k, v in vars(c).items()}
+
+
+def assert_same_checkpoint(a, b):
+    """Two checkpoints of the same configuration and the same parameters, bit for bit."""
+    (ca, pa, _), (cb, pb, _) = model_torch.read_checkpoint(a), model_torch.read_checkpoint(b)
+    assert config_fields(ca) == config_fields(cb)
+    assert list(pa) == list(pb)
+    for name in pa:
+        assert pa[name].numpy().tobytes() == pb[name].numpy().tobytes(), name
+
+
+def test_import_export_import_keeps_every_bit(model, tmp_path):
+    """Imported, exported in float32 and imported again: the same checkpoint; the export holds the
+    very values the original files hold; and the bfloat16 export of a bfloat16 model its very bytes."""
+    name, config, folder, values = model
+    c, params, _ = import_to_checkpoint(folder, tmp_path / "first.ckpt")
+    export(tmp_path / "first.ckpt", tmp_path / "exported")
+    import_to_checkpoint(tmp_path / "exported", tmp_path / "second.ckpt")
+    assert_same_checkpoint(tmp_path / "first.ckpt", tmp_path / "second.ckpt")
+    exported = stored_tensors(tmp_path / "exported" / "model.safetensors")
+    assert set(exported) == set(values)
+    for tensor, (dtype, shape, raw) in exported.items():
+        assert dtype == "F32" and shape == list(values[tensor].shape), tensor
+        assert np.array_equal(np.frombuffer(raw, "<f4").reshape(shape), values[tensor]), tensor
+    exported_config = json.loads((tmp_path / "exported" / "config.json").read_text())
+    for field in ("architectures", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                  "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "rope_theta",
+                  "tie_word_embeddings"):
+        assert exported_config[field] == config[field], field
+    assert exported_config["head_dim"] == head_dim(config)
+    assert (exported_config["rope_scaling"] or {}) == ({"rope_type": "llama3", **config["rope_scaling"]}
+                                                        if config["rope_scaling"] else {})
+    if name == "qwen3":  # stored in bfloat16
+        export(tmp_path / "first.ckpt", tmp_path / "bf16", "--dtype", "bfloat16")
+        assert stored_tensors(tmp_path / "bf16" / "model.safetensors") == stored_tensors(folder / "model.safetensors")
+
+
+def stored_tensors(path):
+    """{name: (dtype, shape, bytes)} of a safetensors file."""
+    header, data = read_file(path)
+    return {name: (e["dtype"], e["shape"], data[e["data_offsets"][0]:e["data_offsets"][1]])
+            for name, e in header.items() if name != "__metadata__"}
+
+
+REFERENCE = ROOT / "build" / "ref"
+
+
+@pytest.mark.parametrize("name", ["trained", "qwen3", "llama3", "none"])
+def test_export_import_keeps_every_bit(tmp_path, name):
+    """A checkpoint of ./train (test/reference.py's: Qwen3 with tied and untied embeddings, Llama
+    with and without Llama 3 RoPE scaling), exported in float32 and imported: the same checkpoint."""
+    ckpt = REFERENCE / f"{name}.ckpt"
+    if not ckpt.exists():
+        pytest.fail(f"{ckpt} is missing: run make build/ref/debug_state.bin")
+    export(ckpt, tmp_path / "hf")
+    import_to_checkpoint(tmp_path / "hf", tmp_path / "imported.ckpt")
+    c, params, _ = model_torch.read_checkpoint(ckpt)
+    model_torch.write_checkpoint(str(tmp_path / "original.ckpt"), c, params)  # without the run's records
+    assert_same_checkpoint(tmp_path / "original.ckpt", tmp_path / "imported.ckpt")
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_transformers_models_give_the_same_logits(tmp_path, name):
+    """Where transformers is installed: the tiny model built by transformers itself from the same
+    config (no download), given the random weights and saved with save_pretrained, imports with its
+    logits."""
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        pytest.skip("transformers is not installed: its own Qwen3 and Llama were not compared "
+                    "(the float64 implementation stood in for them)")
+    config = MODELS[name][0]
+    settings = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "torch_dtype")}
+    hf_config = transformers.AutoConfig.for_model(config["model_type"], **settings)
+    hf_config.architectures = config["architectures"]
+    model = transformers.AutoModelForCausalLM.from_config(hf_config, torch_dtype=torch.float32, attn_implementation="eager")
+    assert type(model).__name__ == config["architectures"][0]
+    weights = {k: torch.from_numpy(v) for k, v in random_weights(config, seed=1).items()}
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)  # tied: the embedding
+    model.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    tokens = tokens_for(config)
+    with torch.no_grad():
+        theirs = model.eval()(torch.from_numpy(tokens)).logits.numpy()
+    assert_close(cpp_logits(tmp_path / "hf", tokens), theirs, atol=TRANSFORMERS_ATOL)
