@@ -24,7 +24,7 @@ from tolerance import assert_close
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = Path(os.environ.get("TRAIN_BIN", ROOT / "train"))
-HF_LOGITS = ROOT / "build" / "hf_logits"
+HF_LOGITS = Path(os.environ.get("HF_LOGITS_BIN", ROOT / "build" / "hf_logits"))
 EXPORT = ROOT / "scripts" / "export_hf.py"
 
 # The CPU backend runs in float32 from the same weights the float64 implementation reads. Logits of
