@@ -17,6 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from attnlog.export_hf import hf_shapes  # noqa: E402  (the names and shapes the export writes)
+
 SHAPES = {
     "qwen3-0.6b": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936,
                    "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
@@ -27,25 +30,6 @@ SHAPES = {
                    "max_window_layers": 28},
 }
 ITEMSIZE = {"F32": 4, "BF16": 2}
-
-
-def tensor_shapes(config):
-    """(name, shape) of every tensor, in the order of the model's modules."""
-    V, C, F, D = config["vocab_size"], config["hidden_size"], config["intermediate_size"], config["head_dim"]
-    q, kv = config["num_attention_heads"] * D, config["num_key_value_heads"] * D
-    layer = [("input_layernorm", [C]), ("self_attn.q_proj", [q, C]), ("self_attn.k_proj", [kv, C]),
-             ("self_attn.v_proj", [kv, C])]
-    if config["architectures"] == ["Qwen3ForCausalLM"]:
-        layer += [("self_attn.q_norm", [D]), ("self_attn.k_norm", [D])]
-    layer += [("self_attn.o_proj", [C, q]), ("post_attention_layernorm", [C]), ("mlp.gate_proj", [F, C]),
-              ("mlp.up_proj", [F, C]), ("mlp.down_proj", [C, F])]
-    shapes = [("model.embed_tokens.weight", [V, C])]
-    for i in range(config["num_hidden_layers"]):
-        shapes += [(f"model.layers.{i}.{module}.weight", shape) for module, shape in layer]
-    shapes.append(("model.norm.weight", [C]))
-    if not config["tie_word_embeddings"]:
-        shapes.append(("lm_head.weight", [V, C]))
-    return shapes
 
 
 def encoded(values, dtype):
@@ -59,7 +43,7 @@ def encoded(values, dtype):
 def write(outdir, config, dtype, seed=0):
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    shapes = tensor_shapes(config)
+    shapes = list(hf_shapes(config).items())
     header, offset = {"__metadata__": {"format": "pt"}}, 0
     for name, shape in shapes:
         size = int(np.prod(shape)) * ITEMSIZE[dtype]

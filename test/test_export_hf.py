@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from attnlog import commands, export_hf, model_torch
+from test_hf_import import rope_inv_freq
 from tolerance import assert_close, assert_within
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -189,26 +190,6 @@ def repeat_kv(x, n_rep):
     return x[:, :, None].expand(B, Hkv, n_rep, T, D).reshape(B, Hkv * n_rep, T, D)
 
 
-def rope_inv_freq(config):
-    """The inverse frequencies of the rotary embedding, in float32 as transformers forms them: the
-    default theta^(-2i/D), with rope_scaling of type llama3 those of _compute_llama3_parameters
-    (wavelengths past original/low_freq_factor slowed by factor, those between original/high_freq_factor
-    and that blended)."""
-    D = config["head_dim"]
-    inv_freq = 1.0 / (config["rope_theta"] ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
-    s = config["rope_scaling"]
-    if s is None:
-        return inv_freq
-    factor, low, high, old = (s[k] for k in ("factor", "low_freq_factor", "high_freq_factor",
-                                             "original_max_position_embeddings"))
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
-    smooth = (old / wavelen - low) / (high - low)
-    blended = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = (wavelen >= old / high) & (wavelen <= old / low)
-    return torch.where(medium, blended, scaled)
-
-
 def hf_logits(config, weights, tokens):
     """Qwen3ForCausalLM's or LlamaForCausalLM's logits (eager attention, no cache) from config.json
     and the named weights: the two differ only by Qwen3's RMSNorm of each query and key head."""
@@ -218,8 +199,10 @@ def hf_logits(config, weights, tokens):
     qk_norm = config["architectures"] == ["Qwen3ForCausalLM"]
     assert config["architectures"] in (["Qwen3ForCausalLM"], ["LlamaForCausalLM"])
     linear = torch.nn.functional.linear
-    # The rotary embedding: angles in float32, each frequency used twice.
-    angles = torch.arange(T).float()[:, None] * rope_inv_freq(config)[None, :]
+    # The rotary embedding: the inverse frequencies (Llama 3's scaled, if so) rounded to float32 as
+    # transformers keeps them, angles in float32, each frequency used twice.
+    inv_freq = torch.from_numpy(rope_inv_freq(config)).float()
+    angles = torch.arange(T).float()[:, None] * inv_freq[None, :]
     cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
     causal = torch.full((T, T), float("-inf")).triu(1)
     x = weights["model.embed_tokens.weight"][tokens]

@@ -20,10 +20,10 @@ import pytest
 
 import attnlog
 from attnlog import export_hf, model_torch
+from test_train_cli import TRAIN, assert_one_line_error, run
 from tolerance import assert_close
 
 ROOT = Path(__file__).resolve().parent.parent
-TRAIN = Path(os.environ.get("TRAIN_BIN", ROOT / "train"))
 HF_LOGITS = Path(os.environ.get("HF_LOGITS_BIN", ROOT / "build" / "hf_logits"))
 EXPORT = ROOT / "scripts" / "export_hf.py"
 
@@ -64,21 +64,8 @@ def head_dim(config):
 
 
 def hf_shapes(config):
-    """{name: shape} of every tensor of the checkpoint, in the order transformers' modules hold them."""
-    V, C, F, D = config["vocab_size"], config["hidden_size"], config["intermediate_size"], head_dim(config)
-    q, kv = config["num_attention_heads"] * D, config["num_key_value_heads"] * D
-    layer = {"input_layernorm": [C], "self_attn.q_proj": [q, C], "self_attn.k_proj": [kv, C],
-             "self_attn.v_proj": [kv, C], "self_attn.o_proj": [C, q], "post_attention_layernorm": [C],
-             "mlp.gate_proj": [F, C], "mlp.up_proj": [F, C], "mlp.down_proj": [C, F]}
-    if config["architectures"] == ["Qwen3ForCausalLM"]:
-        layer.update({"self_attn.q_norm": [D], "self_attn.k_norm": [D]})
-    shapes = {"model.embed_tokens.weight": [V, C]}
-    for i in range(config["num_hidden_layers"]):
-        shapes.update({f"model.layers.{i}.{module}.weight": shape for module, shape in layer.items()})
-    shapes["model.norm.weight"] = [C]
-    if not config["tie_word_embeddings"]:
-        shapes["lm_head.weight"] = [V, C]
-    return shapes
+    """{name: shape} of every tensor of the checkpoint (head_dim filled in where config.json leaves it out)."""
+    return export_hf.hf_shapes(dict(config, head_dim=head_dim(config)))
 
 
 def random_weights(config, seed):
@@ -211,18 +198,6 @@ def reference_logits(config, weights, tokens, pairing="half", scaled=True):
 
 
 # -- running the import -----------------------------------------------------------------------------
-
-def run(argv):
-    return subprocess.run([str(a) for a in argv], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def assert_one_line_error(result, *parts):
-    assert result.returncode != 0, result.stdout[-2000:]
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for part in parts:
-        assert part in lines[0], (part, lines[0])
-
 
 def cpp_logits(folder, tokens, ckpt=None):
     """The CPU backend's logits for the checkpoint directory (and its weights as a checkpoint of
