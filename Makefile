@@ -76,7 +76,8 @@ build/hf_logits: test/hf_logits.cpp $(HEADERS) | $(DEPS_STAMP)
 prepare_data: dev/data/prepare_data.cpp $(HEADERS) | $(DEPS_STAMP)
 	$(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
 
-# and model.ckpt, trained.ckpt, plain.ckpt, none.ckpt, debug_{trained,plain,none,freeze}.bin
+# and model.ckpt, trained.ckpt, plain.ckpt, none.ckpt, qwen3.ckpt, llama3.ckpt,
+# debug_{trained,plain,none,freeze,qwen3,llama3}.bin
 build/ref/debug_state.bin: test/reference.py scripts/attnlog/model_torch.py scripts/attnlog/layout.py | $(TEST_DEPS_STAMP)
 	@mkdir -p build/ref
 	PYTHONPATH=scripts $(PYTHON) test/reference.py --out build/ref

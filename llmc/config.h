@@ -248,6 +248,17 @@ inline void rope_tables(const ModelConfig& c, int T, float* cos_table, float* si
         }
 }
 
+// The CUDA backend's kernels have been run with head_dim 64, d_model = n_head * head_dim, tied
+// embeddings and RoPE without scaling only: the first field of c outside those, in words, or "".
+inline std::string cuda_unsupported_field(const ModelConfig& c) {
+    if (c.head_dim != 64) return strprintf("head_dim %d (the CUDA kernels run head_dim 64 only)", c.head_dim);
+    if (c.d_model != c.attn_dim())
+        return strprintf("d_model %d apart from n_head * head_dim = %d", c.d_model, c.attn_dim());
+    if (!c.tied_embeddings) return "tied_embeddings 0 (an lm_head apart from wte)";
+    if (c.rope_factor != 0.0f) return strprintf("rope_factor %g (Llama 3 RoPE scaling)", c.rope_factor);
+    return "";
+}
+
 // ---------------------------------------------------------------------------------------------
 // Parameter layout. One flat float buffer holds every parameter (the checkpoint stores them in the
 // same order): the kinds of the table before the per-layer ones, then one block per layer of the
@@ -406,6 +417,14 @@ inline size_t param_offset(const ModelConfig& c, int kind, int l = 0) {
 // values: no update, no weight decay, no part in the gradient norm.
 constexpr uint32_t param_kind_bit(int kind) { return 1u << kind; }
 static const uint32_t kAllParamKinds = (1u << P_NUM_KINDS) - 1;
+
+// The kinds of which the model has no tensor (lm_head when the embeddings are tied), as a mask.
+inline uint32_t absent_kinds(const ModelConfig& c) {
+    uint32_t mask = 0;
+    for (int kind = 0; kind < P_NUM_KINDS; kind++)
+        if (param_layers(c, kind) == 0) mask |= param_kind_bit(kind);
+    return mask;
+}
 
 // The kinds frozen in a run: those asked for, and the gains a --qk-norm variant without gains
 // holds at 1.

@@ -28,7 +28,8 @@ SCRIPT = ROOT / "scripts" / "attnlog.py"
 # -- what test_runlog writes -------------------------------------------------------------------------
 
 CONFIG = {"vocab_size": 96, "n_layer": 3, "n_head": 4, "n_kv_head": 2, "head_dim": 8, "d_model": 32,
-          "d_ff": 80, "max_seq_len": 16, "rope_theta": 500000.0, "norm_eps": 1e-06, "qk_norm": 0}
+          "d_ff": 80, "max_seq_len": 16, "rope_theta": 500000.0, "norm_eps": 1e-06, "qk_norm": 0, "tied_embeddings": 1,
+          "rope_factor": 0.0, "rope_low_freq_factor": 0.0, "rope_high_freq_factor": 0.0, "rope_original_max_pos": 0}
 OPTIONS = {"data": 'C:\\runs\\"best".bin', "lr": "0.003", "comment": "tab\there\nnew line, ünïcode ✓",
            "control": "\x01\x1f", "bytes": "\ufffd ok"}
 SCALARS = ["loss", "lr", "grad_norm", "tokens_per_s", "ms"]
@@ -184,7 +185,7 @@ def test_header_fields(log_path):
     assert log.version == 1 and h["format"] == "attnlog" and h["version"] == 1
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", h["created"])
     assert log.config == CONFIG and list(log.config) == list(CONFIG)
-    assert all(type(log.config[k]) is int for k in CONFIG if k not in ("rope_theta", "norm_eps"))
+    assert all(type(log.config[k]) is int for k in CONFIG if k not in ("rope_theta", "norm_eps") and "factor" not in k)
     assert h["options"] == OPTIONS and list(h["options"]) == list(OPTIONS)
     assert h["seed"] == 2**64 - 1
     assert (h["backend"], h["device"]) == ("cpu", 'test device "x" \\ 2 cores')

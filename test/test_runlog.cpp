@@ -411,13 +411,16 @@ static std::string replaced(std::string s, const std::string& from, const std::s
     return s.replace(at, from.size(), to);
 }
 
-// A log written before the QK-norm variants has no qk_norm in its configuration: a run of the
-// default variant appends to it, a run of another is refused.
+// A log written before the QK-norm variants has no qk_norm in its configuration, nor the fields
+// that came after it (untied embeddings, RoPE scaling): a run of the default variant with their
+// defaults appends to it, a run of another variant, or with untied embeddings, is refused.
 static void test_append_to_a_log_before_the_variants() {
     std::string path = temp_path("before_variants.log");
     write_three_steps(path);
     std::string bytes = read_text(path);
-    std::string old = with_header(bytes, replaced(read_log(path).header, ", \"qk_norm\": 0", ""));
+    std::string later_fields = ", \"qk_norm\": 0, \"tied_embeddings\": 1, \"rope_factor\": 0.0, \"rope_low_freq_factor\": 0.0, "
+                               "\"rope_high_freq_factor\": 0.0, \"rope_original_max_pos\": 0";
+    std::string old = with_header(bytes, replaced(read_log(path).header, later_fields, ""));
     write_text(path, old);
     RunLog log = runlog_open_append(path, test_info());
     runlog_step(log, 3, 3.0f, 1e-3f, 1.0f, 100.0f, 5.0f);
@@ -429,6 +432,10 @@ static void test_append_to_a_log_before_the_variants() {
     plain.config.qk_norm = QK_NORM_PLAIN;
     ChildResult r = run_child([&] { runlog_open_append(path, plain); });
     check_user_error("append_of_plain_to_a_log_before_the_variants_refused", r, path, "has no qk_norm");
+    RunInfo untied = test_info();
+    untied.config.tied_embeddings = 0;
+    ChildResult ru = run_child([&] { runlog_open_append(path, untied); });
+    check_user_error("append_of_untied_to_a_log_before_the_field_refused", ru, path, "has no tied_embeddings");
 }
 
 static void test_append_refuses_headers_readers_reject() {
