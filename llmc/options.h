@@ -381,12 +381,15 @@ inline ModelConfig resolve_config(const Options& o, const std::set<std::string>&
     return c;
 }
 
-// The model option whose return to the preset's value shrinks the model most (or the preset
-// itself), as "--n-layer 100000": what to change when the weights do not fit.
+// What to change when the weights do not fit: the model option whose return to the preset's value
+// shrinks the model most (or the preset itself), as "model option --n-layer 100000"; "the model of
+// X" when it comes from a checkpoint or a Hugging Face directory X.
 inline std::string model_size_culprit(const Options& o, const std::set<std::string>& given, const ModelConfig& c) {
+    std::string ckpt = o.resume_ckpt.empty() ? o.init_ckpt : o.resume_ckpt;
+    if (!ckpt.empty()) return "the model of " + ckpt;
     std::string culprit = OPTION_LABEL("--preset") + (" " + o.preset);
     const Preset* p = find_preset(o.preset.c_str());
-    if (!p) return culprit;
+    if (!p) return "model option " + culprit;
     ModelConfig preset = c;
     apply_preset(preset, *p);
     size_t smallest = num_parameters(c);
@@ -400,17 +403,17 @@ inline std::string model_size_culprit(const Options& o, const std::set<std::stri
             culprit = strprintf("%s %d", option_label(f.option).c_str(), c.*f.field);
         }
     }
-    return culprit;
+    return "model option " + culprit;
 }
 
 // Stops, before anything is allocated, when the need is more than `limit` allows, naming the
-// option to change: when the weights alone do not fit, the model option (model_size_culprit);
+// option to change: when the weights alone do not fit, the model option or model (model_size_culprit);
 // else -b and -t.
 inline void check_memory(const Options& o, const std::set<std::string>& given, const ModelConfig& c,
                          const MemoryNeed& need, const MemoryLimit& limit) {
     if (need.total <= limit.bytes) return;
     if (need.weights > limit.bytes)
-        fail("model option %s: the weights, gradients and AdamW state need %.1f GB; %s has %.1f GB available",
+        fail("%s: the weights, gradients and AdamW state need %.1f GB; %s has %.1f GB available",
              model_size_culprit(o, given, c).c_str(), need.weights / 1e9, limit.where.c_str(), limit.bytes / 1e9);
     fail("options %s %d and %s: the activations need %.1f GB beside the model's %.1f GB; %s has %.1f GB available",
          OPTION_LABEL("--batch"), o.batch, OPTION_LABEL("--seq-len"), (need.total - need.weights) / 1e9, need.weights / 1e9,
@@ -422,7 +425,7 @@ inline void check_memory(const Options& o, const std::set<std::string>& given, c
 [[noreturn]] inline void fail_allocation(const Options& o, const std::set<std::string>& given, const ModelConfig& c,
                                          const MemoryNeed& need) {
     double activations = need.total - need.weights;
-    std::string culprit = need.weights >= activations ? "model option " + model_size_culprit(o, given, c)
+    std::string culprit = need.weights >= activations ? model_size_culprit(o, given, c)
                                                       : strprintf("options %s %d and %s", OPTION_LABEL("--batch"), o.batch,
                                                                   OPTION_LABEL("--seq-len"));
     fail("%s: allocating %.1f GB failed (weights, gradients and AdamW state %.1f GB, activations %.1f GB)", culprit.c_str(),

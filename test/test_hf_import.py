@@ -625,3 +625,29 @@ def test_transformers_models_give_the_same_logits(tmp_path, name):
     with torch.no_grad():
         theirs = model.eval()(torch.from_numpy(tokens)).logits.numpy()
     assert_close(cpp_logits(tmp_path / "hf", tokens), theirs, atol=TRANSFORMERS_ATOL)
+
+
+def test_a_model_too_large_for_the_memory_is_refused_before_loading(tmp_path):
+    """The memory check before allocating names the directory the model comes from: 64M parameters
+    (a 128 MB file of bfloat16 zeros) need 1 GB with their gradients and AdamW state, more than an
+    address-space limit of 1 GB leaves."""
+    import resource
+    config = dict(SMALL, vocab_size=8 << 20, num_hidden_layers=1, tie_word_embeddings=True)
+    header, offset = {}, 0
+    for name, shape in hf_shapes(config).items():
+        size = 2 * int(np.prod(shape))
+        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "model.safetensors").write_bytes(safetensors_bytes(header, bytes(offset)))
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    write_shard(tmp_path / "train.bin", np.arange(200))
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    r = subprocess.run([str(a) for a in (TRAIN, "-e", tmp_path / "hf", "-i", tmp_path / "train.bin", "-t", 8, "--device",
+                                         "cpu", "-o", tmp_path / "run")], cwd=ROOT, capture_output=True, text=True,
+                       preexec_fn=limit)
+    assert_one_line_error(r, f"the model of {tmp_path / 'hf'}: the weights, gradients and AdamW state need 1.1 GB",
+                          "the address-space limit (ulimit -v")
