@@ -482,7 +482,9 @@ static void prepare_data_and_config(Run& r) {
     if (r.have_tokenizer) tokenizer_load(&r.tok, o.tokenizer);
     r.ckpt = o.resume_ckpt.empty() ? o.init_ckpt : o.resume_ckpt;
     r.c = resolve_config(o, r.given, r.have_tokenizer ? tokenizer_vocab_size(&r.tok) : 0, r.ckpt);
-    o.qk_norm = kQkNormNames[r.c.qk_norm];  // the log's options say the variant a checkpoint brought
+    o.qk_norm = kQkNormNames[r.c.qk_norm];  // the log's options say the variant a checkpoint brought,
+    o.rope_theta = r.c.rope_theta;          // and its RoPE base and norm epsilon
+    o.norm_eps = r.c.norm_eps;
     o.tied_embeddings = r.c.tied_embeddings;
     std::string unknown;
     parse_param_kinds(o.freeze, &r.frozen, &unknown);  // checked by parse_options
