@@ -70,6 +70,9 @@ build/test_runlog: test/test_runlog.cpp test/testing.h $(HEADERS) | $(DEPS_STAMP
 build/test_cpu_units: test/test_cpu_units.cpp test/testing.h $(HEADERS) | $(DEPS_STAMP)
 	$(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
 
+build/hf_logits: test/hf_logits.cpp $(HEADERS) | $(DEPS_STAMP)
+	$(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
+
 prepare_data: dev/data/prepare_data.cpp $(HEADERS) | $(DEPS_STAMP)
 	$(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
 
@@ -79,7 +82,7 @@ build/ref/debug_state.bin: test/reference.py scripts/attnlog/model_torch.py scri
 	@mkdir -p build/ref
 	PYTHONPATH=scripts $(PYTHON) test/reference.py --out build/ref
 
-TEST_BINS = build/test_gpt_cpu build/test_data build/test_runlog build/test_cpu_units prepare_data train
+TEST_BINS = build/test_gpt_cpu build/test_data build/test_runlog build/test_cpu_units build/hf_logits prepare_data train
 
 # The reference test/test_bpe.py compares attnlog.bpe with: Hugging Face's tokenizers library, as
 # its Node.js build from npm (Debian has no Python build of it). When npm cannot fetch it, the
@@ -103,7 +106,7 @@ build/dev_%: dev/cuda/%.cu dev/cuda/common.h $(HEADERS) | $(DEPS_STAMP)
 	$(NVCC) $(NVCCFLAGS) $< -o $@ $(NVLDLIBS)
 endif
 
-# Fuzzing: harnesses of the checkpoint, shard and run log parsers, built with clang's libFuzzer,
+# Fuzzing: harnesses of the checkpoint, shard, run log and safetensors parsers, built with clang's libFuzzer,
 # ASan and UBSan, and with -DFAIL_THROWS: a rejected input is a normal return (test/fuzz/fuzz.h).
 # Each starts from seeds that make_seeds writes with the project's own writers.
 FUZZ_CXX ?= clang++

@@ -435,6 +435,7 @@ struct Run {
     ModelConfig c;
     uint32_t frozen = 0;  // the parameter kinds held fixed: --freeze and those the variant leaves unused
     int B = 0, T = 0;  // a micro-batch
+    MemoryNeed need;   // the memory start_model estimated and checked before allocating
     int accum = 0;        // micro-batches per step, over every process
     int local_accum = 0;  // of those, this process's: accum / dist.world
     DataLoader train, val;
@@ -495,7 +496,9 @@ static void prepare_data_and_config(Run& r) {
     if (o.eot >= r.c.vocab_size)
         fail("option %s %d: not a token of the vocabulary (0 to %d)", OPTION_LABEL("--eot"), o.eot, r.c.vocab_size - 1);
     if (o.eot < 0 && r.have_tokenizer) o.eot = tokenizer_bos_id(&r.tok);  // the log's options say the token used
-    o.qk_norm = kQkNormNames[r.c.qk_norm];  // the log's options say the variant a checkpoint brought
+    o.qk_norm = kQkNormNames[r.c.qk_norm];  // the log's options say the variant a checkpoint brought,
+    o.rope_theta = r.c.rope_theta;          // and its RoPE base and norm epsilon
+    o.norm_eps = r.c.norm_eps;
     o.tied_embeddings = r.c.tied_embeddings;
     std::string unknown;
     parse_param_kinds(o.freeze, &r.frozen, &unknown);  // checked by parse_options
@@ -593,6 +596,10 @@ static void load_weights(Model& m, Run& r, int* start_step, long long* data_posi
     r.folder = new_run();
     if (r.ckpt.empty()) {
         init_parameters(r.c, h.params, (uint64_t)o.seed);
+    } else if (is_directory(r.ckpt)) {  // -e of a Hugging Face directory: its weights, the AdamW state still zero
+        HfCheckpoint hf = hf_open(r.ckpt);
+        hf_read_params(hf, h.params);
+        printf("weights: %s (%s, %s), a Hugging Face checkpoint\n", r.ckpt.c_str(), hf.architecture.c_str(), hf_dtypes(hf).c_str());
     } else {
         CheckpointInfo info = checkpoint_read(r.ckpt, h.params, h.adam_m, h.adam_v);
         if (o.resume_ckpt.empty()) {  // -e: the weights only
@@ -835,12 +842,12 @@ static void on_stop_signal(int sig) {
 template <typename Model>
 static void start_model(Model& m, Run& r) {
     check_same_everywhere(r);
-    MemoryNeed need = memory_need(m, r.c, r.B, r.T, r.dist);
-    check_memory(r.o, r.given, r.c, need, memory_available(m));
+    r.need = memory_need(m, r.c, r.B, r.T, r.dist);
+    check_memory(r.o, r.given, r.c, r.need, memory_available(m));
     try {
         model_init(m, r.c, r.B, r.T, r.dist);  // sampling at the end uses at most B sequences of at most T
     } catch (const std::bad_alloc&) {
-        fail_allocation(r.o, r.given, r.c, need);
+        fail_allocation(r.o, r.given, r.c, r.need);
     }
 }
 
@@ -942,6 +949,8 @@ static int train(Model& m, Run& r) {
     if (r.writes()) runlog_close(log);
     prof.print();
     printf("done in %s; final val loss %.4f\n", format_duration(now_seconds() - run_start).c_str(), last_val);
+    if (r.on_gpu) printf("peak host memory: %.2f GB\n", peak_resident_bytes() / 1e9);
+    else printf("peak memory: %.2f GB (estimated before allocating: %.2f GB)\n", peak_resident_bytes() / 1e9, r.need.total / 1e9);
     if (r.writes()) {
         print_samples(m, r, (uint64_t)o.seed + 1);
         printf("report: /usr/bin/python3 %s/scripts/report.py %s\n", program_dir().c_str(), r.folder.log_path.c_str());

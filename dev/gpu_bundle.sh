@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds, on a machine without a GPU, everything the GPU checks need, into build/gpu/:
-#   bin/   ./train, the CUDA parity test and the dev/cuda kernel checks, for one CUDA architecture
+#   bin/   ./train, the CUDA parity test, the dev/cuda kernel checks and hf_logits (the Hugging Face
+#          import on the CPU, for the comparison with transformers), for one CUDA architecture
 #          (CUDA_ARCHS, default 90: the H100 and H200) with host code for any x86-64-v3 processor
 #   lib/   the shared libraries they link that a machine with only the CUDA toolkit lacks
 #          (OpenBLAS, SentencePiece, the Fortran runtime OpenBLAS needs, Open MPI's libraries; not
@@ -21,9 +22,9 @@ src=build/gpu_src
 archs=${CUDA_ARCHS:-90}
 rm -rf "$out" && mkdir -p "$src" "$out/bin" "$out/lib" "$out/data"
 git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$src"
-make -s -C "$src" CPU_ARCH=x86-64-v3 CUDA_ARCHS="$archs" train prepare_data build/test_gpt_cuda \
+make -s -C "$src" CPU_ARCH=x86-64-v3 CUDA_ARCHS="$archs" train prepare_data build/test_gpt_cuda build/hf_logits \
     $(for f in dev/cuda/*.cu; do echo "build/dev_$(basename "$f" .cu)"; done)
-cp "$src/train" "$src/prepare_data" "$src/build/test_gpt_cuda" "$src"/build/dev_* "$out/bin/"
+cp "$src/train" "$src/prepare_data" "$src/build/test_gpt_cuda" "$src/build/hf_logits" "$src"/build/dev_* "$out/bin/"
 strip "$out"/bin/*
 for lib in $(ldd "$out/bin/train" | awk '/openblas|sentencepiece|gfortran|quadmath|libmpi|open-rte|open-pal|hwloc|libevent/ {print $3}'); do cp -L "$lib" "$out/lib/"; done
 # The default corpus, prepared here (npm) and carried.

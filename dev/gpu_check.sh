@@ -4,7 +4,8 @@
 # check), every
 # dev/cuda kernel check, and short training runs of ./train through every path of its loop
 # (statistics, validation, checkpoints, resume, -e) and with each QK-norm variant, and the NCCL
-# path of a data-parallel run with one process. Prints a summary line per part and ends
+# path of a data-parallel run with one process, and the Hugging Face import against transformers'
+# own Qwen3 and Llama. Prints a summary line per part and ends
 # with "N passed, N failed" over the parity and kernel checks. Logs go to $OUT when it is set.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -90,5 +91,23 @@ else
         tail -3 "$logs/train_nccl.log"
         failed=$((failed + 1))
     fi
+fi
+# The Hugging Face import against transformers itself (a GPU machine's python has it): tiny Qwen3
+# and Llama models built by transformers from a config, saved, imported, their logits compared
+# (test/test_hf_import.py; the import runs on the CPU backend).
+if "${PYTHON:-python3}" -c 'import transformers, pytest' 2>/dev/null; then
+    HF_LOGITS_BIN=$g/bin/hf_logits PYTHONPATH=scripts:test "${PYTHON:-python3}" -m pytest -q -p no:cacheprovider \
+        test/test_hf_import.py -k transformers >"$logs/hf_transformers.log" 2>&1
+    hf_status=$?
+    if [ "$hf_status" -eq 0 ] && grep -qE '^2 passed' "$logs/hf_transformers.log"; then
+        echo "== transformers' Qwen3 and Llama: ok; the import gives their logits"
+        passed=$((passed + 1))
+    else
+        echo "== transformers' Qwen3 and Llama: FAILED (log: hf_transformers.log)"
+        tail -5 "$logs/hf_transformers.log"
+        failed=$((failed + 1))
+    fi
+else
+    echo "== transformers' Qwen3 and Llama: not checked (no transformers or pytest in ${PYTHON:-python3})"
 fi
 echo "$passed passed, $failed failed"

@@ -3,6 +3,7 @@
 // used by the CPU backend, the CUDA backend, the checkpoint file and the PyTorch reference.
 #pragma once
 #include <algorithm>
+#include <cctype>
 #include <cstdarg>
 #include <cstddef>
 #include <cstdio>
@@ -68,6 +69,19 @@ inline std::string names_in_words(const char* const* names, int n, bool numbered
     for (int i = 0; i < n; i++) {
         text += i == 0 ? "" : i == n - 1 ? " or " : ", ";
         text += numbered ? strprintf("%d (%s)", i, names[i]) : std::string(names[i]);
+    }
+    return text;
+}
+
+// `text` with every whole-word occurrence of `word` (not part of a longer name of letters, digits,
+// '_' or '-') replaced by `by`: "n_head 3" -> "--n-head 3", not touching "n_head_x".
+inline std::string replace_whole_word(std::string text, const std::string& word, const std::string& by) {
+    auto word_char = [](char ch) { return isalnum((unsigned char)ch) || ch == '_' || ch == '-'; };
+    for (size_t at = text.find(word); at != std::string::npos; at = text.find(word, at + 1)) {
+        bool whole = (at == 0 || !word_char(text[at - 1])) && (at + word.size() == text.size() || !word_char(text[at + word.size()]));
+        if (!whole) continue;
+        text.replace(at, word.size(), by);
+        at += by.size() - 1;
     }
     return text;
 }

@@ -101,3 +101,10 @@ inline MemoryLimit host_memory_limit() {
     tighten(limit, cgroup.bytes, cgroup.where);
     return limit;
 }
+
+// The most memory this process has held at once (its peak resident set), in bytes.
+inline double peak_resident_bytes() {
+    struct rusage usage;
+    getrusage(RUSAGE_SELF, &usage);
+    return usage.ru_maxrss * 1024.0;  // Linux counts it in kilobytes
+}

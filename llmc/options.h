@@ -13,6 +13,7 @@
 #include <string>
 #include "checkpoint.h"
 #include "config.h"
+#include "hf_checkpoint.h"
 #include "memory.h"
 #include "utils.h"
 
@@ -64,7 +65,7 @@ static constexpr OptSpec kOptions[] = {
     OPT("", "--tied-embeddings", OPT_INT, tied_embeddings, "1: wte is also the output projection; 0: an lm_head of its own (CPU only)"),
     OPT("", "--qk-norm", OPT_STR, qk_norm, "how each query and key head is normalised before RoPE:"),  // and the variants
     OPT("", "--freeze", OPT_STR, freeze, "parameter kinds kept at their initial or loaded values, comma-separated (e.g. k_gain or q_gain,k_gain)"),
-    OPT("-e", "--init", OPT_STR, init_ckpt, "start from the weights of this checkpoint (optimiser state fresh)"),
+    OPT("-e", "--init", OPT_STR, init_ckpt, "start from the weights of this checkpoint, or of a Hugging Face model directory (config.json, safetensors: Qwen3 or Llama); optimiser state fresh"),
     OPT("-r", "--resume", OPT_STR, resume_ckpt, "resume this checkpoint's run: weights, AdamW state, step, data position, log"),
     OPT("", "--allow-changes", OPT_INT, allow_changes, "1: let -r go on with training options or data other than the checkpoint's run had; the log records them. Those options:"),  // kScheduleOptions
     // optimisation
@@ -315,16 +316,10 @@ static const ModelOption kModelOptions[] = {
 // a multiple of n_kv_head 3" reads "--n-head 2 is not a multiple of --n-kv-head 3". A field of
 // kConfigFields is set by the option of the same name with dashes ("--n-head"), where there is one.
 inline std::string in_option_names(std::string text) {
-    auto word_char = [](char ch) { return isalnum((unsigned char)ch) || ch == '_' || ch == '-'; };
     for (const ConfigField& f : kConfigFields) {
-        std::string field = f.name, option = "--" + field;
+        std::string option = "--" + std::string(f.name);
         std::replace(option.begin(), option.end(), '_', '-');
-        if (option_index(option.c_str()) < 0) continue;
-        option = option_label(option.c_str());
-        for (size_t at = text.find(field); at != std::string::npos; at = text.find(field, at + 1)) {
-            bool whole = (at == 0 || !word_char(text[at - 1])) && (at + field.size() == text.size() || !word_char(text[at + field.size()]));
-            if (whole) text.replace(at, field.size(), option);
-        }
+        if (option_index(option.c_str()) >= 0) text = replace_whole_word(text, f.name, option_label(option.c_str()));
     }
     return text;
 }
@@ -336,13 +331,16 @@ inline std::string preset_names() {
     return names;
 }
 
-// The model configuration: from the checkpoint when there is one (explicit model options must
-// then agree with it), else from the preset and the explicit options.
+// The model configuration: from the checkpoint, or the Hugging Face directory of -e, when there is
+// one (explicit model options must then agree with it), else from the preset and the explicit options.
 inline ModelConfig resolve_config(const Options& o, const std::set<std::string>& given, int tokenizer_vocab,
                                   const std::string& ckpt) {
     ModelConfig c;
+    if (!o.resume_ckpt.empty() && is_directory(o.resume_ckpt))
+        fail("option %s: %s is a directory; a run resumes from a checkpoint file of ./train (%s starts from a Hugging Face "
+             "model directory)", OPTION_LABEL("--resume"), o.resume_ckpt.c_str(), OPTION_NAME("--init"));
     if (!ckpt.empty()) {
-        c = checkpoint_read_header(ckpt).config;
+        c = is_directory(ckpt) ? hf_open(ckpt).config : checkpoint_read_header(ckpt).config;
         for (const ModelOption& m : kModelOptions)
             if (o.*m.value && o.*m.value != c.*m.field)
                 fail("option %s %d does not match the checkpoint %s, which has %d", option_label(m.option).c_str(), o.*m.value,
@@ -386,12 +384,15 @@ inline ModelConfig resolve_config(const Options& o, const std::set<std::string>&
     return c;
 }
 
-// The model option whose return to the preset's value shrinks the model most (or the preset
-// itself), as "--n-layer 100000": what to change when the weights do not fit.
+// What to change when the weights do not fit: the model option whose return to the preset's value
+// shrinks the model most (or the preset itself), as "model option --n-layer 100000"; "the model of
+// X" when it comes from a checkpoint or a Hugging Face directory X.
 inline std::string model_size_culprit(const Options& o, const std::set<std::string>& given, const ModelConfig& c) {
+    std::string ckpt = o.resume_ckpt.empty() ? o.init_ckpt : o.resume_ckpt;
+    if (!ckpt.empty()) return "the model of " + ckpt;
     std::string culprit = OPTION_LABEL("--preset") + (" " + o.preset);
     const Preset* p = find_preset(o.preset.c_str());
-    if (!p) return culprit;
+    if (!p) return "model option " + culprit;
     ModelConfig preset = c;
     apply_preset(preset, *p);
     size_t smallest = num_parameters(c);
@@ -405,17 +406,17 @@ inline std::string model_size_culprit(const Options& o, const std::set<std::stri
             culprit = strprintf("%s %d", option_label(f.option).c_str(), c.*f.field);
         }
     }
-    return culprit;
+    return "model option " + culprit;
 }
 
 // Stops, before anything is allocated, when the need is more than `limit` allows, naming the
-// option to change: when the weights alone do not fit, the model option (model_size_culprit);
+// option to change: when the weights alone do not fit, the model option or model (model_size_culprit);
 // else -b and -t.
 inline void check_memory(const Options& o, const std::set<std::string>& given, const ModelConfig& c,
                          const MemoryNeed& need, const MemoryLimit& limit) {
     if (need.total <= limit.bytes) return;
     if (need.weights > limit.bytes)
-        fail("model option %s: the weights, gradients and AdamW state need %.1f GB; %s has %.1f GB available",
+        fail("%s: the weights, gradients and AdamW state need %.1f GB; %s has %.1f GB available",
              model_size_culprit(o, given, c).c_str(), need.weights / 1e9, limit.where.c_str(), limit.bytes / 1e9);
     fail("options %s %d and %s: the activations need %.1f GB beside the model's %.1f GB; %s has %.1f GB available",
          OPTION_LABEL("--batch"), o.batch, OPTION_LABEL("--seq-len"), (need.total - need.weights) / 1e9, need.weights / 1e9,
@@ -427,7 +428,7 @@ inline void check_memory(const Options& o, const std::set<std::string>& given, c
 [[noreturn]] inline void fail_allocation(const Options& o, const std::set<std::string>& given, const ModelConfig& c,
                                          const MemoryNeed& need) {
     double activations = need.total - need.weights;
-    std::string culprit = need.weights >= activations ? "model option " + model_size_culprit(o, given, c)
+    std::string culprit = need.weights >= activations ? model_size_culprit(o, given, c)
                                                       : strprintf("options %s %d and %s", OPTION_LABEL("--batch"), o.batch,
                                                                   OPTION_LABEL("--seq-len"));
     fail("%s: allocating %.1f GB failed (weights, gradients and AdamW state %.1f GB, activations %.1f GB)", culprit.c_str(),

@@ -17,6 +17,7 @@
 #include <vector>
 #include "checkpoint.h"
 #include "dataprep.h"
+#include "hf_checkpoint.h"
 #include "options.h"
 #include "runlog.h"
 #include "runlog_append.h"
@@ -250,8 +251,13 @@ inline RunLog open_run_log(const RunFolder& f, RunInfo info, const std::string& 
         runlog_note(log, f.start_step,
                     strprintf("resumed from step %lld of the run of %s", (long long)f.start_step,
                               absolute_path(f.resumed_ckpt).c_str()) + (f.changes.empty() ? "" : "; changed options: " + f.changes));
-    if (!init_ckpt.empty())  // a new run from another run's weights: say whose
+    if (!init_ckpt.empty() && is_directory(init_ckpt)) {  // a pretrained model: say which
+        HfCheckpoint hf = hf_open(init_ckpt);
+        runlog_note(log, 0, "started from the Hugging Face checkpoint " + absolute_path(init_ckpt) + " (" + hf.architecture + ", " +
+                                hf_dtypes(hf) + " weights; this log's steps count from 0 at that point)");
+    } else if (!init_ckpt.empty()) {  // a new run from another run's weights: say whose
         runlog_note(log, 0, strprintf("started from the weights of %s, trained for %lld steps (this log's steps count "
                                       "from 0 at that point)", init_ckpt.c_str(), (long long)checkpoint_read_header(init_ckpt).step));
+    }
     return log;
 }

@@ -70,7 +70,7 @@ def run_pytest(files, totals):
 
 # The fuzzing harnesses' smoke runs: each for FUZZ_SMOKE_RUNS inputs or FUZZ_SMOKE_SECONDS,
 # whichever comes first, with the options of `make fuzz` (the Makefile passes them).
-FUZZ_HARNESSES = ("checkpoint", "shard", "runlog")
+FUZZ_HARNESSES = ("checkpoint", "shard", "runlog", "safetensors")
 FUZZ_SMOKE_RUNS, FUZZ_SMOKE_SECONDS = 50000, 10
 
 

@@ -1,9 +1,11 @@
-"""scripts/export_hf.py: the export of a checkpoint is a Qwen3 model with the checkpoint's logits.
+"""scripts/export_hf.py: the export of a checkpoint is a Qwen3 or Llama model with the checkpoint's logits.
 
 The safetensors file is read back by a reader written here from the format's specification and run
-by Qwen3 as transformers defines it, implemented here from config.json and the Hugging Face names
-alone; where transformers is installed, by its own Qwen3ForCausalLM too. The checkpoints are those
-of test/reference.py: the test build's build/ref/, or made here.
+by Qwen3 and Llama as transformers defines them, implemented here from config.json and the Hugging
+Face names alone; where transformers is installed, by its own Qwen3ForCausalLM and LlamaForCausalLM
+too. The checkpoints are those of test/reference.py (the pretrained models' shapes among them:
+head_dim 128, an attention wider than d_model, untied embeddings, Llama 3 RoPE scaling): the test
+build's build/ref/, or made here.
 """
 import json
 import math
@@ -19,6 +21,7 @@ import pytest
 import torch
 
 from attnlog import commands, export_hf, model_torch
+from test_hf_import import rope_inv_freq
 from tolerance import assert_close, assert_within
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,11 +54,14 @@ def assert_one_line_error(result, *parts):
     assert all(part in lines[0] for part in parts), (parts, lines[0])
 
 
-def our_names(n_layer):
-    """{Hugging Face name: our name} of every tensor of the export; lm_head is the embedding, not written."""
+def our_names(c):
+    """{Hugging Face name: our name} of every tensor of the export: lm_head only when untied (else it
+    is the embedding), the q and k norms only for Qwen3 (Llama has none)."""
     names = {"model.embed_tokens.weight": "wte", "model.norm.weight": "final_norm"}
-    names.update({f"model.layers.{i}.{module}.weight": f"layers.{i}.{ours}"
-                  for i in range(n_layer) for module, ours in OURS.items()})
+    names.update({f"model.layers.{i}.{module}.weight": f"layers.{i}.{ours}" for i in range(c.n_layer)
+                  for module, ours in OURS.items() if c.qk_norm != "none" or not module.endswith("_norm")})
+    if not c.tied_embeddings:
+        names["lm_head.weight"] = "lm_head"
     return names
 
 
@@ -63,7 +69,7 @@ def our_names(n_layer):
 def ref(tmp_path_factory):
     """The folder of the reference checkpoints."""
     built = ROOT / "build" / "ref"
-    if all((built / f"{name}.ckpt").exists() for name in ("trained", "plain", "none")):
+    if all((built / f"{name}.ckpt").exists() for name in ("trained", "plain", "none", "qwen3", "llama3")):
         return built
     out = tmp_path_factory.mktemp("ref")
     made = subprocess.run([sys.executable, str(ROOT / "test" / "reference.py"), "--out", str(out)],
@@ -144,7 +150,7 @@ def nearest_even_bfloat16(values):
 
 def test_safetensors_holds_every_tensor_exactly(exported, trained, tmp_path):
     c, params, _, _ = trained
-    names = our_names(c.n_layer)
+    names = our_names(c)
     for dtype, code in (("float32", "F32"), ("bfloat16", "BF16")):
         tensors = read_safetensors(exported[dtype][0] / "model.safetensors")
         assert set(tensors) == set(names)
@@ -184,15 +190,18 @@ def repeat_kv(x, n_rep):
     return x[:, :, None].expand(B, Hkv, n_rep, T, D).reshape(B, Hkv * n_rep, T, D)
 
 
-def qwen3_logits(config, weights, tokens):
-    """Qwen3ForCausalLM's logits (eager attention, no cache) from config.json and the named weights."""
+def hf_logits(config, weights, tokens):
+    """Qwen3ForCausalLM's or LlamaForCausalLM's logits (eager attention, no cache) from config.json
+    and the named weights: the two differ only by Qwen3's RMSNorm of each query and key head."""
     B, T = tokens.shape
     H, Hkv, D, eps = (config[k] for k in ("num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps"))
-    assert config["tie_word_embeddings"] and not config["attention_bias"] and config["hidden_act"] == "silu"
-    assert config["rope_scaling"] is None and not config["use_sliding_window"]
+    assert not config["attention_bias"] and config["hidden_act"] == "silu" and not config.get("use_sliding_window")
+    qk_norm = config["architectures"] == ["Qwen3ForCausalLM"]
+    assert config["architectures"] in (["Qwen3ForCausalLM"], ["LlamaForCausalLM"])
     linear = torch.nn.functional.linear
-    # Qwen3RotaryEmbedding: inverse frequencies and angles in float32, each frequency used twice.
-    inv_freq = 1.0 / (config["rope_theta"] ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
+    # The rotary embedding: the inverse frequencies (Llama 3's scaled, if so) rounded to float32 as
+    # transformers keeps them, angles in float32, each frequency used twice.
+    inv_freq = torch.from_numpy(rope_inv_freq(config)).float()
     angles = torch.arange(T).float()[:, None] * inv_freq[None, :]
     cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
     causal = torch.full((T, T), float("-inf")).triu(1)
@@ -200,8 +209,11 @@ def qwen3_logits(config, weights, tokens):
     for i in range(config["num_hidden_layers"]):
         w = lambda module: weights[f"model.layers.{i}.{module}.weight"]  # noqa: E731
         h = rms_norm(x, w("input_layernorm"), eps)
-        q = rms_norm(linear(h, w("self_attn.q_proj")).view(B, T, H, D), w("self_attn.q_norm"), eps).transpose(1, 2)
-        k = rms_norm(linear(h, w("self_attn.k_proj")).view(B, T, Hkv, D), w("self_attn.k_norm"), eps).transpose(1, 2)
+        q = linear(h, w("self_attn.q_proj")).view(B, T, H, D)
+        k = linear(h, w("self_attn.k_proj")).view(B, T, Hkv, D)
+        if qk_norm:
+            q, k = rms_norm(q, w("self_attn.q_norm"), eps), rms_norm(k, w("self_attn.k_norm"), eps)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = linear(h, w("self_attn.v_proj")).view(B, T, Hkv, D).transpose(1, 2)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         k, v = repeat_kv(k, H // Hkv), repeat_kv(v, H // Hkv)
@@ -210,29 +222,77 @@ def qwen3_logits(config, weights, tokens):
         h = rms_norm(x, w("post_attention_layernorm"), eps)
         x = x + linear(torch.nn.functional.silu(linear(h, w("mlp.gate_proj"))) * linear(h, w("mlp.up_proj")),
                        w("mlp.down_proj"))
-    return linear(rms_norm(x, weights["model.norm.weight"], eps), weights["model.embed_tokens.weight"])
+    head = weights["model.embed_tokens.weight" if config["tie_word_embeddings"] else "lm_head.weight"]
+    return linear(rms_norm(x, weights["model.norm.weight"], eps), head)
 
 
 def test_qwen3_of_the_export_gives_the_checkpoints_logits(exported, trained):
     _, _, tokens, logits = trained
     config, weights = read_export(exported["float32"][0])
-    assert_close(qwen3_logits(config, weights, tokens).numpy(), logits.numpy(), atol=LOGITS_ATOL)
+    assert_close(hf_logits(config, weights, tokens).numpy(), logits.numpy(), atol=LOGITS_ATOL)
 
 
-def test_transformers_loads_the_export(exported, trained):
+def transformers_logits(folder, tokens, architecture):
+    """The logits of transformers' own model loaded from the export; skips where it is not installed."""
     try:
         import transformers
     except ImportError:
         pytest.skip("transformers is not installed: AutoModelForCausalLM did not load the export "
-                    "(the Qwen3 written here stood in for it)")
-    _, _, tokens, logits = trained
-    model, info = transformers.AutoModelForCausalLM.from_pretrained(
-        exported["float32"][0], torch_dtype=torch.float32, output_loading_info=True)
-    assert type(model).__name__ == "Qwen3ForCausalLM"
+                    "(the Qwen3 and Llama written here stood in for it)")
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32,
+                                                                    output_loading_info=True)
+    assert type(model).__name__ == architecture
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     with torch.no_grad():
-        theirs = model.eval()(tokens).logits
+        return model.eval()(tokens).logits
+
+
+def test_transformers_loads_the_export(exported, trained):
+    _, _, tokens, logits = trained
+    theirs = transformers_logits(exported["float32"][0], tokens, "Qwen3ForCausalLM")
     assert_close(theirs.numpy(), logits.numpy(), atol=LOGITS_ATOL)
+
+
+PRETRAINED_SHAPES = [("qwen3", "Qwen3ForCausalLM"), ("llama3", "LlamaForCausalLM"), ("none", "LlamaForCausalLM")]
+
+
+def export_and_run(ref, tmp_path, name):
+    """Exports the reference checkpoint `name`: (config, weights, tokens, the checkpoint's logits)."""
+    c, params, _ = model_torch.read_checkpoint(ref / f"{name}.ckpt")
+    result = run_export(ref / f"{name}.ckpt", tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    config, weights = read_export(tmp_path / "out")
+    tokens = torch.randint(0, c.vocab_size, (2, c.max_seq_len), generator=torch.Generator().manual_seed(5))
+    want, _ = model_torch.forward(params, c, tokens)
+    return c, config, weights, result.stdout, tokens, want
+
+
+@pytest.mark.parametrize("name, architecture", PRETRAINED_SHAPES)
+def test_pretrained_shapes_export_with_their_logits(ref, tmp_path, name, architecture):
+    """A Qwen3 with untied embeddings and an attention wider than d_model, a Llama with Llama 3 RoPE
+    scaling and one without: each exports as its architecture, with lm_head and rope_scaling where
+    it has them, and gives the checkpoint's logits."""
+    c, config, weights, stdout, tokens, want = export_and_run(ref, tmp_path, name)
+    count = sum(t.numel() for t in weights.values())  # Llama's unused gains are not written
+    assert stdout.splitlines()[-1].endswith(f"{architecture}, float32, {count:,} parameters")
+    assert config["architectures"] == [architecture] and set(weights) == set(our_names(c))
+    assert (config["hidden_size"], config["head_dim"], config["tie_word_embeddings"]) == (c.d_model, c.head_dim,
+                                                                                          c.tied_embeddings)
+    scaling = config["rope_scaling"]
+    assert (scaling is None) == (c.rope_factor == 0)
+    if scaling:
+        assert scaling == {"rope_type": "llama3", "factor": c.rope_factor, "low_freq_factor": c.rope_low_freq_factor,
+                           "high_freq_factor": c.rope_high_freq_factor,
+                           "original_max_position_embeddings": c.rope_original_max_pos}
+        assert config["rope_parameters"] == dict(scaling, rope_theta=config["rope_theta"])
+    assert_close(hf_logits(config, weights, tokens).numpy(), want.numpy(), atol=LOGITS_ATOL)
+
+
+@pytest.mark.parametrize("name, architecture", PRETRAINED_SHAPES)
+def test_transformers_loads_the_pretrained_shapes(ref, tmp_path, name, architecture):
+    _, _, _, _, tokens, want = export_and_run(ref, tmp_path, name)
+    theirs = transformers_logits(tmp_path / "out", tokens, architecture)
+    assert_close(theirs.numpy(), want.numpy(), atol=LOGITS_ATOL)
 
 
 def test_config_is_the_checkpoints(exported, trained):
@@ -260,12 +320,6 @@ def test_config_is_the_checkpoints(exported, trained):
         assert (config["rms_norm_eps"], config["rope_theta"]) == (eps, theta)
 
 
-def test_qk_norm_none_is_refused(ref, tmp_path):
-    result = run_export(ref / "none.ckpt", tmp_path / "out")
-    assert_one_line_error(result, "none.ckpt", "--qk-norm none")
-    assert not (tmp_path / "out").exists()
-
-
 def test_qk_norm_plain_exports_with_unit_norm_weights(ref, tmp_path):
     """A --qk-norm plain model is Qwen3 with q_norm and k_norm weights 1: written as 1 even where the
     checkpoint holds other values at the unused gains, the export gives the checkpoint's logits."""
@@ -278,7 +332,7 @@ def test_qk_norm_plain_exports_with_unit_norm_weights(ref, tmp_path):
     assert all(torch.all(t == 1) for name, t in weights.items() if name.endswith(("q_norm.weight", "k_norm.weight")))
     tokens = torch.randint(0, c.vocab_size, (2, c.max_seq_len), generator=torch.Generator().manual_seed(3))
     want, _ = model_torch.forward(params, c, tokens)
-    assert_close(qwen3_logits(config, weights, tokens).numpy(), want.numpy(), atol=LOGITS_ATOL)
+    assert_close(hf_logits(config, weights, tokens).numpy(), want.numpy(), atol=LOGITS_ATOL)
 
 
 def test_bad_checkpoint_or_outdir_leaves_nothing(ref, tmp_path):
@@ -312,7 +366,7 @@ def test_failed_write_leaves_no_partial_model(ref, tmp_path, monkeypatch):
 def test_bfloat16_logits_are_close(exported, trained):
     _, _, tokens, logits = trained
     config, weights = read_export(exported["bfloat16"][0])
-    rounded = qwen3_logits(config, weights, tokens)
+    rounded = hf_logits(config, weights, tokens)
     # bfloat16 keeps 8 significant bits: each weight moves by at most 2^-8 (0.39%) of itself, about
     # 0.16% RMS. On this checkpoint weights moved at random by a relative RMS e move the logits (up
     # to 17.2) by up to ~60 e (0.14 for e = 0.23%), so the rounding by ~0.1: 0.097 measured, 0.56% of

@@ -1,21 +1,25 @@
-"""Exports a checkpoint of ./train as a Hugging Face transformers model (Qwen3ForCausalLM).
+"""Exports a checkpoint of ./train as a Hugging Face transformers model (Qwen3ForCausalLM or LlamaForCausalLM).
 
     attnlog-export-hf CKPT OUTDIR [--dtype float32|bfloat16] [--tokenizer FILE]
 
 (or /usr/bin/python3 scripts/export_hf.py from the checkout).
 
 The model of docs/model.md is Qwen3's architecture: pre-norm RMSNorm blocks, a per-head RMSNorm of
-queries and keys with learnable gains before rotate-half RoPE, grouped-query attention, a SwiGLU MLP,
-tied embeddings and no biases. A checkpoint trained with --qk-norm gain (the default) therefore
-becomes a Qwen3 model by renaming its tensors; one of --qk-norm plain too, its q and k norms' weights
-1 (Qwen3 then computes exactly that model, though training it in transformers would learn them);
---qk-norm none has no Qwen3 equivalent and is refused.
+queries and keys with learnable gains before rotate-half RoPE, grouped-query attention, a SwiGLU MLP
+and no biases; without the norm of queries and keys it is Llama's. A checkpoint trained with
+--qk-norm gain (the default) therefore becomes a Qwen3 model by renaming its tensors; one of
+--qk-norm plain too, its q and k norms' weights 1 (Qwen3 then computes exactly that model, though
+training it in transformers would learn them); one of --qk-norm none a Llama model. What the
+configuration carries goes along: an attention width other than d_model (head_dim), untied
+embeddings (lm_head.weight), rope_theta and the Llama 3 RoPE scaling (rope_scaling), rms_norm_eps.
+The names are those ./train -e reads (llmc/hf_checkpoint.h), so a model imported from the Hugging
+Face layout and exported in float32 comes back with the same bits.
 OUTDIR receives
 
     model.safetensors      the weights: float32 (exact) or bfloat16 (rounded to nearest, ties to even)
     tokenizer.model        the run's SentencePiece model, and tokenizer_config.json (LlamaTokenizer,
                            BOS put before the text as prepare_data puts it before every document)
-    config.json            the Qwen3Config, written last, once the weights are in place
+    config.json            the Qwen3Config or LlamaConfig, written last, once the weights are in place
 
 The tokenizer is --tokenizer FILE, else tokenizer.model next to the checkpoint, else the default
 corpus's data/brown/tokenizer.model; with none of them the model is exported alone. Each file is
@@ -32,7 +36,8 @@ Loading the export with transformers (its tokenizer also needs sentencepiece):
     out = model.generate(ids, max_new_tokens=40, do_sample=True, eos_token_id=tokenizer.bos_token_id)
     print(tokenizer.decode(out[0], skip_special_tokens=True))
 
-test/test_export_hf.py checks the export's logits against attnlog.model_torch.
+test/test_export_hf.py checks the export's logits against attnlog.model_torch, test/test_hf_import.py
+the round trips through ./train -e.
 """
 import json
 import os
@@ -49,11 +54,12 @@ DEFAULT_TOKENIZER = os.path.join(DEFAULT_DATA, "tokenizer.model")
 # The special pieces of every tokenizer prepare_data trains (llmc/dataprep.h).
 UNK, BOS, EOS = (0, "<unk>"), (1, "<s>"), (2, "</s>")
 SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16"}
-# Our per-layer parameters and the Qwen3 modules that hold them.
+# Our per-layer parameters and the modules of Qwen3 and Llama that hold them (Llama has no q_norm, k_norm).
 LAYER_MODULES = {"attn_norm": "input_layernorm", "wq": "self_attn.q_proj", "wk": "self_attn.k_proj",
                  "wv": "self_attn.v_proj", "q_gain": "self_attn.q_norm", "k_gain": "self_attn.k_norm",
                  "wo": "self_attn.o_proj", "mlp_norm": "post_attention_layernorm", "w1": "mlp.gate_proj",
                  "w3": "mlp.up_proj", "w2": "mlp.down_proj"}
+QWEN3, LLAMA = "Qwen3ForCausalLM", "LlamaForCausalLM"
 
 
 class ExportError(UserError):
@@ -66,25 +72,45 @@ def shortest_float32(x):
     return float(str(np.float32(x)))
 
 
-def hf_config(c, dtype, with_tokenizer):
-    """config.json of a Qwen3ForCausalLM computing exactly the model of configuration c."""
+def architecture(c):
+    """Qwen3 for the variants that normalise queries and keys, Llama for the one that does not."""
+    return LLAMA if c.qk_norm == "none" else QWEN3
+
+
+def rope_settings(c):
+    """(rope_scaling, rope_parameters): transformers 4 reads rope_theta and rope_scaling (None or Llama 3's
+    frequency scaling), transformers 5 rope_parameters."""
     theta = shortest_float32(c.rope_theta)
-    return {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+    if not c.rope_factor:
+        return None, {"rope_type": "default", "rope_theta": theta}
+    scaling = {"rope_type": "llama3", "factor": shortest_float32(c.rope_factor),
+               "low_freq_factor": shortest_float32(c.rope_low_freq_factor),
+               "high_freq_factor": shortest_float32(c.rope_high_freq_factor),
+               "original_max_position_embeddings": c.rope_original_max_pos}
+    return scaling, dict(scaling, rope_theta=theta)
+
+
+def hf_config(c, dtype, with_tokenizer):
+    """config.json of a Qwen3ForCausalLM or LlamaForCausalLM computing exactly the model of configuration c."""
+    rope_scaling, rope_parameters = rope_settings(c)
+    config = {
+        "architectures": [architecture(c)], "model_type": "llama" if architecture(c) == LLAMA else "qwen3",
         "vocab_size": c.vocab_size, "hidden_size": c.d_model, "intermediate_size": c.d_ff,
         "num_hidden_layers": c.n_layer, "num_attention_heads": c.n_head, "num_key_value_heads": c.n_kv_head,
         "head_dim": c.head_dim, "hidden_act": "silu", "max_position_embeddings": c.max_seq_len,
-        "rms_norm_eps": shortest_float32(c.norm_eps),
-        # transformers 4 reads rope_theta and rope_scaling, transformers 5 rope_parameters.
-        "rope_theta": theta, "rope_scaling": None, "rope_parameters": {"rope_type": "default", "rope_theta": theta},
-        "tie_word_embeddings": True, "attention_bias": False, "attention_dropout": 0.0,
-        # Every layer attends to the whole causal context.
-        "use_sliding_window": False, "sliding_window": None, "max_window_layers": c.n_layer,
-        "layer_types": ["full_attention"] * c.n_layer,
-        "initializer_range": 0.02, "use_cache": True, "torch_dtype": dtype,
-        "bos_token_id": BOS[0] if with_tokenizer else None, "eos_token_id": EOS[0] if with_tokenizer else None,
-        "pad_token_id": None,
+        "rms_norm_eps": shortest_float32(c.norm_eps), "rope_theta": shortest_float32(c.rope_theta),
+        "rope_scaling": rope_scaling, "rope_parameters": rope_parameters,
+        "tie_word_embeddings": c.tied_embeddings, "attention_bias": False, "attention_dropout": 0.0,
     }
+    if architecture(c) == LLAMA:
+        config["mlp_bias"] = False
+    else:  # every layer attends to the whole causal context
+        config.update({"use_sliding_window": False, "sliding_window": None, "max_window_layers": c.n_layer,
+                       "layer_types": ["full_attention"] * c.n_layer})
+    config.update({"initializer_range": 0.02, "use_cache": True, "torch_dtype": dtype,
+                   "bos_token_id": BOS[0] if with_tokenizer else None, "eos_token_id": EOS[0] if with_tokenizer else None,
+                   "pad_token_id": None})
+    return config
 
 
 def tokenizer_config(c):
@@ -95,32 +121,41 @@ def tokenizer_config(c):
 
 
 def hf_shapes(config):
-    """The shape of every tensor of a Qwen3ForCausalLM with tied embeddings, from its config alone
-    (a torch.nn.Linear(n_in, n_out) holds a weight [n_out, n_in])."""
+    """The shape of every tensor of a Qwen3ForCausalLM or LlamaForCausalLM, from its config alone
+    (a torch.nn.Linear(n_in, n_out) holds a weight [n_out, n_in]); lm_head only when untied."""
     V, C, F, D = config["vocab_size"], config["hidden_size"], config["intermediate_size"], config["head_dim"]
     q, kv = config["num_attention_heads"] * D, config["num_key_value_heads"] * D
     layer = {"input_layernorm": [C], "self_attn.q_proj": [q, C], "self_attn.k_proj": [kv, C],
              "self_attn.v_proj": [kv, C], "self_attn.q_norm": [D], "self_attn.k_norm": [D],
              "self_attn.o_proj": [C, q], "post_attention_layernorm": [C], "mlp.gate_proj": [F, C],
              "mlp.up_proj": [F, C], "mlp.down_proj": [C, F]}
+    if config["architectures"] == [LLAMA]:
+        del layer["self_attn.q_norm"], layer["self_attn.k_norm"]
     shapes = {"model.embed_tokens.weight": [V, C]}
     for i in range(config["num_hidden_layers"]):
         shapes.update({f"model.layers.{i}.{module}.weight": shape for module, shape in layer.items()})
     shapes["model.norm.weight"] = [C]
+    if not config["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = [V, C]
     return shapes
 
 
 def hf_state_dict(c, params):
-    """Our parameters under their Qwen3 names, in layout order. Both store matrices as [out, in];
-    lm_head is the embedding (tie_word_embeddings) and is not written. The gains of --qk-norm plain
-    are the 1s that variant computes with, whatever the checkpoint holds there."""
+    """Our parameters under their Hugging Face names, in layout order. Both store matrices as
+    [out, in]; lm_head is written when untied (else it is the embedding). The gains of --qk-norm
+    plain are the 1s that variant computes with, whatever the checkpoint holds there; --qk-norm none
+    has none (Llama)."""
     tensors = {"model.embed_tokens.weight": params["wte"]}
     for i in range(c.n_layer):
         for ours, module in LAYER_MODULES.items():
+            if c.qk_norm == "none" and ours in GAINS:
+                continue
             tensor = params[f"layers.{i}.{ours}"]
             unused_gain = c.qk_norm == "plain" and ours in GAINS
             tensors[f"model.layers.{i}.{module}.weight"] = tensor.new_ones(tensor.shape) if unused_gain else tensor
     tensors["model.norm.weight"] = params["final_norm"]
+    if not c.tied_embeddings:
+        tensors["lm_head.weight"] = params["lm_head"]
     return tensors
 
 
@@ -202,9 +237,6 @@ def export(ckpt, outdir, dtype="float32", tokenizer=None):
     """Writes the Hugging Face export of the checkpoint ckpt into outdir; returns the summary line.
     Raises a UserError (CheckpointError, ExportError: a bad input) or an OSError (an unwritable outdir)."""
     c, params, _ = read_checkpoint(ckpt)
-    if c.qk_norm == "none":
-        raise ExportError(f"{ckpt}: a --qk-norm none checkpoint: Qwen3 normalises queries and keys, so only "
-                          "--qk-norm gain and plain checkpoints export")
     tokenizer = find_tokenizer(ckpt, tokenizer)
     pieces = tokenizer_pieces(tokenizer) if tokenizer else None
     config = hf_config(c, dtype, tokenizer is not None)
@@ -212,7 +244,7 @@ def export(ckpt, outdir, dtype="float32", tokenizer=None):
     expected = hf_shapes(config)
     for name, tensor in tensors.items():
         if list(tensor.shape) != expected[name]:
-            raise ExportError(f"{ckpt}: {name} is {list(tensor.shape)}, Qwen3 expects {expected[name]}")
+            raise ExportError(f"{ckpt}: {name} is {list(tensor.shape)}, {architecture(c)} expects {expected[name]}")
 
     os.makedirs(outdir, exist_ok=True)
     written = ["model.safetensors"]
@@ -235,7 +267,7 @@ def export(ckpt, outdir, dtype="float32", tokenizer=None):
         print(f"warning: {tokenizer} has {pieces} pieces and the model {c.vocab_size} embeddings: "
               f"ids from {c.vocab_size} on cannot be fed to it", file=sys.stderr)
     count = sum(t.numel() for t in tensors.values())
-    return f"export_hf: wrote {', '.join(written)} to {outdir}: Qwen3ForCausalLM, {dtype}, {count:,} parameters"
+    return f"export_hf: wrote {', '.join(written)} to {outdir}: {architecture(c)}, {dtype}, {count:,} parameters"
 
 
 def main(argv=None):

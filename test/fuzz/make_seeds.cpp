@@ -5,10 +5,14 @@
 //                     DIR/runlog/*      runlog_create and every record writer: a whole log, one
 //                                       with a torn tail, one with a damaged record, a resumed one,
 //                                       a header alone
+//                     DIR/safetensors/* tiny Qwen3 and Llama checkpoints (config.json and weights in
+//                                       F32, F16 and BF16; tied and untied, Llama 3 RoPE scaling),
+//                                       and a file of every dtype alone
 // Every seed is accepted by its parser. Built and run by `make fuzz` and `make test`.
 #include <sys/stat.h>
 #include "llmc/checkpoint.h"
 #include "llmc/dataloader.h"
+#include "llmc/hf_checkpoint.h"
 #include "llmc/runlog_append.h"
 #include "fuzz.h"
 
@@ -158,6 +162,92 @@ static void runlog_seeds() {
     put("resumed", resumed_bytes);
 }
 
+// A safetensors file of float32 values, each tensor stored as `dtype` (F16 and BF16 keep the upper
+// bits: the values below are exact in every dtype), with the bytes of its data.
+struct SeedTensor {
+    std::string name;
+    int dtype;
+    std::vector<uint64_t> shape;
+};
+
+static std::string safetensors_bytes(const std::vector<SeedTensor>& tensors) {
+    std::string header = "{\"__metadata__\":{\"format\":\"pt\"}", data;
+    for (const SeedTensor& t : tensors) {
+        uint64_t n = 1;
+        for (uint64_t d : t.shape) n *= d;
+        size_t begin = data.size();
+        for (uint64_t i = 0; i < n; i++) {
+            float v = 0.25f * (float)(i % 7) - 0.5f;  // exact in half and bfloat16
+            uint32_t bits;
+            memcpy(&bits, &v, 4);
+            // half: the sign, the exponent rebiased from 127 to 15, the mantissa's top 10 bits
+            uint16_t half = (uint16_t)((bits >> 16 & 0x8000) | (v == 0 ? 0 : ((bits >> 23 & 0xFF) - 112) << 10 | (bits >> 13 & 0x3FF)));
+            uint16_t bf16 = (uint16_t)(bits >> 16);
+            if (t.dtype == ST_F32) data.append((const char*)&bits, 4);
+            else data.append((const char*)(t.dtype == ST_F16 ? &half : &bf16), 2);
+        }
+        header += strprintf(",%s:{\"dtype\":\"%s\",\"shape\":%s,\"data_offsets\":[%zu,%zu]}", json_string(t.name).c_str(),
+                            kSafetensorsDtypeNames[t.dtype], shape_text(t.shape).c_str(), begin, data.size());
+    }
+    header += "}";
+    header.append((8 - header.size() % 8) % 8, ' ');
+    uint64_t n = header.size();
+    return std::string((const char*)&n, 8) + header + data;
+}
+
+// The tensors of a checkpoint of config.json's text, every one of them in `dtype`.
+static std::vector<SeedTensor> checkpoint_tensors(const std::string& config, int dtype) {
+    HfCheckpoint h;
+    h.config = hf_parse_config(config, "config.json", &h.architecture);
+    std::vector<SeedTensor> tensors;
+    for (int kind = 0; kind < P_NUM_KINDS; kind++)
+        for (int l = 0; hf_stores(h.config, kind) && l < param_layers(h.config, kind); l++)
+            tensors.push_back({hf_tensor_name(kind, l), dtype, param_shape(h.config, kind)});
+    return tensors;
+}
+
+static void safetensors_seeds() {
+    const char* qwen3 = "{\"architectures\":[\"Qwen3ForCausalLM\"],\"vocab_size\":8,\"hidden_size\":4,"
+                        "\"intermediate_size\":6,\"num_hidden_layers\":2,\"num_attention_heads\":2,\"num_key_value_heads\":1,"
+                        "\"head_dim\":2,\"max_position_embeddings\":16,\"rms_norm_eps\":1e-06,\"rope_theta\":1000000.0,"
+                        "\"tie_word_embeddings\":true,\"hidden_act\":\"silu\",\"attention_bias\":false,\"use_sliding_window\":false}";
+    const char* llama = "{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":6,\"hidden_size\":4,"
+                        "\"intermediate_size\":8,\"num_hidden_layers\":1,\"num_attention_heads\":2,\"num_key_value_heads\":2,"
+                        "\"max_position_embeddings\":32,\"rms_norm_eps\":1e-05,\"rope_theta\":500000.0,\"tie_word_embeddings\":false,"
+                        "\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,\"low_freq_factor\":1.0,"
+                        "\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8}}";
+    struct {
+        const char* name;
+        const char* config;
+        int dtype;
+    } seeds[] = {{"qwen3_bf16", qwen3, ST_BF16}, {"qwen3_f32", qwen3, ST_F32}, {"llama_f16", llama, ST_F16}};
+    for (const auto& s : seeds) {
+        std::string config = s.config;
+        std::string file = safetensors_bytes(checkpoint_tensors(config, s.dtype));
+        uint16_t n = (uint16_t)config.size();
+        std::string input = std::string((const char*)&n, 2) + config + file;
+        FILE* out = open_or_fail(scratch().c_str(), "wb");
+        write_or_fail(out, file.data(), file.size(), scratch().c_str());
+        fclose(out);
+        HfCheckpoint h;  // the seed is accepted
+        h.weights = scratch();
+        h.config = hf_parse_config(config, "config.json", &h.architecture);
+        hf_match_tensors(h, safetensors_read_header(scratch()));
+        std::vector<float> params(num_parameters(h.config));
+        hf_read_params(h, params.data());
+        remove(scratch().c_str());
+        std::string path = g_dir + "/safetensors/" + s.name;
+        out = open_or_fail(path.c_str(), "wb");
+        write_or_fail(out, input.data(), input.size(), path.c_str());
+        fclose(out);
+    }
+    std::string alone = safetensors_bytes({{"a", ST_F32, {2, 3}}, {"b", ST_F16, {5}}, {"c", ST_BF16, {}}, {"d", ST_F32, {0, 4}}});
+    std::string input = std::string(2, '\0') + alone, path = g_dir + "/safetensors/file_alone";
+    FILE* out = open_or_fail(path.c_str(), "wb");
+    write_or_fail(out, input.data(), input.size(), path.c_str());
+    fclose(out);
+}
+
 int main(int argc, char** argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: %s DIR\n", argv[0]);
@@ -165,10 +255,11 @@ int main(int argc, char** argv) {
     }
     g_dir = argv[1];
     try {  // built with -DFAIL_THROWS, as the harnesses are
-        for (const char* sub : {"", "/checkpoint", "/shard", "/runlog"}) make_dir(g_dir + sub);
+        for (const char* sub : {"", "/checkpoint", "/shard", "/runlog", "/safetensors"}) make_dir(g_dir + sub);
         checkpoint_seeds();
         shard_seeds();
         runlog_seeds();
+        safetensors_seeds();
     } catch (const FailError& e) {
         fprintf(stderr, "error: %s\n", e.what());
         return 1;
