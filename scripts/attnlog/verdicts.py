@@ -9,7 +9,9 @@ e + u < -m (the whole interval lies beyond the margin the other way), inconclusi
 hypothesis of several tests is supported when all are, contradicted when any is.
 
 The statistics are means over the decision window (analysis.decision_window), never one stats step,
-and a run that has trained too little (training_status) gets no verdicts and no taxonomy.
+and a run that has trained too little (training_status) gets no verdicts and no taxonomy. A
+measurement of one model state (analysis.is_measurement) is decided on its means over every batch
+it measured, and the hypotheses that compare training steps (OVER_TRAINING) are not applicable to it.
 """
 import json
 import math
@@ -17,11 +19,15 @@ import math
 import numpy as np
 
 from attnlog.analysis import (AXIS_THRESHOLD, FOCUS_FRACTION, NORM_MARGIN, PERMUTATIONS, SINK_THRESHOLD,
-                              WINDOW_FRACTION, axis_ratio, group_curves, has, kv_of_query, mean_interval,
-                              offset_or_collapse, option_int, per_kv, rank_correlation, t975, uniform_entropy, values,
-                              why_not)
+                              WINDOW_FRACTION, axis_ratio, group_curves, has, is_measurement, kv_of_query,
+                              mean_interval, offset_or_collapse, option_int, per_kv, rank_correlation, steps_text, t975,
+                              uniform_entropy, values, why_not)
 
 SUPPORTED, CONTRADICTED, INCONCLUSIVE = "supported", "contradicted", "inconclusive"
+NOT_APPLICABLE = "not applicable"  # a hypothesis about training, of a measurement of one model state
+# The hypotheses that compare training steps, and why a measurement cannot decide them.
+OVER_TRAINING = {"d": "it compares k_pr at the first stats step with the end of training, and a measurement is one "
+                      "model state"}
 CORRELATION_MARGIN = 0.1  # |rho| up to this is no correlation
 RELATIVE_MARGIN = NORM_MARGIN  # a statistic within 5% of its reference value has not moved
 MIN_TOKENS = 2 ** 16  # training tokens (total batch x steps) below which no verdict is given
@@ -44,7 +50,9 @@ def training_status(run):
     last logged step is at or past the warmup option; a run started from a checkpoint warms up again
     from its own step 0), trained on at least MIN_TOKENS tokens (tokens per step x steps, a
     checkpoint's steps counted too, at this run's tokens per step), and has MIN_WINDOW_STATS stats
-    steps in the decision window."""
+    steps in the decision window. A measurement: measurement_status."""
+    if is_measurement(run):
+        return measurement_status(run)
     span = run["step_range"]
     last = span[1] if span else None
     init_steps = (run["init"] or {}).get("steps") or 0
@@ -66,6 +74,26 @@ def training_status(run):
             "steps_trained": trained, "init_steps": init_steps, "tokens": tokens, "min_tokens": MIN_TOKENS,
             "warmup": warmup, "last_step": last, "window_count": int(len(run["window"])),
             "min_window_count": MIN_WINDOW_STATS}
+
+
+def measurement_status(run):
+    """training_status of a measurement: the weights it measured trained on at least MIN_TOKENS
+    tokens when their checkpoint records how many (one that does not, such as a pretrained model's,
+    is taken as trained), and it measured at least MIN_WINDOW_STATS batches. The same keys, with
+    tokens None when not recorded, warmup None, and measurement True."""
+    measured = run["measurement"]
+    tokens, batches = measured.get("tokens"), len(run["window"])
+    reasons = []
+    if tokens is not None and tokens < MIN_TOKENS:
+        reasons.append(f"the weights measured had trained on {tokens:,} tokens ({measured['step']} steps), fewer than "
+                       f"the {MIN_TOKENS:,} a verdict needs")
+    if batches < MIN_WINDOW_STATS:
+        reasons.append(f"{batches} batches measured, fewer than {MIN_WINDOW_STATS}")
+    span = run["step_range"]
+    return {"enough": not reasons, "reasons": reasons, "tokens_per_step": run["tokens_per_step"],
+            "steps_trained": measured["step"], "init_steps": 0, "tokens": tokens, "min_tokens": MIN_TOKENS,
+            "warmup": None, "last_step": span[1] if span else None, "window_count": batches,
+            "min_window_count": MIN_WINDOW_STATS, "measurement": True}
 
 
 # -- the rule ----------------------------------------------------------------------------------------
@@ -102,6 +130,8 @@ def combine(tests):
 
 def window_text(run):
     steps, window = run["stats_steps"], run["window"]
+    if is_measurement(run):
+        return f"means over the {len(window)} measured batches"
     return f"means over the {len(window)} stats steps {steps[window[0]]}-{steps[window[-1]]}"
 
 
@@ -143,7 +173,7 @@ def hypothesis_entropy_norm(run):
                    "within layers: n/a (one kv head per layer)")
     return dict(result, detail=f"rho = {across['rho']:+.3f} across {len(x)} kv heads ({window_text(run)}; chance "
                                f"reaches \u00b1{across['chance']:.3f}, p = {across['p']:.3g}); {within_text}; "
-                               f"at single steps rho ranged {min(steps):+.2f} to {max(steps):+.2f}")
+                               f"at single {steps_text(run)} rho ranged {min(steps):+.2f} to {max(steps):+.2f}")
 
 
 def hypothesis_hierarchy(run):
@@ -229,11 +259,16 @@ def hypothesis_pr_falls(run):
 
 
 def hypotheses(run, training):
-    """The four hypotheses, each with its verdict; all inconclusive when the run trained too little."""
+    """The four hypotheses, each with its verdict; all inconclusive when the run trained too little.
+    Of a measurement, those of OVER_TRAINING are not applicable: no tests, no verdict."""
     out = []
     for check in (hypothesis_entropy_norm, hypothesis_hierarchy, hypothesis_axis_aligned, hypothesis_pr_falls):
         h = check(run)
-        if not h["tests"]:
+        if is_measurement(run) and h["id"] in OVER_TRAINING:  # what it is, without the numbers of one state
+            h = {key: h[key] for key in ("id", "title", "claim", "rule", "statistic")}
+            h.update(verdict=NOT_APPLICABLE, why=NOT_APPLICABLE, tests=[],
+                     detail=f"not applicable to a measurement: {OVER_TRAINING[h['id']]}")
+        elif not h["tests"]:
             h.update(verdict=INCONCLUSIVE, why="no data")
         elif not training["enough"]:
             for t in h["tests"]:
