@@ -422,6 +422,11 @@ inline std::string model_size_culprit(const Options& o, const std::set<std::stri
     return culprit;
 }
 
+// What MemoryNeed's weights count: a measurement (--measure) holds the weights alone.
+inline const char* model_memory_parts(const Options& o) {
+    return o.measure ? "weights" : "weights, gradients and AdamW state";
+}
+
 // Stops, before anything is allocated, when the need is more than `limit` allows, naming the
 // option to change: when the weights alone do not fit, the model option (model_size_culprit);
 // else -b and -t.
@@ -429,8 +434,8 @@ inline void check_memory(const Options& o, const std::set<std::string>& given, c
                          const MemoryNeed& need, const MemoryLimit& limit) {
     if (need.total <= limit.bytes) return;
     if (need.weights > limit.bytes)
-        fail("model option %s: the weights, gradients and AdamW state need %.1f GB; %s has %.1f GB available",
-             model_size_culprit(o, given, c).c_str(), need.weights / 1e9, limit.where.c_str(), limit.bytes / 1e9);
+        fail("model option %s: the %s need %.1f GB; %s has %.1f GB available", model_size_culprit(o, given, c).c_str(),
+             model_memory_parts(o), need.weights / 1e9, limit.where.c_str(), limit.bytes / 1e9);
     fail("options %s %d and %s: the activations need %.1f GB beside the model's %.1f GB; %s has %.1f GB available",
          OPTION_LABEL("--batch"), o.batch, OPTION_LABEL("--seq-len"), (need.total - need.weights) / 1e9, need.weights / 1e9,
          limit.where.c_str(), limit.bytes / 1e9);
@@ -444,6 +449,6 @@ inline void check_memory(const Options& o, const std::set<std::string>& given, c
     std::string culprit = need.weights >= activations ? "model option " + model_size_culprit(o, given, c)
                                                       : strprintf("options %s %d and %s", OPTION_LABEL("--batch"), o.batch,
                                                                   OPTION_LABEL("--seq-len"));
-    fail("%s: allocating %.1f GB failed (weights, gradients and AdamW state %.1f GB, activations %.1f GB)", culprit.c_str(),
-         need.total / 1e9, need.weights / 1e9, activations / 1e9);
+    fail("%s: allocating %.1f GB failed (%s %.1f GB, activations %.1f GB)", culprit.c_str(), need.total / 1e9,
+         model_memory_parts(o), need.weights / 1e9, activations / 1e9);
 }

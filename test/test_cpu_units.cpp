@@ -517,6 +517,13 @@ static void test_forward_only_model() {
     report(need_training.weights == 16.0 * P && need_measuring.weights == 4.0 * P &&
                need_training.total - need_training.weights == need_measuring.total - need_measuring.weights,
            "memory_need: forward only, the weights alone (4 P bytes, not 16 P) beside the same activations");
+    Options measure;
+    measure.measure = 1;
+    for (const Options& o : {Options(), measure})  // weights that do not fit: the message says what they hold
+        expect_user_error(o.measure ? "check_memory: a measurement's weights" : "check_memory: a training run's weights",
+                          [&] { check_memory(o, {}, c, {5e9, 6e9}, {1e9, "this machine"}); }, "model option -m (--preset) d6",
+                          o.measure ? "the weights need 5.0 GB; this machine has 1.0 GB"
+                                    : "the weights, gradients and AdamW state need 5.0 GB");
     model_init(training, c, B, T, Dist(), true);
     model_init(measuring, c, B, T, Dist(), false);
     HostState h = host_state(measuring);

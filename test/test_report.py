@@ -1186,7 +1186,7 @@ def test_measurement_report_is_of_one_model_state(measured, trained_paths, log_p
     for words in ("**A measurement, not a training run**: the weights of step 300 of run",
                   f"Batches measured: {MEASURED_BATCHES} (0..{MEASURED_BATCHES - 1}).", "## Not applicable to a measurement",
                   "`key_norm_evolution.png`", f"averaged over the {MEASURED_BATCHES} measured batches",
-                  f"Mean k_norm of every layer, mean over the {MEASURED_BATCHES} measured batches"):
+                  f"Mean k_norm of every layer averaged over the {MEASURED_BATCHES} measured batches"):
         assert words in text, words
     captions = [line for line in text.splitlines() if line.startswith("*Figure")]
     assert len(captions) == len(MEASUREMENT_FIGURES)

@@ -158,13 +158,8 @@ def head_maps(path, title, panels):
     layers = max(table.shape[0] for _, table, *_ in panels)
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), max(4.2, 1.6 + 0.32 * layers)),
                              constrained_layout=True, squeeze=False)
-    for ax, (subtitle, table, xlabel, cmap, vmin, vmax, bar_label, ref) in zip(axes[0], panels):
-        bar = _annotated_heatmap(fig, ax, table, cmap, vmin, vmax, bar_label)
-        if ref is not None:
-            bar.ax.axhline(ref, color="#00a0ff", linewidth=2.5)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("layer")
-        ax.set_title(subtitle)
+    for ax, panel in zip(axes[0], panels):
+        _layer_heatmap(fig, ax, *panel)
     fig.suptitle(title)
     _save(fig, path)
 
@@ -336,15 +331,19 @@ def lines_and_heatmap(path, title, steps, left, right):
     ax.set_ylabel(ylabel)
     ax.set_title(subtitle)
     ax.legend(fontsize=9)
-    subtitle, table, xlabel, cmap, vmin, vmax, bar_label, bar_ref, fmt = right
-    bar = _annotated_heatmap(fig, heat, table, cmap, vmin, vmax, bar_label, fmt)
-    if bar_ref is not None:
-        bar.ax.axhline(bar_ref, color="#00a0ff", linewidth=2.5)
-    heat.set_xlabel(xlabel)
-    heat.set_ylabel("layer")
-    heat.set_title(subtitle)
+    _layer_heatmap(fig, heat, *right)
     fig.suptitle(title)
     _save(fig, path)
+
+
+def _layer_heatmap(fig, ax, subtitle, table, xlabel, cmap, vmin, vmax, bar_label, bar_ref, fmt="{:.2f}"):
+    """A layer x head annotated heatmap in ax, a reference (or None) marked on its colour bar."""
+    bar = _annotated_heatmap(fig, ax, table, cmap, vmin, vmax, bar_label, fmt)
+    if bar_ref is not None:
+        bar.ax.axhline(bar_ref, color="#00a0ff", linewidth=2.5)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("layer")
+    ax.set_title(subtitle)
 
 
 def layer_heatmaps(path, title, steps, panels):

@@ -37,7 +37,7 @@ def one_state(run, array):
     """(table, words) of the model's one state that a figure shows of an [S, ...] array: a
     measurement's mean over its batches, else the last stats step."""
     if is_measurement(run):
-        return window_mean(run, array), f"mean over {window_span(run)}"
+        return window_mean(run, array), f"averaged over {window_span(run)}"
     return array[-1], f"at step {run['stats_steps'][-1]}"
 
 
@@ -147,10 +147,10 @@ def figure_cos(run, path, opts):
 def figure_profile(run, path, opts):
     last, when = one_state(run, values(run, "k_norm"))
     per_layer, root = last.mean(axis=1), math.sqrt(run["D"])
-    figures.layer_profile(path, f"Key magnitude profile, {when}", per_layer, last, run["groups"], root,
+    figures.layer_profile(path, f"Key magnitude profile {when}", per_layer, last, run["groups"], root,
                           f"sqrt(D) = {root:.2f}", "mean key L2 norm k_norm")
     below = [i for i, v in enumerate(per_layer) if v < root]
-    return (f"Mean k_norm of every layer, {when} (bars; dots are single kv heads). Lowest: layer "
+    return (f"Mean k_norm of every layer {when} (bars; dots are single kv heads). Lowest: layer "
             f"{np.argmin(per_layer)} ({per_layer.min():.2f}); highest: layer {np.argmax(per_layer)} "
             f"({per_layer.max():.2f}). {len(below)} of {run['L']} layers are below sqrt(D) = {root:.2f}"
             + (f": {', '.join(map(str, below))}." if below else "."))
