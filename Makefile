@@ -73,12 +73,22 @@ build/test_cpu_units: test/test_cpu_units.cpp test/testing.h $(HEADERS) | $(DEPS
 prepare_data: dev/data/prepare_data.cpp $(HEADERS) | $(DEPS_STAMP)
 	$(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
 
-# and model.ckpt, trained.ckpt, plain.ckpt, none.ckpt, debug_{trained,plain,none,freeze}.bin
+# and model.ckpt, trained.ckpt, plain.ckpt, none.ckpt, qwen3.ckpt, llama3.ckpt,
+# debug_{trained,plain,none,freeze,qwen3,llama3}.bin
 build/ref/debug_state.bin: test/reference.py scripts/attnlog/model_torch.py scripts/attnlog/layout.py | $(TEST_DEPS_STAMP)
 	@mkdir -p build/ref
 	PYTHONPATH=scripts $(PYTHON) test/reference.py --out build/ref
 
 TEST_BINS = build/test_gpt_cpu build/test_data build/test_runlog build/test_cpu_units prepare_data train
+
+# The reference test/test_bpe.py compares attnlog.bpe with: Hugging Face's tokenizers library, as
+# its Node.js build from npm (Debian has no Python build of it). When npm cannot fetch it, the
+# comparison is skipped, and says so.
+TOKENIZERS_NPM = tokenizers@0.23.2
+build/npm/node_modules/tokenizers/package.json: | $(DEPS_STAMP)
+	@mkdir -p build/npm
+	@npm install --prefix build/npm --no-audit --no-fund --no-save $(TOKENIZERS_NPM) >build/npm/install.log 2>&1 \
+	    || echo "note: npm could not install $(TOKENIZERS_NPM) (build/npm/install.log): the comparison with it is skipped"
 
 # The CUDA tests and kernel checks: built (so CI compiles them) whenever nvcc exists; they run
 # only where there is a GPU.
@@ -146,7 +156,8 @@ sanitize: $(TEST_DEPS_STAMP) $(SANITIZE_BINS) prepare_data build/ref/debug_state
 
 # Everything, with the fuzzers' smoke runs and the sanitizers' build; first, that no header of
 # llmc/ includes one of a higher layer (dev/include_layers.py).
-test: $(TEST_DEPS_STAMP) $(TEST_BINS) $(FUZZ_HARNESSES) build/fuzz/seeds/.made $(SANITIZE_BINS) build/ref/debug_state.bin
+test: $(TEST_DEPS_STAMP) $(TEST_BINS) $(FUZZ_HARNESSES) build/fuzz/seeds/.made $(SANITIZE_BINS) build/ref/debug_state.bin \
+      build/npm/node_modules/tokenizers/package.json
 	@$(PYTHON) dev/include_layers.py --check
 	@FUZZ_OPTIONS='$(FUZZ_OPTIONS)' $(PYTHON) test/run_tests.py
 

@@ -192,14 +192,8 @@ static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T, 
     Arena arena{(char*)g.memory};
     gpu_carve(g, arena);
 
-    int D = c.head_dim;
-    std::vector<float> cs((size_t)c.max_seq_len * D / 2), sn(cs.size());
-    for (int t = 0; t < c.max_seq_len; t++)
-        for (int i = 0; i < D / 2; i++) {
-            double a = rope_angle(t, i, D, c.rope_theta);
-            cs[(size_t)t * D / 2 + i] = (float)cos(a);
-            sn[(size_t)t * D / 2 + i] = (float)sin(a);
-        }
+    std::vector<float> cs((size_t)c.max_seq_len * c.head_dim / 2), sn(cs.size());
+    rope_tables(c, c.max_seq_len, cs.data(), sn.data());
     cudaCheck(cudaMemcpy(g.rope_cos, cs.data(), cs.size() * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(g.rope_sin, sn.data(), sn.size() * sizeof(float), cudaMemcpyHostToDevice));
     model_freeze(g, 0);
@@ -497,10 +491,14 @@ static void prepare_data_and_config(Run& r) {
     r.ckpt = o.resume_ckpt.empty() ? o.init_ckpt : o.resume_ckpt;
     r.c = resolve_config(o, r.given, r.have_tokenizer ? tokenizer_vocab_size(&r.tok) : 0, r.ckpt);
     o.qk_norm = kQkNormNames[r.c.qk_norm];  // the log's options say the variant a checkpoint brought
+    o.tied_embeddings = r.c.tied_embeddings;
     std::string unknown;
     parse_param_kinds(o.freeze, &r.frozen, &unknown);  // checked by parse_options
+    if (r.frozen & absent_kinds(r.c))
+        fail("option %s %s: this model has no %s (a model with tied embeddings has no lm_head)", OPTION_LABEL("--freeze"),
+             o.freeze.c_str(), param_kinds_text(r.frozen & absent_kinds(r.c)).c_str());
     r.frozen = frozen_kinds(r.c, r.frozen);
-    if (r.frozen == kAllParamKinds)
+    if ((r.frozen | absent_kinds(r.c)) == kAllParamKinds)
         fail("option %s %s: every parameter would be frozen; nothing would train", OPTION_LABEL("--freeze"), o.freeze.c_str());
     const ModelConfig& c = r.c;
     int T = o.seq_len ? o.seq_len : c.max_seq_len, B = o.batch;
@@ -622,6 +620,7 @@ static RunInfo run_info(const Run& r) {
     run.backend = r.on_gpu ? "cuda" : "cpu";
     run.device = r.device_name;
     run.num_processes = r.dist.world;
+    run.train_tokens = r.train.total_tokens;
     if (r.measuring()) {
         CheckpointInfo measured = checkpoint_read_header(r.o.init_ckpt);
         const DataOrder& order = measured.data_order;
@@ -637,6 +636,10 @@ static void print_run_summary(const Run& r) {
     printf("model: %d layers, %d heads (%d key/value), head_dim %d, d_model %d, d_ff %d, vocab %d, qk-norm %s: %.2fM "
            "parameters\n", c.n_layer, c.n_head, c.n_kv_head, c.head_dim, c.d_model, c.d_ff, c.vocab_size,
            kQkNormNames[c.qk_norm], num_parameters(c) / 1e6);
+    if (!c.tied_embeddings) printf("embeddings: untied (lm_head is the output projection)\n");
+    if (c.rope_factor != 0.0f)
+        printf("rope scaling: llama3, factor %g, frequency factors %g and %g, original context %d\n", c.rope_factor,
+               c.rope_low_freq_factor, c.rope_high_freq_factor, c.rope_original_max_pos);
     if (r.frozen) printf("frozen: %s\n", param_kinds_text(r.frozen).c_str());
     std::string shape = strprintf("%d tokens (batch %d x seq %d, %d micro-batch%s%s)", o.total_batch, r.B, r.T, r.accum,
                                   r.accum > 1 ? "es" : "",
@@ -1027,6 +1030,10 @@ int main(int argc, char** argv) {
     prepare_data_and_config(r);
     int status;
 #ifdef __CUDACC__
+    std::string unsupported = cuda_unsupported_field(r.c);
+    if (r.on_gpu && !unsupported.empty())
+        fail("the CUDA backend does not run this model's %s; train it on the CPU (%s cpu)", unsupported.c_str(),
+             OPTION_LABEL("--device"));
     if (r.on_gpu) {
         GpuModel g;
         status = r.measuring() ? measure(g, r) : train(g, r);

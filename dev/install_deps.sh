@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages a step needs, once: `build` (compile ./train, with Open MPI, and
 # prepare the default corpus), `report` (what the Python package attnlog needs to read logs and
-# make the report: scripts/report.py) or `test` (all of these, the PyTorch reference, the Python
-# tests, installing the package offline into a virtual environment, and the fuzzers).
+# make the report: scripts/report.py, and to tokenize with a Hugging Face tokenizer) or `test`
+# (all of these, the PyTorch reference, the Python tests, installing the package offline into a
+# virtual environment, and the fuzzers).
 # As root it runs apt-get; otherwise it prints the one command to run and fails.
 set -euo pipefail
 what=${1:-build}
@@ -26,6 +27,7 @@ if [ "$what" = report ] || [ "$what" = test ]; then
     need_module numpy python3-numpy
     need_module matplotlib python3-matplotlib
     need_module markdown python3-markdown
+    need_module regex python3-regex  # attnlog.bpe, the Hugging Face tokenizers (attnlog-tokenize-hf)
 fi
 if [ "$what" = test ]; then
     # clang with libFuzzer's runtime, for the fuzzing harnesses of test/fuzz.

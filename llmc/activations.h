@@ -5,7 +5,8 @@
 // whole table as one block and point the named fields into it. Adding an activation is one line.
 //
 // Letters: B batch, T sequence, N = B*T token rows, L layers, C d_model, H query heads, Hkv key
-// heads, NH = H + Hkv query and key heads, D head width, QKV = (H + 2 Hkv) D, F SwiGLU width, Vp the
+// heads, NH = H + Hkv query and key heads, D head width, A = H D the attention width (not always
+// C), QKV = (H + 2 Hkv) D, F SwiGLU width, Vp the
 // logits' row stride (V on the CPU; V rounded up to 128 on the GPU).
 // Types: act_t is float on the CPU and bf16 on the GPU; float is float on both.
 #pragma once
@@ -22,7 +23,7 @@
     X(qk_rstd, float, BOTH, L, (N, NH), "1 / rms of each query and key head")                                          \
     X(qk_rope, act_t, BOTH, L, (N, NH, D), "queries and keys after the norm, gain and RoPE: what attention uses")      \
     X(att_lse, float, BOTH, L, (B, H, T), "log-sum-exp of each attention row")                                         \
-    X(atty, act_t, BOTH, L, (N, C), "attention output, heads side by side")                                            \
+    X(atty, act_t, BOTH, L, (N, A), "attention output, heads side by side")                                            \
     X(res_attn, act_t, BOTH, L, (N, C), "residual stream after the attention block")                                   \
     X(ln2, act_t, BOTH, L, (N, C), "rmsnorm(res_attn) * mlp_norm")                                                     \
     X(ln2_rstd, float, BOTH, L, (N), "1 / rms(res_attn)")                                                              \
@@ -31,7 +32,7 @@
     X(res_mlp, act_t, BOTH, L, (N, C), "residual stream after the MLP: the layer's output")                            \
     X(lnf, act_t, BOTH, 1, (N, C), "rmsnorm(last layer's output) * final_norm")                                        \
     X(lnf_rstd, float, BOTH, 1, (N), "1 / rms of the last layer's output")                                             \
-    X(logits, act_t, BOTH, 1, (N, Vp), "lnf @ wte^T; the backward pass turns them into dlogits in place")              \
+    X(logits, act_t, BOTH, 1, (N, Vp), "lnf @ wte^T (lm_head^T untied); made dlogits in place by the backward pass")   \
     X(logit_lse, float, CPU, 1, (N), "log-sum-exp of each logits row (the GPU's classifier fuses it)")                 \
     X(losses, float, BOTH, 1, (N), "cross-entropy of each position")                                                   \
     /* telemetry, one layer at a time, on stats steps */                                                               \
@@ -43,7 +44,7 @@
     X(dln, act_t, BOTH, 1, (N, C), "gradient of a norm's output")                                                      \
     X(dqkv, act_t, BOTH, 1, (N, QKV), "gradient of qkv")                                                               \
     X(dqk, act_t, BOTH, 1, (N, NH, D), "gradient of the post-RoPE queries and keys")                                   \
-    X(datty, act_t, BOTH, 1, (N, C), "gradient of atty")                                                               \
+    X(datty, act_t, BOTH, 1, (N, A), "gradient of atty")                                                               \
     X(dfc13, act_t, BOTH, 1, (N, 2, F), "gradient of fc13")                                                            \
     X(dswi, act_t, BOTH, 1, (N, F), "gradient of swi")                                                                 \
     X(att_delta, float, GPU, 1, (B, H, T), "dY . Y of each attention row, for the attention backward kernels")
@@ -60,13 +61,13 @@ struct Activations {
 
 // The sizes the letters stand for, for a micro-batch of B x T.
 struct ActivationDims {
-    size_t B, T, N, L, C, H, Hkv, NH, D, QKV, F, Vp;
+    size_t B, T, N, L, C, H, Hkv, NH, D, A, QKV, F, Vp;
 };
 
 inline ActivationDims activation_dims(const ModelConfig& c, int B, int T, int Vp) {
     size_t H = c.n_head, Hkv = c.n_kv_head;
     return {(size_t)B, (size_t)T, (size_t)B * T, (size_t)c.n_layer, (size_t)c.d_model, H, Hkv, H + Hkv, (size_t)c.head_dim,
-            (size_t)c.qkv_dim(), (size_t)c.d_ff, (size_t)Vp};
+            (size_t)c.attn_dim(), (size_t)c.qkv_dim(), (size_t)c.d_ff, (size_t)Vp};
 }
 
 // Hands out typed buffers from one block of memory, each 256-byte aligned (cuBLASLt and the
@@ -86,7 +87,7 @@ struct Arena {
 
 #define ACTIVATION_LETTERS(d)                                                                                \
     [[maybe_unused]] size_t B = d.B, T = d.T, N = d.N, L = d.L, C = d.C, H = d.H, Hkv = d.Hkv, NH = d.NH, D = d.D, \
-                            QKV = d.QKV, F = d.F, Vp = d.Vp
+                            A = d.A, QKV = d.QKV, F = d.F, Vp = d.Vp
 
 // Points every buffer of the table that `backend` has into the arena, sized for the dims of the
 // largest micro-batch.

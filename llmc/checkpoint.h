@@ -1,7 +1,7 @@
 // The checkpoint file: a fixed 256-byte header with the full model configuration, then the
 // parameters as float32 in the order of config.h, optionally followed by the AdamW moments.
 // Layout (little-endian), documented for other readers in docs/checkpoint_format.md:
-//   0  char[8]  magic "ATTNCKPT"       8  u32 version (2)          12 u32 header bytes (256)
+//   0  char[8]  magic "ATTNCKPT"       8  u32 version (4)          12 u32 header bytes (256)
 //   16 i32 x 8  vocab_size, n_layer, n_head, n_kv_head, head_dim, d_model, d_ff, max_seq_len
 //   48 f32 x 2  rope_theta, norm_eps   56 i64 step (optimiser steps taken)
 //   64 u32 flags (bit 0: AdamW m and v follow the parameters)   68 u32 dtype (0 = float32)
@@ -13,7 +13,9 @@
 //   156 i32 qk_norm (config.h's QkNorm)   160 u32 the run's frozen parameter kinds (config.h)
 //   164 u32 zero   168 u64 the run's id   176 u64 the id of the continuation that wrote it (RunLineage)
 //   184 u64 x 2  fingerprints of the training and validation data (DataLoader's fingerprint)
-//   200..255 zero
+//   200 u32 untied embeddings (1: lm_head follows final_norm; 0: tied)
+//   204 f32 x 3  rope_factor, rope_low_freq_factor, rope_high_freq_factor   216 i32 rope_original_max_pos
+//   220..255 zero
 //   256 payload: params[P] (then m[P], v[P] when flag bit 0)
 // Files are written to "<path>.tmp" and renamed, so a crash never leaves a half-written checkpoint
 // under the real name.
@@ -28,14 +30,18 @@
 
 static const char kCheckpointMagic[8] = {'A', 'T', 'T', 'N', 'C', 'K', 'P', 'T'};
 // Version 2 added qk_norm and the frozen kinds (bytes 156..163), version 3 the run's identity and
-// its data's fingerprints (164..199). A reader takes the bytes a file's version did not define as
+// its data's fingerprints (164..199), version 4 untied embeddings and the RoPE scaling (200..219),
+// each stored so that zero is what a file before it meant. A reader takes the bytes a file's version did not define as
 // zero, whatever they hold: in a version 1 file the gain variant with nothing frozen (the model
-// version 1 knew), in a version 1 or 2 file no recorded identity or data.
-static const uint32_t kCheckpointVersion = 3;
+// version 1 knew), in a version 1 or 2 file no recorded identity or data, before version 4 tied
+// embeddings and no RoPE scaling.
+static const uint32_t kCheckpointVersion = 4;
 static const int kCheckpointHeaderBytes = 256;
 
 // The header bytes a version defines; the rest read as zero.
-inline size_t checkpoint_defined_bytes(uint32_t version) { return version == 1 ? 156 : version == 2 ? 164 : 200; }
+inline size_t checkpoint_defined_bytes(uint32_t version) {
+    return version == 1 ? 156 : version == 2 ? 164 : version == 3 ? 200 : 220;
+}
 
 // The options that fix the order in which the training data is read: a resumed run must use the
 // same ones, or its data position means something else.
@@ -116,6 +122,10 @@ inline void checkpoint_write(const std::string& path, const CheckpointInfo& info
     memcpy(h + 176, &info.origin.continuation, 8);
     memcpy(h + 184, &info.origin.train_data, 8);
     memcpy(h + 192, &info.origin.val_data, 8);
+    put32(200, c.tied_embeddings ? 0u : 1u);
+    float rope[3] = {c.rope_factor, c.rope_low_freq_factor, c.rope_high_freq_factor};
+    memcpy(h + 204, rope, sizeof rope);
+    memcpy(h + 216, &c.rope_original_max_pos, 4);
     put32(92, header_crc(h));
     AtomicFile f = atomic_open(path);
     atomic_write(f, h, sizeof h);
@@ -135,7 +145,7 @@ static const uint64_t kCheckpointMaxParameters = 1ull << 59;
 inline bool parameter_count_fits(const ModelConfig& c) {
     uint64_t per_layer = layer_numel(c), rest = 0;  // < 2^52 each
     for (int k = 0; k < P_NUM_KINDS; k++)
-        if (!param_is_per_layer(k)) rest += param_numel(c, k);
+        if (!param_is_per_layer(k)) rest += param_numel(c, k) * (uint64_t)param_layers(c, k);
     return rest <= kCheckpointMaxParameters && per_layer <= (kCheckpointMaxParameters - rest) / (uint64_t)c.n_layer;
 }
 
@@ -192,6 +202,14 @@ inline CheckpointInfo checkpoint_read_header(const std::string& path) {
     memcpy(&info.origin.continuation, h + 176, 8);
     memcpy(&info.origin.train_data, h + 184, 8);
     memcpy(&info.origin.val_data, h + 192, 8);
+    uint32_t untied;
+    memcpy(&untied, h + 200, 4);
+    if (untied > 1) fail("%s: checkpoint's untied-embeddings flag %u is not 0 or 1", path.c_str(), untied);
+    c.tied_embeddings = untied ? 0 : 1;
+    memcpy(&c.rope_factor, h + 204, 4);
+    memcpy(&c.rope_low_freq_factor, h + 208, 4);
+    memcpy(&c.rope_high_freq_factor, h + 212, 4);
+    memcpy(&c.rope_original_max_pos, h + 216, 4);
     if (info.schedule.frozen & ~kAllParamKinds)
         fail("%s: checkpoint's frozen parameter mask 0x%x names kinds that do not exist", path.c_str(), info.schedule.frozen);
     std::string err = config_error(c);

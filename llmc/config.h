@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+#include "math.h"
 #include "rand.h"
 #include "utils.h"
 
@@ -77,13 +78,20 @@ struct ModelConfig {
     int n_head = 4;         // H, query heads
     int n_kv_head = 2;      // Hkv, key/value heads; H % Hkv == 0 (GQA when Hkv < H)
     int head_dim = 64;      // D
-    int d_model = 256;      // C = H * D
+    int d_model = 256;      // C, the residual stream's width (the presets: H * D)
     int d_ff = 768;         // F, SwiGLU hidden width
     int max_seq_len = 256;  // longest sequence the model is trained for
     float rope_theta = 10000.0f;
     float norm_eps = 1e-5f;
     int qk_norm = QK_NORM_GAIN;
+    int tied_embeddings = 1;  // 1: wte is also the output projection; 0: lm_head is
+    // Llama 3 RoPE frequency scaling (math.h's rope_inv_freq); rope_factor 0: none.
+    float rope_factor = 0.0f;
+    float rope_low_freq_factor = 0.0f;
+    float rope_high_freq_factor = 0.0f;
+    int rope_original_max_pos = 0;
 
+    int attn_dim() const { return n_head * head_dim; }  // width of the attention: H * D, may differ from C
     int qkv_dim() const { return (n_head + 2 * n_kv_head) * head_dim; }  // rows of [Wq; Wk; Wv]
     int group_size() const { return n_head / n_kv_head; }  // query heads per key/value head
 };
@@ -106,9 +114,25 @@ static const ConfigField kConfigFields[] = {
     {"d_ff", &ModelConfig::d_ff, nullptr},             {"max_seq_len", &ModelConfig::max_seq_len, nullptr},
     {"rope_theta", nullptr, &ModelConfig::rope_theta}, {"norm_eps", nullptr, &ModelConfig::norm_eps},
     {"qk_norm", &ModelConfig::qk_norm, nullptr},  // QK_NORM_TABLE's place of the variant
+    {"tied_embeddings", &ModelConfig::tied_embeddings, nullptr},
+    {"rope_factor", nullptr, &ModelConfig::rope_factor},
+    {"rope_low_freq_factor", nullptr, &ModelConfig::rope_low_freq_factor},
+    {"rope_high_freq_factor", nullptr, &ModelConfig::rope_high_freq_factor},
+    {"rope_original_max_pos", &ModelConfig::rope_original_max_pos, nullptr},
 };
-static_assert(sizeof(ModelConfig) == 9 * sizeof(int) + 2 * sizeof(float),
+static_assert(sizeof(ModelConfig) == 11 * sizeof(int) + 5 * sizeof(float),
               "ModelConfig has changed: list every one of its fields in kConfigFields");
+
+// Whether c has field f at its default value, the one a file written before the field existed
+// means: qk_norm and the fields after it came later; the first fields have no such default.
+inline bool config_field_is_default(const ModelConfig& c, const ConfigField& f) {
+    static const ModelConfig defaults;
+    for (const ConfigField& g : kConfigFields) {  // the fields before qk_norm were always written
+        if (g.int_field == &ModelConfig::qk_norm) break;
+        if (&g == &f) return false;
+    }
+    return f.int_field ? c.*f.int_field == defaults.*f.int_field : c.*f.float_field == defaults.*f.float_field;
+}
 
 struct Preset {
     const char* name;
@@ -144,6 +168,24 @@ inline void apply_preset(ModelConfig& c, const Preset& p) {
 // trains, and low enough that no product of sizes the code forms in 32-bit arithmetic overflows.
 static const int kMaxConfigSize = 1 << 24;
 
+// The Llama 3 RoPE scaling fields: all zero (no scaling), or a factor of at least 1, frequency
+// factors 0 < low < high and an original context of at least 1 position.
+inline std::string rope_scaling_error(const ModelConfig& c) {
+    if (c.rope_factor == 0.0f) {
+        if (c.rope_low_freq_factor != 0.0f || c.rope_high_freq_factor != 0.0f || c.rope_original_max_pos != 0)
+            return "rope_low_freq_factor, rope_high_freq_factor and rope_original_max_pos must be 0 when rope_factor is 0 (no scaling)";
+        return "";
+    }
+    if (!(c.rope_factor >= 1.0f) || !std::isfinite(c.rope_factor))
+        return "rope_factor must be 0 (no scaling) or a finite number of at least 1";
+    if (!(c.rope_low_freq_factor > 0.0f) || !(c.rope_high_freq_factor > c.rope_low_freq_factor) ||
+        !std::isfinite(c.rope_high_freq_factor))
+        return "rope_low_freq_factor and rope_high_freq_factor must be finite with 0 < low < high";
+    if (c.rope_original_max_pos < 1 || c.rope_original_max_pos > kMaxConfigSize)
+        return strprintf("rope_original_max_pos %d must be between 1 and %d", c.rope_original_max_pos, kMaxConfigSize);
+    return "";
+}
+
 // Returns an empty string when the configuration is possible, else one sentence saying which
 // field is wrong and why (the caller adds the option or file name). Arithmetic in 64 bits: the
 // fields may come from a file.
@@ -163,15 +205,43 @@ inline std::string config_error(const ModelConfig& c) {
     long long width = (long long)c.n_head * c.head_dim;
     if (width > kMaxConfigSize)
         return strprintf("n_head %d times head_dim %d is above the limit of %d", c.n_head, c.head_dim, kMaxConfigSize);
-    if (c.d_model != width) return strprintf("d_model %d must equal n_head * head_dim = %lld", c.d_model, width);
     if ((long long)(c.n_head + 2LL * c.n_kv_head) * c.head_dim > kMaxConfigSize)
         return strprintf("(n_head + 2 n_kv_head) * head_dim is above the limit of %d", kMaxConfigSize);
+    if (c.d_model < 1) return strprintf("d_model %d must be at least 1", c.d_model);
     if (c.d_ff < 1) return strprintf("d_ff %d must be at least 1", c.d_ff);
     if (c.max_seq_len < 1) return strprintf("max_seq_len %d must be at least 1", c.max_seq_len);
     if (!(c.rope_theta > 1.0f) || !std::isfinite(c.rope_theta)) return "rope_theta must be a finite number greater than 1";
     if (!(c.norm_eps > 0.0f) || !std::isfinite(c.norm_eps)) return "norm_eps must be a finite positive number";
     if (c.qk_norm < 0 || c.qk_norm >= QK_NORM_NUM)
         return strprintf("qk_norm %d is not %s", c.qk_norm, names_in_words(kQkNormNames, QK_NORM_NUM, true).c_str());
+    if (c.tied_embeddings != 0 && c.tied_embeddings != 1) return strprintf("tied_embeddings %d is not 0 or 1", c.tied_embeddings);
+    return rope_scaling_error(c);
+}
+
+// The cos and sin of RoPE's angles at positions 0..T-1, [T][D/2] each (math.h's rope_inv_freq,
+// with the configuration's scaling): the tables both backends turn the pairs by.
+inline void rope_tables(const ModelConfig& c, int T, float* cos_table, float* sin_table) {
+    int half = c.head_dim / 2;
+    std::vector<double> inv_freq(half);
+    for (int i = 0; i < half; i++)
+        inv_freq[i] = rope_inv_freq(i, c.head_dim, c.rope_theta, c.rope_factor, c.rope_low_freq_factor,
+                                    c.rope_high_freq_factor, c.rope_original_max_pos);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < half; i++) {
+            double a = rope_angle(t, inv_freq[i]);
+            cos_table[(size_t)t * half + i] = (float)cos(a);
+            sin_table[(size_t)t * half + i] = (float)sin(a);
+        }
+}
+
+// The CUDA backend's kernels have been run with head_dim 64, d_model = n_head * head_dim, tied
+// embeddings and RoPE without scaling only: the first field of c outside those, in words, or "".
+inline std::string cuda_unsupported_field(const ModelConfig& c) {
+    if (c.head_dim != 64) return strprintf("head_dim %d (the CUDA kernels run head_dim 64 only)", c.head_dim);
+    if (c.d_model != c.attn_dim())
+        return strprintf("d_model %d apart from n_head * head_dim = %d", c.d_model, c.attn_dim());
+    if (!c.tied_embeddings) return "tied_embeddings 0 (an lm_head apart from wte)";
+    if (c.rope_factor != 0.0f) return strprintf("rope_factor %g (Llama 3 RoPE scaling)", c.rope_factor);
     return "";
 }
 
@@ -179,19 +249,20 @@ inline std::string config_error(const ModelConfig& c) {
 // Parameter layout. One flat float buffer holds every parameter (the checkpoint stores them in the
 // same order): the kinds of the table before the per-layer ones, then one block per layer of the
 // per-layer kinds in table order, then the kinds after them:
-//   wte | attn_norm wq wk wv q_gain k_gain wo mlp_norm w1 w3 w2 (layer 0) | ... (layer L-1) | final_norm
+//   wte | attn_norm wq wk wv q_gain k_gain wo mlp_norm w1 w3 w2 (layer 0) | ... (layer L-1) | final_norm | lm_head
 // Within a layer wq, wk, wv follow each other, so together they are one [(H+2Hkv)*D, C] matrix
 // and the three projections are one matrix product; w1 and w3 likewise form one [2F, C] matrix.
 //
 // The parameter kinds in layout order, one line each: the kind (P_<NAME>), its name (checkpoint
 // tensors, --freeze, the PyTorch reference), the shape of one tensor in the model's letters (V
 // vocabulary, C d_model, H and Hkv query and key/value heads, D head width, F SwiGLU width), its
-// role, one per layer (LAYER) or one in all (ONCE), and what it is. Roles: MATRIX, initialised
+// role, one per layer (LAYER), one in all (ONCE) or one when the embeddings are untied (UNTIED, else
+// none), and what it is. Roles: MATRIX, initialised
 // N(0, 0.02) and decayed; RESIDUAL, a matrix whose product adds to the residual stream (one of 2L
 // branches), initialised with that standard deviation divided by sqrt(2L); GAIN, initialised to 1,
 // not decayed. A bit mask over the kinds (bit k: kind k) says which are frozen.
 #define PARAM_TABLE(X)                                                                                  \
-    X(WTE, wte, (V, C), MATRIX, ONCE, "token embedding, also the output projection (tied)")          \
+    X(WTE, wte, (V, C), MATRIX, ONCE, "token embedding, also the output projection when tied")       \
     X(ATTN_NORM, attn_norm, (C), GAIN, LAYER, "gain of the RMSNorm before attention")                \
     X(WQ, wq, (H * D, C), MATRIX, LAYER, "query projection")                                         \
     X(WK, wk, (Hkv * D, C), MATRIX, LAYER, "key projection")                                         \
@@ -203,7 +274,8 @@ inline std::string config_error(const ModelConfig& c) {
     X(W1, w1, (F, C), MATRIX, LAYER, "SwiGLU gate projection")                                       \
     X(W3, w3, (F, C), MATRIX, LAYER, "SwiGLU up projection")                                         \
     X(W2, w2, (C, F), RESIDUAL, LAYER, "SwiGLU down projection")                                     \
-    X(FINAL_NORM, final_norm, (C), GAIN, ONCE, "gain of the final RMSNorm")
+    X(FINAL_NORM, final_norm, (C), GAIN, ONCE, "gain of the final RMSNorm")                          \
+    X(LM_HEAD, lm_head, (V, C), MATRIX, UNTIED, "output projection of untied embeddings")
 
 enum ParamKind {
 #define PARAM_ENUM(NAME, name, shape, role, count, meaning) P_##NAME,
@@ -213,7 +285,7 @@ enum ParamKind {
 };
 
 enum ParamRole { PARAM_MATRIX, PARAM_RESIDUAL, PARAM_GAIN };
-enum ParamCount { PARAM_ONCE, PARAM_LAYER };
+enum ParamCount { PARAM_ONCE, PARAM_LAYER, PARAM_UNTIED };
 
 struct ParamInfo {
     ParamRole role;
@@ -266,8 +338,15 @@ constexpr size_t shape_numel(Sizes... sizes) {
     return (size_t(1) * ... * (size_t)sizes);
 }
 
-// Tensors of this kind in the model: n_layer for a per-layer kind, else 1.
-inline int param_layers(const ModelConfig& c, int kind) { return param_is_per_layer(kind) ? c.n_layer : 1; }
+// Tensors of this kind in the model: n_layer for a per-layer kind, none for an UNTIED kind of a
+// model with tied embeddings, else 1.
+inline int param_layers(const ModelConfig& c, int kind) {
+    if (param_is_per_layer(kind)) return c.n_layer;
+    return kParams[kind].count == PARAM_UNTIED && c.tied_embeddings ? 0 : 1;
+}
+
+// The kind whose tensor turns the final norm's output into logits: wte when the embeddings are tied.
+inline int output_projection(const ModelConfig& c) { return c.tied_embeddings ? P_WTE : P_LM_HEAD; }
 
 // Tensors in the model, of every kind.
 inline int num_param_tensors(const ModelConfig& c) {
@@ -276,7 +355,8 @@ inline int num_param_tensors(const ModelConfig& c) {
     return n;
 }
 
-// Number of floats in one tensor of this kind (one layer's worth for per-layer kinds).
+// Number of floats in one tensor of this kind (one layer's worth for per-layer kinds; the size a
+// tensor would have for a kind the configuration has none of).
 inline size_t param_numel(const ModelConfig& c, int kind) {
     [[maybe_unused]] size_t V = c.vocab_size, C = c.d_model, H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, F = c.d_ff;
     switch (kind) {
@@ -323,6 +403,14 @@ inline size_t param_offset(const ModelConfig& c, int kind, int l = 0) {
 // values: no update, no weight decay, no part in the gradient norm.
 constexpr uint32_t param_kind_bit(int kind) { return 1u << kind; }
 static const uint32_t kAllParamKinds = (1u << P_NUM_KINDS) - 1;
+
+// The kinds of which the model has no tensor (lm_head when the embeddings are tied), as a mask.
+inline uint32_t absent_kinds(const ModelConfig& c) {
+    uint32_t mask = 0;
+    for (int kind = 0; kind < P_NUM_KINDS; kind++)
+        if (param_layers(c, kind) == 0) mask |= param_kind_bit(kind);
+    return mask;
+}
 
 // The kinds frozen in a run: those asked for, and the gains a --qk-norm variant without gains
 // holds at 1.

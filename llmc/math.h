@@ -46,11 +46,27 @@ HD float rmsnorm_dgain(float dy, float x, float r) { return dy * (x * r); }
 
 // ---------------------------------------------------------------------------------------------
 // RoPE, rotate-half convention: the pair (x[i], x[i + D/2]) at position t turns by the angle
-// t * theta^(-2i/D). The angle is formed in double precision: at t = 2047 a float angle would
-// already be off by ~1e-4 radians. Backends tabulate cos/sin once per run with this function.
-HD double rope_angle(int t, int i, int head_dim, double theta) {
-    return (double)t * pow(theta, -2.0 * (double)i / (double)head_dim);
+// t * f_i, f_i = theta^(-2i/D) its inverse frequency. Angles are formed in double precision: at
+// t = 2047 a float angle would already be off by ~1e-4 radians. Backends tabulate cos/sin once
+// per run with these functions (config.h's rope_tables).
+//
+// Llama 3's frequency scaling (factor > 0) stretches the slow pairs to a context `factor` times
+// the one the model was trained on (original_len positions), with wavelength 2 pi / f_i: a pair
+// whose wavelength is shorter than original_len / high_freq_factor keeps f_i, one longer than
+// original_len / low_freq_factor turns `factor` times slower, and between the two f_i is blended
+// linearly in original_len / wavelength from the one to the other.
+HD double rope_inv_freq(int i, int head_dim, double theta, double factor, double low_freq_factor,
+                        double high_freq_factor, double original_len) {
+    double f = pow(theta, -2.0 * (double)i / (double)head_dim);
+    if (factor == 0.0) return f;
+    double wavelength = 2.0 * 3.14159265358979323846 / f;
+    if (wavelength < original_len / high_freq_factor) return f;
+    if (wavelength > original_len / low_freq_factor) return f / factor;
+    double blend = (original_len / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor);
+    return (1.0 - blend) * f / factor + blend * f;
 }
+
+HD double rope_angle(int t, double inv_freq) { return (double)t * inv_freq; }
 
 // Forward rotation of one pair; the backward pass is the same rotation with -sin.
 HD void rope_rotate(float x0, float x1, float c, float s, float* y0, float* y1) {

@@ -4,7 +4,7 @@
 // come from math.h and are the ones the CUDA kernels use.
 //
 // Shapes: B batch, T sequence, N = B*T token rows, C model width, H query heads, Hkv key/value
-// heads, D head width, F SwiGLU width, V vocabulary, QKV = (H + 2 Hkv) D.
+// heads, D head width, A = H D attention width, F SwiGLU width, V vocabulary, QKV = (H + 2 Hkv) D.
 #pragma once
 #include <cblas.h>
 #include <omp.h>
@@ -63,15 +63,9 @@ inline void model_init(CpuModel& m, const ModelConfig& cfg, int max_B, int max_T
     m.grad_scratch.assign(dist.world > 1 && trains ? m.shard.size : 0, 0.0f);
     m.stat_sums.assign(m.stats_layout.total, 0.0);
     model_freeze(m, 0);
-    int D = cfg.head_dim, half = D / 2;
-    m.rope_cos.resize((size_t)cfg.max_seq_len * half);
-    m.rope_sin.resize((size_t)cfg.max_seq_len * half);
-    for (int t = 0; t < cfg.max_seq_len; t++)
-        for (int i = 0; i < half; i++) {
-            double a = rope_angle(t, i, D, cfg.rope_theta);
-            m.rope_cos[(size_t)t * half + i] = (float)cos(a);
-            m.rope_sin[(size_t)t * half + i] = (float)sin(a);
-        }
+    m.rope_cos.resize((size_t)cfg.max_seq_len * cfg.head_dim / 2);
+    m.rope_sin.resize(m.rope_cos.size());
+    rope_tables(cfg, cfg.max_seq_len, m.rope_cos.data(), m.rope_sin.data());
     ActivationDims dims = activation_dims(cfg, max_B, max_T, cfg.vocab_size);
     Arena count;
     carve_activations(m.acts, dims, Where::CPU, count);
@@ -249,7 +243,7 @@ inline void qk_norm_rope_backward(float* dqkv, float* dg_q, float* dg_k, const f
 // ATTN_NUM_ROW_STATS arrays [B, H, T], in AttentionRowStat order.
 inline void attention_forward(float* atty, float* lse, float* row_stats, const float* qk_rope, const float* qkv,
                               int B, int T, const ModelConfig& c) {
-    int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, NH = H + Hkv, QKV = c.qkv_dim(), C = c.d_model;
+    int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, NH = H + Hkv, QKV = c.qkv_dim(), A = c.attn_dim();
     int group = c.group_size();
     float scale = 1.0f / sqrtf((float)D);
 #pragma omp parallel
@@ -289,8 +283,8 @@ inline void attention_forward(float* atty, float* lse, float* row_stats, const f
                         row_stats[ATTN_STAT_LOGIT_MAX * rows + r] = m;
                     }
                 }
-                float* y = atty + (size_t)b * T * C + (size_t)h * D;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, T, 1.0f, S.data(), T, v, QKV, 0.0f, y, C);
+                float* y = atty + (size_t)b * T * A + (size_t)h * D;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, T, 1.0f, S.data(), T, v, QKV, 0.0f, y, A);
             }
         }
     }
@@ -303,7 +297,7 @@ inline void attention_forward(float* atty, float* lse, float* row_stats, const f
 //   dQ = dS K,    dK += dS^T Q,    dV += P^T dY.
 inline void attention_backward(float* dqk, float* dqkv, const float* datty, const float* atty, const float* lse,
                                const float* qk_rope, const float* qkv, int B, int T, const ModelConfig& c) {
-    int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, NH = H + Hkv, QKV = c.qkv_dim(), C = c.d_model;
+    int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, NH = H + Hkv, QKV = c.qkv_dim(), A = c.attn_dim();
     int group = c.group_size();
     float scale = 1.0f / sqrtf((float)D);
 #pragma omp parallel
@@ -318,17 +312,17 @@ inline void attention_backward(float* dqk, float* dqkv, const float* datty, cons
                 float* dv = dqkv + (size_t)b * T * QKV + (size_t)(H + Hkv + kvh) * D;
                 for (int h = kvh * group; h < (kvh + 1) * group; h++) {
                     const float* q = qk_rope + ((size_t)b * T * NH + h) * D;
-                    const float* y = atty + (size_t)b * T * C + (size_t)h * D;
-                    const float* dy = datty + (size_t)b * T * C + (size_t)h * D;
+                    const float* y = atty + (size_t)b * T * A + (size_t)h * D;
+                    const float* dy = datty + (size_t)b * T * A + (size_t)h * D;
                     float* dq = dqk + ((size_t)b * T * NH + h) * D;
                     const float* row_lse = lse + ((size_t)b * H + h) * T;
                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, D, scale, q, NH * D, k, NH * D, 0.0f, P.data(), T);
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, D, 1.0f, dy, C, v, QKV, 0.0f, dS.data(), T);
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, D, 1.0f, dy, A, v, QKV, 0.0f, dS.data(), T);
                     for (int t = 0; t < T; t++) {
                         float* p = &P[(size_t)t * T];
                         float* ds = &dS[(size_t)t * T];
                         float dyy = 0.0f;
-                        for (int i = 0; i < D; i++) dyy += dy[(size_t)t * C + i] * y[(size_t)t * C + i];
+                        for (int i = 0; i < D; i++) dyy += dy[(size_t)t * A + i] * y[(size_t)t * A + i];
 #pragma omp simd
                         for (int j = 0; j <= t; j++) {
                             p[j] = expf(p[j] - row_lse[t]);
@@ -339,7 +333,7 @@ inline void attention_backward(float* dqk, float* dqkv, const float* datty, cons
                     bool first = h == kvh * group;  // the first head of the group sets dK, dV; the others add
                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, T, 1.0f, dS.data(), T, k, NH * D, 0.0f, dq, NH * D);
                     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, D, T, 1.0f, dS.data(), T, q, NH * D, first ? 0.0f : 1.0f, dk, NH * D);
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, D, T, 1.0f, P.data(), T, dy, C, first ? 0.0f : 1.0f, dv, QKV);
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, D, T, 1.0f, P.data(), T, dy, A, first ? 0.0f : 1.0f, dv, QKV);
                 }
             }
         }
@@ -481,7 +475,7 @@ inline float model_forward(CpuModel& m, const int* tokens, const int* targets, i
     if (B > m.max_B || T > m.max_T) fail("internal: batch %dx%d exceeds the allocated %dx%d", B, T, m.max_B, m.max_T);
     m.B = B;
     m.T = T;
-    int N = B * T, C = c.d_model, F = c.d_ff, V = c.vocab_size, L = c.n_layer, QKV = c.qkv_dim();
+    int N = B * T, C = c.d_model, F = c.d_ff, V = c.vocab_size, L = c.n_layer, QKV = c.qkv_dim(), A = c.attn_dim();
     Activations<float>& a = m.acts;
     const float* wte = param_ptr(m, P_WTE);
 #pragma omp parallel for
@@ -506,7 +500,7 @@ inline float model_forward(CpuModel& m, const int* tokens, const int* targets, i
             std::copy_n(param_ptr(m, P_Q_GAIN, l), c.head_dim, gains);
             std::copy_n(param_ptr(m, P_K_GAIN, l), c.head_dim, gains + c.head_dim);
         }
-        matmul_forward(la.res_attn, la.atty, param_ptr(m, P_WO, l), N, C, C);
+        matmul_forward(la.res_attn, la.atty, param_ptr(m, P_WO, l), N, A, C);
 #pragma omp parallel for
         for (size_t i = 0; i < (size_t)N * C; i++) la.res_attn[i] += x[i];
 
@@ -519,7 +513,7 @@ inline float model_forward(CpuModel& m, const int* tokens, const int* targets, i
     }
     const float* xL = layer_activations(a, dims, L - 1).res_mlp;
     rmsnorm_forward(a.lnf, a.lnf_rstd, xL, param_ptr(m, P_FINAL_NORM), N, C, c.norm_eps);
-    matmul_forward(a.logits, a.lnf, wte, N, C, V);  // tied embedding
+    matmul_forward(a.logits, a.lnf, param_ptr(m, output_projection(c)), N, C, V);
     if (!targets) return 0.0f;
     crossentropy_forward(a.losses, a.logit_lse, a.logits, targets, N, V);
     double sum = 0;
@@ -532,12 +526,14 @@ inline float model_forward(CpuModel& m, const int* tokens, const int* targets, i
 inline void model_backward(CpuModel& m, const int* tokens, const int* targets, float loss_scale) {
     const ModelConfig& c = m.cfg;
     int B = m.B, T = m.T, N = B * T, C = c.d_model, F = c.d_ff, V = c.vocab_size, L = c.n_layer, QKV = c.qkv_dim();
+    int A = c.attn_dim();
     Activations<float>& a = m.acts;
     ActivationDims dims = activation_dims(c, B, T, V);
 
-    // Classifier: dlogits in place, then into the final norm and the (tied) embedding.
+    // Classifier: dlogits in place, then into the final norm and the output projection.
     crossentropy_backward_inplace(a.logits, a.logit_lse, targets, N, V, loss_scale / N);
-    matmul_backward(a.dln, grad_ptr(m, P_WTE), a.logits, a.lnf, param_ptr(m, P_WTE), N, C, V, false);
+    int out = output_projection(c);
+    matmul_backward(a.dln, grad_ptr(m, out), a.logits, a.lnf, param_ptr(m, out), N, C, V, false);
     std::fill(a.dres, a.dres + (size_t)N * C, 0.0f);
     rmsnorm_backward(a.dres, grad_ptr(m, P_FINAL_NORM), a.dln, layer_activations(a, dims, L - 1).res_mlp, a.lnf_rstd,
                      param_ptr(m, P_FINAL_NORM), N, C);
@@ -553,7 +549,7 @@ inline void model_backward(CpuModel& m, const int* tokens, const int* targets, f
         rmsnorm_backward(a.dres, grad_ptr(m, P_MLP_NORM, l), a.dln, la.res_attn, la.ln2_rstd, param_ptr(m, P_MLP_NORM, l),
                          N, C);
         // Attention block: res_attn = x + atty @ Wo^T.
-        matmul_backward(a.datty, grad_ptr(m, P_WO, l), a.dres, la.atty, param_ptr(m, P_WO, l), N, C, C, false);
+        matmul_backward(a.datty, grad_ptr(m, P_WO, l), a.dres, la.atty, param_ptr(m, P_WO, l), N, A, C, false);
         attention_backward(a.dqk, a.dqkv, a.datty, la.atty, la.att_lse, la.qk_rope, la.qkv, B, T, c);
         qk_norm_rope_backward(a.dqkv, grad_ptr(m, P_Q_GAIN, l), grad_ptr(m, P_K_GAIN, l), a.dqk, la.qkv, la.qk_rstd,
                               param_ptr(m, P_Q_GAIN, l), param_ptr(m, P_K_GAIN, l), m.rope_cos.data(),

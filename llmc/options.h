@@ -19,7 +19,8 @@
 struct Options {
     std::string train_pattern, val_pattern, tokenizer, out_dir, init_ckpt, resume_ckpt;
     std::string preset = "d6", device = "auto", data_dir = "data/brown", qk_norm = "gain", freeze;
-    int n_layer = 0, n_head = 0, n_kv_head = 0, head_dim = 0, d_ff = 0, max_seq_len = 0, vocab_size = 0;
+    int n_layer = 0, n_head = 0, n_kv_head = 0, head_dim = 0, d_model = 0, d_ff = 0, max_seq_len = 0, vocab_size = 0;
+    int tied_embeddings = 1;
     float rope_theta = 10000.0f, norm_eps = 1e-5f;
     int batch = 4, seq_len = 0, total_batch = 0, steps = 800, warmup = 40;
     float lr = 3e-3f, lr_floor = 0.1f, weight_decay = 0.1f, clip = 1.0f, beta1 = 0.9f, beta2 = 0.95f;
@@ -51,14 +52,16 @@ static constexpr OptSpec kOptions[] = {
     // model
     OPT("-m", "--preset", OPT_STR, preset, "model preset: d6 (default, minutes on a CPU), d12, d22 (the reports' model)"),
     OPT("", "--n-layer", OPT_INT, n_layer, "transformer blocks (overrides the preset)"),
-    OPT("", "--n-head", OPT_INT, n_head, "query heads (d_model = n_head * head_dim)"),
+    OPT("", "--n-head", OPT_INT, n_head, "query heads (d_model = n_head * head_dim unless --d-model)"),
     OPT("", "--n-kv-head", OPT_INT, n_kv_head, "key/value heads; must divide n_head (GQA when fewer)"),
-    OPT("", "--head-dim", OPT_INT, head_dim, "width of a head (presets: 64)"),
+    OPT("", "--head-dim", OPT_INT, head_dim, "width of a head (presets: 64; the CUDA backend runs 64 only)"),
+    OPT("", "--d-model", OPT_INT, d_model, "width of the residual stream, when not n_head * head_dim (CPU only)"),
     OPT("", "--d-ff", OPT_INT, d_ff, "SwiGLU hidden width"),
     OPT("", "--max-seq-len", OPT_INT, max_seq_len, "longest sequence the model is built for"),
     OPT("", "--vocab-size", OPT_INT, vocab_size, "vocabulary size (default: the tokenizer's; required for shards without one)"),
     OPT("", "--rope-theta", OPT_FLOAT, rope_theta, "RoPE base"),
     OPT("", "--norm-eps", OPT_FLOAT, norm_eps, "epsilon inside every RMSNorm"),
+    OPT("", "--tied-embeddings", OPT_INT, tied_embeddings, "1: wte is also the output projection; 0: an lm_head of its own (CPU only)"),
     OPT("", "--qk-norm", OPT_STR, qk_norm, "how each query and key head is normalised before RoPE:"),  // and the variants
     OPT("", "--freeze", OPT_STR, freeze, "parameter kinds kept at their initial or loaded values, comma-separated (e.g. k_gain or q_gain,k_gain)"),
     OPT("-e", "--init", OPT_STR, init_ckpt, "start from the weights of this checkpoint (optimiser state fresh)"),
@@ -295,6 +298,7 @@ inline Options parse_options(int argc, char** argv, std::set<std::string>& given
     need(o.threads >= 0, OPTION_LABEL("--threads"), "must not be negative");
     need(o.shuffle == 0 || o.shuffle == 1, OPTION_LABEL("--shuffle"), "must be 0 or 1");
     need(o.profile == 0 || o.profile == 1, OPTION_LABEL("--profile"), "must be 0 or 1");
+    need(o.tied_embeddings == 0 || o.tied_embeddings == 1, OPTION_LABEL("--tied-embeddings"), "must be 0 or 1");
     need(o.allow_changes == 0 || o.allow_changes == 1, OPTION_LABEL("--allow-changes"), "must be 0 or 1");
     need(o.device == "auto" || o.device == "cpu" || o.device == "cuda", OPTION_LABEL("--device"), "must be auto, cpu or cuda");
     need(o.measure >= 0, OPTION_LABEL("--measure"), "must not be negative (0: train)");
@@ -326,8 +330,8 @@ struct ModelOption {
 static const ModelOption kModelOptions[] = {
     {"--n-layer", &Options::n_layer, &ModelConfig::n_layer},       {"--n-head", &Options::n_head, &ModelConfig::n_head},
     {"--n-kv-head", &Options::n_kv_head, &ModelConfig::n_kv_head}, {"--head-dim", &Options::head_dim, &ModelConfig::head_dim},
-    {"--d-ff", &Options::d_ff, &ModelConfig::d_ff},                {"--max-seq-len", &Options::max_seq_len, &ModelConfig::max_seq_len},
-    {"--vocab-size", &Options::vocab_size, &ModelConfig::vocab_size}};
+    {"--d-model", &Options::d_model, &ModelConfig::d_model},       {"--d-ff", &Options::d_ff, &ModelConfig::d_ff},
+    {"--max-seq-len", &Options::max_seq_len, &ModelConfig::max_seq_len}, {"--vocab-size", &Options::vocab_size, &ModelConfig::vocab_size}};
 
 // A message about the configuration in the words of the options the user typed: "n_head 2 is not
 // a multiple of n_kv_head 3" reads "--n-head 2 is not a multiple of --n-kv-head 3". A field of
@@ -376,6 +380,9 @@ inline ModelConfig resolve_config(const Options& o, const std::set<std::string>&
         if (given.count("--qk-norm") && qk_norm_index(o.qk_norm) != c.qk_norm)
             fail("option %s %s does not match the checkpoint %s, which has %s", OPTION_LABEL("--qk-norm"), o.qk_norm.c_str(),
                  ckpt.c_str(), kQkNormNames[c.qk_norm]);
+        if (given.count("--tied-embeddings") && o.tied_embeddings != c.tied_embeddings)
+            fail("option %s %d does not match the checkpoint %s, which has %d", OPTION_LABEL("--tied-embeddings"),
+                 o.tied_embeddings, ckpt.c_str(), c.tied_embeddings);
         return c;
     }
     const Preset* p = find_preset(o.preset.c_str());
@@ -387,10 +394,11 @@ inline ModelConfig resolve_config(const Options& o, const std::set<std::string>&
             fail("option %s must be at least 1", option_label(m.option).c_str());
         else if (o.*m.value)
             c.*m.field = o.*m.value;
-    c.d_model = c.n_head * c.head_dim;
+    if (!o.d_model) c.d_model = c.n_head * c.head_dim;
     c.rope_theta = o.rope_theta;
     c.norm_eps = o.norm_eps;
     c.qk_norm = qk_norm_index(o.qk_norm);
+    c.tied_embeddings = o.tied_embeddings;
     if (tokenizer_vocab && o.vocab_size && o.vocab_size != tokenizer_vocab)
         fail("option %s %d does not match the tokenizer's %d", OPTION_LABEL("--vocab-size"), o.vocab_size, tokenizer_vocab);
     if (!c.vocab_size)
@@ -413,7 +421,7 @@ inline std::string model_size_culprit(const Options& o, const std::set<std::stri
         if (!given.count(f.option)) continue;
         ModelConfig smaller = c;
         smaller.*f.field = preset.*f.field;
-        smaller.d_model = smaller.n_head * smaller.head_dim;
+        if (!o.d_model || f.field == &ModelConfig::d_model) smaller.d_model = smaller.n_head * smaller.head_dim;
         if (num_parameters(smaller) < smallest) {
             smallest = num_parameters(smaller);
             culprit = strprintf("%s %d", option_label(f.option).c_str(), c.*f.field);

@@ -47,6 +47,7 @@ struct RunInfo {
     uint64_t seed = 0;
     std::string backend, device;  // backend is "cpu" or "cuda"
     int num_processes = 1;        // of a data-parallel run (distributed.h)
+    int64_t train_tokens = -1;    // tokens in the training shards, one epoch; -1: not known
     // Who writes: the run's id (the same in every log and checkpoint of the run) and that of this
     // continuation (each start or resume of ./train has its own); a resumed run also names the
     // continuation that wrote its checkpoint and the checkpoint's step. Zero: none (not resumed,
@@ -98,6 +99,7 @@ inline std::string runlog_run_members(const RunInfo& info, const char* sep) {
     j += sep + ("\"backend\": " + json_string(info.backend));
     j += sep + ("\"device\": " + json_string(info.device));
     j += sep + strprintf("\"num_processes\": %d", info.num_processes);
+    if (info.train_tokens >= 0) j += sep + strprintf("\"train_tokens\": %lld", (long long)info.train_tokens);
     if (info.run_id) j += sep + ("\"run_id\": " + json_id(info.run_id));
     if (info.continuation) j += sep + ("\"continuation\": " + json_id(info.continuation));
     if (info.resumed_from) j += sep + ("\"resumed_from\": " + json_id(info.resumed_from));

@@ -26,7 +26,7 @@
 inline std::string runlog_config_difference(const JsonValue& logged, const ModelConfig& config) {
     for (const ConfigField& f : kConfigFields) {
         const JsonValue* v = logged.get(f.name);
-        if (!v && f.int_field == &ModelConfig::qk_norm && config.qk_norm == QK_NORM_GAIN) continue;  // logs before variants
+        if (!v && config_field_is_default(config, f)) continue;  // a log older than the field: the model it knew
         if (!v) return strprintf("the model configuration in the header has no %s", f.name);
         char* end = nullptr;
         bool same = v->kind == JsonValue::NUMBER &&
@@ -42,8 +42,8 @@ inline std::string runlog_config_difference(const JsonValue& logged, const Model
 
 // Empty when the members of the header besides the record table hold what docs/log_format.md
 // says, as the reader checks them: created, backend and device strings, options an object of
-// strings, seed an integer in [0, 2^64), num_processes a positive integer, config an object of
-// numbers. Else where it is wrong.
+// strings, seed an integer in [0, 2^64), num_processes a positive integer, train_tokens an integer
+// of at least 0, config an object of numbers. Else where it is wrong.
 inline std::string runlog_header_members_problem(const JsonValue& header) {
     for (const char* key : {"created", "backend", "device"}) {
         const JsonValue* v = header.get(key);
@@ -61,6 +61,9 @@ inline std::string runlog_header_members_problem(const JsonValue& header) {
     const JsonValue* processes = header.get("num_processes");
     if (processes && (!json_is_integer(processes) || processes->text[0] == '-' || processes->text == "0"))
         return "its num_processes is " + json_text(*processes).substr(0, 40) + ", not a positive integer";
+    const JsonValue* tokens = header.get("train_tokens");
+    if (tokens && (!json_is_integer(tokens) || (tokens->text[0] == '-' && tokens->text != "-0")))
+        return "its train_tokens is " + json_text(*tokens).substr(0, 40) + ", not a number of tokens";
     if (!config || config->kind != JsonValue::OBJECT) return "it holds no model configuration";
     for (const auto& member : config->members)
         if (member.second.kind != JsonValue::NUMBER)

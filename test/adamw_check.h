@@ -46,7 +46,7 @@ inline void check_adamw_final_weights(const std::string& label, const ModelConfi
     for (int t = 0; t < steps; t++) S += lr_at_step(t, steps, warmup, peak, floor);
     double bc2 = 1.0 - pow(k.beta2, steps), u = std::ldexp(1.0, -24);
     for (int kind = 0; kind < P_NUM_KINDS; kind++)
-        for (int l = 0; l < (param_is_per_layer(kind) ? c.n_layer : 1); l++) {
+        for (int l = 0; l < param_layers(c, kind); l++) {
             size_t off = param_offset(c, kind, l), n = param_numel(c, kind);
             std::string name = label + "adamw final weights " + param_name(kind, l);
             if (frozen & param_kind_bit(kind)) {

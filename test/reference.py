@@ -10,8 +10,10 @@ builds a small configuration from a seed, writes its weights as a checkpoint (DI
 the format of llmc/checkpoint.h) and a debug state (DIR/debug_state.bin, the format of
 test/tensorfile.h): the batch, the logits, the loss, every gradient, every statistic, and the
 losses, final parameters and final second moments of a few AdamW steps. The same for the --qk-norm variants (DIR/plain.ckpt,
-DIR/debug_plain.bin, DIR/none.ckpt, DIR/debug_none.bin) and for --freeze wk,k_gain (DIR/debug_freeze.bin,
-from model.ckpt). Then a trained state whose deeper layers' keys are close to low rank
+DIR/debug_plain.bin, DIR/none.ckpt, DIR/debug_none.bin), for --freeze wk,k_gain (DIR/debug_freeze.bin,
+from model.ckpt), and for two models of the shapes of pretrained ones (head_dim 128, an attention
+width other than d_model): a Qwen3 with untied embeddings (DIR/qwen3.ckpt, DIR/debug_qwen3.bin) and a
+Llama with Llama 3 RoPE scaling (DIR/llama3.ckpt, DIR/debug_llama3.bin). Then a trained state whose deeper layers' keys are close to low rank
 (DIR/trained.ckpt, DIR/debug_trained.bin; no AdamW steps). The C++ and CUDA tests compare against
 all of them.
 """
@@ -206,6 +208,14 @@ def adamw_steps(p, c, tokens, targets, steps, lr_of_step, weight_decay, clip, fr
     return losses, norms, v
 
 
+def variant(c, **fields):
+    """A copy of the configuration c with some fields changed."""
+    cv = copy.copy(c)
+    for name, value in fields.items():
+        setattr(cv, name, value)
+    return cv
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="directory for the checkpoints and debug states")
@@ -231,17 +241,27 @@ def main():
     os.makedirs(args.out, exist_ok=True)
 
     # The initial state, and AdamW steps from it with the trainer's schedule; then the same for the
-    # other --qk-norm variants (plain.ckpt, none.ckpt) and for --freeze wk,k_gain (the same weights).
+    # other --qk-norm variants (plain.ckpt, none.ckpt) and for --freeze wk,k_gain (the same weights);
+    # then for two models of the shapes of pretrained ones, 2 layers of head_dim 128, GQA, with an
+    # attention width (4 x 128) other than d_model (192): a Qwen3 with untied embeddings
+    # (qwen3.ckpt), and a Llama (qk-norm none) with Llama 3 RoPE scaling, each of its bands of
+    # frequencies present: kept, blended, slowed (llama3.ckpt). (With three layers and untied
+    # embeddings, or the scaling, the steps are so sensitive that PyTorch's own float32 steps stray
+    # from float64 by 1e-4: the comparison would measure float32, not the backend.)
     schedule = lambda step: lr_at_step(step, args.steps, warmup, lr, lr * floor_frac)
     hyper = np.array([args.steps, warmup, lr, floor_frac, weight_decay, clip], dtype="<f8")
-    cases = [("model.ckpt", "debug_state.bin", "gain", []), ("plain.ckpt", "debug_plain.bin", "plain", []),
-             ("none.ckpt", "debug_none.bin", "none", []), (None, "debug_freeze.bin", "gain", ["wk", "k_gain"])]
-    for ckpt, debug, variant, frozen in cases:
-        cv = copy.copy(c)
-        cv.qk_norm = variant
+    wide = Config(vocab_size=320, n_layer=2, n_head=4, n_kv_head=2, head_dim=128, d_ff=192, max_seq_len=64, d_model=192)
+    qwen3 = variant(wide, tied_embeddings=False)
+    llama3 = variant(wide, qk_norm="none", rope_factor=8.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+                     rope_original_max_pos=32)
+    cases = [("model.ckpt", "debug_state.bin", c, []), ("plain.ckpt", "debug_plain.bin", variant(c, qk_norm="plain"), []),
+             ("none.ckpt", "debug_none.bin", variant(c, qk_norm="none"), []), (None, "debug_freeze.bin", c, ["wk", "k_gain"]),
+             ("qwen3.ckpt", "debug_qwen3.bin", qwen3, []), ("llama3.ckpt", "debug_llama3.bin", llama3, [])]
+    for ckpt, debug, cv, frozen in cases:
+        weights = init_params(cv, args.seed)  # params32 where the shapes are c's
         if ckpt:
-            write_checkpoint(os.path.join(args.out, ckpt), cv, params32)
-        p, tensors = exact_state(params32, cv, tokens, targets)
+            write_checkpoint(os.path.join(args.out, ckpt), cv, weights)
+        p, tensors = exact_state(weights, cv, tokens, targets)
         losses, norms, adam_v = adamw_steps(p, cv, tokens, targets, args.steps, schedule, weight_decay, clip, frozen)
         final = np.concatenate([p[n].detach().numpy().reshape(-1) for n, _ in tensor_shapes(cv)])
         tensors += [

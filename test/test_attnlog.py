@@ -28,7 +28,8 @@ SCRIPT = ROOT / "scripts" / "attnlog.py"
 # -- what test_runlog writes -------------------------------------------------------------------------
 
 CONFIG = {"vocab_size": 96, "n_layer": 3, "n_head": 4, "n_kv_head": 2, "head_dim": 8, "d_model": 32,
-          "d_ff": 80, "max_seq_len": 16, "rope_theta": 500000.0, "norm_eps": 1e-06, "qk_norm": 0}
+          "d_ff": 80, "max_seq_len": 16, "rope_theta": 500000.0, "norm_eps": 1e-06, "qk_norm": 0, "tied_embeddings": 1,
+          "rope_factor": 0.0, "rope_low_freq_factor": 0.0, "rope_high_freq_factor": 0.0, "rope_original_max_pos": 0}
 OPTIONS = {"data": 'C:\\runs\\"best".bin', "lr": "0.003", "comment": "tab\there\nnew line, ünïcode ✓",
            "control": "\x01\x1f", "bytes": "\ufffd ok"}
 SCALARS = ["loss", "lr", "grad_norm", "tokens_per_s", "ms"]
@@ -184,11 +185,11 @@ def test_header_fields(log_path):
     assert log.version == 1 and h["format"] == "attnlog" and h["version"] == 1
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", h["created"])
     assert log.config == CONFIG and list(log.config) == list(CONFIG)
-    assert all(type(log.config[k]) is int for k in CONFIG if k not in ("rope_theta", "norm_eps"))
+    assert all(type(log.config[k]) is int for k in CONFIG if k not in ("rope_theta", "norm_eps") and "factor" not in k)
     assert h["options"] == OPTIONS and list(h["options"]) == list(OPTIONS)
     assert h["seed"] == 2**64 - 1
     assert (h["backend"], h["device"]) == ("cpu", 'test device "x" \\ 2 cores')
-    assert h["num_processes"] == 3
+    assert h["num_processes"] == 3 and h["train_tokens"] == 1420931
     table = h["records"]
     assert [(t["type"], t["name"]) for t in table] == [(1, "step"), (2, "val"), (3, "telemetry"), (4, "note")]
     assert [f["name"] for f in table[0]["fields"]] == SCALARS
@@ -202,13 +203,13 @@ def test_header_fields(log_path):
 
 def test_header_without_num_processes(tmp_path, data):
     """Logs written before data-parallel training have no "num_processes": one process, read as
-    such; the writer's (3 processes) is shown by info."""
+    such; the writer's (3 processes) is shown by info. Nor do they have "train_tokens"."""
     assert "3 process(es)" in run_cli("info", saved(tmp_path, data, "three.attnlog")).stdout
     header = json.loads(data[20:20 + struct.unpack_from("<I", data, 12)[0]])
-    del header["num_processes"]
+    del header["num_processes"], header["train_tokens"]
     path = saved(tmp_path, with_header(data, json.dumps(header).encode()))
     log = attnlog.open_log(path)
-    assert "num_processes" not in log.header and log.problems == []
+    assert "num_processes" not in log.header and "train_tokens" not in log.header and log.problems == []
     check_values(log, range(10))
     result = run_cli("info", path)
     assert result.returncode == 0 and result.stdout.endswith("problems: none\n"), result.stderr
@@ -676,6 +677,8 @@ MALFORMED_HEADERS = [  # (what, edit of the header or its text, parts of the one
     ("device a list", setter("device", value=["gpu"]), ['device is ["gpu"], not a string']),
     ("no processes", setter("num_processes", value=0), ["num_processes is 0, not a positive integer"]),
     ("processes as text", setter("num_processes", value="2"), ['num_processes is "2", not an integer']),
+    ("tokens negative", setter("train_tokens", value=-1), ["train_tokens is -1, not a number of tokens"]),
+    ("tokens as float", setter("train_tokens", value=1.5), ["train_tokens is 1.5, not an integer"]),
     ("version as bool", setter("version", value=True), ["the text says format 'attnlog' version True"]),
     ("measurement a path", setter("measurement", value="a.ckpt"), ['measurement is "a.ckpt", not an object']),
     ("measurement without checkpoint", setter("measurement", value={"step": 3}), ["measurement has no 'checkpoint'"]),

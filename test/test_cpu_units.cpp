@@ -350,6 +350,53 @@ static void test_init() {
     check_close("init: wte std 0.02, w2 std 0.02/sqrt(2L), gains 1", got, want, 3, 0.05, 0);
 }
 
+// The fields of pretrained models: what the CUDA backend refuses (naming the field), the kinds an
+// untied model adds (lm_head: a decayed matrix, which --freeze can name only when it exists), the
+// memory it needs, and the RoPE scaling's three bands of frequencies.
+static void test_pretrained_fields() {
+    ModelConfig c = small_config();
+    c.head_dim = 64;
+    c.d_model = 4 * 64;
+    ModelConfig untied = c, wide = c, scaled = c, d128 = c;
+    untied.tied_embeddings = 0;
+    wide.d_model = 48;
+    scaled.rope_factor = 8.0f, scaled.rope_low_freq_factor = 1.0f, scaled.rope_high_freq_factor = 4.0f;
+    scaled.rope_original_max_pos = 32;
+    d128.head_dim = 128;
+    d128.d_model = 4 * 128;
+    report(config_error(wide).empty() && config_error(untied).empty() && config_error(scaled).empty(),
+           "config: d_model apart from n_head * head_dim, untied embeddings and RoPE scaling are possible");
+    report(cuda_unsupported_field(c).empty() && cuda_unsupported_field(d128).find("head_dim 128") == 0 &&
+               cuda_unsupported_field(wide).find("d_model 48") == 0 &&
+               cuda_unsupported_field(untied).find("tied_embeddings 0") == 0 &&
+               cuda_unsupported_field(scaled).find("rope_factor 8") == 0,
+           "CUDA backend: refuses head_dim 128, d_model apart, untied embeddings and RoPE scaling by the field's name",
+           cuda_unsupported_field(wide));
+    report(absent_kinds(c) == param_kind_bit(P_LM_HEAD) && absent_kinds(untied) == 0 && param_is_matrix(P_LM_HEAD) &&
+               adamw_segments(untied, 0).back().decay == 1 &&
+               adamw_segments(untied, 0).back().start + adamw_segments(untied, 0).back().count == (long long)num_parameters(untied),
+           "untied embeddings: lm_head exists only then, last in the layout, and takes weight decay");
+    // The memory estimate counts lm_head's weights, gradients and AdamW moments: 16 bytes each.
+    CpuModel m;
+    double extra = memory_need(m, untied, 2, 8).weights - memory_need(m, c, 2, 8).weights;
+    report(extra == 16.0 * c.vocab_size * c.d_model, "memory estimate: lm_head's V x C weights, gradients and moments",
+           strprintf("%.0f bytes more", extra));
+    // The inverse frequencies of head_dim 64, theta 10^4, with factor 8 and bands of wavelength
+    // 32 / 4 = 8 and 32 / 1 = 32: pair 0 (wavelength 2 pi) keeps its frequency, pairs 1..5
+    // (wavelength 8.4 to 26.5) are blended, the rest (35.3 and up) are 8 times slower. Pair 3 by
+    // hand: wavelength 2 pi 10^(3/8) = 14.90, s = (32 / 14.90 - 1) / 3 = 0.3826, ratio
+    // s + (1 - s) / 8 = 0.4597.
+    auto ratio = [&](int i) {
+        double plain = rope_inv_freq(i, 64, 1e4, 0, 0, 0, 0);
+        return rope_inv_freq(i, 64, 1e4, 8, 1, 4, 32) / plain;
+    };
+    double wavelength3 = 2 * M_PI * pow(1e4, 6.0 / 64), s3 = (32 / wavelength3 - 1) / 3;
+    report(ratio(0) == 1.0 && ratio(1) < 1.0 && ratio(5) > 0.125 && ratio(6) == 0.125 && ratio(31) == 0.125 &&
+               fabs(ratio(3) - (s3 + (1 - s3) / 8)) < 1e-15 && fabs(ratio(3) - 0.4597) < 1e-4,
+           "rope scaling: high frequencies kept, low ones divided by the factor, the band between blended",
+           strprintf("pair 3: %.6f", ratio(3)));
+}
+
 static void test_checkpoint() {
     ModelConfig c = small_config();
     size_t P = num_parameters(c);
@@ -390,6 +437,28 @@ static void test_checkpoint() {
     CheckpointInfo variant_back = checkpoint_read_header(variant_path);
     report(variant_back.config.qk_norm == QK_NORM_NONE && variant_back.schedule.frozen == variant.schedule.frozen,
            "checkpoint round trip: qk_norm and the frozen kinds");
+    // A model of a pretrained one's shape: untied (lm_head follows final_norm), d_model apart from
+    // n_head * head_dim, Llama 3 RoPE scaling.
+    CheckpointInfo pretrained = info;
+    ModelConfig& pc = pretrained.config;
+    pc.tied_embeddings = 0;
+    pc.d_model = 24;
+    pc.rope_factor = 8.0f, pc.rope_low_freq_factor = 1.0f, pc.rope_high_freq_factor = 4.0f, pc.rope_original_max_pos = 8192;
+    size_t PP = num_parameters(pc);
+    std::vector<float> pp(PP), pm(PP, 0.5f), pv(PP, 0.25f), pp2(PP), pm2(PP), pv2(PP);
+    for (size_t i = 0; i < PP; i++) pp[i] = rng_normal(rng);
+    std::string pretrained_path = std::string(dir) + "/pretrained.ckpt";
+    checkpoint_write(pretrained_path, pretrained, pp.data(), pm.data(), pv.data());
+    CheckpointInfo pretrained_back = checkpoint_read(pretrained_path, pp2.data(), pm2.data(), pv2.data());
+    report(memcmp(&pretrained_back.config, &pc, sizeof pc) == 0 && pp2 == pp && pm2 == pm && pv2 == pv,
+           "checkpoint round trip: untied embeddings, d_model apart from the attention width, RoPE scaling");
+    // Its layout: wte 50x24; per layer 4096 (attn_norm 24, wq 32x24, wk and wv 16x24, the gains 8
+    // each, wo 24x32, mlp_norm 24, w1, w3, w2 24x24); final_norm 24; then lm_head 50x24.
+    report(PP == 1200 + 2 * 4096 + 24 + 1200 && param_offset(pc, P_LM_HEAD) == 1200 + 2 * 4096 + 24 &&
+               param_numel(pc, P_WO) == 24 * 32 && param_layers(c, P_LM_HEAD) == 0 &&
+               num_parameters(c) == param_offset(c, P_FINAL_NORM) + 32,
+           "layout: lm_head last when untied, none when tied; wo is d_model x attention width",
+           strprintf("%zu parameters, lm_head at %zu", PP, param_offset(pc, P_LM_HEAD)));
 
     // Headers with valid checksums whose fields are out of range are refused, naming the field.
     auto refused_header = [&](const std::string& name, const std::function<void(CheckpointInfo&)>& change,
@@ -406,8 +475,18 @@ static void test_checkpoint() {
     refused_header("huge data position", [](CheckpointInfo& i) { i.data_position = 1LL << 40; }, "does not match its step");
     refused_header("impossible data order", [](CheckpointInfo& i) { i.data_order.total_batch = 20; }, "data order is impossible");
     refused_header("unknown qk_norm", [](CheckpointInfo& i) { i.config.qk_norm = 3; }, "qk_norm 3 is not");
+    refused_header("rope factor below 1", [](CheckpointInfo& i) {
+        i.config.rope_factor = 0.5f, i.config.rope_low_freq_factor = 1.0f, i.config.rope_high_freq_factor = 4.0f;
+        i.config.rope_original_max_pos = 64;
+    }, "rope_factor must be 0");
+    refused_header("rope bands reversed", [](CheckpointInfo& i) {
+        i.config.rope_factor = 8.0f, i.config.rope_low_freq_factor = 4.0f, i.config.rope_high_freq_factor = 1.0f;
+        i.config.rope_original_max_pos = 64;
+    }, "0 < low < high");
+    refused_header("rope fields without a factor", [](CheckpointInfo& i) { i.config.rope_original_max_pos = 64; },
+                   "must be 0 when rope_factor is 0");
     refused_header("unknown frozen kind", [](CheckpointInfo& i) { i.schedule.frozen = 1u << P_NUM_KINDS; },
-                   "frozen parameter mask 0x2000");
+                   strprintf("frozen parameter mask 0x%x", 1u << P_NUM_KINDS));
     ModelConfig wide = c;
     wide.n_head = 1 << 20;
     wide.head_dim = 1 << 12;  // n_head * head_dim overflows 32 bits
@@ -477,6 +556,27 @@ static void test_checkpoint() {
            "checkpoint: a version 2 file records no run or data, whatever bytes 164..199 hold");
     report(checkpoint_peek(with_version(2, "version2.ckpt"), &peeked) && peeked.origin.run_id == 0 && peeked.step == 17,
            "checkpoint_peek: a version 2 file records no run");
+    // Bytes 200..219 (version 4: untied embeddings, RoPE scaling) of a version 3 file read as zero:
+    // tied and no scaling, whatever they hold.
+    std::vector<char> v3 = bytes;
+    uint32_t three = 3, untied_flag = 1;
+    float odd_rope[3] = {8.0f, 1.0f, 4.0f};
+    memcpy(&v3[8], &three, 4);
+    memcpy(&v3[200], &untied_flag, 4);
+    memcpy(&v3[204], odd_rope, sizeof odd_rope);
+    uint32_t v3_crc = header_crc((const uint8_t*)v3.data());
+    memcpy(&v3[92], &v3_crc, 4);
+    CheckpointInfo version3 = checkpoint_read(write_variant("version3.ckpt", v3), sink.data(), nullptr, nullptr);
+    report(memcmp(&version3.config, &c, sizeof c) == 0 && version3.origin.run_id == info.origin.run_id && sink == params,
+           "checkpoint: a version 3 file reads as before, tied and without RoPE scaling, whatever bytes 200..219 hold");
+    std::vector<char> bad_flag = bytes;
+    uint32_t two = 2;
+    memcpy(&bad_flag[200], &two, 4);
+    uint32_t bad_crc = header_crc((const uint8_t*)bad_flag.data());
+    memcpy(&bad_flag[92], &bad_crc, 4);
+    std::string bad_flag_path = write_variant("untied2.ckpt", bad_flag);
+    expect_user_error("checkpoint: an untied flag other than 0 or 1", [&] { checkpoint_read_header(bad_flag_path); },
+                      bad_flag_path, "untied-embeddings flag 2", bad_flag_path);
     expect_user_error("checkpoint: damaged header", [&] { checkpoint_read(header, sink.data(), nullptr, nullptr); }, header, "checkpoint header is damaged", header);
     b = bytes;
     b[kCheckpointHeaderBytes + 1000] ^= 4;
@@ -729,6 +829,7 @@ int main() {
     test_lr_schedule();
     test_rng();
     test_init();
+    test_pretrained_fields();
     test_checkpoint();
     test_forward_only_model();
     test_param_shards();

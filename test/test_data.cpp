@@ -1,6 +1,7 @@
 // Tests of the data pipeline: token shards and the batch loader (llmc/dataloader.h), the
 // tokenizer wrapper (llmc/tokenizer.h), dataset preparation and the Brown corpus conversion
-// (llmc/dataprep.h), and the option checks of ./prepare_data when it has been built.
+// (llmc/dataprep.h), and the option checks of ./prepare_data when it has been built; with
+// arguments, it prints the ids of shards as the loader reads them (print_shards).
 // Everything runs offline in a temporary directory; user errors are provoked in a child process
 // whose stderr and exit status are checked.
 #include <sys/wait.h>
@@ -850,7 +851,28 @@ static void test_cli() {
            "cli_force_keeps_other_files", strprintf("status %d", rc));
 }
 
-int main() {
+// `test_data read-shards PATTERN VOCAB`: the shards matching PATTERN as the training loader reads
+// them (headers and ids checked against VOCAB), one line each: the path, then every token id.
+// test/test_bpe.py reads back with it the shards that attnlog-tokenize-hf writes.
+static int print_shards(const char* pattern, int vocab_size) {
+    DataLoader L;
+    dataloader_init(&L, pattern, 1, 1, vocab_size, false, 0);
+    for (size_t s = 0; s < L.files.size(); s++) {
+        load_shard(&L, (int)s);
+        printf("%s", L.files[s].c_str());
+        for (uint32_t id : L.tokens) printf(" %u", id);
+        printf("\n");
+    }
+    dataloader_free(&L);
+    return 0;
+}
+
+int main(int argc, char** argv) {
+    if (argc == 4 && strcmp(argv[1], "read-shards") == 0) return print_shards(argv[2], atoi(argv[3]));
+    if (argc != 1) {
+        fprintf(stderr, "usage: %s [read-shards PATTERN VOCAB]\n", argv[0]);
+        return 1;
+    }
     char dir[] = "/tmp/test_data.XXXXXX";
     if (!mkdtemp(dir)) fail("cannot create a temporary directory (%s)", strerror(errno));
     g_dir = dir;

@@ -1,7 +1,9 @@
 // Parity of the CPU backend with the PyTorch reference (test/reference.py): logits, loss, every
 // parameter gradient and every telemetry statistic, at the initial weights and at a trained state
 // whose deeper layers' keys are close to low rank; and the losses and final weights of AdamW steps;
-// the same for the --qk-norm variants plain and none and for --freeze wk,k_gain.
+// the same for the --qk-norm variants plain and none, for --freeze wk,k_gain, and for two models
+// of the shapes of pretrained ones (head_dim 128, an attention width other than d_model): a Qwen3
+// with untied embeddings, a Llama with Llama 3 RoPE scaling.
 // The reference ran in float64 from the same float32 weights; this backend runs in float32.
 //   test_gpt_cpu REFERENCE_DIR   (the files test/reference.py writes)
 #include <string>
@@ -81,7 +83,7 @@ static void check_state(CpuModel& m, const std::string& label, const std::string
     const std::vector<double>& grads = tensor_or_fail(ref, "grads", dbg).values;
     if (grads.size() != m.grads.size()) fail("%s: gradient count differs from the model's", dbg.c_str());
     for (int kind = 0; kind < P_NUM_KINDS; kind++) {
-        int layers = param_is_per_layer(kind) ? c.n_layer : 1;
+        int layers = param_layers(c, kind);
         for (int l = 0; l < layers; l++) {
             size_t off = param_offset(c, kind, l);
             compare(label + "grad " + param_name(kind, l), &m.grads[off], &grads[off], param_numel(c, kind), kRtol,
@@ -178,6 +180,10 @@ int main(int argc, char** argv) {
     check_adamw_steps(m, "qk-norm plain: ", dir + "/plain.ckpt", dir + "/debug_plain.bin");
     check_adamw_steps(m, "qk-norm none: ", dir + "/none.ckpt", dir + "/debug_none.bin");
     check_adamw_steps(m, "freeze wk,k_gain: ", dir + "/model.ckpt", dir + "/debug_freeze.bin");
+    // head_dim 128, attention width 512 against d_model 192, GQA; untied embeddings, or the Llama 3
+    // RoPE scaling with qk-norm none.
+    check_adamw_steps(m, "qwen3 shape, untied: ", dir + "/qwen3.ckpt", dir + "/debug_qwen3.bin");
+    check_adamw_steps(m, "llama3 shape, rope scaling: ", dir + "/llama3.ckpt", dir + "/debug_llama3.bin");
     check_stats_over_micro_batches(m, dir + "/trained.ckpt", dir + "/debug_trained.bin");
     return test_exit_code();
 }

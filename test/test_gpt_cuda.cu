@@ -89,7 +89,7 @@ static void compare_gradients(GpuModel& g, const std::string& label, const std::
     if (want.size() != grads.size()) fail("%s: gradient count differs from the model's", dbg.c_str());
     const ModelConfig& c = g.cfg;
     for (int kind = 0; kind < P_NUM_KINDS; kind++)
-        for (int l = 0; l < (param_is_per_layer(kind) ? c.n_layer : 1); l++) {
+        for (int l = 0; l < param_layers(c, kind); l++) {
             size_t off = param_offset(c, kind, l);
             compare_bf16(label + "grad " + param_name(kind, l), &grads[off], &want[off], param_numel(c, kind), kGradAtolFrac);
         }
@@ -217,7 +217,7 @@ int main(int argc, char** argv) {
         model_download(g);
         bool zero = true, kept = true;
         for (int kind = 0; kind < P_NUM_KINDS; kind++)
-            for (int l = 0; l < (param_is_per_layer(kind) ? vc.n_layer : 1) && (g.frozen & param_kind_bit(kind)); l++) {
+            for (int l = 0; l < param_layers(vc, kind) && (g.frozen & param_kind_bit(kind)); l++) {
                 size_t off = param_offset(vc, kind, l), n = param_numel(vc, kind);
                 for (size_t i = 0; i < n; i++) zero &= frozen_grads[off + i] == 0.0f;
                 kept &= memcmp(&before[off], &g.host_params[off], n * sizeof(float)) == 0;

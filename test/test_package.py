@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -18,10 +19,10 @@ from attnlog import commands
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "scripts" / "attnlog"
 COMMANDS = {"attnlog": "attnlog.py", "attnlog-report": "report.py", "attnlog-probe": "probe.py",
-            "attnlog-export-hf": "export_hf.py"}  # installed name: its script in scripts/ of the checkout
+            "attnlog-export-hf": "export_hf.py", "attnlog-tokenize-hf": "tokenize_hf.py"}  # installed name: its script
 # Arguments each command takes (the inputs need not exist) and an option none of them knows.
 BAD_OPTION = {"attnlog.py": ["info", "x.attnlog"], "report.py": ["x.attnlog"], "probe.py": ["svd", "x.ckpt"],
-              "export_hf.py": ["x.ckpt", "out"], "bench.py": ["cpu"]}
+              "export_hf.py": ["x.ckpt", "out"], "tokenize_hf.py": ["encode", "tokenizer.json", "text"], "bench.py": ["cpu"]}
 
 
 # -- pip install -e . ----------------------------------------------------------------------------------
@@ -63,6 +64,18 @@ def test_installed_package_imports(venv, tmp_path):
     assert result.stdout.splitlines() == [str(project / "scripts" / "attnlog" / "__init__.py"), "open_log"]
 
 
+def test_wheel_holds_the_package_data(venv, tmp_path):
+    """A wheel, what a plain (not editable) install builds, holds the package's data files beside
+    its modules: the research notes' claims the report reads."""
+    bin_dir, project = venv
+    env = clean_env(PIP_NO_INDEX="1", PIP_NO_CACHE_DIR="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    built = subprocess.run([str(bin_dir / "python"), "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w",
+                            str(tmp_path), str(project)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    (wheel,) = tmp_path.glob("attnlog-*.whl")
+    assert "attnlog/claims.json" in zipfile.ZipFile(wheel).namelist()
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_installed_commands(venv, tmp_path, command):
     bin_dir, _ = venv
@@ -100,6 +113,7 @@ def test_every_command_reports_a_bad_option_in_one_line(script):
     ("report.py", ["{missing}", "-o", "{out}"]),
     ("probe.py", ["svd", "{missing}", "--out", "{out}"]),
     ("export_hf.py", ["{missing}", "{out}"]),
+    ("tokenize_hf.py", ["prepare", "{missing}", "{missing}", "--out", "{out}"]),
 ])
 def test_every_command_reports_a_missing_input_in_one_line(script, args, tmp_path):
     missing = tmp_path / "missing.file"

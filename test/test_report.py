@@ -46,7 +46,7 @@ TRAINED_ARGS = ["--n-layer", LAYERS, "--n-head", HEADS, "--n-kv-head", KV_HEADS,
 FIGURES = ["key_norm_evolution.png", "layer_heatmaps.png", "outlier_magnitude.png", "axis_share.png",
            "latent_redundancy.png", "key_magnitude_profile.png", "norm_divergence.png", "entropy_norm_scatter.png",
            "entropy_norm_by_layer.png", "effective_rank.png", "key_offset.png", "gamma_heatmap.png", "gains_q_k.png",
-           "qk_ratio.png", "logit_ceiling.png", "attn_maxp.png", "sink_rate.png", "loss.png"]
+           "gains_wavelength.png", "qk_ratio.png", "logit_ceiling.png", "attn_maxp.png", "sink_rate.png", "loss.png"]
 COMPARED = ["k_norm", "k_maxabs", "k_cos", "k_pr", "attn_entropy"]
 TELEMETRY = 3
 
@@ -125,6 +125,11 @@ def ranks(v):
 
 def spearman(x, y):
     return float(np.corrcoef(ranks(x), ranks(y))[0, 1])
+
+
+def within_layers(x, y):
+    """Spearman's rho of [L, units] x and y after centring both per layer (row)."""
+    return spearman((x - x.mean(axis=1, keepdims=True)).ravel(), (y - y.mean(axis=1, keepdims=True)).ravel())
 
 
 GROUPS = {"early": [0, 1], "middle": [LAYERS // 2 - 1, LAYERS // 2], "final": [LAYERS - 2, LAYERS - 1]}
@@ -213,7 +218,8 @@ def test_hypothesis_a_spearman(made, log):
     x, y = window_kv_means(log)
     h = summary["hypotheses"]["a"]
     assert h["n_units"] == LAYERS * KV_HEADS
-    assert h["value"] == close(spearman(x.ravel(), y.ravel()), **RHO)
+    assert h["value"] == close(within_layers(x, y), **RHO)
+    assert h["across"]["rho"] == close(spearman(x.ravel(), y.ravel()), **RHO)
     assert 0 < h["p_value"] <= 1
     assert (h["verdict"], h["why"]) == ("inconclusive", "too little training")
     assert f"rho = {h['value']:+.3f}" in text
@@ -490,7 +496,7 @@ def test_comparison(log_path, tmp_path):
         assert row["val_loss"] == close(log.val_loss()[1][-1], **LOGGED)
         assert row["k_norm"] == {g: close(group_mean(k_norm, g), **LOGGED) for g in GROUPS}
         assert row["sink_rate"] == close(np.mean(last(log, "attn_sink") > 0.3), **LOGGED)
-        assert row["spearman"] == close(spearman(x.ravel(), y.ravel()), **RHO)
+        assert row["spearman"] == close(within_layers(x, y), **RHO)
         assert f"| {row['label']} | gain | nothing | {row['last_step']} | {row['final_loss']:.3f} |" in text
     assert comparison["runs"][1]["last_step"] < comparison["runs"][0]["last_step"]
     assert "Problems of short/run: the log ends at step" in text
@@ -552,17 +558,24 @@ def window_kv_means(log, window=window):
     return k_norm[w].astype(float).mean(axis=0), per_kv[w].mean(axis=0)
 
 
-T975 = {1: 12.706, 2: 4.303, 5: 2.571, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110}  # Student's t, 97.5%
-
-
-def t_interval(sample):
-    sample = np.asarray(sample, float)
-    return sample.mean(), T975[len(sample) - 1] * sample.std(ddof=1) / np.sqrt(len(sample))
-
-
 def rule(effect, half, margin):
     """docs/research.md: the one rule every verdict follows."""
     return "supported" if effect - half > margin else "contradicted" if effect + half < -margin else "inconclusive"
+
+
+def moving_rule(test):
+    """The rule, and a test still moving keeps its verdict only if the value its line reaches at the
+    window's last step gets the same one (docs/research.md); half-widths that JSON holds as null are
+    infinite (no interval)."""
+    half = np.inf if test["half_width"] is None else test["half_width"]
+    verdict = rule(test["effect"], half, test["margin"])
+    if test["moving"] and (verdict == "inconclusive" or rule(test["end"], half, test["margin"]) != verdict):
+        return "inconclusive"
+    return verdict
+
+
+def verdict_cell(h):
+    return f"**{h['verdict']}**" + (" (still moving)" if h["moving"] else "")
 
 
 @pytest.fixture(scope="module")
@@ -604,31 +617,100 @@ def test_trained_run_passes_the_guards(trained):
         assert words in text, words
 
 
+def test_trained_run_has_settled(trained):
+    _, summary, text, _, _ = trained
+    assert summary["training"]["settled"] and summary["training"]["unsettled"] == []
+    assert "This run passes: its verdicts and taxonomy are given." in text
+
+
+def test_epochs(trained, trained_paths):
+    """The header's train_tokens is what the training shards hold; the report divides the tokens of the
+    run's steps by it."""
+    _, summary, text, _, log = trained
+    shards = sorted((trained_paths[0].parent.parent / "data").glob("train_*.bin"))
+    tokens = sum(int(np.fromfile(p, "<i4", 3)[2]) for p in shards)
+    data = summary["data"]
+    assert log.header["train_tokens"] == data["train_tokens"] == tokens and data["source"] == "the log's header"
+    assert data["tokens_seen"] == TRAINED_STEPS * 4 * T and data["epochs"] == close(TRAINED_STEPS * 4 * T / tokens,
+                                                                                    **SAME_F64)
+    assert f"The training shards hold {tokens:,} tokens (the log's header), so the {TRAINED_STEPS * 4 * T:,} tokens " \
+           f"of this log's steps are {data['epochs']:.2f} epochs" in text
+
+
+def with_header(data, edit):
+    """The log with its header changed by edit(header), the preamble's length and CRC made to match."""
+    n = struct.unpack_from("<I", data, 12)[0]
+    header = json.loads(data[20:20 + n])
+    edit(header)
+    text = json.dumps(header).encode()
+    return b"ATTNLOG\0" + struct.pack("<III", 1, len(text), zlib.crc32(text)) + text + data[20 + n:]
+
+
+def test_epochs_of_a_log_without_train_tokens(trained_paths, tmp_path):
+    """A log written before train_tokens: the shards its train option names are counted as found now,
+    saying so; where none is found, the epochs are unknown, saying why."""
+    data = trained_paths[0].read_bytes()
+    shards = sorted((trained_paths[0].parent.parent / "data").glob("train_*.bin"))
+    tokens = sum(int(np.fromfile(p, "<i4", 3)[2]) for p in shards)
+    old = tmp_path / "old.attnlog"
+    old.write_bytes(with_header(data, lambda h: h.pop("train_tokens")))
+    assert report(old, "-o", tmp_path / "old").returncode == 0
+    found = json.loads((tmp_path / "old" / "summary.json").read_text())["data"]
+    assert found["train_tokens"] == tokens and found["source"].startswith(f"counted now in the {len(shards)} shard")
+    assert "they may not be the shards the run read" in found["source"]
+
+    def elsewhere(header):
+        header.pop("train_tokens")
+        header["options"]["train"] = str(tmp_path / "gone" / "train_*.bin")
+    old.write_bytes(with_header(data, elsewhere))
+    assert report(old, "-o", tmp_path / "gone").returncode == 0
+    summary = json.loads((tmp_path / "gone" / "summary.json").read_text())
+    assert summary["data"]["train_tokens"] is None and summary["data"]["epochs"] is None
+    assert "How often it saw each training token is not known: the log does not record it, and no shard " \
+           "matches" in (tmp_path / "gone" / "report.md").read_text()
+
+
+def test_path_in_the_report(trained):
+    _, summary, text, _, _ = trained
+    path = summary["path"]
+    assert [p["fraction"] for p in path] == [0.25, 0.5, 0.75, 1] and path[-1]["end_step"] == TRAINED_STEPS - 1
+    assert {k: v["verdict"] for k, v in path[-1]["hypotheses"].items()} == \
+        {k: h["verdict"] for k, h in summary["hypotheses"].items()}
+    assert "**The verdicts' path.**" in text and f"| to step {TRAINED_STEPS - 1} (100%) |" in text
+
+
 def test_trained_hypothesis_a(trained):
     _, summary, text, _, log = trained
     x, y = window_kv_means(log)
     rho = spearman(x.ravel(), y.ravel())
     within = spearman((x - x.mean(axis=1, keepdims=True)).ravel(), (y - y.mean(axis=1, keepdims=True)).ravel())
     h = summary["hypotheses"]["a"]
-    assert h["n_units"] == LAYERS * KV_HEADS and h["value"] == close(rho, **RHO)
-    assert h["within"]["rho"] == close(within, **RHO)
+    assert h["n_units"] == LAYERS * KV_HEADS and h["value"] == close(within, **RHO)
+    assert h["across"]["rho"] == close(rho, **RHO)
+    assert h["layer_means"]["rho"] == close(spearman(x.mean(axis=1), y.mean(axis=1)), **RHO)
     (t,) = h["tests"]
-    assert t["effect"] == close(-rho, **RHO) and t["half_width"] == h["chance"] and t["margin"] == 0.1
-    assert 0 < h["chance"] < 1 and h["verdict"] == rule(-rho, h["chance"], 0.1)
+    assert t["effect"] == close(-within, **RHO) and t["half_width"] == h["chance"] and t["margin"] == 0.1
+    assert 0 < h["chance"] < 1 and t["verdict"] in (rule(-within, h["chance"], 0.1), "inconclusive")
     row = next(line for line in text.splitlines() if line.startswith("| (a)"))
-    assert row.endswith(f"**{h['verdict']}** |") and f"rho = {rho:+.3f} across {LAYERS * KV_HEADS} kv heads" in row
+    assert row.endswith(f"{verdict_cell(h)} |") and f"within layers rho = {within:+.3f} over {LAYERS} layers" in row
+    assert f"across all {LAYERS * KV_HEADS} kv heads rho = {rho:+.3f}" in row and "which includes depth" in row
 
 
 def test_trained_hypothesis_b(trained):
+    """The effects are the window means; their intervals and trends those of the series of effects."""
+    from attnlog.analysis import window_trend
     _, summary, text, _, log = trained
     steps, k_norm = log.metric("k_norm")
     w = window(steps)
     h = summary["hypotheses"]["b"]
     for t, group, sign in zip(h["tests"], ("early", "final"), (-1, 1)):
-        mean, half = t_interval([group_mean(table, group) for table in k_norm[w].astype(float)])
-        assert h[group] == close(mean, **LOGGED)
-        assert t["effect"] == close(sign * (mean - 8) / 8, **LOGGED) and t["half_width"] == close(half / 8, **LOGGED)
-        assert t["verdict"] == rule(t["effect"], t["half_width"], 0.05)
+        series = np.array([sign * (group_mean(table, group) - 8) / 8 for table in k_norm[w].astype(float)])
+        trend = window_trend(steps[w], series)
+        assert h[group] == close(np.mean([group_mean(table, group) for table in k_norm[w]]), **LOGGED)
+        assert t["effect"] == close(series.mean(), **LOGGED)
+        assert t["half_width"] == close(trend["half_width"], **LOGGED) or t["half_width"] is trend["half_width"] is None
+        assert t["trend"]["change"] == close(trend["change"], **LOGGED) and t["moving"] == trend["moving"]
+        assert t["verdict"] == moving_rule(t)
     verdicts = [t["verdict"] for t in h["tests"]]
     assert h["verdict"] == ("contradicted" if "contradicted" in verdicts else
                             "supported" if verdicts == ["supported"] * 2 else "inconclusive")
@@ -641,23 +723,25 @@ def test_trained_hypothesis_c(trained):
     share = (maxabs.astype(float) / log.metric("k_norm")[1]) ** 2
     means = share[window(steps)].mean(axis=0)
     top = np.unravel_index(np.argmax(means), means.shape)
-    mean, half = t_interval(share[window(steps), top[0], top[1]])
+    mean = share[window(steps), top[0], top[1]].mean()
     h = summary["hypotheses"]["c"]
     assert h["value"] == int((means > 0.5).sum()) and h["of"] == LAYERS * KV_HEADS
     assert h["max_ratio"] == close(mean, **LOGGED) and h["max_ratio_head"] == [int(top[0]), int(top[1])]
     assert h["tests"][0]["effect"] == close(mean / 0.5 - 1, **LOGGED)
-    assert h["verdict"] == rule(mean / 0.5 - 1, half / 0.5, 0.05)
+    assert h["verdict"] == moving_rule(h["tests"][0])
 
 
 def test_trained_hypothesis_d(trained):
     _, summary, _, _, log = trained
     steps, pr = log.metric("k_pr")
     pr = pr.astype(float).mean(axis=(1, 2))
-    mean, half = t_interval(pr[window(steps)])
+    mean = pr[window(steps)].mean()
     h = summary["hypotheses"]["d"]
+    ref = int(np.flatnonzero(steps >= 20)[0])  # the first stats step at or after the warm-up of 20 steps
+    assert (h["reference_step"], h["reference"]) == (steps[ref], close(pr[ref], **LOGGED))
     assert (h["first"], h["last"]) == (close(pr[0], **LOGGED), close(mean, **LOGGED))
-    assert h["tests"][0]["effect"] == close((pr[0] - mean) / pr[0], **LOGGED)
-    assert h["verdict"] == rule((pr[0] - mean) / pr[0], half / pr[0], 0.05)
+    assert h["tests"][0]["effect"] == close((pr[ref] - mean) / pr[ref], **LOGGED)
+    assert h["verdict"] == moving_rule(h["tests"][0])
     assert "k_erank_centered" in h["detail"] and set(h) >= {"erank", "erank_centered", "mean_share"}
 
 
@@ -668,22 +752,25 @@ def test_taxonomy(trained):
     def mean(name):
         return log.metric(name)[1][w].astype(float).mean(axis=0)
 
+    short, long = np.quantile(mean("k_norm"), [1 / 3, 2 / 3])  # thirds of the kv heads' key norms
     k_norm, share = mean("k_norm")[:, KV_OF], ((log.metric("k_maxabs")[1] / log.metric("k_norm")[1])[w] ** 2)
     share = share.astype(float).mean(axis=0)[:, KV_OF]
     entropy, sink = mean("attn_entropy"), mean("attn_sink")
     focus = 0.5 * np.mean(np.log(np.arange(1, T + 1)))  # half the entropy of uniform causal attention
-    expected = {}
+    expected, diffuse_amplified = {}, []
     for layer in range(LAYERS):
         for h in range(HEADS):
             if sink[layer, h] > 0.3:
                 cls = "static sink"
-            elif entropy[layer, h] < focus and k_norm[layer, h] > 1.05 * 8:
+            elif entropy[layer, h] < focus and k_norm[layer, h] > long:
                 cls = "semantic retriever"
-            elif entropy[layer, h] >= focus and k_norm[layer, h] <= 1.05 * 8 and share[layer, h] <= 0.5:
+            elif entropy[layer, h] >= focus and k_norm[layer, h] < short and share[layer, h] <= 0.5:
                 cls = "syntactic gatherer"
             else:
                 cls = "other"
             expected[(layer, h)] = cls
+            if cls != "static sink" and entropy[layer, h] >= focus and k_norm[layer, h] > 1.05 * 8:
+                diffuse_amplified.append([layer, h])
     tax = summary["taxonomy"]
     assert tax["available"] and tax["step"] == TRAINED_STEPS - 1 and tax["window"][1] == TRAINED_STEPS - 1
     assert {(x["layer"], x["head"]): x["class"] for x in tax["heads"]} == expected
@@ -691,6 +778,9 @@ def test_taxonomy(trained):
     assert tax["counts"] == counts and sum(counts.values()) == LAYERS * HEADS
     for cls, rule_text in tax["rules"].items():  # each rule is written next to its class, with its count
         assert f"| {cls} | {rule_text} | {counts[cls]} |" in text
+    assert (tax["short_k_norm"], tax["long_k_norm"]) == (close(short, **LOGGED), close(long, **LOGGED))
+    assert tax["diffuse_amplified"]["heads"] == diffuse_amplified
+    assert f"**Diffuse but amplified:** {len(diffuse_amplified)} of the {tax['diffuse_amplified']['diffuse']}" in text
 
 
 def test_replicates(trained_paths, trained, tmp_path):
@@ -769,7 +859,8 @@ def constructed_run(k_norm, entropy, steps=None, **metrics):
             "missing": [m for m in analysis.USED_METRICS if m not in arrays], "stats_steps": steps,
             "window": analysis.decision_window(steps),
             "groups": analysis.layer_groups(k_norm.shape[1]), "init": None, "options": {"warmup": "0"},
-            "step_range": (0, int(steps[-1])), "tokens_per_step": 10 ** 6}
+            "step_range": (0, int(steps[-1])), "tokens_per_step": 10 ** 6, "loss": (steps, np.zeros(len(steps))),
+            "val": (steps[-1:], np.zeros(1))}
 
 
 def correlated(sign, layers=6, kv=4, heads=4, steps=20, seed=0):
@@ -800,10 +891,12 @@ def test_per_kv_head_units():
     from attnlog import verdicts
     k_norm, entropy = correlated(-1, layers=6, kv=2, heads=8)
     h = verdicts.hypothesis_entropy_norm(constructed_run(k_norm, entropy))
-    assert h["n_units"] == 12 and h["within"]["n"] == 12
+    assert h["n_units"] == 12 and h["across"]["n"] == 12
     per_kv = entropy.reshape(20, 6, 2, 4).mean(axis=3)
     w = slice(15, 20)  # steps 150..190: the last quarter of 0..190
-    assert h["value"] == close(spearman(k_norm[w].mean(axis=0).ravel(), per_kv[w].mean(axis=0).ravel()), **RHO)
+    x, y = k_norm[w].mean(axis=0), per_kv[w].mean(axis=0)
+    assert h["across"]["rho"] == close(spearman(x.ravel(), y.ravel()), **RHO)
+    assert h["value"] == close(within_layers(x, y), **RHO)
 
 
 def test_one_dead_band_for_every_hypothesis():
@@ -834,6 +927,234 @@ def test_t_interval_by_hand():
     # Against a table's three decimals (+-5e-4), the expansion's own error being below 1e-4.
     assert analysis.t975(40) == close(2.021, atol=1e-3) and analysis.t975(120) == close(1.980, atol=1e-3)
     assert np.isnan(analysis.mean_interval([0.5])[1])
+
+
+# -- autocorrelation, trends, within-layer structure, the guard, the path: constructed runs -------------
+
+
+def ar1(phi, n, rng, count=1):
+    """count stationary AR(1) series of n steps with unit innovations: u_t = phi u_(t-1) + e_t."""
+    shocks = rng.standard_normal((count, n))
+    series = np.empty_like(shocks)
+    series[:, 0] = shocks[:, 0] / np.sqrt(1 - phi ** 2)
+    for t in range(1, n):
+        series[:, t] = phi * series[:, t - 1] + shocks[:, t]
+    return series
+
+
+def naive_half(sample):
+    """The t-interval that counts every window step as an independent sample."""
+    n = len(sample)
+    return {29: 2.045, 39: 2.023}[n - 1] * np.std(sample, ddof=1) / np.sqrt(n)
+
+
+def test_autocorrelated_series_without_trend():
+    """AR(1) noise with phi = 0.8 around a constant: no trend is flagged, and the interval of the mean
+    is wider than the naive t-interval; over 300 such series it holds the true mean (0) far more often
+    than the naive one, which counts each step as a sample (about 50% of the time at phi = 0.8)."""
+    from attnlog.analysis import window_trend
+    rng = np.random.default_rng(3)
+    steps = np.arange(40) * 10
+    trend = window_trend(steps, ar1(0.8, 40, rng)[0])
+    assert not trend["moving"] and abs(trend["change"]) < trend["change_half"]
+    assert trend["half_width"] > naive_half(ar1(0.8, 40, np.random.default_rng(3))[0])
+    assert 0.5 < trend["phi"] < 0.99 and trend["n_eff"] < 40 / 3
+    series = ar1(0.8, 30, rng, 300)
+    trends = [window_trend(steps[:30], s) for s in series]
+    covered = np.mean([abs(t["mean"]) <= t["half_width"] for t in trends])
+    naive = np.mean([abs(s.mean()) <= naive_half(s) for s in series])
+    assert covered >= 0.85 and naive <= 0.65, (covered, naive)
+    assert np.mean([t["moving"] for t in trends]) <= 0.12  # a 5% test that autocorrelation makes a little liberal
+
+
+def test_trending_series_is_moving():
+    """A line rising by 1 across the window under AR(1) noise of sd 0.1: still moving, the change
+    found within its interval, and the line's end value half the change above the mean."""
+    from attnlog.analysis import window_trend
+    steps = np.arange(30) * 10
+    series = steps / steps[-1] + 0.1 * np.sqrt(1 - 0.5 ** 2) * ar1(0.5, 30, np.random.default_rng(4))[0]
+    trend = window_trend(steps, series)
+    assert trend["moving"] and abs(trend["change"] - 1) < trend["change_half"] < 0.3
+    assert trend["end"] == close(trend["mean"] + trend["change"] / 2, **SAME_F64)
+
+
+def test_window_trend_by_hand():
+    """Residuals of the line with negative lag-1 autocorrelation: phi = 0, n_eff = n, and the intervals
+    are the t-intervals of least squares with n - 2 degrees of freedom."""
+    from attnlog.analysis import window_trend
+    steps, series = np.arange(6) * 10.0, np.array([0.0, 1.0, 0.0, 1.0, 0.0, 1.0]) + 0.01 * np.arange(6)
+    trend = window_trend(steps, series)
+    x = steps - steps.mean()
+    slope = x @ (series - series.mean()) / (x @ x)
+    residuals = series - series.mean() - slope * x
+    variance = residuals @ residuals / 4
+    assert (trend["phi"], trend["n_eff"]) == (0.0, 6.0)
+    assert trend["half_width"] == close(2.776 * np.sqrt(variance / 6), **SAME_F64)
+    assert trend["change"] == close(slope * 50, **SAME_F64)
+    assert trend["change_half"] == close(2.776 * np.sqrt(variance / (x @ x)) * 50, **SAME_F64)
+    short = window_trend(steps[:2], series[:2])
+    assert short["mean"] == 0.505 and np.isnan(short["half_width"]) and not short["moving"]
+    smooth = window_trend(np.arange(20.0), np.cumsum(np.random.default_rng(0).standard_normal(20)))
+    assert smooth["n_eff"] < 3 and smooth["half_width"] == np.inf  # a random walk: no interval
+
+
+def test_a_moving_test_keeps_its_verdict_only_if_its_end_does():
+    from attnlog import verdicts
+    trend = {"moving": True, "mean": 0.0, "change": 0.04, "change_half": 0.01, "n": 20, "n_eff": 10.0, "phi": 0.3}
+    away = verdicts.make_test("t", 0.10, 0.01, 0.05, "u", dict(trend, end=0.02))  # rising further: supported
+    assert (away["verdict"], away["why"], away["moving"], away["end"]) == ("supported", "decided", True,
+                                                                           close(0.12, **SAME_F64))
+    back = verdicts.make_test("t", 0.07, 0.01, 0.05, "u", dict(trend, end=-0.02))  # falling into the dead band
+    assert (back["verdict"], back["why"], back["end"]) == ("inconclusive", "still moving", close(0.05, **SAME_F64))
+    settled = verdicts.make_test("t", 0.07, 0.01, 0.05, "u", dict(trend, moving=False, end=-0.02))
+    assert (settled["verdict"], settled["why"]) == ("supported", "decided")
+    assert verdicts.decide(0.2, float("inf"), 0.1) == ("inconclusive", "uncertain")  # no interval, no decision
+    assert verdicts.combine([away, back]) == ("inconclusive", "still moving")
+
+
+def layered(within, between, layers=12, kv=4, heads=8, steps=20, seed=0):
+    """k_norm [S, L, kv] and attn_entropy [S, L, heads]: each layer's mean key norm and entropy
+    related across layers with slope `between` (0: independent), and its kv heads' deviations from
+    the layer's means related with slope `within` (0: independent); small noise at each step."""
+    rng = np.random.default_rng(seed)
+    layer_norm = rng.uniform(6, 10, layers)
+    layer_entropy = 3 + (between * (layer_norm - 8) if between else rng.uniform(-1, 1, layers))
+    deviation = rng.uniform(-1, 1, (layers, kv))
+    deviation -= deviation.mean(axis=1, keepdims=True)  # the layer's mean is its own
+    head_entropy = within * deviation if within else rng.uniform(-1, 1, (layers, kv))
+    head_entropy -= head_entropy.mean(axis=1, keepdims=True)
+    k_norm = (layer_norm[:, None] + deviation)[None] + 0.01 * rng.standard_normal((steps, layers, kv))
+    entropy = np.repeat((layer_entropy[:, None] + head_entropy)[None], heads // kv, axis=2)
+    return k_norm, entropy + 0.01 * rng.standard_normal((steps, layers, heads))
+
+
+def test_within_layer_relation_without_depth():
+    """Heads of a layer with longer keys attend more sharply, the layers' means unrelated: (a) is
+    supported within layers, and the layers' means show no relation."""
+    from attnlog import verdicts
+    run = constructed_run(*layered(within=-1, between=0))
+    h = verdicts.hypotheses(run, verdicts.training_status(run))[0]
+    assert h["verdict"] == "supported" and h["value"] < -0.9 and h["p_value"] < 0.001, h["detail"]
+    assert abs(h["layer_means"]["rho"]) < h["layer_means"]["chance"]
+    assert "which includes depth" in h["detail"]
+
+
+def test_depth_without_a_within_layer_relation():
+    """Deep layers with longer keys and sharper attention, the heads of each layer unrelated: across
+    all kv heads rho is strongly negative (depth), the layers' means perfectly so, but within layers
+    there is nothing beyond chance, and (a) is inconclusive."""
+    from attnlog import verdicts
+    run = constructed_run(*layered(within=0, between=-1))
+    h = verdicts.hypotheses(run, verdicts.training_status(run))[0]
+    assert h["verdict"] == "inconclusive" and abs(h["value"]) < h["chance"], h["detail"]
+    assert h["across"]["rho"] < -0.5 and h["across"]["p"] < 0.001 and h["layer_means"]["rho"] == close(-1, **RHO)
+
+
+def test_within_layer_null_shuffles_only_within_layers():
+    """The permutation null of rho within layers keeps every head in its layer: with two layers of
+    three heads each, only (3!)^2 = 36 pairings exist, so the smallest two-sided p is near 2/36."""
+    from attnlog.analysis import rank_correlation
+    x, y = np.array([1.0, 2, 3, 11, 12, 13]), np.array([3.0, 2, 1, 13, 12, 11])
+    within = rank_correlation(x, y, strata=np.array([0, 0, 0, 1, 1, 1]))
+    assert within["rho"] == close(-1, **RHO) and within["p"] == close(2 / 36, atol=0.01)
+    assert rank_correlation(x, y)["rho"] > 0  # across both layers, depth makes it positive
+
+
+def trending(rise, steps=80, layers=6, kv=4):
+    """k_norm rising by `rise` x sqrt(D) across the decision window (the last quarter of 80 stats
+    steps) in every layer, flat before it, with small noise."""
+    from attnlog.analysis import decision_window
+    rng = np.random.default_rng(5)
+    s = np.arange(steps) * 10
+    start = s[decision_window(s)[0]]
+    path = 8 * (1 + rise * np.clip((s - start) / (s[-1] - start), 0, 1))
+    k_norm = path[:, None, None] + 0.002 * rng.standard_normal((steps, layers, kv))
+    return constructed_run(k_norm, np.full((steps, layers, 8), 2.0), steps=s)
+
+
+def test_guard_asks_whether_the_statistics_have_settled():
+    """Keys growing by 20% of sqrt(D) across the window, flat before it: the window's mean is 10% above
+    the quarter before, so no verdicts and no taxonomy, saying that the statistics have not settled;
+    growing by 2%: they have (the growth is only still moving)."""
+    from attnlog import verdicts
+    run = trending(0.20)
+    training = verdicts.training_status(run)
+    assert not training["enough"] and training["trained"] and not training["settled"]
+    assert training["unsettled"][0] == "layer 0's k_norm +10.0%" and len(training["unsettled"]) == 6
+    assert "the statistics have not settled" in training["reasons"][0] and "from the quarter before" in \
+        training["reasons"][0]
+    with_all = dict(run, metrics=dict(run["metrics"], k_maxabs=run["metrics"]["k_norm"],
+                                      attn_sink=run["metrics"]["attn_entropy"]), missing=[])
+    assert verdicts.taxonomy(with_all, training)["reason"].startswith("the statistics have not settled")
+    assert [h["why"] for h in verdicts.hypotheses(run, training)] == ["not settled", "not settled", "no data",
+                                                                      "no data"]  # (c), (d): no k_maxabs, k_pr
+    settled = verdicts.training_status(trending(0.02))
+    assert settled["enough"] and settled["unsettled"] == []
+    (b,) = [h for h in verdicts.hypotheses(trending(0.02), settled) if h["id"] == "b"]
+    assert b["moving"] and all(t["moving"] for t in b["tests"])
+
+
+def test_reference_step_is_the_end_of_warmup():
+    """k_pr rising from 22 to 24 during a warm-up of 40 steps, then falling to 21.6: 10% below the
+    reference at the end of warm-up (supported), though only 1.8% below the first step."""
+    from attnlog import verdicts
+    s = np.arange(80) * 10
+    pr = np.where(s <= 40, 22 + 2 * s / 40, 21.6 + 2.4 * np.exp(-(s - 40) / 60))[:, None, None] * np.ones((1, 6, 4))
+    pr[5:] += 0.01 * np.random.default_rng(7).standard_normal(pr[5:].shape)  # noise after the reference step
+    run = constructed_run(np.full((80, 6, 4), 8.0), np.full((80, 6, 4), 2.0), steps=s, k_pr=pr)
+    run["options"] = {"warmup": "40"}
+    h = verdicts.hypothesis_pr_falls(run)
+    assert (h["reference_step"], h["reference"], h["first"]) == (40, 24.0, 22.0)
+    assert h["tests"][0]["effect"] == close(1 - h["last"] / 24, **SAME_F64) and h["tests"][0]["verdict"] == "supported"
+    assert "24.00 at step 40 (the end of warm-up)" in h["detail"] and "from the first stats step" in h["detail"]
+    run["options"] = {"warmup": "700"}  # no stats step past the warm-up before the window
+    assert verdicts.hypothesis_pr_falls(run)["tests"] == []
+
+
+def test_verdict_path():
+    """Keys of the final layers that grow from step 500 to 800 of 1190: (b) is supported only when the
+    run's window is past that growth; at 75% the growth ends inside the window, whose statistics have
+    not settled; every end of the path has its own window."""
+    from attnlog import verdicts
+    s = np.arange(120) * 10
+    k_norm = np.full((120, 6, 4), 8.0)
+    k_norm[:, :2] = 7.2  # early keys dampened throughout
+    k_norm[:, -2:] = 8 + 1.2 * np.clip((s - 500) / 300, 0, 1)[:, None, None]  # final keys: 8 -> 9.2
+    run = constructed_run(k_norm + 0.01 * np.random.default_rng(2).standard_normal(k_norm.shape),
+                          np.full((120, 6, 4), 2.0), steps=s)
+    path = verdicts.verdict_path(run)
+    assert [p["end_step"] for p in path] == [290, 590, 890, 1190] and [p["fraction"] for p in path] == [0.25, 0.5,
+                                                                                                          0.75, 1]
+    assert [p["window"] for p in path] == [[220, 290], [450, 590], [670, 890], [900, 1190]]
+    assert [p["enough"] for p in path] == [True, True, False, True]
+    assert [p["hypotheses"]["b"]["why"] for p in path] == ["within the margin", "within the margin", "not settled",
+                                                         "decided"]
+    assert [p["hypotheses"]["b"]["verdict"] for p in path] == ["inconclusive"] * 3 + ["supported"]
+    final = verdicts.hypotheses(run, verdicts.training_status(run))
+    assert {h["id"]: h["verdict"] for h in final} == {k: v["verdict"] for k, v in path[-1]["hypotheses"].items()}
+
+
+def test_taxonomy_thresholds_are_the_runs():
+    """Every key amplified (9 to 12 > 1.05 x 8): long and short are the thirds of the run's kv heads,
+    and the diffuse heads with amplified keys are counted and named, against the notes' premise."""
+    from attnlog import verdicts
+    rng = np.random.default_rng(6)
+    k_norm = np.broadcast_to(rng.uniform(9, 12, (1, 6, 4)), (20, 6, 4)).copy()
+    entropy = np.broadcast_to(rng.uniform(0.5, 4, (1, 6, 4)), (20, 6, 4)).copy()  # one query head per kv head
+    run = constructed_run(k_norm, entropy, k_maxabs=0.1 * k_norm, attn_sink=np.full((20, 6, 4), 0.01))
+    tax = verdicts.taxonomy(run, verdicts.training_status(run))
+    short, long = np.quantile(k_norm[0], [1 / 3, 2 / 3])
+    assert (tax["short_k_norm"], tax["long_k_norm"]) == (close(short, **SAME_F64), close(long, **SAME_F64))
+    focus = 0.5 * np.mean(np.log(np.arange(1, T + 1)))
+    for head in tax["heads"]:
+        k, e = k_norm[0, head["layer"], head["head"]], entropy[0, head["layer"], head["head"]]
+        expected = ("semantic retriever" if e < focus and k > long else
+                    "syntactic gatherer" if e >= focus and k < short else "other")
+        assert head["class"] == expected
+    diffuse = [[l, h] for l in range(6) for h in range(4) if entropy[0, l, h] >= focus]
+    group = tax["diffuse_amplified"]
+    assert group["heads"] == diffuse and group["count"] == group["diffuse"] == len(diffuse) > 0
+    assert group["contradicts_premise"] and group["amplified_k_norm"] == 8.4
 
 # -- the HTML and Markdown pages: contents, anchors, collapsed lists, empty values ---------------------
 
@@ -1138,7 +1459,7 @@ def test_head_ablation(which, log_path, trained_paths, tmp_path):
 
 MEASURED_BATCHES = 6
 MEASUREMENT_FIGURES = ["layer_profiles.png", "head_maps.png", "key_magnitude_profile.png", "entropy_norm_by_layer.png",
-                       "loss.png"]
+                       "gains_wavelength.png", "loss.png"]
 
 
 def every_batch(steps):
@@ -1178,6 +1499,7 @@ def test_measurement_report_is_of_one_model_state(measured, trained_paths, log_p
     assert training["tokens"] == TRAINED_STEPS * 4 * T and training["warmup"] is None
     assert summary["window"] == {"first": 0, "last": MEASURED_BATCHES - 1, "count": MEASURED_BATCHES, "fraction": 0.25}
     assert summary["figures"] == {"made": MEASUREMENT_FIGURES, "skipped": {}} and summary["problems"] == []
+    assert training["settled"] and training["trained"]
     assert summary["not_applicable"] == {"figures": [f for f in FIGURES if f not in MEASUREMENT_FIGURES],
                                          "hypotheses": ["d"]}
     assert sorted(p.name for p in outdir.glob("*.png")) == sorted(MEASUREMENT_FIGURES)
@@ -1190,34 +1512,39 @@ def test_measurement_report_is_of_one_model_state(measured, trained_paths, log_p
         assert words in text, words
     captions = [line for line in text.splitlines() if line.startswith("*Figure")]
     assert len(captions) == len(MEASUREMENT_FIGURES)
-    assert not [c for c in captions if "training step" in c or "decision window" in c or "at step" in c]
+    assert not [c for c in captions if "training step" in c or "from step" in c]
     assert "(d) dimensional collapse: not applicable (not applicable to a measurement" in stdout
 
 
 def test_measurement_verdicts_use_every_batch(measured):
-    """(a)-(c) and the taxonomy are decided as for a training run, on the means over every measured batch;
-    (d), a change over training, is not applicable."""
+    """(a)-(c) and the taxonomy are decided on the means over every measured batch, by the rule alone (a
+    line through batches of one model state is no trend); (d), a change over training, is not applicable."""
+    from attnlog.analysis import window_trend
     _, summary, text, _, log = measured
     h = summary["hypotheses"]
     x, y = window_kv_means(log, every_batch)
-    rho = spearman(x.ravel(), y.ravel())
+    rho = within_layers(x, y)
     assert h["a"]["value"] == close(rho, **RHO) and h["a"]["verdict"] == rule(-rho, h["a"]["chance"], 0.1)
     steps, k_norm = log.metric("k_norm")
     for t, group, sign in zip(h["b"]["tests"], ("early", "final"), (-1, 1)):
-        mean, half = t_interval([group_mean(table, group) for table in k_norm.astype(float)])
-        assert t["effect"] == close(sign * (mean - 8) / 8, **LOGGED) and t["half_width"] == close(half / 8, **LOGGED)
+        series = np.array([sign * (group_mean(table, group) - 8) / 8 for table in k_norm.astype(float)])
+        half = window_trend(steps, series)["half_width"]
+        assert t["effect"] == close(series.mean(), **LOGGED) and t["half_width"] == close(half, **LOGGED)
+        assert t["verdict"] == rule(t["effect"], t["half_width"], 0.05) and not t["moving"] and t["trend"] is None
     share = ((log.metric("k_maxabs")[1] / k_norm) ** 2).astype(float)
     means = share.mean(axis=0)
     top = np.unravel_index(np.argmax(means), means.shape)
-    mean, half = t_interval(share[:, top[0], top[1]])
-    assert h["c"]["max_ratio"] == close(mean, **LOGGED) and h["c"]["verdict"] == rule(mean / 0.5 - 1, half / 0.5, 0.05)
+    (t,) = h["c"]["tests"]
+    assert h["c"]["max_ratio"] == close(share[:, top[0], top[1]].mean(), **LOGGED)
+    assert t["verdict"] == rule(t["effect"], t["half_width"], 0.05) and not t["moving"]
     assert h["d"]["verdict"] == h["d"]["why"] == "not applicable" and h["d"]["tests"] == [] and "value" not in h["d"]
-    assert "| **not applicable** |" in text
+    assert "| **not applicable** |" in text and summary["path"] is None
     sink = log.metric("attn_sink")[1].astype(float).mean(axis=0)
     tax = summary["taxonomy"]
     assert tax["available"] and tax["window"] == [0, MEASURED_BATCHES - 1]
     assert [x["attn_sink"] for x in tax["heads"]] == close(sink.ravel().tolist(), **LOGGED)
     assert f"by its means over the {MEASURED_BATCHES} measured batches" in text
+    assert summary["claims"]["dynamics"] is False and "the log is a measurement" in summary["claims"]["why_static"]
 
 
 def test_measurement_of_barely_trained_weights(log_path, tmp_path):

@@ -47,6 +47,7 @@ static RunInfo test_info() {
     info.backend = "cpu";
     info.device = "test device \"x\" \\ 2 cores";
     info.num_processes = 3;
+    info.train_tokens = 1420931;
     return info;
 }
 
@@ -203,7 +204,8 @@ static void test_header() {
         R"("seed": 18446744073709551615)",
         R"("backend": "cpu")",
         R"("num_processes": 3)",
-        R"("config": {"vocab_size": 96, "n_layer": 3, "n_head": 4, "n_kv_head": 2, "head_dim": 8, "d_model": 32, "d_ff": 80, "max_seq_len": 16, "rope_theta": 500000.0, "norm_eps": 1e-06, "qk_norm": 0})",
+        R"("train_tokens": 1420931)",
+        R"("config": {"vocab_size": 96, "n_layer": 3, "n_head": 4, "n_kv_head": 2, "head_dim": 8, "d_model": 32, "d_ff": 80, "max_seq_len": 16, "rope_theta": 500000.0, "norm_eps": 1e-06, "qk_norm": 0, "tied_embeddings": 1, "rope_factor": 0.0, "rope_low_freq_factor": 0.0, "rope_high_freq_factor": 0.0, "rope_original_max_pos": 0})",
         R"({"name": "k_norm", "dtype": "float32", "shape": [3, 2], "dims": ["layer", "kv_head"])",
         R"({"name": "q_norm", "dtype": "float32", "shape": [3, 4], "dims": ["layer", "q_head"])",
         R"({"name": "g_k", "dtype": "float32", "shape": [3, 8], "dims": ["layer", "dim"])",
@@ -217,7 +219,7 @@ static void test_header() {
     JsonValue header;
     bool parsed = json_parse(f.header, header);
     const JsonValue* config = header.get("config");
-    report(parsed && header.members.size() == 10 && header.members[0].first == "format" &&
+    report(parsed && header.members.size() == 11 && header.members[0].first == "format" &&
                header.members.back().first == "records" && config && runlog_config_difference(*config, test_config()).empty(),
            "header_json_structure", strprintf("%zu top-level members", header.members.size()));
 }
@@ -411,13 +413,16 @@ static std::string replaced(std::string s, const std::string& from, const std::s
     return s.replace(at, from.size(), to);
 }
 
-// A log written before the QK-norm variants has no qk_norm in its configuration: a run of the
-// default variant appends to it, a run of another is refused.
+// A log written before the QK-norm variants has no qk_norm in its configuration, nor the fields
+// that came after it (untied embeddings, RoPE scaling): a run of the default variant with their
+// defaults appends to it, a run of another variant, or with untied embeddings, is refused.
 static void test_append_to_a_log_before_the_variants() {
     std::string path = temp_path("before_variants.log");
     write_three_steps(path);
     std::string bytes = read_text(path);
-    std::string old = with_header(bytes, replaced(read_log(path).header, ", \"qk_norm\": 0", ""));
+    std::string later_fields = ", \"qk_norm\": 0, \"tied_embeddings\": 1, \"rope_factor\": 0.0, \"rope_low_freq_factor\": 0.0, "
+                               "\"rope_high_freq_factor\": 0.0, \"rope_original_max_pos\": 0";
+    std::string old = with_header(bytes, replaced(read_log(path).header, later_fields, ""));
     write_text(path, old);
     RunLog log = runlog_open_append(path, test_info());
     runlog_step(log, 3, 3.0f, 1e-3f, 1.0f, 100.0f, 5.0f);
@@ -429,6 +434,10 @@ static void test_append_to_a_log_before_the_variants() {
     plain.config.qk_norm = QK_NORM_PLAIN;
     ChildResult r = run_child([&] { runlog_open_append(path, plain); });
     check_user_error("append_of_plain_to_a_log_before_the_variants_refused", r, path, "has no qk_norm");
+    RunInfo untied = test_info();
+    untied.config.tied_embeddings = 0;
+    ChildResult ru = run_child([&] { runlog_open_append(path, untied); });
+    check_user_error("append_of_untied_to_a_log_before_the_field_refused", ru, path, "has no tied_embeddings");
 }
 
 static void test_append_refuses_headers_readers_reject() {
@@ -464,6 +473,10 @@ static void test_append_refuses_headers_readers_reject() {
         {"seed_negative", replaced(h, "18446744073709551615", "-1"), "its seed is -1"},
         {"option_not_text", replaced(h, R"("lr": "0.003")", R"("lr": 0.003)"), R"(its option "lr" is not a string)"},
         {"backend_not_text", replaced(h, R"("backend": "cpu")", R"("backend": null)"), "its backend is null, not a string"},
+        {"train_tokens_negative", replaced(h, R"("train_tokens": 1420931)", R"("train_tokens": -5)"),
+         "its train_tokens is -5, not a number of tokens"},
+        {"train_tokens_as_text", replaced(h, R"("train_tokens": 1420931)", R"("train_tokens": "5")"),
+         R"(its train_tokens is "5", not a number of tokens)"},
         {"no_config", replaced(h, R"("config": {)", R"("konfig": {)"), "it holds no model configuration"},
         {"config_as_text", replaced(h, R"("n_layer": 3)", R"("n_layer": "3")"), R"(its config member "n_layer" is not a number)"},
         {"config_integer_as_float", replaced(h, R"("n_layer": 3)", R"("n_layer": 3.0)"), "n_layer is 3.0 in the log, 3 in this run"},

@@ -304,7 +304,10 @@ def test_unfinished_dataset(data, tmp_path):
     (["--qk-norm", "rms"], ["--qk-norm", "gain, plain or none"]),
     (["--freeze", "k_gain,bias"], ["--freeze", "'bias' is not a parameter kind"]),
     (["--freeze", "k_gain,"], ["--freeze", "an empty name is not a parameter kind"]),
-    (["--freeze", ",".join(layout.PARAM_KINDS)], ["--freeze wte,attn_norm", "nothing would train"]),
+    (["--freeze", ",".join(k for k in layout.PARAM_KINDS if k != "lm_head")], ["--freeze wte,attn_norm", "nothing would train"]),
+    (["--freeze", "k_gain,lm_head"], ["--freeze k_gain,lm_head", "this model has no lm_head", "tied embeddings"]),
+    (["--tied-embeddings", "2"], ["--tied-embeddings", "must be 0 or 1"]),
+    (["--d-model", "0"], ["--d-model must be at least 1"]),
 ])
 def test_impossible_options(data, tmp_path, args, parts):
     out = tmp_path / "out"
@@ -432,6 +435,51 @@ def test_qk_norm_variants_and_frozen_parameters(full_run, data, tmp_path):
     resumed = train(data, tmp_path / "frozen", "-x", "6", "-n", "2", "-r", tmp_path / "frozen" / "model.ckpt",
                     "--freeze", "k_gain")
     assert_one_line_error(resumed, "--freeze wv,k_gain -> k_gain", "--allow-changes 1")
+
+
+def test_untied_embeddings_and_a_residual_width_apart(data, tmp_path):
+    """--tied-embeddings 0 and --d-model train on the CPU: the checkpoint holds an lm_head of its
+    own, trained apart from wte, and wo of d_model x the attention width; the log header records
+    both fields; -e brings them along, refuses a mismatch, and --freeze lm_head holds it."""
+    r = train(data, tmp_path / "untied", "-x", "3", "-s", "1", "--tied-embeddings", "0", "--d-model", "96")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "embeddings: untied" in r.stdout and "d_model 96" in r.stdout
+    c, params, _ = model_torch.read_checkpoint(str(tmp_path / "untied" / "model.ckpt"))
+    assert not c.tied_embeddings and c.d_model == 96 and c.n_head * c.head_dim == 128
+    assert params["lm_head"].shape == (c.vocab_size, 96) and params["layers.1.wo"].shape == (96, 128)
+    assert not torch.equal(params["lm_head"], params["wte"])
+    header = attnlog.open_log(tmp_path / "untied" / "run.attnlog").header
+    assert header["config"]["tied_embeddings"] == 0 and header["config"]["d_model"] == 96
+    assert header["options"]["tied-embeddings"] == "0"
+    ckpt = tmp_path / "untied" / "model.ckpt"
+    assert_one_line_error(train(data, tmp_path / "o1", "-x", "1", "-e", ckpt, "--tied-embeddings", "1"),
+                          "--tied-embeddings 1 does not match the checkpoint", "which has 0")
+    assert_one_line_error(train(data, tmp_path / "o2", "-x", "1", "-e", ckpt, "--d-model", "128"),
+                          "--d-model 128 does not match the checkpoint", "which has 96")
+    frozen = train(data, tmp_path / "frozen", "-x", "2", "-e", ckpt, "--freeze", "lm_head")
+    assert frozen.returncode == 0, frozen.stdout + frozen.stderr
+    _, after, _ = model_torch.read_checkpoint(str(tmp_path / "frozen" / "model.ckpt"))
+    assert torch.equal(after["lm_head"], params["lm_head"]) and not torch.equal(after["wte"], params["wte"])
+
+
+def test_a_version_3_checkpoint_loads_as_before(full_run, data, tmp_path):
+    """A checkpoint of format version 3 (before untied embeddings and RoPE scaling) reads in both
+    readers as a tied model without scaling, whatever its bytes 200..219 hold, and -e starts from it."""
+    out, _ = full_run
+    raw = bytearray((out / "model.ckpt").read_bytes())
+    struct.pack_into("<I", raw, 8, 3)
+    struct.pack_into("<Ifffi", raw, 200, 1, 8.0, 1.0, 4.0, 64)  # what version 4 would read as untied and scaled
+    struct.pack_into("<I", raw, 92, zlib.crc32(bytes(raw[96:256]), zlib.crc32(bytes(raw[:92]))))
+    old = tmp_path / "v3.ckpt"
+    old.write_bytes(bytes(raw))
+    c, params, _ = model_torch.read_checkpoint(str(old))
+    _, now, _ = model_torch.read_checkpoint(str(out / "model.ckpt"))
+    assert c.tied_embeddings and c.rope_factor == 0 and "lm_head" not in params
+    assert all(torch.equal(params[n], now[n]) for n in now)
+    r = train(data, tmp_path / "from_v3", "-x", "1", "-e", old)
+    assert r.returncode == 0, r.stdout + r.stderr
+    config = attnlog.open_log(tmp_path / "from_v3" / "run.attnlog").header["config"]
+    assert config["tied_embeddings"] == 1 and config["rope_factor"] == 0
 
 
 def test_a_second_run_into_a_live_runs_folder_is_refused(data, tmp_path):

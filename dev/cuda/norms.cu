@@ -50,12 +50,7 @@ static void check_qk_norm_rope(int B, int T, int H, int Hkv, int qk_norm = QK_NO
     std::vector<float> qkv = random_values((size_t)N * QKV, 2.0f, rng), gq = random_values(D, 1.0f, rng);
     std::vector<float> gk = random_values(D, 1.0f, rng), dqk = random_values((size_t)N * NH * D, 0.1f, rng);
     std::vector<float> cs((size_t)T * half), sn((size_t)T * half);
-    for (int t = 0; t < T; t++)
-        for (int i = 0; i < half; i++) {
-            double a = rope_angle(t, i, D, c.rope_theta);
-            cs[t * half + i] = (float)cos(a);
-            sn[t * half + i] = (float)sin(a);
-        }
+    rope_tables(c, T, cs.data(), sn.data());
     std::vector<float> normed((size_t)N * NH * D), rope((size_t)N * NH * D), rstd((size_t)N * NH);
     qk_norm_rope_forward(normed.data(), rope.data(), rstd.data(), qkv.data(), gq.data(), gk.data(), cs.data(), sn.data(), B, T, c);
     std::vector<float> dqkv = qkv, dg_q(D, 0.0f), dg_k(D, 0.0f);  // the value part stays as it was

@@ -19,6 +19,8 @@ Modules (docs/log_format.md, docs/telemetry.md, docs/research.md):
     model_torch  the model in PyTorch and the checkpoint reader (needs torch)
     probe        probes of a checkpoint's heads (`attnlog-probe`; needs torch)
     export_hf    the Hugging Face export of a checkpoint (`attnlog-export-hf`; needs torch)
+    bpe          Hugging Face byte-level BPE tokenizers, tokenizer.json (needs regex)
+    tokenize_hf  their token shards for ./train, encoding, decoding (`attnlog-tokenize-hf`)
 """
 from attnlog.reader import EXPORT_COLUMNS, LogError, RecordType, RunLog, long_table, open_log, run_labels, write_long
 

@@ -5,14 +5,17 @@ nulls, t-intervals. The hypotheses, the guards against too little training, the 
 the verdicts over replicate runs are in attnlog.verdicts, built on this module; the machine-readable
 summary of a run (summary.json) in attnlog.summary, built on both. Needs numpy.
 """
+import functools
+import glob
 import json
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 
 import attnlog
-from attnlog.commands import UserError
+from attnlog.commands import DEFAULT_DATA, UserError
 from attnlog.layout import PARAM_KINDS, QK_NORMS, frozen_kinds, frozen_mask
 
 # The thresholds of the derived quantities (docs/telemetry.md, "Derived in Python").
@@ -22,6 +25,7 @@ FOCUS_FRACTION = 0.5  # entropy below this fraction of uniform attention's count
 NORM_MARGIN = 0.05  # a key is amplified when its norm is more than 5% above sqrt(D), its initial value
 WINDOW_FRACTION = 0.25  # the decision window: the stats steps in the last quarter of the logged steps
 PERMUTATIONS = 10000
+SHARD_MAGIC = 20240520  # the first int32 of a token shard (llmc/dataloader.h)
 
 # The telemetry metrics this report reads; a log without one of them loses the figures that need it.
 USED_METRICS = ["k_norm", "k_maxabs", "k_pr", "k_cos", "k_erank", "k_mean_share", "k_erank_centered", "q_norm",
@@ -95,6 +99,7 @@ def load_run(path, label):
         "groups": layer_groups(n_layer),
         "seq_len": seq_len, "tokens_per_step": tokens_per_step(options, seq_len),
         "init": None if measurement else started_from(options, log.notes()),
+        "train_tokens": training_data_size(log.header, options),
         "variant": model_variant(config, options),
         "measurement": measurement,
     }
@@ -145,6 +150,34 @@ def finite_only(steps, series, what, problems):
     return steps[good], series[good]
 
 
+def training_data_size(header, options):
+    """{"tokens", "source"}: the tokens of the run's training shards, one epoch. The header's
+    train_tokens; for a log written before it, the token counts in the headers of the shards its train
+    option matches now (as given, then from the checkout, where ./train keeps the default corpus),
+    which may not be the shards the run read; tokens None when neither is found."""
+    if isinstance(header.get("train_tokens"), int):
+        return {"tokens": header["train_tokens"], "source": "the log's header"}
+    pattern = str(options.get("train", ""))
+    for base in (Path.cwd(), Path(DEFAULT_DATA).parent.parent) if pattern else ():
+        paths = sorted(glob.glob(str(base / pattern)))
+        counts = [shard_tokens(p) for p in paths]
+        if paths and None not in counts:
+            return {"tokens": sum(counts), "source": f"counted now in the {len(paths)} shard(s) matching "
+                    f"{base / pattern}: the log does not record it, and they may not be the shards the run read"}
+    return {"tokens": None,
+            "source": f"the log does not record it, and no shard matches {pattern or 'its train option'} here"}
+
+
+def shard_tokens(path):
+    """The token count a shard's header gives (magic, version, count: int32 each), or None."""
+    try:
+        with open(path, "rb") as f:
+            magic, version, count = np.frombuffer(f.read(12).ljust(12, b"\0"), "<i4")
+    except OSError:
+        return None
+    return int(count) if magic == SHARD_MAGIC and version in (1, 2) and count >= 0 else None
+
+
 def option_int(options, name, default=0):
     try:
         return int(options.get(name, default))
@@ -193,6 +226,17 @@ def decision_window(stats_steps):
         return np.zeros(0, np.int64)
     first, last = float(stats_steps[0]), float(stats_steps[-1])
     return np.flatnonzero(stats_steps >= last - WINDOW_FRACTION * (last - first))
+
+
+def run_until(run, last_step):
+    """The run as if its log ended after last_step: its steps, statistics and losses up to there, and
+    the decision window of that shorter run."""
+    stats = run["stats_steps"] <= last_step
+    loss, val = ((steps[steps <= last_step], series[steps <= last_step]) for steps, series in (run["loss"], run["val"]))
+    span = run["step_range"]
+    return dict(run, metrics={name: (steps[stats], table[stats]) for name, (steps, table) in run["metrics"].items()},
+                stats_steps=run["stats_steps"][stats], window=decision_window(run["stats_steps"][stats]), loss=loss,
+                val=val, step_range=(span[0], min(span[1], last_step)) if span else None)
 
 
 def layer_groups(n_layer):
@@ -382,6 +426,90 @@ def mean_interval(sample):
         return float("nan"), float("nan"), 0
     half = t975(n - 1) * float(sample.std(ddof=1)) / math.sqrt(n) if n > 1 else float("nan")
     return float(sample.mean()), half, n
+
+
+# -- a statistic's path over the decision window: autocorrelation and trend -------------------------
+#
+# The stats steps of a window are no independent samples: the noise of a statistic at one stats step
+# carries over to the next, so a t-interval that counts each step as a sample is too narrow. The
+# window's series is modelled as a straight line (the statistic may still drift) plus AR(1) noise,
+# u_t = phi u_(t-1) + e_t, the simplest noise with autocorrelation: n stats steps then tell as much
+# about the mean as n_eff = n (1 - phi) / (1 + phi) independent ones would, and the slope's standard
+# error grows by the same factor (Bretherton et al. 1999; Santer et al. 2000 for trends), with n_eff - 2
+# degrees of freedom. phi comes from the lag-1 autocorrelation of the residuals of the line, which in
+# a short series is biased low (by about 2/n at phi = 0 and 9/n at phi = 0.9), which would overstate
+# n_eff; so it is taken median-unbiased (Andrews 1993): the phi whose simulated series give that
+# autocorrelation as their median. Not a block bootstrap: a window holds 20-30 stats steps, too few
+# for blocks long enough to carry the autocorrelation; not a sum over many lags: at this length the
+# autocorrelations beyond lag 1 are mostly noise.
+
+AR_GRID = np.linspace(0.0, 0.99, 100)  # the phi a median-unbiased estimate chooses among
+AR_SERIES = 500  # simulated series per phi
+
+
+def lag1_autocorrelation(residuals):
+    """sum u_t u_(t+1) / sum u_t^2 along the last axis (0 for series that are all 0)."""
+    total = (residuals * residuals).sum(axis=-1)
+    lagged = (residuals[..., :-1] * residuals[..., 1:]).sum(axis=-1)
+    return np.divide(lagged, total, out=np.zeros_like(lagged), where=total > 0)
+
+
+def line_residuals(series):
+    """What is left of each series (along the last axis, equally spaced) after its least-squares line."""
+    n = series.shape[-1]
+    x = np.arange(n) - (n - 1) / 2
+    centred = series - series.mean(axis=-1, keepdims=True)
+    slope = centred.dot(x) / (x @ x)  # dot: matmul of an array of series with a vector is slow
+    return centred - slope[..., None] * x
+
+
+@functools.lru_cache(maxsize=None)
+def lag1_medians(n):
+    """[len(AR_GRID)]: the median lag-1 autocorrelation of the line residuals of AR_SERIES simulated
+    stationary AR(1) series of n steps, for each phi of AR_GRID; the same shocks for every phi (seeded
+    by n: the same answer every time), made non-decreasing in phi."""
+    shocks = np.random.default_rng(n).standard_normal((AR_SERIES, n))
+    medians = []
+    for phi in np.array_split(AR_GRID, max(1, n // 50)):  # a few phi at a time bound the memory
+        noise = np.empty((len(phi), AR_SERIES, n))
+        noise[:, :, 0] = shocks[:, 0] / np.sqrt(1 - phi * phi)[:, None]
+        for t in range(1, n):
+            noise[:, :, t] = phi[:, None] * noise[:, :, t - 1] + shocks[:, t]
+        medians.extend(np.median(lag1_autocorrelation(line_residuals(noise)), axis=1))
+    return np.maximum.accumulate(medians)
+
+
+def ar1_coefficient(autocorrelation, n):
+    """The median-unbiased phi in [0, 0.99] of n steps whose line residuals have this lag-1
+    autocorrelation. Negative autocorrelation counts as none: n_eff never exceeds n."""
+    return float(np.interp(autocorrelation, lag1_medians(n), AR_GRID))
+
+
+def window_trend(steps, series):
+    """A statistic's series over the decision window as a line plus AR(1) noise: {"mean", "half_width"
+    (of the mean's 95% interval), "n", "phi", "n_eff", "slope" (per step), "change" (the line's rise
+    from the window's first step to its last), "change_half" (its 95% half-width), "moving" (the
+    change's interval excludes 0: still trending), "end" (the line at the last step)}. Fewer than 3
+    steps: mean only. Fewer than 3 effective samples: infinite half-widths (no interval)."""
+    y, x = np.asarray(series, float), np.asarray(steps, float)
+    n = len(y)
+    out = {"mean": float(y.mean()) if n else float("nan"), "half_width": float("nan"), "n": n, "phi": float("nan"),
+           "n_eff": float("nan"), "slope": float("nan"), "change": float("nan"), "change_half": float("nan"),
+           "moving": False, "end": float("nan")}
+    if n < 3:
+        return out
+    dx = x - x.mean()
+    slope = float(dx @ (y - y.mean()) / (dx @ dx))
+    residuals = y - y.mean() - slope * dx
+    variance = float(residuals @ residuals) / (n - 2)
+    phi = ar1_coefficient(float(lag1_autocorrelation(residuals)), n) if variance > 0 else 0.0  # on its line: no noise
+    n_eff = n * (1 - phi) / (1 + phi)
+    t = t975(math.floor(n_eff - 2)) if n_eff >= 3 else math.inf
+    span = float(x[-1] - x[0])
+    change, change_half = slope * span, t * math.sqrt(variance / (dx @ dx) * n / n_eff) * span
+    return dict(out, half_width=t * math.sqrt(variance / n_eff), phi=phi, n_eff=n_eff, slope=slope, change=change,
+                change_half=change_half, moving=bool(abs(change) > change_half),
+                end=out["mean"] + slope * float(x[-1] - x.mean()))
 
 
 # -- the layer of a figure ---------------------------------------------------------------------------

@@ -43,6 +43,13 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UserError(f"{message} (see {self.prog} -h)")
 
 
+def positive_int(text):
+    """An option's whole number >= 1 (for argparse's type=)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return int(text)
+
+
 def run(body, parse, argv=None):
     """The exit status of a command: body(parse(argv)) parses the command line and does the work;
     its status is what body returns (None: 0). A UserError, or an OSError, which can only be an

@@ -12,10 +12,10 @@ MATRICES        the kinds that are matrices (AdamW decays their weights)
 """
 CONFIG_FIELDS = ("vocab_size", "n_layer", "n_head", "n_kv_head", "head_dim", "d_model", "d_ff", "max_seq_len")
 LAYER_TENSORS = ("attn_norm", "wq", "wk", "wv", "q_gain", "k_gain", "wo", "mlp_norm", "w1", "w3", "w2")
-PARAM_KINDS = ("wte",) + LAYER_TENSORS + ("final_norm",)
+PARAM_KINDS = ("wte",) + LAYER_TENSORS + ("final_norm", "lm_head")  # lm_head: only when untied
 QK_NORMS = ("gain", "plain", "none")
 GAINS = ("q_gain", "k_gain")
-MATRICES = ("wte", "wq", "wk", "wv", "wo", "w1", "w3", "w2")
+MATRICES = ("wte", "wq", "wk", "wv", "wo", "w1", "w3", "w2", "lm_head")
 
 
 def frozen_mask(kinds):

@@ -25,15 +25,23 @@ from attnlog.layout import CONFIG_FIELDS, LAYER_TENSORS, MATRICES, PARAM_KINDS, 
 
 class Config:
     """The model's configuration. qk_norm: RMSNorm of each query and key head with learnable gains
-    (gain, the default), without gains (plain: held at 1, not trained), or no normalisation (none)."""
+    (gain, the default), without gains (plain: held at 1, not trained), or no normalisation (none).
+    d_model: the residual stream's width, n_head * head_dim unless given. tied_embeddings: wte is
+    also the output projection; else lm_head is. rope_factor > 0: Llama 3's RoPE frequency scaling
+    with the other rope_ fields (rope_inv_freq)."""
 
     def __init__(self, vocab_size, n_layer, n_head, n_kv_head, head_dim, d_ff, max_seq_len,
-                 rope_theta=10000.0, norm_eps=1e-5, qk_norm="gain"):
+                 rope_theta=10000.0, norm_eps=1e-5, qk_norm="gain", d_model=None, tied_embeddings=True,
+                 rope_factor=0.0, rope_low_freq_factor=0.0, rope_high_freq_factor=0.0, rope_original_max_pos=0):
         if qk_norm not in QK_NORMS:
             raise ValueError(f"qk_norm {qk_norm!r} is not one of {QK_NORMS}")
         self.vocab_size, self.n_layer, self.n_head, self.n_kv_head = vocab_size, n_layer, n_head, n_kv_head
-        self.head_dim, self.d_model, self.d_ff, self.max_seq_len = head_dim, n_head * head_dim, d_ff, max_seq_len
+        self.head_dim, self.d_ff, self.max_seq_len = head_dim, d_ff, max_seq_len
+        self.d_model = n_head * head_dim if d_model is None else d_model
         self.rope_theta, self.norm_eps, self.qk_norm = rope_theta, norm_eps, qk_norm
+        self.tied_embeddings = bool(tied_embeddings)
+        self.rope_factor, self.rope_low_freq_factor = rope_factor, rope_low_freq_factor
+        self.rope_high_freq_factor, self.rope_original_max_pos = rope_high_freq_factor, rope_original_max_pos
 
 
 def tensor_shapes(c):
@@ -46,6 +54,8 @@ def tensor_shapes(c):
     for l in range(c.n_layer):
         out += [(f"layers.{l}.{name}", per_layer[name]) for name in LAYER_TENSORS]
     out.append(("final_norm", (C,)))
+    if not c.tied_embeddings:
+        out.append(("lm_head", (c.vocab_size, C)))
     return out
 
 
@@ -96,11 +106,24 @@ def qk_norm(x, gain, c):
     return rmsnorm(x, gain if c.qk_norm == "gain" else 1.0, c.norm_eps)
 
 
+def rope_inv_freq(c):
+    """The inverse frequency f_i = theta^(-2i/D) of each pair, in float64. With Llama 3's scaling
+    (rope_factor > 0), in the words of its definition: pairs whose wavelength 2 pi / f is shorter
+    than original_max_pos / high_freq_factor keep f, those longer than original_max_pos /
+    low_freq_factor take f / factor, and in between f is interpolated between the two with the
+    weight s = (original_max_pos / wavelength - low) / (high - low) on f. Here as one formula: s,
+    clamped to [0, 1], weighs f against f / factor everywhere."""
+    f = c.rope_theta ** (-torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim)
+    if not c.rope_factor:
+        return f
+    low, high = c.rope_low_freq_factor, c.rope_high_freq_factor
+    s = ((c.rope_original_max_pos * f / (2 * math.pi) - low) / (high - low)).clamp(0.0, 1.0)
+    return s * f + (1 - s) * f / c.rope_factor
+
+
 def rope_tables(c, T, dtype):
-    """cos and sin of t * theta^(-2i/D), formed in float64 and rounded to float32 as the C++ does."""
-    half = c.head_dim // 2
-    inv_freq = torch.tensor([c.rope_theta ** (-2.0 * i / c.head_dim) for i in range(half)], dtype=torch.float64)
-    angle = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    """cos and sin of t * f_i, formed in float64 and rounded to float32 as the C++ does."""
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * rope_inv_freq(c)[None, :]
     return angle.cos().float().to(dtype), angle.sin().float().to(dtype)
 
 
@@ -156,7 +179,7 @@ def forward(p, c, tokens, targets=None, taps=None, logit_scale=None, ablate=()):
         h = rmsnorm(x, w("mlp_norm"), c.norm_eps)
         x = x + (torch.nn.functional.silu(h @ w("w1").T) * (h @ w("w3").T)) @ w("w2").T
     x = rmsnorm(x, p["final_norm"], c.norm_eps)
-    logits = x @ p["wte"].T
+    logits = x @ p["wte" if c.tied_embeddings else "lm_head"].T
     if targets is None:
         return logits, None
     return logits, torch.nn.functional.cross_entropy(logits.view(B * T, -1), targets.reshape(-1))
@@ -167,6 +190,7 @@ def forward(p, c, tokens, targets=None, taps=None, logit_scale=None, ablate=()):
 
 CKPT_MAGIC = b"ATTNCKPT"
 CKPT_HEADER = 256
+CKPT_VERSION = 4
 
 
 class CheckpointError(UserError):
@@ -189,12 +213,14 @@ def write_checkpoint(path, c, params, step=0, frozen=0):
     payload = flat.astype("<f4").tobytes()
     head = bytearray(CKPT_HEADER)
     head[0:8] = CKPT_MAGIC
-    struct.pack_into("<II", head, 8, 2, CKPT_HEADER)
+    struct.pack_into("<II", head, 8, CKPT_VERSION, CKPT_HEADER)
     struct.pack_into("<8i", head, 16, *[getattr(c, f) for f in CONFIG_FIELDS])
     struct.pack_into("<ff", head, 48, c.rope_theta, c.norm_eps)
     struct.pack_into("<qIIqq", head, 56, step, 0, 0, flat.size, 0)
     struct.pack_into("<I", head, 88, zlib.crc32(payload))
     struct.pack_into("<iI", head, 156, QK_NORMS.index(c.qk_norm), frozen)
+    struct.pack_into("<Ifffi", head, 200, 0 if c.tied_embeddings else 1, c.rope_factor, c.rope_low_freq_factor,
+                     c.rope_high_freq_factor, c.rope_original_max_pos)
     struct.pack_into("<I", head, 92, zlib.crc32(bytes(head[96:]), zlib.crc32(bytes(head[:92]))))
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
@@ -218,8 +244,8 @@ def read_checkpoint(path):
     if len(data) < CKPT_HEADER or data[:8] != CKPT_MAGIC:
         raise bad("not a checkpoint")
     version, header_bytes = struct.unpack_from("<II", data, 8)
-    if version not in (1, 2, 3) or header_bytes != CKPT_HEADER:
-        raise bad(f"checkpoint format version {version} is not one this reader knows (1 to 3)")
+    if not 1 <= version <= CKPT_VERSION or header_bytes != CKPT_HEADER:
+        raise bad(f"checkpoint format version {version} is not one this reader knows (1 to {CKPT_VERSION})")
     (crc_header,) = struct.unpack_from("<I", data, 92)
     if zlib.crc32(data[96:CKPT_HEADER], zlib.crc32(data[:92])) != crc_header:
         raise bad("checkpoint header is damaged (checksum mismatch)")
@@ -229,11 +255,16 @@ def read_checkpoint(path):
     step, flags, dtype, P, position, crc_payload = struct.unpack_from("<qIIqqI", data, 56)
     # bytes a version did not define read as zero: version 1 had no qk_norm and frozen kinds
     variant, frozen = struct.unpack_from("<iI", data, 156) if version >= 2 else (0, 0)
-    if not 0 <= variant < len(QK_NORMS) or frozen >> len(PARAM_KINDS):
-        raise bad(f"checkpoint's qk_norm {variant} or frozen mask {frozen:#x} is not one this reader knows")
-    if min(ints) < 1 or ints[5] != ints[2] * ints[4] or ints[2] % ints[3] or ints[4] % 2 or dtype != 0:
+    # version 4 added untied embeddings and the RoPE scaling: before it, tied and none
+    untied, *rope = struct.unpack_from("<Ifffi", data, 200) if version >= 4 else (0, 0.0, 0.0, 0.0, 0)
+    if not 0 <= variant < len(QK_NORMS) or frozen >> len(PARAM_KINDS) or untied > 1:
+        raise bad(f"checkpoint's qk_norm {variant}, frozen mask {frozen:#x} or untied flag {untied} "
+                  "is not one this reader knows")
+    if min(ints) < 1 or ints[2] % ints[3] or ints[4] % 2 or dtype != 0:
         raise bad("checkpoint holds an impossible configuration")
-    c = Config(ints[0], ints[1], ints[2], ints[3], ints[4], ints[6], ints[7], theta, eps, QK_NORMS[variant])
+    c = Config(ints[0], ints[1], ints[2], ints[3], ints[4], ints[6], ints[7], theta, eps, QK_NORMS[variant],
+               d_model=ints[5], tied_embeddings=not untied, rope_factor=rope[0], rope_low_freq_factor=rope[1],
+               rope_high_freq_factor=rope[2], rope_original_max_pos=rope[3])
     if P != num_params(c):
         raise bad("checkpoint parameter count does not match its configuration")
     copies = 3 if flags & 1 else 1

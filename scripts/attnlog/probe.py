@@ -32,7 +32,7 @@ import torch
 
 from attnlog import figures  # the Agg backend and the house style of the report's figures
 import matplotlib.pyplot as plt  # noqa: E402  (after figures, which chose the backend)
-from attnlog.commands import DEFAULT_DATA, ArgumentParser, UserError, run
+from attnlog.commands import DEFAULT_DATA, ArgumentParser, UserError, positive_int, run
 from attnlog.model_torch import forward, read_checkpoint
 
 SHARD_MAGIC, SHARD_HEADER_BYTES = 20240520, 256 * 4
@@ -329,12 +329,6 @@ def scale_list(text):
     if not all(math.isfinite(s) and s >= 0 for s in scales):
         raise argparse.ArgumentTypeError(f"{text!r}: every scale must be a finite number >= 0")
     return sorted(set(scales))
-
-
-def positive_int(text):
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
-    return int(text)
 
 
 def data_batches(args, c):

@@ -44,7 +44,7 @@ OVERHEAD = FRAME.size + CRC.size
 RESUMED = re.compile(r"resumed from step (\d+)")  # the note a resumed run begins with
 DTYPES = {"float32": "<f4", "float64": "<f8", "int32": "<i4", "int64": "<i8"}  # and "utf8"
 HEADER_KEYS = ("format", "version", "created", "config", "options", "seed", "backend", "device", "num_processes",
-               "measurement", "records")
+               "train_tokens", "measurement", "records")
 MAX_DEPTH = 64  # the deepest nesting of the header's JSON a reader accepts (version 1 nests 5 deep)
 MAX_DIM = 2**31  # the largest dimension of a field's shape
 MAX_NDIM = 16  # the most dimensions a field may have
@@ -162,9 +162,11 @@ def _brief(value, show=json.dumps):
 def _check_header(header):
     """Raises Malformed when a member of the header that this reader uses is not what the format
     says: config an object of numbers, options an object of strings, created, backend and device
-    strings, seed an unsigned 64-bit integer, num_processes a positive integer, measurement (a
-    measurement's log) the checkpoint measured. The record table is checked by RecordType."""
-    for key in ("created", "config", "options", "seed", "backend", "device", "num_processes", "measurement"):
+    strings, seed an unsigned 64-bit integer, num_processes a positive integer, train_tokens an
+    integer of at least 0, measurement (a measurement's log) the checkpoint measured. The record
+    table is checked by RecordType."""
+    for key in ("created", "config", "options", "seed", "backend", "device", "num_processes", "train_tokens",
+                "measurement"):
         if key in header:
             CHECKS[key](header[key], key)
 
@@ -190,6 +192,11 @@ def _count(value, where):
         raise Malformed(f"{where} is {value}, not a positive integer")
 
 
+def _tokens(value, where):
+    if _expect(value, int, where) < 0:
+        raise Malformed(f"{where} is {value}, not a number of tokens")
+
+
 def _string(value, where):
     _expect(value, str, where)
 
@@ -212,7 +219,7 @@ def _measurement(value, where):
 
 CHECKS = {"format": _string, "version": lambda value, where: _expect(value, int, where), "created": _string,
           "config": _numbers, "options": _strings, "seed": _seed, "backend": _string, "device": _string,
-          "num_processes": _count, "measurement": _measurement, "records": _table}
+          "num_processes": _count, "train_tokens": _tokens, "measurement": _measurement, "records": _table}
 
 
 def _known_members(header):

@@ -12,7 +12,8 @@ folder beside the first log):
     *.png          the figures of the first run (names as in the reports: key_norm_evolution.png, ...)
     compare_*.png  with several logs: each run's layer-group curves overlaid
     report.md      configuration, figures with captions computed from the run, the reports'
-                   hypotheses checked on it, a taxonomy of the heads, problems found in the log
+                   hypotheses checked on it, a taxonomy of the heads, the research notes' claims
+                   beside what the run shows (attnlog.claims), problems found in the log
     report.html    the same, one self-contained file (figures embedded, long tables folded away)
     summary.json   every number of the report, for programs (its keys: summary.summarise)
 
@@ -31,17 +32,27 @@ from pathlib import Path
 import numpy as np
 
 import attnlog
-from attnlog import figures
+from attnlog import claims, figures
 from attnlog.analysis import ReportError, load_run
 from attnlog.commands import DEFAULT_DATA, ArgumentParser, UserError, run
 from attnlog.document import code, to_html, to_markdown
 from attnlog.run_figures import GROUPS, draw_comparison, draw_figures
 from attnlog.summary import json_ready, summarise
 from attnlog.reader import measurement_text
-from attnlog.verdicts import (CONTRADICTED, INCONCLUSIVE, NOT_APPLICABLE, OVER_TRAINING, RULE, SUPPORTED,
-                              replicate_sets, replicate_verdicts)
+from attnlog.verdicts import (CONTRADICTED, INCONCLUSIVE, MOVING, NOT_APPLICABLE, OVER_TRAINING, RULE, SETTLING,
+                              SUPPORTED, replicate_sets, replicate_verdicts)
 
 # -- the report's blocks (attnlog.document writes them out as Markdown and HTML) ---------------------
+
+# How the single-run intervals and trends are had (attnlog.analysis, window_trend), for the report.
+METHOD = ("Consecutive stats steps are not independent samples, so an interval that counts each window step as "
+          "one is too narrow: each statistic's window steps are taken as a straight line (it may still drift) "
+          "plus first-order autoregressive noise, whose coefficient phi (from the lag-1 autocorrelation of the "
+          "line's residuals, made median-unbiased for the window's length) gives the effective number of samples, "
+          "n_eff = n (1 - phi) / (1 + phi); the 95% intervals of the window mean and of the line's change across "
+          "the window use n_eff, with n_eff - 2 degrees of freedom, and a window of fewer than 3 effective "
+          "samples gives no interval. What the line explains is no uncertainty of the mean but a trend, shown as "
+          "the change across the window. A block bootstrap would need more window steps than a run has.")
 
 
 def number(x, fmt="{:.2f}"):
@@ -93,14 +104,16 @@ def run_blocks(summary, made, skipped):
 
     blocks.append(("h2", "The reports' hypotheses, checked on this run"))
     blocks.append(("p", f"Verdicts are {SUPPORTED}, {CONTRADICTED} or {INCONCLUSIVE}: {RULE}. Each effect is taken "
-                        + ("from the means over every measured batch; the hypotheses about training are "
-                           f"{NOT_APPLICABLE} to one model state." if measured else
-                           "from the decision window's means, never from one stats step.")))
+                        + ("from the means over every measured batch, its interval from their spread; the hypotheses "
+                           f"about training are {NOT_APPLICABLE} to one model state." if measured else
+                           "from the decision window's means, never from one stats step. " + METHOD
+                           + f" Then {MOVING}.")))
     rows = [[f"({h['id']}) {h['title']}", h["claim"], h.get("detail", ""), tests_text(h["tests"]),
-             f"**{h['verdict']}**"] for h in s["hypotheses"].values()]
-    blocks.append(("table", ["hypothesis", "claim", "what this run shows", "effect e \u00b1 u (margin m)", "verdict"],
-                   rows))
+             verdict_text(h)] for h in s["hypotheses"].values()]
+    blocks.append(("table", ["hypothesis", "claim", "what this run shows",
+                             "effect e \u00b1 u (margin m); change across the window", "verdict"], rows))
     blocks.append(("list", [f"({h['id']}) decided as: {h['rule']}." for h in s["hypotheses"].values()]))
+    blocks += path_blocks(s["path"])
 
     blocks.append(("h2", "Head taxonomy"))
     tax = s["taxonomy"]
@@ -110,17 +123,26 @@ def run_blocks(summary, made, skipped):
         over = (f"the {s['window']['count']} measured batches" if measured else
                 f"steps {tax['window'][0]}-{tax['window'][1]} (the decision window)")
         blocks.append(("p", f"Every query head, by its means over {over}, placed by the first rule it meets (top to "
-                            "bottom). Key statistics are those of the head's kv head."))
+                            "bottom). Key statistics "
+                            "are those of the head's kv head. A key is long or short against the other keys of this "
+                            f"run: the top third of its kv heads' k_norm (above {tax['long_k_norm']:.2f}) or the "
+                            f"bottom third (below {tax['short_k_norm']:.2f}), not against sqrt(D), which training "
+                            "moves almost every key away from."))
         rows = []
         for cls, rule in tax["rules"].items():
             members = [h for h in tax["heads"] if h["class"] == cls]
             names = ", ".join(f"L{h['layer']}H{h['head']}" for h in members) or "none"
             rows.append([cls, rule, str(tax["counts"][cls]), names])
         blocks.append(("table", ["class", "rule", "heads", "which (L = layer, H = query head)"], rows))
+        blocks.append(("p", diffuse_amplified_text(tax["diffuse_amplified"])))
 
     if "ablation" in s:
         blocks += ablation_blocks(s["ablation"], tax)
+    blocks += claims.claim_blocks(s["claims"])
     blocks.append(("h2", "Figures"))
+    if not s["training"]["enough"]:
+        blocks.append(("p", "The captions state the numbers only: the run trained too little for them to be read "
+                            "as findings (see the training above)."))
     for i, (name, caption) in enumerate(made, 1):
         blocks.append(("figure", name, f"Figure {i} ({name}). {caption}"))
 
@@ -166,9 +188,11 @@ def not_applicable_blocks(s):
     items = [f"hypothesis ({key}) {s['hypotheses'][key]['title']}: {OVER_TRAINING[key]}" for key in na["hypotheses"]]
     items.append("the figures that follow training steps (trends, first-to-last changes, training phases): "
                  + ", ".join(code(name) for name in na["figures"]))
-    items.append("the guard against too little training of the log's own steps (a measurement trains nothing: "
-                 "the weights' own training counts) and the decision window as the last quarter of the steps (a "
-                 "measurement's is every batch it measured, which the rules below call its decision window)")
+    items.append("the guard's warm-up and settling, the trend of a statistic across the window and the verdicts' "
+                 "path (a measurement trains nothing: the weights' own training counts), and the decision window as "
+                 "the last quarter of the steps (a measurement's is every batch it measured, which the rules below "
+                 "call its decision window)")
+    items.append("the claims of the research notes about change during training (their section says so)")
     return [("h2", f"{NOT_APPLICABLE.capitalize()} to a measurement"),
             ("p", "These need training dynamics, which a measurement of one model state does not have:"),
             ("list", items)]
@@ -178,14 +202,32 @@ def training_text(s):
     t, w = s["training"], s["window"]
     text = (f"Training: {t['tokens']:,} tokens ({t['steps_trained']} steps x {t['tokens_per_step']:,} tokens"
             + (f", the {t['init_steps']} steps of the checkpoint included" if t["init_steps"] else "")
-            + f"), warm-up {t['warmup']} steps. ")
+            + f"), warm-up {t['warmup']} steps. " + epochs_text(s["data"]) + " ")
     if w["count"]:
         text += (f"Verdicts and the taxonomy use the decision window: the {w['count']} stats steps from step "
                  f"{w['first']} to step {w['last']}, the last {w['fraction']:.0%} of the stats steps' span. ")
+    text += (f"A guard decides whether the run gets verdicts and a head taxonomy at all: it must be past warm-up, "
+             f"have trained on at least {t['min_tokens']:,} tokens, have {t['min_window_count']} stats steps in the "
+             f"window, and have settled ({SETTLING}). ")
     if t["enough"]:
-        return text + (f"Enough for verdicts: past warm-up, at least {t['min_tokens']:,} tokens and "
-                       f"{t['min_window_count']} stats steps in the window.")
-    return text + "**Too little training for verdicts**: " + "; ".join(t["reasons"]) + "."
+        return text + "This run passes: its verdicts and taxonomy are given."
+    return text + f"**{guard_text(t)}**: " + "; ".join(t["reasons"]) + "."
+
+
+def guard_text(training):
+    if not training["trained"]:
+        return "Too little training for verdicts"
+    return "No verdicts: the statistics have not settled"
+
+
+def epochs_text(data):
+    """How often the run saw its training data, and where the size of the data comes from."""
+    if data["epochs"] is None:
+        return f"How often it saw each training token is not known: {data['source']}."
+    return (f"The training shards hold {data['train_tokens']:,} tokens ({data['source']}), so the "
+            f"{data['tokens_seen']:,} tokens of this log's steps are {data['epochs']:.2f} epochs"
+            + (": the run saw its training text more than once, and its losses and statistics are those of "
+               "repeated data" if data["epochs"] > 1 else "") + ".")
 
 
 def problem_lines(s):
@@ -193,13 +235,67 @@ def problem_lines(s):
     if s["training"]["enough"]:
         return list(s["problems"])
     reasons = "; ".join(s["training"]["reasons"])
-    return s["problems"] + [f"too little training for verdicts or a head taxonomy: {reasons}"]
+    return s["problems"] + [f"{guard_text(s['training']).lower()} or a head taxonomy: {reasons}"]
 
 
 def tests_text(tests):
-    """'name: e +- u (m), verdict' for each test of a hypothesis."""
-    return "; ".join(f"{t['name']}: {number(t['effect'], '{:+.3f}')} \u00b1 {number(t['half_width'], '{:.3f}')} "
-                     f"(m = {t['margin']:g})" for t in tests) or "n/a"
+    """'name: e +- u (m, n_eff); change across the window' for each test of a hypothesis."""
+    return "; ".join(f"{t['name']}: {number(t['effect'], '{:+.3f}')} \u00b1 {half_text(t['half_width'])} "
+                     f"(m = {t['margin']:g}" + trend_text(t) for t in tests) or "n/a"
+
+
+def half_text(half):
+    return "no interval" if half is not None and math.isinf(half) else number(half, "{:.3g}")
+
+
+def trend_text(test):
+    """'); over n steps (x effective): change +c +- h, still moving' of a test with a trend, else ')'."""
+    trend = test["trend"]
+    if trend is None or trend["n"] < 3:
+        return ")"
+    return (f"); over {trend['n']} steps ({number(trend['n_eff'], '{:.1f}')} effective): change "
+            f"{number(trend['change'], '{:+.3g}')} \u00b1 {half_text(trend['change_half'])}"
+            + (", **still moving**" if test["moving"] else ", no trend"))
+
+
+def verdict_text(h):
+    return f"**{h['verdict']}**" + (" (still moving)" if h.get("moving") else "")
+
+
+def path_blocks(path):
+    """The verdicts' path over the run: the hypotheses decided again with the run cut short."""
+    if not path:
+        return []
+    blocks = [("p", "**The verdicts' path.** The same hypotheses decided with the run ending earlier, each with "
+                    "the decision window and the guard of that shorter run: a verdict that holds at every end is "
+                    "stable; one that changes depends on how long the run was.")]
+    header = ["hypothesis"] + [f"to step {p['end_step']} ({p['fraction']:.0%})" for p in path]
+    rows = [["window, guard"] + [(f"{p['window'][0]}-{p['window'][1]}" if p["window"] else "none")
+                                 + ("" if p["enough"] else ", too little training" if not p["trained"] else
+                                    ", not settled") for p in path]]
+    for key in path[-1]["hypotheses"]:
+        cells = []
+        for p in path:
+            h = p["hypotheses"][key]
+            effects = ", ".join(f"{number(t['effect'], '{:+.3f}')} \u00b1 {half_text(t['half_width'])}"
+                                for t in h["tests"])
+            cells.append(f"{h['verdict']}" + (", moving" if h["moving"] else "") + (f" ({effects})" if effects else ""))
+        rows.append([f"({key})"] + cells)
+    return blocks + [("table", header, rows)]
+
+
+def diffuse_amplified_text(group):
+    """The diffuse heads with amplified keys, and what they say of the notes' premise."""
+    if not group["diffuse"]:
+        return "No head that is not a sink attends diffusely here."
+    heads = ", ".join(f"L{l}H{h}" for l, h in group["heads"]) or "none"
+    verdict = ("most diffuse heads have amplified keys: this contradicts the notes' premise that diffuse heads, the "
+               "gatherers, keep their keys low (about 5 against sqrt(D) = 8 in the notes) and that amplified keys go "
+               "with focused attention" if group["contradicts_premise"] else
+               "most diffuse heads do not have amplified keys, as the notes' premise has it")
+    return (f"**Diffuse but amplified:** {group['count']} of the {group['diffuse']} query heads that are no sink and "
+            f"attend diffusely have a key amplified beyond {group['amplified_k_norm']:.2f} (1.05 x sqrt(D)): "
+            f"{verdict}. These heads: {heads}.")
 
 
 def comparison_blocks(summaries, made, skipped, replicates):
@@ -214,11 +310,12 @@ def comparison_blocks(summaries, made, skipped, replicates):
                     + [number(k.get(g)) for g in GROUPS]
                     + [number(s["sink_rate"]["last"], "{:.0%}"), number(rho, "{:+.3f}")])
     blocks.append(("table", ["run", "qk-norm", "frozen", "last step", "final loss (mean of last 10)", "val loss",
-                             "k_norm early", "k_norm middle", "k_norm final", "sink rate", "Spearman rho (a)"], rows))
+                             "k_norm early", "k_norm middle", "k_norm final", "sink rate", "rho within layers (a)"],
+                   rows))
     blocks.append(("table", ["run"] + [f"({i})" for i in "abcd"],
                    [[s["label"]] + [s["hypotheses"][i]["verdict"] for i in "abcd"] for s in summaries]))
     runs = "; ".join(f"{s['label']} = {code(s['log'])}" for s in summaries)
-    blocks.append(("p", "Group values are at each run's last stats step; rho (a) is across kv heads, over each "
+    blocks.append(("p", "Group values are at each run's last stats step; rho (a) is within layers, over each "
                         "run's decision window. The hypotheses (a)-(d), and the rules that decide them, are set out "
                         f"in the first run's section below. Runs: {runs}."))
     for s in summaries:
@@ -490,7 +587,8 @@ def say_done(outdir, summary):
           + (f", {len(figs['skipped'])} skipped" if figs["skipped"] else "")
           + (f", {len(compared)} comparison figures" if compared else ""))
     for h in summary["hypotheses"].values():
-        print(f"  ({h['id']}) {h['title']}: {h['verdict']}" + (f" ({h['detail']})" if h.get("detail") else ""))
+        moving = ", still moving" if h["moving"] and h["why"] not in ("too little training", "not settled") else ""
+        print(f"  ({h['id']}) {h['title']}: {h['verdict']}{moving}" + (f" ({h['detail']})" if h.get("detail") else ""))
     for rep in summary.get("comparison", {}).get("replicates", []):
         print(f"  over the seeds {', '.join(map(str, rep['seeds']))} of {', '.join(rep['runs'])}:")
         for key, h in rep["hypotheses"].items():

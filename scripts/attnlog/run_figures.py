@@ -1,16 +1,21 @@
 """The figures of a run's report and their captions: which figures a log allows (FIGURES; of a
 measurement of one model state, MEASUREMENT_FIGURES), each drawn with attnlog.figures from the
-numbers attnlog.analysis derives, with a caption written from the run's own values; and the
-figures that compare several runs.
+numbers attnlog.analysis derives, with a caption written from the run's own values; and the figures
+that compare several runs. A caption says what its
+numbers mean only when the run has trained enough for verdicts (verdicts.training_status): those of a
+run too short state the numbers alone.
 """
 import math
 
 import numpy as np
 
 from attnlog import figures
-from attnlog.analysis import (AXIS_THRESHOLD, SINK_THRESHOLD, axis_ratio, divergence_layer, group_curves, has,
-                              is_measurement, isotropic_pr, logit_ceiling, mean_interval, offset_or_collapse, per_kv,
-                              qk_ratio, rank_correlation, sink_rate, uniform_entropy, uniform_sink, values, why_not)
+from attnlog.analysis import (AXIS_THRESHOLD, NORM_MARGIN, SINK_THRESHOLD, axis_ratio, divergence_layer, group_curves,
+                              has, is_measurement, isotropic_pr, logit_ceiling, mean_interval, offset_or_collapse,
+                              per_kv, qk_ratio, rank_correlation, sink_rate, uniform_entropy, uniform_sink, values,
+                              why_not)
+from attnlog.rope import rope_gains, why_no_rope_gains
+from attnlog.verdicts import training_status
 
 GROUPS = ("early", "middle", "final")
 COMPARED = [("k_norm", "mean key norm k_norm"), ("k_maxabs", "mean largest key component k_maxabs"),
@@ -21,6 +26,57 @@ COMPARED = [("k_norm", "mean key norm k_norm"), ("k_maxabs", "mean largest key c
 def group_change(curves, fmt="{:.2f}"):
     """'early 8.00 -> 6.12, middle ..., final ...'."""
     return "; ".join(f"{g} {fmt.format(c[0])} \u2192 {fmt.format(c[-1])}" for g, c in curves.items())
+
+
+# A curve that goes beyond both its first and its last value by more than this share of the larger
+# of the two (in absolute value) has a transient that first -> last would hide.
+TRANSIENT = 0.25
+
+
+def transient(curve, steps):
+    """(extreme value, its step) of a curve's largest excursion beyond both its ends, when it is larger
+    than TRANSIENT of the larger end; else None."""
+    first, last = float(curve[0]), float(curve[-1])
+    low, high = int(np.argmin(curve)), int(np.argmax(curve))
+    beyond = {low: min(first, last) - curve[low], high: curve[high] - max(first, last)}
+    i = max(beyond, key=beyond.get)
+    return (float(curve[i]), int(steps[i])) if beyond[i] > TRANSIENT * max(abs(first), abs(last)) else None
+
+
+def path_text(curve, steps, fmt="{:.2f}"):
+    """'52.5 -> 2.9 at step 20 -> 20.8': first -> last, through the extreme of a transient if any."""
+    t = transient(curve, steps)
+    via = f" \u2192 {fmt.format(t[0])} at step {t[1]}" if t else ""
+    return f"{fmt.format(curve[0])}{via} \u2192 {fmt.format(curve[-1])}"
+
+
+def group_path(curves, steps, fmt="{:.2f}"):
+    """'early 8.00 -> 6.12; middle 52.5 -> 2.9 at step 20 -> 20.8; ...' (path_text of each group)."""
+    return "; ".join(f"{g} {path_text(c, steps, fmt)}" for g, c in curves.items())
+
+
+def transients_text(curves, steps, what, fmt="{:.2f}"):
+    """A sentence naming each group's transient, or '' when no group has one."""
+    parts = []
+    for g, c in curves.items():
+        t = transient(c, steps)
+        if t is None:
+            continue
+        value, step = t
+        if value < min(c[0], c[-1]):
+            after = f", then rises {c[-1] / value:.1f}-fold to {fmt.format(c[-1])}" if value > 0 else ""
+            parts.append(f"{g} {what} falls to {fmt.format(value)} by step {step}{after}")
+        else:
+            parts.append(f"{g} {what} reaches {fmt.format(value)} at step {step}, then ends at {fmt.format(c[-1])}")
+    if not parts:
+        return ""
+    return (f" Transients larger than the change from first to last (beyond both by more than {TRANSIENT:.0%} of "
+            "the larger): " + "; ".join(parts) + ".")
+
+
+def interpreted(opts, text):
+    """text, which says what numbers mean, only when the run trained enough to read them so."""
+    return text if opts["interpret"] else ""
 
 
 def span(run):
@@ -82,14 +138,16 @@ def figure_layer_heatmaps(run, path, opts):
     entropy, sink = values(run, "attn_entropy").mean(axis=2), values(run, "attn_sink").mean(axis=2)
     reach = max(np.abs(k_norm - root).max(), 0.05 * root)
     h_uniform, s_uniform = uniform_entropy(T), uniform_sink(T)
+    sink_top = max(SINK_THRESHOLD, float(sink.max()))  # fixed from 0 to the sink threshold at least
     figures.layer_heatmaps(path, "Every layer over training", steps, [
         ("k_norm, mean over the layer's kv heads", k_norm, f"k_norm (centred on sqrt(D) = {root:.2f})", "RdBu_r",
-         root - reach, root + reach, root, None),
+         root - reach, root + reach, root, []),
         ("attn_entropy, mean over the layer's query heads", entropy,
          f"nats (line: uniform attention, {h_uniform:.2f})", "viridis", 0.0, 1.04 * max(entropy.max(), h_uniform), None,
-         h_uniform),
-        ("attn_sink, mean over the layer's query heads", sink, f"mass on position 0 (line: uniform, {s_uniform:.3f})",
-         "magma_r", 0.0, max(sink.max(), 1.5 * s_uniform), None, s_uniform)])
+         [h_uniform]),
+        ("attn_sink, mean over the layer's query heads", sink,
+         f"mass on position 0 (lines: uniform {s_uniform:.3g}, sink threshold {SINK_THRESHOLD})", "magma_r", 0.0,
+         sink_top, None, [s_uniform, SINK_THRESHOLD])])
     low, high = int(np.argmin(k_norm[-1])), int(np.argmax(k_norm[-1]))
     sharp = int(np.argmin(entropy[-1]))
     return (f"Left to right: each layer's mean k_norm, mean attention entropy and mean attn_sink (the mean over "
@@ -98,8 +156,10 @@ def figure_layer_heatmaps(run, path, opts):
             f"({k_norm[-1, low]:.2f}), the longest layer {high}'s ({k_norm[-1, high]:.2f}); the sharpest "
             f"attention is layer {sharp}'s ({entropy[-1, sharp]:.2f} nats); mean attn_sink ranges "
             f"{sink[-1].min():.3f}-{sink[-1].max():.3f}. Lines on the colour bars: uniform causal attention over "
-            f"T = {T}, entropy {h_uniform:.2f} nats (mean of ln(t+1)) and mass on position 0 {s_uniform:.3f} "
-            f"(mean of 1/(t+1)).")
+            f"T = {T}, entropy {h_uniform:.2f} nats (mean of ln(t+1)) and mass on position 0 {s_uniform:.3g} "
+            f"(mean of 1/(t+1)); and the sink threshold {SINK_THRESHOLD}. The attn_sink scale is fixed from 0 to "
+            f"{sink_top:.3g} (at least the threshold), so that values near uniform attention's stay pale rather "
+            "than show as hot spots.")
 
 
 def figure_outliers(run, path, opts):
@@ -130,7 +190,7 @@ def figure_axis_share(run, path, opts):
             f"tokens), {span(run)}: {group_change(curves, '{:.3f}')}. Right: every kv head, averaged over the "
             f"decision window ({window_span(run)}); the largest is layer {l}, kv head {h}, {final[l, h]:.3f}. "
             f"{above} of {final.size} kv heads are above {AXIS_THRESHOLD}, where one component holds most of the "
-            "energy (the reports' axis-aligned keys).")
+            "energy" + interpreted(opts, " (the reports' axis-aligned keys)") + ".")
 
 
 def figure_cos(run, path, opts):
@@ -138,10 +198,11 @@ def figure_cos(run, path, opts):
     figures.group_panels(path, "Latent redundancy: how alike the keys are", run["stats_steps"],
                          [("mean cosine similarity over pairs of distinct keys", "mean pairwise cosine k_cos",
                            curves, None, None)], run["groups"])
-    above = [g for g, c in curves.items() if c[-1] > 0.5]
-    return (f"Mean cosine similarity between keys per group, {span(run)}: {group_change(curves, '{:.3f}')}. "
-            + (f"Above 0.5 at the end (the reports' 'semantic convergence'): {', '.join(above)}."
-               if above else "No group ends above 0.5, the reports' mark of 'semantic convergence'."))
+    above, steps = [g for g, c in curves.items() if c[-1] > 0.5], run["stats_steps"]
+    return (f"Mean cosine similarity between keys per group, {span(run)}: {group_path(curves, steps, '{:.3f}')}."
+            + transients_text(curves, steps, "k_cos", "{:.3f}")
+            + interpreted(opts, f" Above 0.5 at the end (the reports' 'semantic convergence'): {', '.join(above)}."
+                          if above else " No group ends above 0.5, the reports' mark of 'semantic convergence'."))
 
 
 def figure_profile(run, path, opts):
@@ -206,11 +267,13 @@ def figure_scatter(run, path, opts):
                           "k_norm of the head's kv head", "attention entropy (nats)", root, f"sqrt(D) = {root:.2f}",
                           h_uniform, f"uniform attention, {h_uniform:.2f} nats")
     _, _, across, within = kv_correlations(run)
-    return (f"Each point is one query head at one stats step ({x.shape[1] * x.shape[2]} heads x {len(steps)} steps), "
+    shared = ("Query heads that share a kv head share its key norm, so the correlation is taken over kv heads"
+              if run["H"] > run["Hkv"] else "The correlation over heads")
+    return (f"Each point is one {'query ' if run['H'] > run['Hkv'] else ''}head at one stats step "
+            f"({x.shape[1] * x.shape[2]} heads x {len(steps)} steps), "
             f"coloured by training phase; circled: the last step. Entropy at the last step ranges from "
             f"{y[-1].min():.2f} to {y[-1].max():.2f} nats (uniform causal attention: {h_uniform:.2f}), key norm "
-            f"from {x[-1].min():.2f} to {x[-1].max():.2f}. Query heads that share a kv head share its key norm, so "
-            f"the correlation is taken over kv heads (decision-window means, {window_span(run)}): "
+            f"from {x[-1].min():.2f} to {x[-1].max():.2f}. {shared} (decision-window means, {window_span(run)}): "
             f"{correlation_text(across, within)}.")
 
 
@@ -219,18 +282,24 @@ def figure_scatter_by_layer(run, path, opts):
     qx = window_mean(run, values(run, "k_norm@q"))
     qy = window_mean(run, values(run, "attn_entropy"))
     root, h_uniform = math.sqrt(run["D"]), uniform_entropy(run["seq_len"])
+    gqa = run["H"] > run["Hkv"]
     figures.layer_scatter(path, f"Entropy against key norm by layer, means over {window_span(run)}",
-                          (x.ravel(), y.ravel(), layer_of(x), "kv head (entropy: mean of its query heads)"),
-                          (qx.ravel(), qy.ravel(), layer_of(qy), "query head") if run["H"] > run["Hkv"] else None,
-                          run["L"], "k_norm of the kv head", "attention entropy (nats)",
-                          (root, f"sqrt(D) = {root:.2f}", h_uniform, f"uniform attention, {h_uniform:.2f} nats"))
+                          (x.ravel(), y.ravel(), layer_of(x), "kv head (entropy: mean of its query heads)" if gqa
+                           else "head"),
+                          (qx.ravel(), qy.ravel(), layer_of(qy), "query head") if gqa else None,
+                          run["L"], f"k_norm of the {'kv ' if gqa else ''}head", "attention entropy (nats)",
+                          (root, f"sqrt(D) = {root:.2f}", h_uniform, f"uniform attention, {h_uniform:.2f} nats"),
+                          fits=run["Hkv"] > 1)
     means = y.mean(axis=1)
-    over = window_span(run) if is_measurement(run) else "the decision window"
-    return (f"Each kv head's key norm against the mean attention entropy of the query heads reading it (large points; "
-            f"small: single query heads), averaged over {over}, coloured by layer (light: layer 0). "
-            f"{correlation_text(across, within)}: the within-layer figure takes out what differs between layers, "
-            f"so a trend across layers alone does not make it. Mean entropy by layer: "
-            + ", ".join(f"{i}: {v:.2f}" for i, v in enumerate(means)) + ".")
+    bands = ", ".join(figures.band_label(band) for band, _ in figures.layer_bands(run["L"]))
+    units = ("Each kv head's key norm against the mean attention entropy of the query heads reading it (large points; "
+             "small: single query heads)" if gqa else "Each head's key norm against its attention entropy")
+    fits = (" Thin lines: each layer's least-squares line through its own heads, the relation within a layer apart "
+            "from the differences between layers." if run["Hkv"] > 1 else "")
+    return (f"{units}, averaged over the decision window ({window_span(run)}), in the colour and marker of their "
+            f"band of layers ({bands}).{fits} {correlation_text(across, within)}: the within-layer figure takes "
+            f"out what differs between layers, so a trend across layers alone does not make it. Mean entropy by "
+            f"layer: " + ", ".join(f"{i}: {v:.2f}" for i, v in enumerate(means)) + ".")
 
 
 def figure_rank(run, path, opts):
@@ -241,10 +310,12 @@ def figure_rank(run, path, opts):
                            f"(D+2)/3 = {iso:.1f}: isotropic Gaussian keys"),
                           ("effective rank of the keys matrix (Roy & Vetterli)", "k_erank (dimensions)", er,
                            None, None)], run["groups"])
+    steps = run["stats_steps"]
     return (f"Left, the participation ratio (how many components a key spreads over), {span(run)}: "
-            f"{group_change(pr, '{:.1f}')}; the dotted line, (D+2)/3 = {iso:.1f}, is what isotropic Gaussian keys "
+            f"{group_path(pr, steps, '{:.1f}')}; the dotted line, (D+2)/3 = {iso:.1f}, is what isotropic Gaussian keys "
             f"give, so a value near it says nothing about collapse. Right, the effective rank of all keys of a head "
-            f"together: {group_change(er, '{:.1f}')}. Both can reach D = {run['D']}.")
+            f"together: {group_path(er, steps, '{:.1f}')}. Both can reach D = {run['D']}."
+            + transients_text(pr, steps, "k_pr", "{:.1f}") + transients_text(er, steps, "k_erank", "{:.1f}"))
 
 
 def figure_offset(run, path, opts):
@@ -256,13 +327,16 @@ def figure_offset(run, path, opts):
                            None, None),
                           ("share of the keys' energy in their mean", "k_mean_share", share, None, None)],
                          run["groups"], same_scale=(0, 1))
-    lines = [f"{g}: k_erank {er[g][0]:.1f} \u2192 {er[g][-1]:.1f}, centred {centred[g][0]:.1f} \u2192 "
-             f"{centred[g][-1]:.1f}, mean share {share[g][0]:.2f} \u2192 {share[g][-1]:.2f} "
-             f"({offset_or_collapse((er[g][0], er[g][-1]), (centred[g][0], centred[g][-1]))})" for g in GROUPS]
+    steps = run["stats_steps"]
+    lines = [f"{g}: k_erank {path_text(er[g], steps, '{:.1f}')}, centred {path_text(centred[g], steps, '{:.1f}')}, "
+             f"mean share {path_text(share[g], steps)}"
+             + interpreted(opts, f" ({offset_or_collapse((er[g][0], er[g][-1]), (centred[g][0], centred[g][-1]))})")
+             for g in GROUPS]
     return (f"k_erank beside k_erank_centered (the same rank with each head's mean key removed) and k_mean_share "
             f"(the share of the keys' energy in that mean), {span(run)}. A common offset lowers k_erank and raises "
             f"k_mean_share while k_erank_centered stays high; keys that really use fewer directions lower both "
-            f"ranks. " + "; ".join(lines) + ".")
+            f"ranks. " + "; ".join(lines) + "." + transients_text(er, steps, "k_erank", "{:.1f}")
+            + transients_text(centred, steps, "k_erank_centered", "{:.1f}"))
 
 
 def figure_gamma(run, path, opts):
@@ -293,6 +367,51 @@ def figure_gains(run, path, opts):
             f"one colour scale (red amplifies, blue dampens). Bottom: the root mean square of each layer group's "
             f"gains, which scales the normalised vector's length (sqrt(D) x RMS gain), {span(run)}: g_q "
             f"{group_change(rms['q'], '{:.3f}')}; g_k {group_change(rms['k'], '{:.3f}')}.")
+
+
+def figure_rope_gains(run, path, opts):
+    r, D = rope_gains(run), run["D"]
+    T, short = r["context"], r["short_dims"]
+    figures.gains_by_wavelength(path, f"The q and k gains against the wavelength of their RoPE pair, step {r['step']}",
+                                np.array(r["wavelength"]), [("g_q", values(run, "g_q")[-1]),
+                                                            ("g_k", values(run, "g_k")[-1])],
+                                T, f"training context T = {T}")
+    means = "; ".join(f"g_{name} " + ", ".join(f"{g} {gain_text(v['short'])} / {gain_text(v['long'])}"
+                                               for g, v in r[name]["groups"].items()) for name in ("q", "k"))
+    return (f"Each layer's gain of every dimension at step {r['step']} (points, in the colour and marker of their band "
+            f"of layers) against the wavelength 2 pi theta^(2i/D) of the dimension's RoPE pair: dimensions i and "
+            f"i + D/2 turn together (theta = {r['theta']:g}, D = {D}); black, the mean over layers. Dashed: the "
+            f"training context T = {T}; {short} of the {D} dimensions (the pairs i < {short // 2}) turn within it. "
+            f"Mean gain of those / of the others, by layer group: {means}."
+            + interpreted(opts, " " + wavelength_reading(r)))
+
+
+def gain_text(x):
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def wavelength_split(r, name):
+    """"short" when in every layer group the g_name of the pairs that turn within the context exceed
+    the others' by more than NORM_MARGIN, "long" for the reverse, else None."""
+    splits = [v["short"] / v["long"] - 1 for v in r[name]["groups"].values() if None not in (v["short"], v["long"])]
+    if splits and min(splits) > NORM_MARGIN:
+        return "short"
+    if splits and max(splits) < -NORM_MARGIN:
+        return "long"
+    return None
+
+
+def wavelength_reading(r):
+    """What the gains' split by wavelength says, read from the layer groups' means."""
+    said = {"short": f"higher for the pairs that turn within the context, by more than {NORM_MARGIN:.0%} in every "
+                     "layer group",
+            "long": f"higher for the slower pairs, by more than {NORM_MARGIN:.0%} in every layer group",
+            None: f"not split by wavelength beyond {NORM_MARGIN:.0%} in every layer group"}
+    text = f"g_q is {said[wavelength_split(r, 'q')]}; g_k is {said[wavelength_split(r, 'k')]}."
+    if wavelength_split(r, "k") == "short":
+        text += (" The dimensions the key gains amplify are those of the fast RoPE pairs: the notes' 'golden "
+                 "dimensions' may be RoPE frequencies rather than features the model chose.")
+    return text
 
 
 def figure_qk(run, path, opts):
@@ -397,6 +516,7 @@ FIGURES = [
     ("key_offset.png", ["k_erank", "k_erank_centered", "k_mean_share"], figure_offset),
     ("gamma_heatmap.png", ["g_k"], figure_gamma),
     ("gains_q_k.png", ["g_q", "g_k"], figure_gains),
+    ("gains_wavelength.png", ["g_q", "g_k"], figure_rope_gains),
     ("qk_ratio.png", ["q_norm", "k_norm"], figure_qk),
     ("logit_ceiling.png", ["attn_logit_max", "q_norm", "k_norm"], figure_logits),
     ("attn_maxp.png", ["attn_maxp"], figure_maxp),
@@ -420,7 +540,7 @@ PROFILED = [("k_norm", lambda r: math.sqrt(r["D"]), "sqrt(D)"), ("q_norm", lambd
 
 def layer_means(run, name):
     """([L, cols] the mean over the window of every head, [L] of every layer, [L] the half-width of
-    the 95% t-interval of a layer's mean over the window's steps) of a metric."""
+    the 95% t-interval of a layer's mean over the window's steps, or None) of a metric."""
     table = values(run, name)[run["window"]]
     per_layer = table.mean(axis=2)
     half = np.array([mean_interval(per_layer[:, layer])[1] for layer in range(run["L"])])
@@ -473,6 +593,7 @@ MEASUREMENT_FIGURES = [
     ("head_maps.png", ["attn_sink", "attn_entropy", "attn_maxp", "k_maxabs", "k_norm"], figure_head_maps),
     ("key_magnitude_profile.png", ["k_norm"], figure_profile),
     ("entropy_norm_by_layer.png", ["k_norm", "attn_entropy"], figure_scatter_by_layer),
+    ("gains_wavelength.png", ["g_q", "g_k"], figure_rope_gains),
     ("loss.png", [], figure_loss),
 ]
 
@@ -486,14 +607,18 @@ def not_applicable_figures(run):
 
 
 def draw_figures(run, outdir, opts):
-    """Draws what the log allows: ([(file, caption)], {file: why it was skipped})."""
+    """Draws what the log allows: ([(file, caption)], {file: why it was skipped}). The captions read
+    the numbers only when verdicts.training_status lets the run have verdicts."""
     made, skipped = [], {}
+    opts = dict(opts, interpret=training_status(run)["enough"])
     default, figures.STEP_LABEL = figures.STEP_LABEL, step_label(run)
     try:
         for name, needs, draw in MEASUREMENT_FIGURES if is_measurement(run) else FIGURES:
             reason = why_not(run, *needs) if needs else (None if len(run["loss"][0]) else "the log has no step records")
             if reason is None and {"attn_entropy", "attn_sink", "attn_maxp"} & set(needs) and run["seq_len"] < 1:
                 reason = "the header gives no sequence length"
+            if reason is None and draw is figure_rope_gains:
+                reason = why_no_rope_gains(run)
             if reason:
                 skipped[name] = reason
                 continue

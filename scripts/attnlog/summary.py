@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from attnlog import verdicts
+from attnlog import claims, rope, verdicts
 from attnlog.analysis import (SINK_THRESHOLD, WINDOW_FRACTION, divergence_layer, group_curves, has, is_measurement,
                               isotropic_pr, option_int, qk_ratio, sink_rate, uniform_entropy, uniform_sink, values)
 from attnlog.run_figures import not_applicable_figures
@@ -37,6 +37,16 @@ def loss_summary(run):
     if len(val):
         out.update(val_last_step=int(val_steps[-1]), val_last=float(val[-1]))
     return out
+
+
+def data_summary(run):
+    """How often the run saw its training data: the tokens of this log's steps over the tokens the
+    training shards hold (epochs)."""
+    span = run["step_range"]
+    seen = (span[1] + 1) * run["tokens_per_step"] if span else 0
+    unique = run["train_tokens"]["tokens"]
+    return {"train_tokens": unique, "source": run["train_tokens"]["source"], "tokens_seen": seen,
+            "epochs": seen / unique if unique else None}
 
 
 def completeness(run):
@@ -81,9 +91,13 @@ def summarise(run, made=None, skipped=None, opts=None):
                        last `fraction` of the stats steps' span; verdicts and taxonomy use its means
     training          verdicts.training_status: {"enough", "reasons" [text], "tokens_per_step",
                        "steps_trained", "init_steps", "tokens", "min_tokens", "warmup", "last_step",
-                       "window_count", "min_window_count"}; of a measurement verdicts.measurement_status
-                       (the checkpoint's steps and tokens, null when not recorded; warmup null;
-                       "measurement": true)
+                       "window_count", "min_window_count", "trained" (all but settling hold), "settled"
+                       (verdicts.SETTLING), "unsettled" [text: the layer statistics still moving beyond
+                       the margin]}; of a measurement verdicts.measurement_status (the checkpoint's steps
+                       and tokens, null when not recorded; warmup null; "measurement": true)
+    data              {"train_tokens" (the training shards' tokens, one epoch; null if unknown), "source"
+                       (where that number comes from), "tokens_seen" (this log's steps x tokens per
+                       step), "epochs" (tokens_seen / train_tokens, null if unknown)}
     loss              {"steps_recorded", "first_step", "last_step", "last", "last10_mean", "mean" (of every
                        step), "val_last_step", "val_last"}
     problems          [text]: damage the reader found, an early end, missing metrics (too little training
@@ -97,32 +111,57 @@ def summarise(run, made=None, skipped=None, opts=None):
     sink_rate         {"threshold", "first", "last"}: share of query heads with attn_sink > threshold
     hypotheses        {"a"|"b"|"c"|"d": verdicts.hypotheses: {"id", "title", "claim", "rule",
                        "statistic", "verdict" ("supported" | "contradicted" | "inconclusive" | "not
-                       applicable": of a measurement, verdicts.OVER_TRAINING), "why" ("decided" |
-                       "within the margin" | "uncertain" | "too little training" | "no data" | "not
-                       applicable"), "detail", "tests": [{"name", "effect", "half_width", "low", "high",
-                       "margin", "uncertainty" (what half_width is), "verdict", "why"}] (empty without
-                       data), and per hypothesis (decision-window means):
-                       a: value (Spearman's rho across kv heads), n_units (kv heads), p_value (two-sided,
-                          permutations), chance (95th percentile of |rho| under random pairings), within
-                          {rho, p, chance, n, verdict} (within layers), per_step {mean, min, max, steps}
-                          (rho at each window step);
+                       applicable": of a measurement, verdicts.OVER_TRAINING), "why" ("decided" | "within
+                       the margin" | "uncertain" | "still moving" | "too little training" | "not settled" |
+                       "no data" | "not applicable"), "moving" (a test is still moving:
+                       verdicts.MOVING), "detail", "tests": [{"name", "effect", "half_width" (infinite,
+                       null in JSON, when the window holds fewer than 3 effective samples), "low", "high",
+                       "margin", "uncertainty" (what half_width is), "verdict", "why", "moving", "end"
+                       (the effect the window's trend line reaches at its last step), "trend" ({"change"
+                       (the line's rise across the window, in the effect's units), "change_half" (its 95%
+                       half-width), "n" (window steps), "n_eff" (their effective number), "phi" (the
+                       AR(1) coefficient)} or null)}]
+                       (empty without data), and per hypothesis (decision-window means):
+                       a: value (Spearman's rho within layers, deciding), n_units (kv heads), p_value
+                          (two-sided, permutations within layers), chance (95th percentile of |rho| under
+                          them), across {rho, p, chance, n} (all kv heads: includes depth), layer_means
+                          {rho, p, chance, n} (the layers' means: depth alone), per_step {mean, min, max,
+                          steps} (rho within layers at each window step; null without it);
                        b: early, final (group k_norm), value [early, final], sqrt_head_dim;
                        c: value (kv heads above the axis threshold), of, heads [[layer, kv_head]],
                           first_step_count, max_ratio, max_ratio_head [layer, kv_head];
-                       d: first (mean k_pr at the first stats step), last (window mean), value [first,
-                          last], first_step, erank, erank_centered, mean_share ({first, last} of k_erank,
-                          k_erank_centered, k_mean_share, when the log has them)}
+                       d: reference (mean k_pr at the reference step, the first stats step at or after
+                          the warm-up), reference_step, first (at the first stats step), first_step, last
+                          (window mean), value [reference, last], erank, erank_centered, mean_share
+                          ({first, last, lowest, lowest_step} of k_erank, k_erank_centered, k_mean_share,
+                          when the log has them)}
+    path              verdicts.verdict_path: the hypotheses decided again with the run ending at 25%, 50%,
+                       75% and 100% of its stats steps' span: [{"fraction", "end_step", "window" [first,
+                       last], "enough", "trained", "hypotheses" {id: {"verdict", "why", "moving", "tests": [{"name",
+                       "effect", "half_width", "verdict", "moving"}]}}}]; null for a measurement
     taxonomy          {"available", "window" [first, last], "step", "rules" {class: text}, "counts"
-                       {class: n}, "uniform_entropy", "focus_entropy", "amplified_k_norm", "seq_len",
+                       {class: n}, "uniform_entropy", "focus_entropy", "short_k_norm", "long_k_norm"
+                       (the thirds of the kv heads' k_norm that make a key short or long), "seq_len",
                        "heads": [{"layer", "head", "kv_head", "class", "k_norm", "attn_entropy",
-                       "entropy_fraction", "attn_sink", "axis_ratio"}]} (window means), or
-                       {"available": false, "reason", "rules"}
+                       "entropy_fraction", "attn_sink", "axis_ratio"}], "diffuse_amplified" {"count",
+                       "diffuse", "amplified_k_norm", "heads" [[layer, head]], "contradicts_premise"}}
+                       (window means), or {"available": false, "reason", "rules"}
     norm_divergence_layer   {"layer", "why"}
+    rope_gains        rope.rope_gains: {"available", "theta", "context" (T), "step" (the last stats step),
+                       "wavelength" [D] (of each dimension's RoPE pair), "short_dims", "long_dims", "q"|"k":
+                       {"layers": {"short": [L], "long": [L]}, "groups": {group: {"short", "long"}}}}, the mean
+                       gain of the dimensions whose pair's wavelength is below T and of the others; or
+                       {"available": false, "reason"}
+    claims            claims.claim_table: the research notes' claims beside this run, {"file", "dynamics",
+                       "why_static", "counts" {outcome: n}, "notes": [{"file", "title", "rows": [{"id", "claim",
+                       "quotes" [text], "at", "step" (the logged step compared), "observed", "rule", "values",
+                       "outcome" ("reproduces" | "does not reproduce" | "not applicable" | "not reached" |
+                       "no data"), "why"}]}]}
     figures           {"made": [file], "skipped": {file: why}}
     comparison        (several logs, added by attnlog.report) {"figures": {...}, "runs": [{"label", "log",
                        "last_step", "final_loss" (mean of the last 10 steps), "val_loss", "k_norm" {group:
-                       value}, "sink_rate", "spearman" (hypothesis a's rho), "verdicts" {id: verdict},
-                       "problems"}], "replicates": [verdicts.replicate_verdicts, one per set of runs that
+                       value}, "sink_rate", "spearman" (hypothesis a's rho within layers), "verdicts" {id:
+                       verdict}, "problems"}], "replicates": [verdicts.replicate_verdicts, one per set of runs that
                        differ only in their seed: {"runs", "seeds", "left_out" {label: why}, "hypotheses"
                        {id: {"title", "verdict", "why", "detail", "tests": [{"name", "values", "n",
                        "mean" (also as "effect"), "t", "half_width", "low", "high", "margin",
@@ -151,6 +190,7 @@ def summarise(run, made=None, skipped=None, opts=None):
                    "last": int(stats_steps[window[-1]]) if len(window) else None,
                    "count": int(len(window)), "fraction": WINDOW_FRACTION},
         "training": training,
+        "data": data_summary(run),
         "loss": loss_summary(run),
         "problems": completeness(run),
         "notes": [[step, text] for step, text in run["notes"]],
@@ -162,11 +202,14 @@ def summarise(run, made=None, skipped=None, opts=None):
                       "first": float(sink_rate(run)[0]) if has(run, "attn_sink") else None,
                       "last": float(sink_rate(run)[-1]) if has(run, "attn_sink") else None},
         "hypotheses": {h["id"]: h for h in verdicts.hypotheses(run, training)},
+        "path": verdicts.verdict_path(run),
         "taxonomy": verdicts.taxonomy(run, training),
     }
     if has(run, "k_norm"):
         layer, why = divergence_layer(run, opts["layer"] if opts else None)
         out["norm_divergence_layer"] = {"layer": layer, "why": why}
+    out["rope_gains"] = rope.rope_gains(run)
+    out["claims"] = claims.claim_table(run)
     if made is not None:
         out["figures"] = {"made": [name for name, _ in made], "skipped": skipped}
     return out

@@ -21,17 +21,23 @@ static void make_dir(const std::string& path) {
 }
 
 static void checkpoint_seeds() {
-    ModelConfig c;
-    apply_preset(c, {"tiny", "the smallest model: 36 parameters", 1, 1, 1, 2, 1, 4});
-    c.vocab_size = 2;
-    size_t P = num_parameters(c);
-    std::vector<float> params(P), m(P), v(P);
-    for (size_t i = 0; i < P; i++) {
-        params[i] = 0.25f * (float)i - 3;
-        m[i] = 1e-3f * (float)i;
-        v[i] = 1e-6f * (float)(i + 1);
-    }
-    for (int variant = 0; variant < 4; variant++) {
+    ModelConfig tiny;
+    apply_preset(tiny, {"tiny", "the smallest model: 36 parameters", 1, 1, 1, 2, 1, 4});
+    tiny.vocab_size = 2;
+    for (int variant = 0; variant < 8; variant++) {
+        ModelConfig c = tiny;
+        if (variant & 4) {  // the fields of pretrained models: untied, a d_model apart, RoPE scaling
+            c.tied_embeddings = 0;
+            c.d_model = 3;
+            c.rope_factor = 8.0f, c.rope_low_freq_factor = 1.0f, c.rope_high_freq_factor = 4.0f, c.rope_original_max_pos = 2;
+        }
+        size_t P = num_parameters(c);
+        std::vector<float> params(P), m(P), v(P);
+        for (size_t i = 0; i < P; i++) {
+            params[i] = 0.25f * (float)i - 3;
+            m[i] = 1e-3f * (float)i;
+            v[i] = 1e-6f * (float)(i + 1);
+        }
         CheckpointInfo info;
         info.config = c;
         info.step = 6;
