@@ -56,7 +56,8 @@ struct GpuModel : ModelShape {  // and backend.h's ModelShape
     int Vp = 0;  // the vocabulary rounded up to 128, the logits' row stride
     size_t P = 0;
     // Data-parallel training (distributed.h): params and grads hold shard.padded floats (P of them
-    // parameters), adam_m and adam_v only this process's shard (ZeRO-1).
+    // parameters), adam_m and adam_v only this process's shard (ZeRO-1). A model that does not
+    // train (trains false) has no grads, adam_m or adam_v.
     bool use_nccl = false;  // several processes (or TRAIN_NCCL=1): the collectives of nccl.cuh
     Nccl nccl;
     // Everything on the device lives in one allocation, `memory`, carved by gpu_carve.
@@ -111,9 +112,9 @@ static void gpu_carve(GpuModel& g, Arena& a) {
     const ModelConfig& c = g.cfg;
     size_t P = g.P, N = (size_t)g.max_B * g.max_T, D = c.head_dim, NH = c.n_head + c.n_kv_head;
     g.params = a.take<float>(g.shard.padded);
-    g.grads = a.take<float>(g.shard.padded);
-    g.adam_m = a.take<float>(g.shard.size);
-    g.adam_v = a.take<float>(g.shard.size);
+    g.grads = a.take<float>(g.trains ? g.shard.padded : 0);
+    g.adam_m = a.take<float>(g.trains ? g.shard.size : 0);
+    g.adam_v = a.take<float>(g.trains ? g.shard.size : 0);
     g.params_bf16 = a.take<bf16>(P);
     g.rope_cos = a.take<float>((size_t)c.max_seq_len * D / 2);
     g.rope_sin = a.take<float>((size_t)c.max_seq_len * D / 2);
@@ -133,8 +134,8 @@ static void gpu_carve(GpuModel& g, Arena& a) {
 }
 
 // The sizes everything is carved to.
-static void gpu_set_shape(GpuModel& g, const ModelConfig& c, int max_B, int max_T, const Dist& dist) {
-    model_shape_init(g, c, max_B, max_T, dist);
+static void gpu_set_shape(GpuModel& g, const ModelConfig& c, int max_B, int max_T, const Dist& dist, bool trains) {
+    model_shape_init(g, c, max_B, max_T, dist, trains);
     g.Vp = (c.vocab_size + 127) / 128 * 128;
     g.P = num_parameters(c);
     g.max_segments = num_param_tensors(c);  // one per tensor, the most any frozen set leaves
@@ -149,17 +150,18 @@ static void model_freeze(GpuModel& g, uint32_t asked) {
     cudaCheck(cudaMemcpy(g.segments, segments.data(), segments.size() * sizeof(ParamSegment), cudaMemcpyHostToDevice));
 }
 
-// Device memory the model needs as process dist.rank of dist.world (weights, gradients, this
-// process's shard of the AdamW state, bf16 weights; then the activations, workspaces and cuBLASLt's
-// workspace), to check before model_init allocates it.
-static MemoryNeed memory_need(const GpuModel&, const ModelConfig& c, int B, int T, const Dist& dist) {
+// Device memory the model needs as process dist.rank of dist.world (weights, bf16 weights, and
+// when it trains the gradients and this process's shard of the AdamW state; then the activations,
+// workspaces and cuBLASLt's workspace), to check before model_init allocates it.
+static MemoryNeed memory_need(const GpuModel&, const ModelConfig& c, int B, int T, const Dist& dist, bool trains) {
     GpuModel g;
-    gpu_set_shape(g, c, B, T, dist);
+    gpu_set_shape(g, c, B, T, dist, trains);
     Arena count;
     gpu_carve(g, count);
     double handles = 256e6;                   // the CUDA context's and the cuBLAS handles' own memory, a margin
     if (nccl_wanted(dist)) handles += 512e6;  // and NCCL's buffers and its own, a margin
-    double model = sizeof(float) * (2.0 * g.shard.padded + 2.0 * g.shard.size) + sizeof(bf16) * (double)g.P;
+    double training = trains ? g.shard.padded + 2.0 * g.shard.size : 0;  // gradients, AdamW state
+    double model = sizeof(float) * (g.shard.padded + training) + sizeof(bf16) * (double)g.P;
     return {model, (double)count.used + g.mm.workspace_bytes + handles};
 }
 
@@ -169,14 +171,15 @@ static MemoryLimit memory_available(const GpuModel&) {
     return {(double)free, "the GPU"};
 }
 
-static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T, const Dist& dist = Dist()) {
+static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T, const Dist& dist = Dist(),
+                       bool trains = true) {
     if (c.head_dim != 64 && c.head_dim != 128) fail("the CUDA backend supports head_dim 64 and 128, not %d", c.head_dim);
     if (c.d_ff % 8 != 0) fail("the CUDA backend needs d_ff to be a multiple of 8 (got %d)", c.d_ff);
     if ((long long)max_B * max_T > kStatMaxTokens)
         fail("options %s and %s: %lld tokens in a micro-batch is more than the statistics take (%lld); use a smaller "
              "batch with gradient accumulation (%s)", OPTION_LABEL("--batch"), OPTION_LABEL("--seq-len"),
              (long long)max_B * max_T, kStatMaxTokens, OPTION_NAME("--total-batch"));
-    gpu_set_shape(g, c, max_B, max_T, dist);
+    gpu_set_shape(g, c, max_B, max_T, dist, trains);
     g.use_nccl = nccl_wanted(dist);
     if (g.use_nccl) nccl_init(g.nccl, dist);
     cudaCheck(cudaStreamCreate(&g.stream));
@@ -201,8 +204,8 @@ static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T, 
     cudaCheck(cudaMallocHost(&g.stat_sums_host, g.stats_layout.total * sizeof(double)));
     cudaCheck(cudaMallocHost(&g.losses_host, (size_t)max_B * max_T * sizeof(float)));
     g.host_params.assign(g.shard.padded, 0.0f);
-    g.host_adam_m.assign(g.shard.padded, 0.0f);
-    g.host_adam_v.assign(g.shard.padded, 0.0f);
+    g.host_adam_m.assign(trains ? g.shard.padded : 0, 0.0f);
+    g.host_adam_v.assign(trains ? g.shard.padded : 0, 0.0f);
 }
 
 static void model_free(GpuModel& g) {
@@ -221,13 +224,17 @@ static void model_free(GpuModel& g) {
 // The host copy of the weights and AdamW state; model_upload makes the device use it (the
 // weights, and this process's shard of the AdamW state), model_download brings it up to date
 // (before a checkpoint).
-static HostState host_state(GpuModel& g) { return {g.host_params.data(), g.host_adam_m.data(), g.host_adam_v.data()}; }
+static HostState host_state(GpuModel& g) {
+    return {g.host_params.data(), g.trains ? g.host_adam_m.data() : nullptr, g.trains ? g.host_adam_v.data() : nullptr};
+}
 
 static void model_upload(GpuModel& g) {
     size_t b = g.shard.begin, n = g.shard.end - g.shard.begin;
     cudaCheck(cudaMemcpy(g.params, g.host_params.data(), g.P * sizeof(float), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(g.adam_m, g.host_adam_m.data() + b, n * sizeof(float), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(g.adam_v, g.host_adam_v.data() + b, n * sizeof(float), cudaMemcpyHostToDevice));
+    if (g.trains) {
+        cudaCheck(cudaMemcpy(g.adam_m, g.host_adam_m.data() + b, n * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(g.adam_v, g.host_adam_v.data() + b, n * sizeof(float), cudaMemcpyHostToDevice));
+    }
     float_to_bf16(g.params_bf16, g.params, (long long)g.P, g.stream);
     cudaCheck(cudaStreamSynchronize(g.stream));
 }
@@ -236,6 +243,7 @@ static void model_download(GpuModel& g) {
     size_t b = g.shard.begin, n = g.shard.end - g.shard.begin;
     cudaCheck(cudaStreamSynchronize(g.stream));
     cudaCheck(cudaMemcpy(g.host_params.data(), g.params, g.P * sizeof(float), cudaMemcpyDeviceToHost));
+    if (!g.trains) return;
     cudaCheck(cudaMemcpy(g.host_adam_m.data() + b, g.adam_m, n * sizeof(float), cudaMemcpyDeviceToHost));
     cudaCheck(cudaMemcpy(g.host_adam_v.data() + b, g.adam_v, n * sizeof(float), cudaMemcpyDeviceToHost));
 }
@@ -442,6 +450,7 @@ struct Run {
     bool have_val = false;
     Dist dist;  // this process among those of a data-parallel run (distributed.h)
     bool writes() const { return dist.rank == 0; }  // the log, checkpoints and what is printed
+    bool measuring() const { return o.measure > 0; }  // --measure: the checkpoint of -e measured, nothing trained
     std::future<void> stats_done;  // rank 0: the statistics being finished (collect_stats)
 };
 
@@ -527,8 +536,16 @@ static void prepare_data_and_config(Run& r) {
              OPTION_LABEL("--total-batch"), o.total_batch, r.accum, B, T, r.dist.world);
     r.local_accum = r.accum / r.dist.world;
 
-    dataloader_init(&r.train, o.train_pattern.c_str(), B, T, c.vocab_size, o.shuffle == 1, (uint64_t)o.seed);
-    r.have_val = !o.val_pattern.empty();
+    // A measurement of the validation data reads it in order, as the validation loss does.
+    bool measure_val = r.measuring() && o.measure_data == "val";
+    if (measure_val && o.val_pattern.empty())
+        fail("option %s val: there are no validation shards (%s)", OPTION_LABEL("--measure-data"), OPTION_NAME("--val"));
+    dataloader_init(&r.train, (measure_val ? o.val_pattern : o.train_pattern).c_str(), B, T, c.vocab_size,
+                    o.shuffle == 1 && !measure_val, (uint64_t)o.seed);
+    if (r.measuring() && (long long)o.measure * r.accum > r.train.batches_per_epoch)
+        printf("measurement: the data holds %lld micro-batches of %dx%d; the %lld asked for read it more than once\n",
+               r.train.batches_per_epoch, B, T, (long long)o.measure * r.accum);
+    r.have_val = !o.val_pattern.empty() && !r.measuring();
     if (r.have_val) {
         dataloader_init(&r.val, o.val_pattern.c_str(), B, T, c.vocab_size, false, 0);
         if (o.val_batches > r.val.batches_per_epoch) {
@@ -592,7 +609,6 @@ template <typename Model>
 static void load_weights(Model& m, Run& r, int* start_step, long long* data_position) {
     const Options& o = r.o;
     HostState h = host_state(m);
-    size_t P = num_parameters(r.c);
     r.folder = new_run();
     if (r.ckpt.empty()) {
         init_parameters(r.c, h.params, (uint64_t)o.seed);
@@ -601,11 +617,10 @@ static void load_weights(Model& m, Run& r, int* start_step, long long* data_posi
         hf_read_params(hf, h.params);
         printf("weights: %s (%s, %s), a Hugging Face checkpoint\n", r.ckpt.c_str(), hf.architecture.c_str(), hf_dtypes(hf).c_str());
     } else {
-        CheckpointInfo info = checkpoint_read(r.ckpt, h.params, h.adam_m, h.adam_v);
-        if (o.resume_ckpt.empty()) {  // -e: the weights only
-            std::fill(h.adam_m, h.adam_m + P, 0.0f);
-            std::fill(h.adam_v, h.adam_v + P, 0.0f);
-        } else {
+        bool resuming = !o.resume_ckpt.empty();  // -e: the weights only (the AdamW state stays 0)
+        CheckpointInfo info =
+            checkpoint_read(r.ckpt, h.params, resuming ? h.adam_m : nullptr, resuming ? h.adam_v : nullptr);
+        if (resuming) {
             continue_run(r.folder, r.ckpt, info, check_resume(r.ckpt, info, checkpoint_info(r), o));
             *start_step = (int)info.step;
             *data_position = info.data_position;
@@ -627,6 +642,12 @@ static RunInfo run_info(const Run& r) {
     run.device = r.device_name;
     run.num_processes = r.dist.world;
     run.train_tokens = r.train.total_tokens;
+    if (r.measuring()) {
+        CheckpointInfo measured = checkpoint_read_header(r.o.init_ckpt);
+        const DataOrder& order = measured.data_order;
+        run.measured = {absolute_path(r.o.init_ckpt), measured.step, order.batch ? measured.step * order.total_batch : -1,
+                        measured.origin.run_id};
+    }
     return run;
 }
 
@@ -641,10 +662,14 @@ static void print_run_summary(const Run& r) {
         printf("rope scaling: llama3, factor %g, frequency factors %g and %g, original context %d\n", c.rope_factor,
                c.rope_low_freq_factor, c.rope_high_freq_factor, c.rope_original_max_pos);
     if (r.frozen) printf("frozen: %s\n", param_kinds_text(r.frozen).c_str());
-    printf("training: %d steps of %d tokens (batch %d x seq %d, %d micro-batch%s%s), lr %g, stats every %d steps\n",
-           o.steps, o.total_batch, r.B, r.T, r.accum, r.accum > 1 ? "es" : "",
-           r.dist.world > 1 ? strprintf(", %d on each of %d processes", r.local_accum, r.dist.world).c_str() : "", o.lr,
-           o.stats_every);
+    std::string shape = strprintf("%d tokens (batch %d x seq %d, %d micro-batch%s%s)", o.total_batch, r.B, r.T, r.accum,
+                                  r.accum > 1 ? "es" : "",
+                                  r.dist.world > 1 ? strprintf(", %d on each of %d processes", r.local_accum, r.dist.world).c_str() : "");
+    if (r.measuring())
+        printf("measuring %s: %d batches of %s, forward passes only, statistics on every batch\n", o.init_ckpt.c_str(),
+               o.measure, shape.c_str());
+    else
+        printf("training: %d steps of %s, lr %g, stats every %d steps\n", o.steps, shape.c_str(), o.lr, o.stats_every);
     printf("data: %s (%lld tokens)%s%s\n", o.train_pattern.c_str(), r.train.total_tokens,
            r.have_val ? ", validation " : "", r.have_val ? o.val_pattern.c_str() : "");
     if (o.stats_every && o.eot < 0)
@@ -709,14 +734,16 @@ static void wait_stats(Run& r) {
 
 // The forward and backward passes of one optimiser step: this process's r.local_accum of the
 // step's r.accum micro-batches, its gradients accumulated; with stats (rank 0's), the statistics
-// of every micro-batch of the step. Returns the mean loss over the step.
+// of every micro-batch of the step. Returns the mean loss over the step. A measurement's step (a
+// batch of --measure) is the same without the backward passes.
 //
 // The step's micro-batches are the next r.accum of the data, whatever the number of processes:
 // process k takes the k-th run of local_accum of them, so one process with gradient accumulation
 // and several without see the same batches.
 template <typename Model>
 static float forward_backward(Model& m, Run& r, long long* data_position, Telemetry* stats, Profile& prof) {
-    model_zero_grad(m);
+    bool backward = !r.measuring();
+    if (backward) model_zero_grad(m);
     if (stats) model_stats_begin(m);
     if (r.dist.world > 1) dataloader_seek(&r.train, *data_position + (long long)r.dist.rank * r.local_accum);
     double loss_sum = 0;
@@ -725,6 +752,7 @@ static float forward_backward(Model& m, Run& r, long long* data_position, Teleme
         loss_sum += model_forward(m, r.train.inputs.data(), r.train.targets.data(), r.B, r.T, stats != nullptr);
         prof.end_phase(m, Profile::FORWARD);
         if (stats && micro == r.local_accum - 1) collect_stats(m, r, stats);
+        if (!backward) continue;
         model_backward(m, r.train.inputs.data(), r.train.targets.data(), 1.0f / r.accum);
         prof.end_phase(m, Profile::BACKWARD);
     }
@@ -842,13 +870,14 @@ static void on_stop_signal(int sig) {
 template <typename Model>
 static void start_model(Model& m, Run& r) {
     check_same_everywhere(r);
-    r.need = memory_need(m, r.c, r.B, r.T, r.dist);
+    r.need = memory_need(m, r.c, r.B, r.T, r.dist, !r.measuring());
     check_memory(r.o, r.given, r.c, r.need, memory_available(m));
     try {
-        model_init(m, r.c, r.B, r.T, r.dist);  // sampling at the end uses at most B sequences of at most T
+        model_init(m, r.c, r.B, r.T, r.dist, !r.measuring());  // sampling at the end uses at most B sequences of at most T
     } catch (const std::bad_alloc&) {
         fail_allocation(r.o, r.given, r.c, r.need);
     }
+    m.eot_token = r.o.eot;  // the document starts of the statistics
 }
 
 // Rank 0, once every process has its data and weights: the output folder and the run log.
@@ -858,7 +887,7 @@ static RunLog open_output(Run& r) {
     if (!r.writes()) return log;
     take_run_dir(r.folder, r.o.out_dir);
     r.o.out_dir = r.folder.dir;  // the log's options say where it went
-    log = open_run_log(r.folder, run_info(r), r.o.init_ckpt);
+    log = open_run_log(r.folder, run_info(r), r.measuring() ? "" : r.o.init_ckpt);  // a measurement's header says whose
     print_run_summary(r);
     return log;
 }
@@ -889,11 +918,29 @@ static void checkpoint_after(Model& m, Run& r, RunLog& log, int step, long long 
     exit(128 + stop_signal);
 }
 
+// The end of a training run or measurement: the log closed, the profile and `done` printed, then a
+// few sampled lines and the command that makes the report; everything freed.
+template <typename Model>
+static int finish(Model& m, Run& r, RunLog& log, const Profile& prof, const std::string& done) {
+    if (r.writes()) runlog_close(log);
+    prof.print();
+    printf("%s\n", done.c_str());
+    if (r.on_gpu) printf("peak host memory: %.2f GB\n", peak_resident_bytes() / 1e9);
+    else printf("peak memory: %.2f GB (estimated before allocating: %.2f GB)\n", peak_resident_bytes() / 1e9, r.need.total / 1e9);
+    if (r.writes()) {
+        print_samples(m, r, (uint64_t)r.o.seed + 1);
+        printf("report: /usr/bin/python3 %s/scripts/report.py %s\n", program_dir().c_str(), r.folder.log_path.c_str());
+    }
+    model_free(m);
+    dataloader_free(&r.train);
+    if (r.have_val) dataloader_free(&r.val);
+    return 0;
+}
+
 template <typename Model>
 static int train(Model& m, Run& r) {
     const Options& o = r.o;
     start_model(m, r);
-    m.eot_token = o.eot;  // the document starts of the statistics
     int start_step = 0;
     long long data_position = 0;  // micro-batches of training data consumed, by every process together
     load_weights(m, r, &start_step, &data_position);
@@ -946,19 +993,51 @@ static int train(Model& m, Run& r) {
         }
         checkpoint_after(m, r, log, step, data_position);
     }
-    if (r.writes()) runlog_close(log);
-    prof.print();
-    printf("done in %s; final val loss %.4f\n", format_duration(now_seconds() - run_start).c_str(), last_val);
-    if (r.on_gpu) printf("peak host memory: %.2f GB\n", peak_resident_bytes() / 1e9);
-    else printf("peak memory: %.2f GB (estimated before allocating: %.2f GB)\n", peak_resident_bytes() / 1e9, r.need.total / 1e9);
-    if (r.writes()) {
-        print_samples(m, r, (uint64_t)o.seed + 1);
-        printf("report: /usr/bin/python3 %s/scripts/report.py %s\n", program_dir().c_str(), r.folder.log_path.c_str());
+    return finish(m, r, log, prof, strprintf("done in %s; final val loss %.4f", format_duration(now_seconds() - run_start).c_str(),
+                                             last_val));
+}
+
+// --measure N: the weights of -e measured on N batches of the data (-d tokens each, split over the
+// processes as a training step's), with the statistics of every batch: forward passes only, no
+// update, no validation, no checkpoint. Batch b is logged as step b - 1 (steps count from 0, as a
+// training run's do), with learning rate 0 and no gradient norm (NaN); its loss and statistics
+// are those that step b - 1 of a training run from the same weights (-e) would log if that run
+// had not changed them: on the first batch, bit for bit the ones its step 0 logs. A signal ends it
+// at once; the log keeps every batch measured before.
+template <typename Model>
+static int measure(Model& m, Run& r) {
+    const Options& o = r.o;
+    start_model(m, r);
+    int first_step = 0;
+    long long data_position = 0;  // micro-batches consumed, by every process together
+    load_weights(m, r, &first_step, &data_position);
+    RunLog log = open_output(r);
+    Telemetry stats;
+    Profile prof;
+    prof.on = o.profile;
+    double start = now_seconds(), batch_seconds_avg = 0, loss_sum = 0;
+    int width = (int)std::to_string(o.measure).size();
+    for (int step = 0; step < o.measure; step++) {
+        double t0 = now_seconds();
+        prof.begin_step(step > 0, true, t0);
+        float loss = forward_backward(m, r, &data_position, &stats, prof);
+        model_wait(m);
+        wait_stats(r);
+        double dt = now_seconds() - t0;
+        prof.end_step(dt);
+        batch_seconds_avg = step == 0 ? dt : 0.9 * batch_seconds_avg + 0.1 * dt;
+        loss_sum += loss;
+        float tok_s = (float)(o.total_batch / dt);
+        if (r.writes()) {
+            runlog_step(log, step, loss, 0.0f, NAN, tok_s, (float)(dt * 1e3));
+            runlog_telemetry(log, step, stats, r.c);
+        }
+        printf("batch %*d/%d | loss %.4f | %.0f ms | %.0f tok/s | eta %s\n", width, step + 1, o.measure, loss, dt * 1e3,
+               tok_s, format_duration(batch_seconds_avg * (o.measure - step - 1)).c_str());
+        fflush(stdout);
     }
-    model_free(m);
-    dataloader_free(&r.train);
-    if (r.have_val) dataloader_free(&r.val);
-    return 0;
+    return finish(m, r, log, prof, strprintf("measured in %s; mean loss %.4f over %d batches",
+                                             format_duration(now_seconds() - start).c_str(), loss_sum / o.measure, o.measure));
 }
 
 #ifndef TESTING
@@ -983,12 +1062,12 @@ int main(int argc, char** argv) {
              OPTION_LABEL("--device"));
     if (r.on_gpu) {
         GpuModel g;
-        status = train(g, r);
+        status = r.measuring() ? measure(g, r) : train(g, r);
     } else
 #endif
     {
         CpuModel m;
-        status = train(m, r);
+        status = r.measuring() ? measure(m, r) : train(m, r);
     }
     dist_finalize(r.dist);
     return status;

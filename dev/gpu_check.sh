@@ -3,9 +3,9 @@
 # built: the PyTorch reference (made here), the CUDA parity test against it (with the determinism
 # check), every
 # dev/cuda kernel check, and short training runs of ./train through every path of its loop
-# (statistics, validation, checkpoints, resume, -e) and with each QK-norm variant, and the NCCL
-# path of a data-parallel run with one process, and the Hugging Face import against transformers'
-# own Qwen3 and Llama. Prints a summary line per part and ends
+# (statistics, validation, checkpoints, resume, -e) and with each QK-norm variant, a measurement
+# (--measure), the NCCL path of a data-parallel run with one process, and the Hugging Face import
+# against transformers' own Qwen3 and Llama. Prints a summary line per part and ends
 # with "N passed, N failed" over the parity and kernel checks. Logs go to $OUT when it is set.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -50,6 +50,24 @@ if [ "$train_ok" -eq 1 ] && [ -n "$(last_losses "$logs/train_a.log")" ] &&
     passed=$((passed + 1))
 else
     echo "== training runs: FAILED (logs: train_a.log, train_resumed.log, train_init.log)"
+    failed=$((failed + 1))
+fi
+# A measurement (--measure) of run a's final weights: forward passes with statistics on every batch,
+# nothing trained. Its first batch is what step 1 of run c (-e from the same weights) computes before
+# its first update, the same loss; the checkpoint stays as it was.
+cp "$runs/a/model.ckpt" "$runs/a_before.ckpt"
+"$g/bin/train" -i "$g/data/train_*.bin" -k "$g/data/tokenizer.model" -g 0 -e "$runs/a/model.ckpt" --measure 3 \
+    -o "$runs/measure" >"$logs/measure.log" 2>&1
+measure_status=$?
+measured=$(grep -E '^batch 1/3' "$logs/measure.log" | cut -d'|' -f2)
+if [ "$measure_status" -eq 0 ] && [ -n "$measured" ] && [ "$(grep -c '^batch ' "$logs/measure.log")" -eq 3 ] &&
+    [ "$measured" = "$(grep -E '^step 1/5' "$logs/train_init.log" | cut -d'|' -f2)" ] &&
+    cmp -s "$runs/a/model.ckpt" "$runs/a_before.ckpt" && [ -z "$(ls "$runs/measure" | grep -v '^run.attnlog$')" ]; then
+    echo "== measurement: ok; batch 1 is step 1 of the run from the same weights, the checkpoint unchanged"
+    passed=$((passed + 1))
+else
+    echo "== measurement: FAILED (status $measure_status; logs: measure.log, train_init.log)"
+    tail -3 "$logs/measure.log"
     failed=$((failed + 1))
 fi
 # The QK-norm variants and frozen gains train on the GPU: 30 steps each, the loss falling.

@@ -27,10 +27,12 @@ struct ModelShape {
     TelemetrySums stats_layout;  // the layout of model_stats_sums' array
     uint32_t frozen = 0;         // the parameter kinds held fixed (config.h's frozen_kinds)
     int eot_token = -1;          // the corpus' end-of-text token, for the document starts of the statistics (-1: none)
+    bool trains = true;          // false: forward passes only (--measure), without gradients or AdamW state
 };
 
-inline void model_shape_init(ModelShape& m, const ModelConfig& c, int max_B, int max_T, const Dist& dist) {
+inline void model_shape_init(ModelShape& m, const ModelConfig& c, int max_B, int max_T, const Dist& dist, bool trains) {
     m.cfg = c;
+    m.trains = trains;
     m.max_B = max_B;
     m.max_T = max_T;
     m.dist = dist;
@@ -40,7 +42,8 @@ inline void model_shape_init(ModelShape& m, const ModelConfig& c, int max_B, int
 
 // The host copy of the weights and AdamW state, in the layout of config.h, shard.padded floats
 // each (P of them parameters); of the AdamW state only this process's shard is kept up to date
-// (the training loop gathers the rest for a checkpoint).
+// (the training loop gathers the rest for a checkpoint). A model that does not train has no
+// AdamW state: adam_m and adam_v are null.
 struct HostState {
     float *params, *adam_m, *adam_v;
 };
@@ -52,14 +55,16 @@ struct AdamWSettings {
 
 // The functions, one line each: the result, the call, and what it must do. In the calls, m is the
 // model (cm when it is const), c a ModelConfig, dist a Dist, opt an AdamWSettings; B, T, row, step
-// and kinds (a mask of parameter kinds) are integers, scale, norm and clip floats, stats a bool;
+// and kinds (a mask of parameter kinds) are integers, scale, norm and clip floats, stats and trains bools;
 // tokens and targets are B x T token ids, out a float array. BackendCheck below gives each its type.
 #define BACKEND_CONTRACT(X)                                                                                           \
     /* before anything is allocated */                                                                               \
-    X(MemoryNeed, memory_need(cm, c, B, T, dist), "the bytes this shape needs, weights and in all (memory.h)")       \
+    X(MemoryNeed, memory_need(cm, c, B, T, dist, trains),                                                           \
+      "the bytes this shape needs, weights and in all (memory.h); trains: with the gradients and AdamW state")      \
     X(MemoryLimit, memory_available(cm), "what this process may still allocate where the model lives")              \
     /* life */                                                                                                       \
-    X(void, model_init(m, c, B, T, dist), "allocate for micro-batches up to B x T as process dist.rank; zero weights") \
+    X(void, model_init(m, c, B, T, dist, trains),                                                                   \
+      "allocate for micro-batches up to B x T as process dist.rank, zero weights; trains: gradients, AdamW state") \
     X(void, model_free(m), "release everything model_init took")                                                    \
     /* weights */                                                                                                    \
     X(HostState, host_state(m), "the host copy of the weights and AdamW state that checkpoints read and write")      \
@@ -97,7 +102,7 @@ struct BackendCheck {
     static int B, T, row, step;
     static uint32_t kinds;
     static const int *tokens, *targets;
-    static bool stats;
+    static bool stats, trains;
     static float scale, norm, clip, *out;
 #define CHECK_BACKEND_FUNCTION(result, call, what) \
     static_assert(std::is_same<decltype(call), result>::value, "a backend's " #call " returns " #result ": " what);

@@ -20,6 +20,7 @@
 // Files are written to "<path>.tmp" and renamed, so a crash never leaves a half-written checkpoint
 // under the real name.
 #pragma once
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <string>
@@ -258,8 +259,26 @@ inline bool checkpoint_peek(const std::string& path, CheckpointInfo* info) {
     return true;
 }
 
-// Reads the parameters (and, when present and wanted, the AdamW moments), checking the payload's
-// checksum. The caller has sized the arrays from checkpoint_read_header's configuration.
+// Reads `count` floats of the payload into `into`, or, with `into` null, through a small buffer
+// (moments that are not wanted: the checksum covers them all the same); returns the CRC so far.
+inline uint32_t checkpoint_read_floats(FILE* f, float* into, size_t count, uint32_t crc, const char* path,
+                                       const char* what) {
+    if (into) {
+        read_or_fail(f, into, count * sizeof(float), path, what);
+        return crc32_update(crc, into, count * sizeof(float));
+    }
+    std::vector<float> chunk(std::min(count, (size_t)1 << 20));
+    for (size_t done = 0; done < count; done += chunk.size()) {
+        size_t n = std::min(chunk.size(), count - done);
+        read_or_fail(f, chunk.data(), n * sizeof(float), path, what);
+        crc = crc32_update(crc, chunk.data(), n * sizeof(float));
+    }
+    return crc;
+}
+
+// Reads the parameters (and, when present and wanted, the AdamW moments: adam_m and adam_v
+// non-null), checking the payload's checksum. The caller has sized the arrays from
+// checkpoint_read_header's configuration.
 inline CheckpointInfo checkpoint_read(const std::string& path, float* params, float* adam_m, float* adam_v) {
     CheckpointInfo info = checkpoint_read_header(path);
     size_t P = num_parameters(info.config);
@@ -268,18 +287,12 @@ inline CheckpointInfo checkpoint_read(const std::string& path, float* params, fl
     read_or_fail(f, h, sizeof h, path.c_str(), "the header");
     uint32_t crc_want;
     memcpy(&crc_want, h + 88, 4);
-    std::vector<float> scratch;
     read_or_fail(f, params, P * sizeof(float), path.c_str(), "the parameters");
     uint32_t crc = crc32_of(params, P * sizeof(float));
     if (info.has_optimizer_state) {
-        if (!adam_m || !adam_v) {
-            scratch.resize(P);
-            adam_m = adam_v = scratch.data();
-        }
-        read_or_fail(f, adam_m, P * sizeof(float), path.c_str(), "the AdamW first moments");
-        crc = crc32_update(crc, adam_m, P * sizeof(float));
-        read_or_fail(f, adam_v, P * sizeof(float), path.c_str(), "the AdamW second moments");
-        crc = crc32_update(crc, adam_v, P * sizeof(float));
+        bool wanted = adam_m && adam_v;
+        crc = checkpoint_read_floats(f, wanted ? adam_m : nullptr, P, crc, path.c_str(), "the AdamW first moments");
+        crc = checkpoint_read_floats(f, wanted ? adam_v : nullptr, P, crc, path.c_str(), "the AdamW second moments");
     }
     if (crc != crc_want) fail("%s: checkpoint data is damaged (checksum mismatch)", path.c_str());
     return info;

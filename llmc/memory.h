@@ -8,8 +8,9 @@
 #include <string>
 #include "utils.h"
 
-// Memory, in bytes, that a model needs: for its weights, gradients and AdamW state alone, and in
-// all with the activations of the largest micro-batch.
+// Memory, in bytes, that a model needs: for its weights, gradients and AdamW state alone (a model
+// that does not train: its weights alone), and in all with the activations of the largest
+// micro-batch.
 struct MemoryNeed {
     double weights, total;
 };

@@ -50,15 +50,17 @@ inline float* grad_ptr(CpuModel& m, int kind, int l = 0) { return m.grads.data()
 
 inline void model_freeze(CpuModel& m, uint32_t asked);
 
-// The model for micro-batches up to max_B x max_T, as process dist.rank of dist.world.
-inline void model_init(CpuModel& m, const ModelConfig& cfg, int max_B, int max_T, const Dist& dist = Dist()) {
-    model_shape_init(m, cfg, max_B, max_T, dist);
-    size_t padded = m.shard.padded;
+// The model for micro-batches up to max_B x max_T, as process dist.rank of dist.world; one that
+// does not train (trains false) has neither gradients nor AdamW state.
+inline void model_init(CpuModel& m, const ModelConfig& cfg, int max_B, int max_T, const Dist& dist = Dist(),
+                       bool trains = true) {
+    model_shape_init(m, cfg, max_B, max_T, dist, trains);
+    size_t padded = m.shard.padded, training = trains ? padded : 0;
     m.params.assign(padded, 0.0f);
-    m.grads.assign(padded, 0.0f);
-    m.adam_m.assign(padded, 0.0f);
-    m.adam_v.assign(padded, 0.0f);
-    m.grad_scratch.assign(dist.world > 1 ? m.shard.size : 0, 0.0f);
+    m.grads.assign(training, 0.0f);
+    m.adam_m.assign(training, 0.0f);
+    m.adam_v.assign(training, 0.0f);
+    m.grad_scratch.assign(dist.world > 1 && trains ? m.shard.size : 0, 0.0f);
     m.stat_sums.assign(m.stats_layout.total, 0.0);
     model_freeze(m, 0);
     m.rope_cos.resize((size_t)cfg.max_seq_len * cfg.head_dim / 2);
@@ -78,14 +80,15 @@ inline void model_freeze(CpuModel& m, uint32_t asked) {
     m.segments = shard_segments(adamw_segments(m.cfg, m.frozen), m.shard);
 }
 
-// Memory the model needs (weights, gradients, AdamW state; then the activations of a B x T
-// micro-batch), to check before model_init allocates it. (A process of several keeps whole
-// arrays of the AdamW state too, of which it updates its shard.)
-inline MemoryNeed memory_need(const CpuModel&, const ModelConfig& c, int B, int T, const Dist& = Dist()) {
+// Memory the model needs (weights, and when it trains their gradients and AdamW state; then the
+// activations of a B x T micro-batch), to check before model_init allocates it. (A process of
+// several keeps whole arrays of the AdamW state too, of which it updates its shard.)
+inline MemoryNeed memory_need(const CpuModel&, const ModelConfig& c, int B, int T, const Dist& = Dist(),
+                              bool trains = true) {
     Activations<float> a;
     Arena count;
     carve_activations(a, activation_dims(c, B, T, c.vocab_size), Where::CPU, count);
-    double weights = 4.0 * sizeof(float) * num_parameters(c);
+    double weights = (trains ? 4.0 : 1.0) * sizeof(float) * num_parameters(c);
     return {weights, weights + count.used};
 }
 
@@ -637,7 +640,9 @@ inline double* model_stats_sums(CpuModel& m) { return m.stat_sums.data(); }
 
 // The rest of backend.h's contract. The host arrays are the model's own here, so moving them
 // between host and device does nothing.
-inline HostState host_state(CpuModel& m) { return {m.params.data(), m.adam_m.data(), m.adam_v.data()}; }
+inline HostState host_state(CpuModel& m) {
+    return {m.params.data(), m.trains ? m.adam_m.data() : nullptr, m.trains ? m.adam_v.data() : nullptr};
+}
 inline void model_free(CpuModel& m) { m = CpuModel(); }
 inline void model_upload(CpuModel&) {}
 inline void model_download(CpuModel&) {}

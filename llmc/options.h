@@ -28,6 +28,8 @@ struct Options {
     int val_every = 100, val_batches = 16, ckpt_every = 0, keep = 0, stats_every = 10, shuffle = 1;
     int samples = 3, sample_tokens = 48, threads = 0, profile = 0, allow_changes = 0;
     int eot = -1;  // the end-of-text token; -1: the tokenizer's BOS, none without a tokenizer
+    int measure = 0;
+    std::string measure_data = "train";
     long long seed = 1337;
 };
 
@@ -85,6 +87,8 @@ static constexpr OptSpec kOptions[] = {
     OPT("-v", "--val-every", OPT_INT, val_every, "evaluate the validation loss every N steps (0: only at the end)"),
     OPT("", "--val-batches", OPT_INT, val_batches, "micro-batches per validation (the same ones each time)"),
     OPT("-s", "--stats-every", OPT_INT, stats_every, "measure the key/attention statistics every N steps (0: never)"),
+    OPT("", "--measure", OPT_INT, measure, "measure the checkpoint of -e instead of training: N batches of -d tokens, forward passes only, the statistics on every batch (0: train)"),
+    OPT("", "--measure-data", OPT_STR, measure_data, "the data --measure reads: train (the -i shards, in the training order) or val (the -j shards, in order)"),
     OPT("-o", "--out", OPT_STR, out_dir, "output directory for the log and checkpoints (default: runs/<date>-<time>)"),
     OPT("-n", "--ckpt-every", OPT_INT, ckpt_every, "also write a checkpoint every N steps (0: only the final one)"),
     OPT("", "--keep", OPT_INT, keep, "keep only the N latest (by step) of the checkpoints -n writes; checkpoints of later steps, of a longer earlier run, stay (0: all)"),
@@ -213,6 +217,23 @@ inline void print_help() {
     printf("  -h, --help             this text\n");
 }
 
+// The options only training uses, besides the schedule's (kScheduleOptions): a measurement
+// (--measure) refuses them rather than ignore them.
+static const char* const kTrainingOnlyOptions[] = {"--resume", "--allow-changes", "--freeze", "--stats-every",
+                                                   "--val-every", "--val-batches", "--ckpt-every", "--keep"};
+
+// --measure N measures the checkpoint of -e, and trains nothing: an option of training is refused.
+inline void check_measure_options(const Options& o, const std::set<std::string>& given) {
+    auto refuse = [&](const char* option) {
+        if (given.count(option))
+            fail("option %s: %s measures a checkpoint and trains nothing; leave it out", option_label(option).c_str(),
+                 OPTION_LABEL("--measure"));
+    };
+    for (const ScheduleOption& s : kScheduleOptions) refuse(s.name);
+    for (const char* option : kTrainingOnlyOptions) refuse(option);
+    if (o.init_ckpt.empty()) fail("option %s: needs the checkpoint to measure (%s CKPT)", OPTION_LABEL("--measure"), OPTION_NAME("--init"));
+}
+
 // Fills `given` with the long names of the options on the command line.
 inline Options parse_options(int argc, char** argv, std::set<std::string>& given) {
     Options o;
@@ -284,6 +305,10 @@ inline Options parse_options(int argc, char** argv, std::set<std::string>& given
     need(o.tied_embeddings == 0 || o.tied_embeddings == 1, OPTION_LABEL("--tied-embeddings"), "must be 0 or 1");
     need(o.allow_changes == 0 || o.allow_changes == 1, OPTION_LABEL("--allow-changes"), "must be 0 or 1");
     need(o.device == "auto" || o.device == "cpu" || o.device == "cuda", OPTION_LABEL("--device"), "must be auto, cpu or cuda");
+    need(o.measure >= 0, OPTION_LABEL("--measure"), "must not be negative (0: train)");
+    need(o.measure_data == "train" || o.measure_data == "val", OPTION_LABEL("--measure-data"), "must be train or val");
+    if (o.measure) check_measure_options(o, given);
+    else need(!given.count("--measure-data"), OPTION_LABEL("--measure-data"), ("goes with " + std::string(OPTION_LABEL("--measure"))).c_str());
     need(o.init_ckpt.empty() || o.resume_ckpt.empty(), OPTION_LABEL("--init"),
          ("cannot be combined with " + std::string(OPTION_LABEL("--resume"))).c_str());
     need(qk_norm_index(o.qk_norm) >= 0, OPTION_LABEL("--qk-norm"), ("must be " + names_in_words(kQkNormNames, QK_NORM_NUM)).c_str());
@@ -409,6 +434,11 @@ inline std::string model_size_culprit(const Options& o, const std::set<std::stri
     return "model option " + culprit;
 }
 
+// What MemoryNeed's weights count: a measurement (--measure) holds the weights alone.
+inline const char* model_memory_parts(const Options& o) {
+    return o.measure ? "weights" : "weights, gradients and AdamW state";
+}
+
 // Stops, before anything is allocated, when the need is more than `limit` allows, naming the
 // option to change: when the weights alone do not fit, the model option or model (model_size_culprit);
 // else -b and -t.
@@ -416,8 +446,8 @@ inline void check_memory(const Options& o, const std::set<std::string>& given, c
                          const MemoryNeed& need, const MemoryLimit& limit) {
     if (need.total <= limit.bytes) return;
     if (need.weights > limit.bytes)
-        fail("%s: the weights, gradients and AdamW state need %.1f GB; %s has %.1f GB available",
-             model_size_culprit(o, given, c).c_str(), need.weights / 1e9, limit.where.c_str(), limit.bytes / 1e9);
+        fail("%s: the %s need %.1f GB; %s has %.1f GB available", model_size_culprit(o, given, c).c_str(),
+             model_memory_parts(o), need.weights / 1e9, limit.where.c_str(), limit.bytes / 1e9);
     fail("options %s %d and %s: the activations need %.1f GB beside the model's %.1f GB; %s has %.1f GB available",
          OPTION_LABEL("--batch"), o.batch, OPTION_LABEL("--seq-len"), (need.total - need.weights) / 1e9, need.weights / 1e9,
          limit.where.c_str(), limit.bytes / 1e9);
@@ -431,6 +461,6 @@ inline void check_memory(const Options& o, const std::set<std::string>& given, c
     std::string culprit = need.weights >= activations ? model_size_culprit(o, given, c)
                                                       : strprintf("options %s %d and %s", OPTION_LABEL("--batch"), o.batch,
                                                                   OPTION_LABEL("--seq-len"));
-    fail("%s: allocating %.1f GB failed (weights, gradients and AdamW state %.1f GB, activations %.1f GB)", culprit.c_str(),
-         need.total / 1e9, need.weights / 1e9, activations / 1e9);
+    fail("%s: allocating %.1f GB failed (%s %.1f GB, activations %.1f GB)", culprit.c_str(), need.total / 1e9,
+         model_memory_parts(o), need.weights / 1e9, activations / 1e9);
 }

@@ -129,12 +129,14 @@ inline void set_aside_unresumable_log(const std::string& dir, const std::string&
 }
 
 // Why a checkpoint written by `origin` at `step` may not resume into a folder whose log records
-// `lineage`, or "" when it may. It may when the log is of the same run and the continuation that
-// wrote the checkpoint is on the log's line at that step: no continuation that began after it
-// resumed from an earlier step (which abandoned what it wrote from there on). The log's first
+// `lineage`, or "" when it may. It may when the log is a training run's (not a measurement's), of
+// the same run, and the continuation that wrote the checkpoint is on the log's line at that step:
+// no continuation that began after it resumed from an earlier step (which abandoned what it wrote
+// from there on). The log's first
 // continuation may itself have resumed from a checkpoint of a continuation of another folder's
 // log: checkpoints of that one up to the step it resumed from are on the line too.
 inline std::string lineage_problem(const RunLineage& lineage, const CheckpointOrigin& origin, int64_t step) {
+    if (lineage.measurement) return "it is the log of a measurement (--measure), which no training continues";
     if (!lineage.run_id || !origin.run_id) return "";  // a log or checkpoint from before runs had ids
     if (lineage.run_id != origin.run_id)
         return strprintf("it is the log of another run (run %016" PRIx64 "; the checkpoint's is run %016" PRIx64 ")",

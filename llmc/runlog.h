@@ -54,6 +54,14 @@ struct RunInfo {
     // or a checkpoint that does not say).
     uint64_t run_id = 0, continuation = 0, resumed_from = 0;
     int64_t resumed_from_step = -1;  // -1: not resumed
+    // A measurement (--measure) of a checkpoint's weights: the checkpoint, the steps they had
+    // trained, the run that trained them (0: not recorded) and the tokens it trained them on (the
+    // steps times its tokens per step; -1: not recorded). An empty checkpoint: a training run.
+    struct Measured {
+        std::string checkpoint;
+        int64_t step = 0, tokens = -1;
+        uint64_t run_id = 0;
+    } measured;
 };
 
 struct RunLog {
@@ -135,13 +143,24 @@ inline std::string runlog_record_table(const ModelConfig& c) {
            ",\n" + json_record_type(REC_NOTE, "note", {note}) + "\n  ]\n";
 }
 
+// The header's "measurement" member, after a comma, in a measurement's log; else "".
+inline std::string runlog_measurement_member(const RunInfo::Measured& m) {
+    if (m.checkpoint.empty()) return "";
+    std::string j = ",\n  \"measurement\": {\"checkpoint\": " + json_string(m.checkpoint) +
+                    strprintf(", \"step\": %lld", (long long)m.step);
+    if (m.run_id) j += ", \"run_id\": " + json_id(m.run_id);
+    if (m.tokens >= 0) j += strprintf(", \"tokens\": %lld", (long long)m.tokens);
+    return j + "}";
+}
+
 inline std::string runlog_header_text(const RunInfo& info) {
     std::string config;
     for (const ConfigField& f : kConfigFields)
         config += (config.empty() ? "\"" : ", \"") + std::string(f.name) + "\": " + config_value_text(info.config, f);
     return "{\n  \"format\": \"attnlog\",\n" + strprintf("  \"version\": %u,\n", kRunLogVersion) +
            "  \"created\": \"" + utc_timestamp() + "\",\n  \"config\": {" + config + "},\n  " +
-           runlog_run_members(info, ",\n  ") + ",\n" + runlog_record_table(info.config) + "}\n";
+           runlog_run_members(info, ",\n  ") + runlog_measurement_member(info.measured) + ",\n" +
+           runlog_record_table(info.config) + "}\n";
 }
 
 // ---------------------------------------------------------------------------------------------

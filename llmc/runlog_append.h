@@ -135,6 +135,7 @@ struct Continuation {
 struct RunLineage {
     uint64_t run_id = 0;  // 0: a log written before runs had ids
     std::vector<Continuation> continuations;
+    bool measurement = false;  // the log of a measurement (--measure): no training continues it
 };
 
 // The continuation whose members (runlog_run_members) `run` holds, starting at `step`.
@@ -150,6 +151,7 @@ inline Continuation continuation_of(const JsonValue& run, int64_t step) {
 inline RunLineage runlog_lineage(const JsonValue& header, const std::vector<std::pair<int64_t, std::string>>& notes) {
     RunLineage lineage;
     lineage.run_id = json_to_id(header.get("run_id"));
+    lineage.measurement = header.get("measurement") != nullptr;
     if (!lineage.run_id) return lineage;
     const JsonValue* step = header.get("resumed_from_step");
     Continuation first = continuation_of(header, json_is_integer(step) ? std::max(0LL, strtoll(step->text.c_str(), nullptr, 10)) : 0);

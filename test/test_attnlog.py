@@ -707,6 +707,14 @@ MALFORMED_HEADERS = [  # (what, edit of the header or its text, parts of the one
     ("tokens negative", setter("train_tokens", value=-1), ["train_tokens is -1, not a number of tokens"]),
     ("tokens as float", setter("train_tokens", value=1.5), ["train_tokens is 1.5, not an integer"]),
     ("version as bool", setter("version", value=True), ["the text says format 'attnlog' version True"]),
+    ("measurement a path", setter("measurement", value="a.ckpt"), ['measurement is "a.ckpt", not an object']),
+    ("measurement without checkpoint", setter("measurement", value={"step": 3}), ["measurement has no 'checkpoint'"]),
+    ("measurement of a negative step", setter("measurement", value={"checkpoint": "a.ckpt", "step": -1}),
+     ["measurement.step is -1, not a count"]),
+    ("measurement tokens as text", setter("measurement", value={"checkpoint": "a.ckpt", "step": 1, "tokens": "9"}),
+     ['measurement.tokens is "9", not an integer']),
+    ("measurement of a run with an odd id", setter("measurement", value={"checkpoint": "a", "step": 1, "run_id": "x1"}),
+     ['measurement.run_id is "x1", not 16 hexadecimal digits']),
     ("records null", setter("records", value=None), ["its record table is malformed: records is null, not a list"]),
     ("record type null", setter("records", 1, value=None), ["records[1] is null, not an object"]),
     ("type id as bool", setter("records", 1, "type", value=True), ["records[1].type is true, not an integer"]),
@@ -755,6 +763,21 @@ def test_malformed_header_is_one_line(tmp_path, data, what, edit, parts):
     text = edit if isinstance(edit, bytes) else None
     damaged = with_header(data, text) if text else edited(data, edit)
     expect_log_error(saved(tmp_path, damaged), "damaged header: ", "19 intact records follow", *parts)
+
+
+def test_measurement_header(tmp_path, data, log_path):
+    """A measurement's log (./train --measure) names the checkpoint it measured: log.measurement, and a
+    line of info; a training run's log has none."""
+    measured = {"checkpoint": "/runs/a/model.ckpt", "step": 300, "run_id": "0123456789abcdef", "tokens": 76800}
+    path = saved(tmp_path, edited(data, setter("measurement", value=measured)))
+    assert attnlog.open_log(path).measurement == measured and attnlog.open_log(log_path).measurement is None
+    result = run_cli("info", path)
+    assert result.returncode == 0, result.stderr
+    assert ("measurement: the weights of step 300 of run 0123456789abcdef in /runs/a/model.ckpt, trained on 76,800 "
+            "tokens; no training: each step of the log is a batch measured with these weights") in result.stdout
+    bare = saved(tmp_path, edited(data, setter("measurement", value={"checkpoint": "w.ckpt", "step": 0})), "bare.attnlog")
+    assert "measurement: the weights of step 0 in w.ckpt; no training" in run_cli("info", bare).stdout
+    assert "measurement:" not in run_cli("info", log_path).stdout
 
 
 def test_surrogate_pair_is_text(tmp_path, data):

@@ -635,6 +635,12 @@ static void test_checkpoint() {
     b[kCheckpointHeaderBytes + 1000] ^= 4;
     std::string payload = write_variant("payload.ckpt", b);
     expect_user_error("checkpoint: damaged data", [&] { checkpoint_read(payload, sink.data(), nullptr, nullptr); }, payload, "checkpoint data is damaged", payload);
+    b = bytes;
+    b[kCheckpointHeaderBytes + (P + 10) * sizeof(float)] ^= 4;  // in the AdamW first moments
+    std::string moments = write_variant("moments.ckpt", b);
+    expect_user_error("checkpoint: damaged AdamW state, read without it (the weights of -e)",
+                      [&] { checkpoint_read(moments, sink.data(), nullptr, nullptr); }, moments, "checkpoint data is damaged",
+                      moments);
     std::string none = std::string(dir) + "/none.ckpt";
     expect_user_error("checkpoint: missing file", [&] { checkpoint_read(none, sink.data(), nullptr, nullptr); }, none, "cannot open");
     // A full disk (here: a file size limit) fails the write with one line and leaves the previous
@@ -650,6 +656,45 @@ static void test_checkpoint() {
     expect_user_error("checkpoint: unwritable path fails cleanly", [&] { checkpoint_write(readonly_target, info, params.data(), nullptr, nullptr); }, readonly_target, "cannot write");
     std::string cmd = std::string("rm -rf ") + dir;
     if (system(cmd.c_str()) != 0) fail("cleanup failed");
+}
+
+// A model that does not train (--measure): no gradients or AdamW state, in memory or in the
+// estimate before allocating, and the very forward pass, loss and statistics' sums, of one that does.
+static void test_forward_only_model() {
+    ModelConfig c = small_config();
+    size_t P = num_parameters(c);
+    int B = 2, T = 8;
+    CpuModel training, measuring;
+    MemoryNeed need_training = memory_need(training, c, B, T, Dist(), true);
+    MemoryNeed need_measuring = memory_need(measuring, c, B, T, Dist(), false);
+    report(need_training.weights == 16.0 * P && need_measuring.weights == 4.0 * P &&
+               need_training.total - need_training.weights == need_measuring.total - need_measuring.weights,
+           "memory_need: forward only, the weights alone (4 P bytes, not 16 P) beside the same activations");
+    Options measure;
+    measure.measure = 1;
+    for (const Options& o : {Options(), measure})  // weights that do not fit: the message says what they hold
+        expect_user_error(o.measure ? "check_memory: a measurement's weights" : "check_memory: a training run's weights",
+                          [&] { check_memory(o, {}, c, {5e9, 6e9}, {1e9, "this machine"}); }, "model option -m (--preset) d6",
+                          o.measure ? "the weights need 5.0 GB; this machine has 1.0 GB"
+                                    : "the weights, gradients and AdamW state need 5.0 GB");
+    model_init(training, c, B, T, Dist(), true);
+    model_init(measuring, c, B, T, Dist(), false);
+    HostState h = host_state(measuring);
+    report(measuring.grads.empty() && measuring.adam_m.empty() && measuring.adam_v.empty() && !h.adam_m && !h.adam_v &&
+               measuring.params.size() == P && host_state(training).adam_m,
+           "model_init: forward only, no gradients or AdamW state (host_state's are null)");
+    init_parameters(c, training.params.data(), 3);
+    measuring.params = training.params;
+    std::vector<int> tokens(B * T), targets(B * T);
+    for (int i = 0; i < B * T; i++) tokens[i] = (7 * i + 3) % c.vocab_size, targets[i] = (5 * i + 1) % c.vocab_size;
+    float losses[2];
+    CpuModel* models[2] = {&training, &measuring};
+    for (int k = 0; k < 2; k++) {
+        model_stats_begin(*models[k]);
+        losses[k] = model_forward(*models[k], tokens.data(), targets.data(), B, T, true);
+    }
+    report(losses[0] == losses[1] && training.stat_sums == measuring.stat_sums,
+           "model_forward: forward only gives the loss and statistics' sums of a model that trains, bit for bit");
 }
 
 // ZeRO-1's shards: for any number of processes they cover the parameters once, in equal padded
@@ -840,6 +885,7 @@ int main() {
     test_init();
     test_pretrained_fields();
     test_checkpoint();
+    test_forward_only_model();
     test_param_shards();
     test_run_dir();
     test_cgroup_memory();

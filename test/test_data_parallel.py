@@ -155,6 +155,25 @@ def test_the_statistics_cover_every_micro_batch(data, tmp_path):
         assert_close(y, x, rtol=RTOL, atol=RTOL * np.abs(x).max(), what=name)
 
 
+def test_two_processes_measure_as_one(one_and_two, data, tmp_path):
+    """--measure under mpirun: each process measures its micro-batch of every batch of -d tokens and the
+    statistics are those of the whole batch, summed over the processes as in training: within RTOL of
+    one process measuring both micro-batches (the losses, means of the same float losses, exactly)."""
+    root = one_and_two[0]
+    args = [TRAIN, "-i", data / "train_*.bin", *ONE_THREAD, "-d", "256", "-g", "0", "-e", root / "one" / "model.ckpt",
+            "--measure", "3"]
+    one, two = run([*args, "-o", tmp_path / "one"]), mpi(2, *args, "-o", tmp_path / "two")
+    assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stdout + two.stderr
+    assert "2 micro-batches, 1 on each of 2 processes" in two.stdout and two.stdout.count("batch 1/3") == 1
+    a, b = attnlog.open_log(tmp_path / "one" / "run.attnlog"), attnlog.open_log(tmp_path / "two" / "run.attnlog")
+    assert b.header["num_processes"] == 2 and a.problems == [] and b.problems == []
+    assert np.array_equal(a.scalars("loss")[1], b.scalars("loss")[1])
+    for name in a.metric_names():
+        (sa, x), (sb, y) = a.metric(name), b.metric(name)
+        assert list(sa) == list(sb) == [0, 1, 2], name
+        assert_close(y, x, rtol=RTOL, atol=RTOL * np.abs(x).max(), what=name)
+
+
 def test_resume_with_another_number_of_processes(one_and_two, tmp_path):
     """1 -> 2 and 2 -> 1: resumed at step 3, each continues the run it came from, within RTOL. With
     one thread a process, the threads of all processes together change (1 -> 2, 2 -> 1), which, as

@@ -601,7 +601,7 @@ def window(steps):
     return steps >= steps[-1] - 0.25 * (steps[-1] - steps[0])
 
 
-def window_kv_means(log):
+def window_kv_means(log, window=window):
     """Decision-window means of k_norm [L, Hkv] and of the entropy of each kv head's query heads."""
     steps, k_norm = log.metric("k_norm")
     entropy = log.metric("attn_entropy")[1].astype(float)
@@ -1505,3 +1505,105 @@ def test_head_ablation(which, log_path, trained_paths, tmp_path):
             assert "| " + " | ".join([str(l)] + [cells[l, h] for h in range(HEADS)]) + " |" in text
     wrong = report(path, "--checkpoint", path, "-o", tmp_path / "bad")
     assert_one_line_error(wrong, "not a checkpoint")
+
+
+# -- a measurement of one model state (./train --measure) -------------------------------------------------
+
+MEASURED_BATCHES = 6
+MEASUREMENT_FIGURES = ["layer_profiles.png", "head_maps.png", "key_magnitude_profile.png", "entropy_norm_by_layer.png",
+                       "gains_wavelength.png", "loss.png"]
+
+
+def every_batch(steps):
+    """A measurement's decision window: every batch it measured, all of one model state."""
+    return np.ones(len(steps), bool)
+
+
+def measure(log_path, checkpoint, out):
+    """The checkpoint's weights measured on MEASURED_BATCHES batches of the tiny data, and the report of
+    it: (output folder, summary.json, report.md, stdout, the log)."""
+    data = log_path.parent.parent / "data"
+    run([TRAIN_BIN, "-i", data / "train_*.bin", "-e", checkpoint, "--measure", MEASURED_BATCHES, "-b", 4,
+         "--samples", 0, "--threads", 1, "-o", out], "the measurement")
+    result = report(out / "run.attnlog")
+    assert result.returncode == 0, result.stderr
+    return (out / "report", json.loads((out / "report" / "summary.json").read_text()),
+            (out / "report" / "report.md").read_text(), result.stdout, attnlog.open_log(out / "run.attnlog"))
+
+
+@pytest.fixture(scope="module")
+def measured(log_path, trained_paths):
+    """The trained run's final weights (300 steps, 76,800 tokens) measured."""
+    return measure(log_path, trained_paths[0].parent / "model.ckpt", log_path.parent.parent / "measured")
+
+
+def test_measurement_report_is_of_one_model_state(measured, trained_paths, log_path):
+    from attnlog import analysis
+    outdir, summary, text, stdout, log = measured
+    assert log.measurement == {"checkpoint": str(trained_paths[0].parent / "model.ckpt"), "step": TRAINED_STEPS,
+                               "run_id": attnlog.open_log(trained_paths[0]).header["run_id"],
+                               "tokens": TRAINED_STEPS * 4 * T}
+    assert analysis.is_measurement(analysis.load_run(outdir.parent / "run.attnlog", "m"))
+    assert not analysis.is_measurement(analysis.load_run(log_path, "tiny"))
+    assert summary["measurement"] == log.measurement and summary["init"] is None
+    training = summary["training"]
+    assert training["measurement"] and training["enough"] and training["reasons"] == []
+    assert training["tokens"] == TRAINED_STEPS * 4 * T and training["warmup"] is None
+    assert summary["window"] == {"first": 0, "last": MEASURED_BATCHES - 1, "count": MEASURED_BATCHES, "fraction": 0.25}
+    assert summary["figures"] == {"made": MEASUREMENT_FIGURES, "skipped": {}} and summary["problems"] == []
+    assert training["settled"] and training["trained"]
+    assert summary["not_applicable"] == {"figures": [f for f in FIGURES if f not in MEASUREMENT_FIGURES],
+                                         "hypotheses": ["d"]}
+    assert sorted(p.name for p in outdir.glob("*.png")) == sorted(MEASUREMENT_FIGURES)
+    steps, loss = log.scalars("loss")
+    assert summary["loss"]["mean"] == close(loss.astype(float).mean(), **LOGGED)
+    for words in ("**A measurement, not a training run**: the weights of step 300 of run",
+                  f"Batches measured: {MEASURED_BATCHES} (0..{MEASURED_BATCHES - 1}).", "## Not applicable to a measurement",
+                  "`key_norm_evolution.png`", f"averaged over the {MEASURED_BATCHES} measured batches",
+                  f"Mean k_norm of every layer averaged over the {MEASURED_BATCHES} measured batches"):
+        assert words in text, words
+    captions = [line for line in text.splitlines() if line.startswith("*Figure")]
+    assert len(captions) == len(MEASUREMENT_FIGURES)
+    assert not [c for c in captions if "training step" in c or "from step" in c]
+    assert "(d) dimensional collapse: not applicable (not applicable to a measurement" in stdout
+
+
+def test_measurement_verdicts_use_every_batch(measured):
+    """(a)-(c) and the taxonomy are decided on the means over every measured batch, by the rule alone (a
+    line through batches of one model state is no trend); (d), a change over training, is not applicable."""
+    from attnlog.analysis import window_trend
+    _, summary, text, _, log = measured
+    h = summary["hypotheses"]
+    x, y = window_kv_means(log, every_batch)
+    rho = within_layers(x, y)
+    assert h["a"]["value"] == close(rho, **RHO) and h["a"]["verdict"] == rule(-rho, h["a"]["chance"], 0.1)
+    steps, k_norm = log.metric("k_norm")
+    for t, group, sign in zip(h["b"]["tests"], ("early", "final"), (-1, 1)):
+        series = np.array([sign * (group_mean(table, group) - 8) / 8 for table in k_norm.astype(float)])
+        half = window_trend(steps, series)["half_width"]
+        assert t["effect"] == close(series.mean(), **LOGGED) and t["half_width"] == close(half, **LOGGED)
+        assert t["verdict"] == rule(t["effect"], t["half_width"], 0.05) and not t["moving"] and t["trend"] is None
+    share = ((log.metric("k_maxabs")[1] / k_norm) ** 2).astype(float)
+    means = share.mean(axis=0)
+    top = np.unravel_index(np.argmax(means), means.shape)
+    (t,) = h["c"]["tests"]
+    assert h["c"]["max_ratio"] == close(share[:, top[0], top[1]].mean(), **LOGGED)
+    assert t["verdict"] == rule(t["effect"], t["half_width"], 0.05) and not t["moving"]
+    assert h["d"]["verdict"] == h["d"]["why"] == "not applicable" and h["d"]["tests"] == [] and "value" not in h["d"]
+    assert "| **not applicable** |" in text and summary["path"] is None
+    sink = log.metric("attn_sink")[1].astype(float).mean(axis=0)
+    tax = summary["taxonomy"]
+    assert tax["available"] and tax["window"] == [0, MEASURED_BATCHES - 1]
+    assert [x["attn_sink"] for x in tax["heads"]] == close(sink.ravel().tolist(), **LOGGED)
+    assert f"by its means over the {MEASURED_BATCHES} measured batches" in text
+    assert summary["claims"]["dynamics"] is False and "the log is a measurement" in summary["claims"]["why_static"]
+
+
+def test_measurement_of_barely_trained_weights(log_path, tmp_path):
+    """The 30-step run's weights (7,680 tokens): no verdicts and no taxonomy, the reason being their
+    training, not the measurement's; (d) stays not applicable."""
+    _, summary, text, _, _ = measure(log_path, log_path.parent / "model.ckpt", tmp_path / "m")
+    reason = f"the weights measured had trained on {STEPS * 4 * T:,} tokens ({STEPS} steps), fewer than the 65,536"
+    assert summary["training"]["reasons"] == [reason + " a verdict needs"]
+    assert [h["verdict"] for h in summary["hypotheses"].values()] == ["inconclusive"] * 3 + ["not applicable"]
+    assert summary["taxonomy"]["available"] is False and reason in text

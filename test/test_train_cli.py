@@ -611,3 +611,102 @@ def test_an_address_space_limit_is_seen(data, tmp_path):
                                          "-o", tmp_path / "run")], cwd=ROOT, stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, text=True, preexec_fn=limit)
     assert_one_line_error(r, "model option --n-layer 5000", "the address-space limit (ulimit -v")
+
+
+# -- measuring a checkpoint (--measure) -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def measured(full_run, data, tmp_path_factory):
+    """The full run's final weights measured on 3 batches of the training data: (folder, result,
+    the checkpoint's bytes before)."""
+    checkpoint = full_run[0] / "model.ckpt"
+    before = checkpoint.read_bytes()
+    out = tmp_path_factory.mktemp("measure") / "m"
+    r = train(data, out, "-e", checkpoint, "--measure", "3")
+    assert r.returncode == 0, r.stdout + r.stderr
+    return out, r, before
+
+
+def test_measure_logs_every_batch_with_its_statistics(measured, full_run):
+    out, r, before = measured
+    checkpoint = full_run[0] / "model.ckpt"
+    assert checkpoint.read_bytes() == before  # the weights measured are left as they were
+    assert sorted(p.name for p in out.iterdir()) == ["run.attnlog"]  # no checkpoint
+    log = attnlog.open_log(out / "run.attnlog")
+    assert log.problems == [] and log.record_counts() == {"step": 3, "val": 0, "telemetry": 3, "note": 0}
+    steps, loss = log.scalars("loss")
+    assert list(steps) == [0, 1, 2] and np.all(np.isfinite(loss)) and len(set(loss)) == 3
+    assert np.all(log.scalars("lr")[1] == 0) and np.all(np.isnan(log.scalars("grad_norm")[1]))
+    for name in log.metric_names():
+        tsteps, values = log.metric(name)
+        assert list(tsteps) == [0, 1, 2] and np.all(np.isfinite(values)), name
+    trained = attnlog.open_log(full_run[0] / "run.attnlog").header
+    assert log.header["measurement"] == {"checkpoint": str(checkpoint), "step": 6, "run_id": trained["run_id"],
+                                         "tokens": 6 * 4 * 32}
+    assert log.header["run_id"] != trained["run_id"]  # a measurement is no continuation of the run it measures
+    assert "batch 3/3" in r.stdout and "forward passes only" in r.stdout and "report:" in r.stdout
+
+
+def test_measure_is_the_first_step_of_a_run_from_the_same_weights(measured, full_run, data, tmp_path):
+    """Batch 1 of the measurement and step 0 of a training run started from the same weights (-e) read
+    the same micro-batch with the same weights: the same loss and statistics, bit for bit."""
+    out, _, _ = measured
+    r = train(data, tmp_path / "run", "-e", full_run[0] / "model.ckpt", "-x", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    measure, trained = attnlog.open_log(out / "run.attnlog"), attnlog.open_log(tmp_path / "run" / "run.attnlog")
+    assert measure.scalars("loss")[1][0] == trained.scalars("loss")[1][0]
+    for name in trained.metric_names():
+        steps, values = trained.metric(name)
+        assert list(steps) == [0] and np.array_equal(measure.metric(name)[1][0], values[0]), name
+
+
+def test_measure_the_validation_data(full_run, data, tmp_path):
+    """--measure-data val reads the validation batches in order, as the validation loss does: the mean
+    of the losses of the 2 batches measured from the final weights is the run's final validation loss
+    (over the same 2 batches, with the same sum in double), bit for bit. Data read in another order,
+    or weights changed after the first batch, would change it."""
+    out = tmp_path / "val"
+    r = train(data, out, "-e", full_run[0] / "model.ckpt", "--measure", "2", "--measure-data", "val")
+    assert r.returncode == 0, r.stdout + r.stderr
+    losses = attnlog.open_log(out / "run.attnlog").scalars("loss")[1].astype(np.float64)
+    steps, val = attnlog.open_log(full_run[0] / "run.attnlog").val_loss()
+    assert steps[-1] == 5 and np.float32(losses.mean()) == val[-1]
+    assert attnlog.open_log(out / "run.attnlog").header["options"]["measure-data"] == "val"
+
+
+@pytest.mark.parametrize("args, parts", [
+    ([], ["option --measure: needs the checkpoint to measure (-e CKPT)"]),
+    (["-e", "CKPT", "-x", "5"], ["option -x (--steps): --measure measures a checkpoint and trains nothing"]),
+    (["-e", "CKPT", "-l", "0.01"], ["option -l (--lr)"]),
+    (["-e", "CKPT", "-u", "3"], ["option -u (--warmup)"]),
+    (["-e", "CKPT", "--freeze", "k_gain"], ["option --freeze"]),
+    (["-e", "CKPT", "-n", "1"], ["option -n (--ckpt-every)"]),
+    (["-e", "CKPT", "--keep", "1"], ["option --keep"]),
+    (["-e", "CKPT", "-s", "2"], ["option -s (--stats-every)"]),
+    (["-e", "CKPT", "-v", "2"], ["option -v (--val-every)"]),
+    (["-r", "CKPT"], ["option -r (--resume): --measure measures a checkpoint and trains nothing"]),
+    (["-e", "CKPT", "--measure-data", "test"], ["option --measure-data: must be train or val"]),
+])
+def test_measure_refuses_the_options_of_training(full_run, data, tmp_path, args, parts):
+    args = [str(full_run[0] / "model.ckpt") if a == "CKPT" else a for a in args]
+    out = tmp_path / "out"
+    assert_one_line_error(train(data, out, "--measure", "2", *args), *parts)
+    assert not out.exists()
+
+
+def test_measure_options_alone_are_refused(full_run, data, tmp_path):
+    assert_one_line_error(train(data, tmp_path / "o", "--measure-data", "val"), "option --measure-data: goes with --measure")
+    assert_one_line_error(train(data, tmp_path / "o", "--measure", "-1"), "option --measure: must not be negative")
+    assert_one_line_error(run([TRAIN, "-i", data / "train_*.bin", *TINY_MODEL, "-e", full_run[0] / "model.ckpt",
+                               "--measure", "1", "--measure-data", "val", "-o", tmp_path / "o"]),
+                          "option --measure-data val: there are no validation shards (-j)")
+
+
+def test_no_training_continues_a_measurement_log(full_run, measured, data, tmp_path):
+    """A checkpoint resumed into a measurement's folder is refused: its log is no training run's."""
+    folder = tmp_path / "m"
+    shutil.copytree(measured[0], folder)
+    r = train(data, folder, "-x", "6", "-s", "2", "-v", "3", "--val-batches", "2", "-r",
+              full_run[0] / "model_step000003.ckpt")
+    assert_one_line_error(r, "it is the log of a measurement (--measure), which no training continues")

@@ -87,6 +87,7 @@ def load_run(path, label):
     seq_len = sequence_length(options, config)
     stats_steps = next(iter(metrics.values()))[0] if metrics else np.zeros(0, np.int64)
     doc_view = step_value(log, "doc_start_visible", stats_steps) if "attn_doc_start" in metrics else None
+    measurement = log.measurement
     return {
         "path": str(path), "label": label, "header": log.header, "config": config, "options": options,
         "problems": problems, "notes": log.notes(), "step_range": log.step_range(),
@@ -94,11 +95,14 @@ def load_run(path, label):
         "metrics": metrics, "columns": columns, "missing": missing, "doc_view": doc_view,
         "loss": finite_only(*loss, "training loss", problems),
         "val": finite_only(*val, "validation loss", problems),
-        "stats_steps": stats_steps, "window": decision_window(stats_steps),
+        "stats_steps": stats_steps,
+        "window": np.arange(len(stats_steps)) if measurement else decision_window(stats_steps),
         "groups": layer_groups(n_layer),
         "seq_len": seq_len, "tokens_per_step": tokens_per_step(options, seq_len),
-        "init": started_from(options, log.notes()), "train_tokens": training_data_size(log.header, options),
+        "init": None if measurement else started_from(options, log.notes()),
+        "train_tokens": training_data_size(log.header, options),
         "variant": model_variant(config, options),
+        "measurement": measurement,
     }
 
 
@@ -112,6 +116,21 @@ def step_value(log, name, stats_steps):
     if not np.isin(stats_steps, steps).all():
         return None
     return table[np.searchsorted(steps, stats_steps)].astype(np.float64)
+
+
+def is_measurement(run):
+    """Whether the log is a measurement of one model state (./train --measure; the reader's
+    log.measurement names the checkpoint and its step): its steps are the batches measured with the
+    same weights, so whatever needs training dynamics (trends over the steps, changes from the first
+    step to the last, the verdicts that compare steps, the guard against too little training of the
+    log's own steps) does not apply, and its decision window is every batch."""
+    return run.get("measurement") is not None
+
+
+def steps_text(run):
+    """What the log's steps are, in a plural noun: the measured batches of a measurement, else the
+    stats steps of a training run."""
+    return "measured batches" if is_measurement(run) else "stats steps"
 
 
 def finite_steps(metrics, problems):

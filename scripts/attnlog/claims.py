@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlog.analysis import (SINK_THRESHOLD, axis_ratio, has, per_kv, qk_ratio, rank_correlation, uniform_entropy,
-                              values)
+from attnlog.analysis import (SINK_THRESHOLD, axis_ratio, has, is_measurement, per_kv, qk_ratio, rank_correlation,
+                              uniform_entropy, values)
 from attnlog.document import code
 
 CLAIMS_FILE = Path(__file__).with_name("claims.json")
@@ -282,8 +282,11 @@ def nearest_stats_step(run, step):
 
 
 def run_dynamics(run):
-    """(whether the log records training from its step 0 on, why not): a run started from weights
-    whose training the log does not state has no known step for a claim's point of training."""
+    """(whether the log records training from its step 0 on, why not): a measurement records none (its
+    steps are batches of one model state), and a run started from weights whose training the log does
+    not state has no known step for a claim's point of training."""
+    if is_measurement(run):
+        return False, MEASUREMENT
     if run["init"] is not None and run["init"]["steps"] is None:
         return False, "the run started from a checkpoint whose steps the log does not state"
     return True, None

@@ -156,6 +156,47 @@ def layer_profile(path, title, per_layer, per_head, groups, ref, ref_label, ylab
     _save(fig, path)
 
 
+def profile_panels(path, title, panels):
+    """Small panels, one per statistic, each its value by layer: panels is a list of (statistic's
+    name, per_head [L, cols] drawn as dots, per_layer [L] drawn as a line, half [L] the half-width of
+    a band around the line or None, reference value or None, its label)."""
+    ncols = min(4, len(panels))
+    nrows = -(-len(panels) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.3 * ncols + 2.5, 3.4 * nrows), constrained_layout=True,
+                             squeeze=False)
+    for ax, (name, per_head, per_layer, half, ref, ref_label) in zip(axes.flat, panels):
+        layers = np.arange(len(per_layer))
+        ax.scatter(np.repeat(layers, per_head.shape[1]), per_head.ravel(), s=12, color="0.6", zorder=2,
+                   label="single heads")
+        ax.plot(layers, per_layer, color="black", marker="o", markersize=3.5, linewidth=1.6, zorder=3,
+                label="mean over the layer's heads")
+        if half is not None:
+            ax.fill_between(layers, per_layer - half, per_layer + half, color="#1f77b4", alpha=0.3, linewidth=0,
+                            zorder=1, label="its 95% interval")
+        if ref is not None:
+            _reference_line(ax, ref, "dotted: the reference in the title")
+        ax.set_title(name if ref is None else f"{name} (dotted: {ref_label})")
+        ax.set_xlabel("layer")
+        _layer_ticks(ax, len(layers), "x")
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    _shared_legend(list(axes.flat[:len(panels)]))
+    fig.suptitle(title)
+    _save(fig, path)
+
+
+def head_maps(path, title, panels):
+    """Annotated layer x head heatmaps side by side: panels is a list of (panel title, values [L, cols],
+    x label, colour map, vmin, vmax, colour bar label, reference marked on the colour bar or None)."""
+    layers = max(table.shape[0] for _, table, *_ in panels)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), max(4.2, 1.6 + 0.32 * layers)),
+                             constrained_layout=True, squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        _layer_heatmap(fig, ax, *panel)
+    fig.suptitle(title)
+    _save(fig, path)
+
+
 def heads_over_steps(path, title, steps, values, ref, ref_label, ylabel, head_label="kv head"):
     """One line per head: values [S, heads]."""
     fig, ax = plt.subplots(figsize=(9.6, 4.8), constrained_layout=True)
@@ -344,15 +385,19 @@ def lines_and_heatmap(path, title, steps, left, right):
     ax.set_ylabel(ylabel)
     ax.set_title(subtitle)
     _outside_legend(ax)
-    subtitle, table, xlabel, cmap, vmin, vmax, bar_label, bar_ref, fmt = right
-    bar = _annotated_heatmap(fig, heat, table, cmap, vmin, vmax, bar_label, fmt)
-    if bar_ref is not None:
-        bar.ax.axhline(bar_ref, color="#00a0ff", linewidth=2.5)
-    heat.set_xlabel(xlabel)
-    heat.set_ylabel("layer")
-    heat.set_title(subtitle)
+    _layer_heatmap(fig, heat, *right)
     fig.suptitle(title)
     _save(fig, path)
+
+
+def _layer_heatmap(fig, ax, subtitle, table, xlabel, cmap, vmin, vmax, bar_label, bar_ref, fmt="{:.2f}"):
+    """A layer x head annotated heatmap in ax, a reference (or None) marked on its colour bar."""
+    bar = _annotated_heatmap(fig, ax, table, cmap, vmin, vmax, bar_label, fmt)
+    if bar_ref is not None:
+        bar.ax.axhline(bar_ref, color="#00a0ff", linewidth=2.5)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("layer")
+    ax.set_title(subtitle)
 
 
 def layer_heatmaps(path, title, steps, panels):
@@ -456,16 +501,19 @@ def gains_by_wavelength(path, title, wavelength, panels, context, context_label)
     _save(fig, path)
 
 
-def loss_figure(path, title, steps, loss, val_steps, val_loss):
+def loss_figure(path, title, steps, loss, val_steps, val_loss, what=("training loss", "step")):
+    """The loss of every step and its moving average, and the validation loss; what: the loss's name
+    in the legend and what a step is (a measurement's are batches)."""
+    name, unit = what
     fig, ax = plt.subplots(figsize=(10, 4.6), constrained_layout=True)
     few = len(loss) <= FEW_STEPS  # each point marked, and not faint: nothing else shows them
     ax.plot(steps, loss, color="#1f77b4", alpha=1 if few else 0.35, linewidth=1, marker="o" if few else None,
-            markersize=4, label="training loss (each step)")
+            markersize=4, label=f"{name} (each {unit})")
     if len(loss) >= 20:  # a moving average shows the trend through the batch-to-batch noise
         width = max(5, len(loss) // 25)
         smooth = np.convolve(loss, np.ones(width) / width, mode="valid")
         ax.plot(steps[width - 1:], smooth, color="#1f77b4", linewidth=2,
-                label=f"training loss ({width}-step mean)")
+                label=f"{name} ({width}-{unit} mean)")
     if len(val_loss):
         ax.plot(val_steps, val_loss, color="#d62728", marker="o", markersize=6, linewidth=1.8,
                 label="validation loss")

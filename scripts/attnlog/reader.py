@@ -44,7 +44,7 @@ OVERHEAD = FRAME.size + CRC.size
 RESUMED = re.compile(r"resumed from step (\d+)")  # the note a resumed run begins with
 DTYPES = {"float32": "<f4", "float64": "<f8", "int32": "<i4", "int64": "<i8"}  # and "utf8"
 HEADER_KEYS = ("format", "version", "created", "config", "options", "seed", "backend", "device", "num_processes",
-               "train_tokens", "records")
+               "train_tokens", "measurement", "records")
 MAX_DEPTH = 64  # the deepest nesting of the header's JSON a reader accepts (version 1 nests 5 deep)
 MAX_DIM = 2**31  # the largest dimension of a field's shape
 MAX_NDIM = 16  # the most dimensions a field may have
@@ -163,8 +163,10 @@ def _check_header(header):
     """Raises Malformed when a member of the header that this reader uses is not what the format
     says: config an object of numbers, options an object of strings, created, backend and device
     strings, seed an unsigned 64-bit integer, num_processes a positive integer, train_tokens an
-    integer of at least 0. The record table is checked by RecordType."""
-    for key in ("created", "config", "options", "seed", "backend", "device", "num_processes", "train_tokens"):
+    integer of at least 0, measurement (a measurement's log) the checkpoint measured. The record
+    table is checked by RecordType."""
+    for key in ("created", "config", "options", "seed", "backend", "device", "num_processes", "train_tokens",
+                "measurement"):
         if key in header:
             CHECKS[key](header[key], key)
 
@@ -203,9 +205,21 @@ def _table(value, where):
     _expect(value, list, where)  # its entries: RecordType
 
 
+def _measurement(value, where):
+    """The checkpoint a measurement measured: its path, its step, and when recorded the run that
+    trained it (16 hexadecimal digits) and the tokens it trained on."""
+    _expect(value, dict, where)
+    _member(value, "checkpoint", str, where)
+    for key in ["step"] + (["tokens"] if "tokens" in value else []):
+        if _member(value, key, int, where) < 0:
+            raise Malformed(f"{where}.{key} is {value[key]}, not a count")
+    if "run_id" in value and not re.fullmatch("[0-9a-f]{16}", _member(value, "run_id", str, where)):
+        raise Malformed(f"{where}.run_id is {_brief(value['run_id'])}, not 16 hexadecimal digits")
+
+
 CHECKS = {"format": _string, "version": lambda value, where: _expect(value, int, where), "created": _string,
           "config": _numbers, "options": _strings, "seed": _seed, "backend": _string, "device": _string,
-          "num_processes": _count, "train_tokens": _tokens, "records": _table}
+          "num_processes": _count, "train_tokens": _tokens, "measurement": _measurement, "records": _table}
 
 
 def _known_members(header):
@@ -239,6 +253,10 @@ class RunLog:
         self._buf = _read_file(self.path)
         self.version, self.header, records_start = self._read_header()
         self.config = self.header["config"]
+        # A measurement's log (./train --measure): {"checkpoint", "step", "run_id", "tokens"} of the
+        # weights it measured (the last two when recorded); its steps are the batches measured, 0..N-1,
+        # all of one model state. None for a training run's log.
+        self.measurement = self.header.get("measurement")
         self.record_types = {t.name: t for t in self._record_table(records_start)}
         self._scan(records_start)
 
@@ -805,6 +823,15 @@ def _summary(header):
     return ", ".join(parts)
 
 
+def measurement_text(measured):
+    """What a measurement's log measured, in words."""
+    m = measured
+    trained = f"the weights of step {m['step']}" + (f" of run {m['run_id']}" if "run_id" in m else "")
+    tokens = f", trained on {m['tokens']:,} tokens" if "tokens" in m else ""
+    return (f"{trained} in {m['checkpoint']}{tokens}; no training: each step of the log is a batch measured "
+            "with these weights")
+
+
 def _text(values):
     """Numbers as the shortest text that reads back as the same value."""
     return np.asarray(values).astype(str)
@@ -834,6 +861,8 @@ def command_info(log, args):
     print(f"run: backend {h.get('backend')}, device {json.dumps(h.get('device'), ensure_ascii=False)}, "
           f"{h.get('num_processes', 1)} process(es), seed {h.get('seed')}")
     print("model: " + " ".join(f"{k}={v}" for k, v in log.config.items()))
+    if log.measurement:
+        print("measurement: " + measurement_text(log.measurement))
     options = h.get("options") or {}
     print(f"options ({len(options)}):")
     for name, value in options.items():

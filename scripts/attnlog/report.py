@@ -38,8 +38,9 @@ from attnlog.commands import DEFAULT_DATA, ArgumentParser, UserError, run
 from attnlog.document import code, to_html, to_markdown
 from attnlog.run_figures import GROUPS, draw_comparison, draw_figures
 from attnlog.summary import json_ready, summarise
-from attnlog.verdicts import (CONTRADICTED, INCONCLUSIVE, MOVING, RULE, SETTLING, SUPPORTED, replicate_sets,
-                              replicate_verdicts)
+from attnlog.reader import measurement_text
+from attnlog.verdicts import (CONTRADICTED, INCONCLUSIVE, MOVING, NOT_APPLICABLE, OVER_TRAINING, RULE, SETTLING,
+                              SUPPORTED, replicate_sets, replicate_verdicts)
 
 # -- the report's blocks (attnlog.document writes them out as Markdown and HTML) ---------------------
 
@@ -64,24 +65,31 @@ def run_blocks(summary, made, skipped):
     cfg = s["config"]
     loss = s["loss"]
     processes = f" x {s['num_processes']} processes (data parallel)" if s["num_processes"] > 1 else ""
+    measured = s["measurement"]
     blocks.append(("p", f"Log {code(s['log'])}, created {s['created']}, {s['backend']} backend on "
                         f"{s['device']}{processes}, seed {s['seed']}. Model: {cfg.get('n_layer')} layers, {cfg.get('n_head')} "
                         f"query heads, {cfg.get('n_kv_head')} key/value heads, head_dim D = {s['head_dim']} "
                         f"(sqrt(D) = {s['sqrt_head_dim']:.2f}), d_model {cfg.get('d_model')}, sequence length "
-                        f"{s['seq_len']}, {variant_text(s['variant'])}. Steps recorded: {loss['steps_recorded']}"
+                        f"{s['seq_len']}, {variant_text(s['variant'])}. "
+                        + ("Batches measured" if measured else "Steps recorded") + f": {loss['steps_recorded']}"
                         + (f" ({loss['first_step']}..{loss['last_step']})" if loss['steps_recorded'] else "")
-                        + f"; stats steps: {s['stats_steps']['count']}"
-                        + (f" ({s['stats_steps']['first']}..{s['stats_steps']['last']})"
-                           if s['stats_steps']['count'] else "") + "."))
+                        + ("" if measured else f"; stats steps: {s['stats_steps']['count']}"
+                           + (f" ({s['stats_steps']['first']}..{s['stats_steps']['last']})"
+                              if s['stats_steps']['count'] else "")) + "."))
     if s["init"]:
         blocks.append(("p", started_text(s["init"])))
     overlap = len({layer for layers in s["groups"].values() for layer in layers}) < 6
-    blocks.append(("p", "Layer groups: " + ", ".join(f"{g} = {figures.layer_span(l)}" for g, l in s["groups"].items())
-                   + (" (with fewer than 6 layers the groups share layers)" if overlap else "")
-                   + f". Final training loss {number(loss['last10_mean'], '{:.3f}')} (mean of the last 10 steps), "
-                     f"validation loss {number(loss['val_last'], '{:.3f}')}"
-                   + (f" at step {loss['val_last_step']}." if loss["val_last_step"] is not None else ".")))
-    blocks.append(("p", training_text(s)))
+    groups = ("Layer groups: " + ", ".join(f"{g} = {figures.layer_span(l)}" for g, l in s["groups"].items())
+              + (" (with fewer than 6 layers the groups share layers)" if overlap else ""))
+    if measured:
+        blocks.append(("p", measured_text(s)))
+        blocks.append(("p", groups + f". Mean loss over the batches {number(loss['mean'], '{:.3f}')}."))
+        blocks += not_applicable_blocks(s)
+    else:
+        blocks.append(("p", groups + f". Final training loss {number(loss['last10_mean'], '{:.3f}')} (mean of the "
+                       f"last 10 steps), validation loss {number(loss['val_last'], '{:.3f}')}"
+                       + (f" at step {loss['val_last_step']}." if loss["val_last_step"] is not None else ".")))
+        blocks.append(("p", training_text(s)))
     blocks.append(("p", doc_start_text(s["doc_starts"])))
 
     blocks.append(("h2", "Problems and missing data"))
@@ -97,7 +105,10 @@ def run_blocks(summary, made, skipped):
 
     blocks.append(("h2", "The reports' hypotheses, checked on this run"))
     blocks.append(("p", f"Verdicts are {SUPPORTED}, {CONTRADICTED} or {INCONCLUSIVE}: {RULE}. Each effect is taken "
-                        "from the decision window's means, never from one stats step. " + METHOD + f" Then {MOVING}."))
+                        + ("from the means over every measured batch, its interval from their spread; the hypotheses "
+                           f"about training are {NOT_APPLICABLE} to one model state." if measured else
+                           "from the decision window's means, never from one stats step. " + METHOD
+                           + f" Then {MOVING}.")))
     rows = [[f"({h['id']}) {h['title']}", h["claim"], h.get("detail", ""), tests_text(h["tests"]),
              verdict_text(h)] for h in s["hypotheses"].values()]
     blocks.append(("table", ["hypothesis", "claim", "what this run shows",
@@ -110,8 +121,10 @@ def run_blocks(summary, made, skipped):
     if not tax["available"]:
         blocks.append(("p", f"Not available: {tax['reason']}."))
     else:
-        blocks.append(("p", f"Every query head, by its means over steps {tax['window'][0]}-{tax['window'][1]} (the "
-                            "decision window), placed by the first rule it meets (top to bottom). Key statistics "
+        over = (f"the {s['window']['count']} measured batches" if measured else
+                f"steps {tax['window'][0]}-{tax['window'][1]} (the decision window)")
+        blocks.append(("p", f"Every query head, by its means over {over}, placed by the first rule it meets (top to "
+                            "bottom). Key statistics "
                             "are those of the head's kv head. A key is long or short against the other keys of this "
                             f"run: the top third of its kv heads' k_norm (above {tax['long_k_norm']:.2f}) or the "
                             f"bottom third (below {tax['short_k_norm']:.2f}), not against sqrt(D), which training "
@@ -154,6 +167,36 @@ def started_text(init):
             f"{init['steps']} steps. Its steps count from 0 at that point: step s of this report is step "
             f"{init['steps']} + s of the weights' training. The step axes of the figures are this run's, and so "
             f"is the warm-up; the training tokens count the {init['steps']} steps before it too.")
+
+
+def measured_text(s):
+    """What a measurement measured, and whether its weights had trained enough for verdicts."""
+    t = s["training"]
+    text = (f"**A measurement, not a training run**: {measurement_text(s['measurement'])}. Every statistic is of "
+            f"this one model state, averaged over the {s['window']['count']} batches measured; their variation "
+            "is the data's. ")
+    if t["enough"]:
+        return text + "Enough for verdicts: " + (
+            f"weights trained on at least {t['min_tokens']:,} tokens" if t["tokens"] is not None else
+            "the checkpoint does not say how long its weights trained (a pretrained model's), so they are taken as "
+            "trained") + f", and at least {t['min_window_count']} batches measured."
+    return text + "**Too little for verdicts**: " + "; ".join(t["reasons"]) + "."
+
+
+def not_applicable_blocks(s):
+    """What a measurement cannot show, in place of verdicts on it."""
+    na = s["not_applicable"]
+    items = [f"hypothesis ({key}) {s['hypotheses'][key]['title']}: {OVER_TRAINING[key]}" for key in na["hypotheses"]]
+    items.append("the figures that follow training steps (trends, first-to-last changes, training phases): "
+                 + ", ".join(code(name) for name in na["figures"]))
+    items.append("the guard's warm-up and settling, the trend of a statistic across the window and the verdicts' "
+                 "path (a measurement trains nothing: the weights' own training counts), and the decision window as "
+                 "the last quarter of the steps (a measurement's is every batch it measured, which the rules below "
+                 "call its decision window)")
+    items.append("the claims of the research notes about change during training (their section says so)")
+    return [("h2", f"{NOT_APPLICABLE.capitalize()} to a measurement"),
+            ("p", "These need training dynamics, which a measurement of one model state does not have:"),
+            ("list", items)]
 
 
 def training_text(s):
@@ -471,8 +514,11 @@ def report(args):
 
 def planned_steps(log):
     """The number of steps the run plans: option steps of the header, or of the latest note of a
-    resumed run ("resumed at ...; run: {...}"), which may train for longer."""
+    resumed run ("resumed at ...; run: {...}"), which may train for longer; a measurement's option
+    measure, its batches."""
     options = log.header.get("options")
+    if log.measurement:
+        return int(options["measure"])
     for _, text in log.notes():
         members = text.partition("; run: ")[2]
         try:

@@ -1,6 +1,7 @@
-"""The figures of a run's report and their captions: which figures a log allows (FIGURES), each
-drawn with attnlog.figures from the numbers attnlog.analysis derives, with a caption written
-from the run's own values; and the figures that compare several runs. A caption says what its
+"""The figures of a run's report and their captions: which figures a log allows (FIGURES; of a
+measurement of one model state, MEASUREMENT_FIGURES), each drawn with attnlog.figures from the
+numbers attnlog.analysis derives, with a caption written from the run's own values; and the figures
+that compare several runs. A caption says what its
 numbers mean only when the run has trained enough for verdicts (verdicts.training_status): those of a
 run too short state the numbers alone.
 """
@@ -10,8 +11,9 @@ import numpy as np
 
 from attnlog import figures
 from attnlog.analysis import (AXIS_THRESHOLD, NORM_MARGIN, SINK_THRESHOLD, axis_ratio, divergence_layer, group_curves,
-                              has, isotropic_pr, logit_ceiling, offset_or_collapse, per_kv, qk_ratio, rank_correlation,
-                              sink_rate, uniform_entropy, uniform_sink, values, why_not)
+                              has, is_measurement, isotropic_pr, logit_ceiling, mean_interval, offset_or_collapse,
+                              per_kv, qk_ratio, rank_correlation, sink_rate, uniform_entropy, uniform_sink, values,
+                              why_not)
 from attnlog.rope import rope_gains, why_no_rope_gains
 from attnlog.verdicts import training_status
 
@@ -84,7 +86,15 @@ def span(run):
 
 def window_span(run):
     steps, w = run["stats_steps"], run["window"]
-    return f"steps {steps[w[0]]}-{steps[w[-1]]}"
+    return f"the {len(w)} measured batches" if is_measurement(run) else f"steps {steps[w[0]]}-{steps[w[-1]]}"
+
+
+def one_state(run, array):
+    """(table, words) of the model's one state that a figure shows of an [S, ...] array: a
+    measurement's mean over its batches, else the last stats step."""
+    if is_measurement(run):
+        return window_mean(run, array), f"averaged over {window_span(run)}"
+    return array[-1], f"at step {run['stats_steps'][-1]}"
 
 
 def window_mean(run, array):
@@ -99,7 +109,9 @@ def layer_of(table):
 
 def step_label(run):
     """The x axis of every figure over training; a run started from a checkpoint says how its steps
-    relate to the weights' whole training."""
+    relate to the weights' whole training, a measurement that its steps are batches."""
+    if is_measurement(run):
+        return "measured batch (the log's step; every batch with the same weights)"
     init = run["init"]
     if init is None:
         return "training step"
@@ -194,13 +206,12 @@ def figure_cos(run, path, opts):
 
 
 def figure_profile(run, path, opts):
-    last = values(run, "k_norm")[-1]
+    last, when = one_state(run, values(run, "k_norm"))
     per_layer, root = last.mean(axis=1), math.sqrt(run["D"])
-    step = run["stats_steps"][-1]
-    figures.layer_profile(path, f"Key magnitude profile at step {step}", per_layer, last, run["groups"], root,
+    figures.layer_profile(path, f"Key magnitude profile {when}", per_layer, last, run["groups"], root,
                           f"sqrt(D) = {root:.2f}", "mean key L2 norm k_norm")
     below = [i for i, v in enumerate(per_layer) if v < root]
-    return (f"Mean k_norm of every layer at step {step} (bars; dots are single kv heads). Lowest: layer "
+    return (f"Mean k_norm of every layer {when} (bars; dots are single kv heads). Lowest: layer "
             f"{np.argmin(per_layer)} ({per_layer.min():.2f}); highest: layer {np.argmax(per_layer)} "
             f"({per_layer.max():.2f}). {len(below)} of {run['L']} layers are below sqrt(D) = {root:.2f}"
             + (f": {', '.join(map(str, below))}." if below else "."))
@@ -482,6 +493,14 @@ def figure_sinks(run, path, opts):
 def figure_loss(run, path, opts):
     steps, loss = run["loss"]
     val_steps, val = run["val"]
+    if is_measurement(run):
+        figures.loss_figure(path, "Loss of each measured batch", steps, loss.astype(float), val_steps,
+                            val.astype(float), ("loss", "batch"))
+        mean, half, n = mean_interval(loss)
+        spread = f" \u00b1 {half:.3f} (95% interval over the batches)" if n > 1 else ""
+        return (f"Loss of each of the {n} batches measured with the same weights (logged as steps {steps[0]} to "
+                f"{steps[-1]}): mean {mean:.3f}{spread}, from {loss.min():.3f} to {loss.max():.3f}. Its variation is "
+                "the data's, not training's.")
     figures.loss_figure(path, "Loss", steps, loss.astype(float), val_steps, val.astype(float))
     tail = loss[-10:].mean()
     text = (f"Training loss of every step, {steps[0]} to {steps[-1]}: {loss[0]:.3f} at the first step, "
@@ -517,6 +536,87 @@ FIGURES = [
 ]
 
 
+# -- a measurement: one model state -------------------------------------------------------------------
+
+# The statistics of layer_profiles.png, each with its reference value (a function of the run) and
+# that value's name, or None.
+PROFILED = [("k_norm", lambda r: math.sqrt(r["D"]), "sqrt(D)"), ("q_norm", lambda r: math.sqrt(r["D"]), "sqrt(D)"),
+            ("k_maxabs", None, None), ("k_cos", None, None),
+            ("k_pr", lambda r: isotropic_pr(r["D"]), "(D+2)/3: isotropic keys"), ("k_erank", None, None),
+            ("k_erank_centered", None, None), ("k_mean_share", None, None),
+            ("attn_entropy", lambda r: uniform_entropy(r["seq_len"]), "uniform attention"),
+            ("attn_sink", lambda r: uniform_sink(r["seq_len"]), "uniform attention"),
+            ("attn_maxp", lambda r: uniform_sink(r["seq_len"]), "uniform attention"), ("attn_logit_max", None, None)]
+
+
+def layer_means(run, name):
+    """([L, cols] the mean over the window of every head, [L] of every layer, [L] the half-width of
+    the 95% t-interval of a layer's mean over the window's steps, or None) of a metric."""
+    table = values(run, name)[run["window"]]
+    per_layer = table.mean(axis=2)
+    half = np.array([mean_interval(per_layer[:, layer])[1] for layer in range(run["L"])])
+    return table.mean(axis=0), per_layer.mean(axis=0), half if np.isfinite(half).all() else None
+
+
+def figure_layer_profiles(run, path, opts):
+    panels = []
+    for name, ref, ref_name in PROFILED:
+        if has(run, name):
+            value = ref(run) if ref else None
+            panels.append((name, *layer_means(run, name), value, f"{ref_name}, {value:.2f}" if ref else None))
+    figures.profile_panels(path, f"Every statistic by layer, means over {window_span(run)}", panels)
+    k_norm, entropy = layer_means(run, "k_norm")[1], layer_means(run, "attn_entropy")[1]
+    return (f"Each statistic of {len(panels)} by layer, averaged over {window_span(run)} (one model state): the "
+            f"line is the mean over the layer's heads, the band its 95% interval over the batches (the data's "
+            f"variation; none with fewer than 2 batches), the dots single heads; dotted, a reference where there is "
+            f"one. Shortest keys: layer {np.argmin(k_norm)} ({k_norm.min():.2f}); longest: layer {np.argmax(k_norm)} "
+            f"({k_norm.max():.2f}); sharpest attention: layer {np.argmin(entropy)} ({entropy.min():.2f} nats).")
+
+
+def figure_head_maps(run, path, opts):
+    T = run["seq_len"]
+    sink, entropy, maxp = (window_mean(run, values(run, n)) for n in ("attn_sink", "attn_entropy", "attn_maxp"))
+    axis = window_mean(run, axis_ratio(run))
+    h_uniform, s_uniform = uniform_entropy(T), uniform_sink(T)
+    figures.head_maps(path, f"Every head, means over {window_span(run)}", [
+        (f"attn_sink (sink heads: > {SINK_THRESHOLD})", sink, "query head", "magma_r", 0.0, 1.0,
+         f"attention mass on position 0 (line: uniform, {s_uniform:.3f})", s_uniform),
+        ("attn_entropy", entropy, "query head", "viridis", 0.0, 1.04 * max(entropy.max(), h_uniform),
+         f"nats (line: uniform attention, {h_uniform:.2f})", h_uniform),
+        ("attn_maxp", maxp, "query head", "viridis", 0.0, 1.0, f"peak probability (line: uniform, {s_uniform:.3f})",
+         s_uniform),
+        ("(k_maxabs / k_norm)^2", axis, "kv head", "magma_r", 0.0, 1.0, f"axis share (line: {AXIS_THRESHOLD})",
+         AXIS_THRESHOLD)])
+    sinks = [f"layer {l} head {h} ({sink[l, h]:.2f})" for l, h in np.argwhere(sink > SINK_THRESHOLD)]
+    l, h = np.unravel_index(np.argmin(entropy), entropy.shape)
+    return (f"Every query head's attn_sink, attn_entropy and attn_maxp, and every kv head's axis share, averaged over "
+            f"{window_span(run)}. Sink heads (attn_sink > {SINK_THRESHOLD}): "
+            + (", ".join(sinks) if sinks else "none") + f". The sharpest head is layer {l}, query head {h} "
+            f"({entropy[l, h]:.2f} nats; uniform causal attention over T = {T}: {h_uniform:.2f}); "
+            f"{int((axis > AXIS_THRESHOLD).sum())} of {axis.size} kv heads are axis-aligned (share above "
+            f"{AXIS_THRESHOLD}).")
+
+
+# The figures of a measurement: its one model state by layer and by head, and the loss of each batch.
+# The figures of FIGURES that follow training steps are not applicable to it (not_applicable_figures).
+MEASUREMENT_FIGURES = [
+    ("layer_profiles.png", ["k_norm", "attn_entropy"], figure_layer_profiles),
+    ("head_maps.png", ["attn_sink", "attn_entropy", "attn_maxp", "k_maxabs", "k_norm"], figure_head_maps),
+    ("key_magnitude_profile.png", ["k_norm"], figure_profile),
+    ("entropy_norm_by_layer.png", ["k_norm", "attn_entropy"], figure_scatter_by_layer),
+    ("gains_wavelength.png", ["g_q", "g_k"], figure_rope_gains),
+    ("loss.png", [], figure_loss),
+]
+
+
+def not_applicable_figures(run):
+    """The figures of a training run's report that a measurement has none of: they follow training."""
+    if not is_measurement(run):
+        return []
+    drawn = {name for name, _, _ in MEASUREMENT_FIGURES}
+    return [name for name, _, _ in FIGURES if name not in drawn]
+
+
 def draw_figures(run, outdir, opts):
     """Draws what the log allows: ([(file, caption)], {file: why it was skipped}). The captions read
     the numbers only when verdicts.training_status lets the run have verdicts."""
@@ -524,7 +624,7 @@ def draw_figures(run, outdir, opts):
     opts = dict(opts, interpret=training_status(run)["enough"])
     default, figures.STEP_LABEL = figures.STEP_LABEL, step_label(run)
     try:
-        for name, needs, draw in FIGURES:
+        for name, needs, draw in MEASUREMENT_FIGURES if is_measurement(run) else FIGURES:
             reason = why_not(run, *needs) if needs else (None if len(run["loss"][0]) else "the log has no step records")
             if reason is None and {"attn_entropy", "attn_sink", "attn_maxp"} & set(needs) and run["seq_len"] < 1:
                 reason = "the header gives no sequence length"

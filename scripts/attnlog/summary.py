@@ -7,8 +7,9 @@ import math
 import numpy as np
 
 from attnlog import claims, rope, verdicts
-from attnlog.analysis import (SINK_THRESHOLD, WINDOW_FRACTION, divergence_layer, group_curves, has, isotropic_pr,
-                              option_int, qk_ratio, sink_rate, uniform_entropy, uniform_sink, values)
+from attnlog.analysis import (SINK_THRESHOLD, WINDOW_FRACTION, divergence_layer, group_curves, has, is_measurement,
+                              isotropic_pr, option_int, qk_ratio, sink_rate, uniform_entropy, uniform_sink, values)
+from attnlog.run_figures import not_applicable_figures
 
 
 SUMMARISED = ("k_norm", "k_maxabs", "k_cos", "k_pr", "k_erank", "k_mean_share", "k_erank_centered", "q_norm",
@@ -48,10 +49,10 @@ def loss_summary(run):
     steps, loss = run["loss"]
     val_steps, val = run["val"]
     out = {"steps_recorded": int(len(steps)), "first_step": None, "last_step": None, "last": None,
-           "last10_mean": None, "val_last_step": None, "val_last": None}
+           "last10_mean": None, "mean": None, "val_last_step": None, "val_last": None}
     if len(steps):
         out.update(first_step=int(steps[0]), last_step=int(steps[-1]), last=float(loss[-1]),
-                   last10_mean=float(loss[-10:].mean()))
+                   last10_mean=float(loss[-10:].mean()), mean=float(loss.mean()))
     if len(val):
         out.update(val_last_step=int(val_steps[-1]), val_last=float(val[-1]))
     return out
@@ -70,13 +71,15 @@ def data_summary(run):
 def completeness(run):
     """Lines about what the log lacks: damage found by the reader, an early end, missing metrics."""
     lines = list(run["problems"])
-    planned = option_int(run["options"], "steps")
+    measuring = is_measurement(run)
+    planned = option_int(run["options"], "measure" if measuring else "steps")
+    unit = "batches" if measuring else "steps"
     span = run["step_range"]  # (first, last) step of any intact record, or None
     if planned and span is None:
-        lines.append(f"the log has no step records (the run planned {planned} steps): the run stopped before "
+        lines.append(f"the log has no step records (the run planned {planned} {unit}): the run stopped before "
                      "its first step ended, or the log was cut")
     elif planned and span[1] + 1 < planned:
-        lines.append(f"the log ends at step {span[1]} of the {planned} steps the run planned (steps count "
+        lines.append(f"the log ends at step {span[1]} of the {planned} {unit} the run planned (steps count "
                      "from 0): the run stopped early, is still running, or the log was cut")
     if run["missing"]:
         lines.append(f"metrics missing from the log: {', '.join(run['missing'])}")
@@ -95,6 +98,12 @@ def summarise(run, made=None, skipped=None, opts=None):
                        over t < T; the participation ratio of isotropic Gaussian keys, (D+2)/3
     init              {"checkpoint", "steps"}: the weights this run started from (-e) and how many steps
                        they had trained before this log's step 0 (null if the log does not say); or null
+    measurement       a measurement's log (./train --measure; analysis.is_measurement): the header's
+                       {"checkpoint", "step", "run_id", "tokens"} of the weights it measured (the last two
+                       when recorded); its steps are the batches measured, its window all of them;
+                       null for a training run
+    not_applicable    {"figures": [file], "hypotheses": [id]}: what needs training dynamics, which a
+                       measurement does not have (empty lists for a training run)
     groups            {"early": [layers], "middle": [...], "final": [...]}
     stats_steps       {"count", "first", "last"}: the steps with telemetry
     window            {"first", "last", "count", "fraction"}: the decision window, the stats steps in the
@@ -103,12 +112,13 @@ def summarise(run, made=None, skipped=None, opts=None):
                        "steps_trained", "init_steps", "tokens", "min_tokens", "warmup", "last_step",
                        "window_count", "min_window_count", "trained" (all but settling hold), "settled"
                        (verdicts.SETTLING), "unsettled" [text: the layer statistics still moving beyond
-                       the margin]}
+                       the margin]}; of a measurement verdicts.measurement_status (the checkpoint's steps
+                       and tokens, null when not recorded; warmup null; "measurement": true)
     data              {"train_tokens" (the training shards' tokens, one epoch; null if unknown), "source"
                        (where that number comes from), "tokens_seen" (this log's steps x tokens per
                        step), "epochs" (tokens_seen / train_tokens, null if unknown)}
-    loss              {"steps_recorded", "first_step", "last_step", "last", "last10_mean",
-                       "val_last_step", "val_last"}
+    loss              {"steps_recorded", "first_step", "last_step", "last", "last10_mean", "mean" (of every
+                       step), "val_last_step", "val_last"}
     problems          [text]: damage the reader found, an early end, missing metrics (too little training
                        is not among them: see training)
     missing_metrics   [name]: metrics this report uses that the log lacks
@@ -125,9 +135,10 @@ def summarise(run, made=None, skipped=None, opts=None):
                        "window_mean"}}; visible and per_visible_query only when the log has
                        doc_start_visible; null for a log without attn_doc_start
     hypotheses        {"a"|"b"|"c"|"d": verdicts.hypotheses: {"id", "title", "claim", "rule",
-                       "statistic", "verdict" ("supported" | "contradicted" | "inconclusive"), "why"
-                       ("decided" | "within the margin" | "uncertain" | "still moving" | "too little
-                       training" | "not settled" | "no data"), "moving" (a test is still moving:
+                       "statistic", "verdict" ("supported" | "contradicted" | "inconclusive" | "not
+                       applicable": of a measurement, verdicts.OVER_TRAINING), "why" ("decided" | "within
+                       the margin" | "uncertain" | "still moving" | "too little training" | "not settled" |
+                       "no data" | "not applicable"), "moving" (a test is still moving:
                        verdicts.MOVING), "detail", "tests": [{"name", "effect", "half_width" (infinite,
                        null in JSON, when the window holds fewer than 3 effective samples), "low", "high",
                        "margin", "uncertainty" (what half_width is), "verdict", "why", "moving", "end"
@@ -152,7 +163,7 @@ def summarise(run, made=None, skipped=None, opts=None):
     path              verdicts.verdict_path: the hypotheses decided again with the run ending at 25%, 50%,
                        75% and 100% of its stats steps' span: [{"fraction", "end_step", "window" [first,
                        last], "enough", "trained", "hypotheses" {id: {"verdict", "why", "moving", "tests": [{"name",
-                       "effect", "half_width", "verdict", "moving"}]}}}]
+                       "effect", "half_width", "verdict", "moving"}]}}}]; null for a measurement
     taxonomy          {"available", "window" [first, last], "step", "rules" {class: text}, "counts"
                        {class: n}, "uniform_entropy", "focus_entropy", "short_k_norm", "long_k_norm"
                        (the thirds of the kv heads' k_norm that make a key short or long), "seq_len",
@@ -193,7 +204,9 @@ def summarise(run, made=None, skipped=None, opts=None):
         "head_dim": run["D"], "sqrt_head_dim": root, "seq_len": run["seq_len"],
         "baselines": {"uniform_entropy": uniform_entropy(run["seq_len"]), "uniform_sink": uniform_sink(run["seq_len"]),
                       "isotropic_pr": isotropic_pr(run["D"])},
-        "init": run["init"], "variant": run["variant"],
+        "init": run["init"], "variant": run["variant"], "measurement": run.get("measurement"),
+        "not_applicable": {"figures": not_applicable_figures(run),
+                           "hypotheses": sorted(verdicts.OVER_TRAINING) if is_measurement(run) else []},
         "groups": run["groups"],
         "stats_steps": {"count": int(len(stats_steps)),
                         "first": int(stats_steps[0]) if len(stats_steps) else None,

@@ -13,6 +13,9 @@ their intervals allow for the autocorrelation of consecutive stats steps, and a 
 trends inside the window is still moving (MOVING; both from analysis.window_trend). A run that has
 trained too little, or whose statistics have not settled (training_status), gets no verdicts and no
 taxonomy. verdict_path decides the hypotheses again on the run cut short, to show how stable they are.
+A measurement of one model state (analysis.is_measurement) is decided on its means over every batch
+it measured, by RULE alone (a line through its batches is no trend), and what needs training dynamics
+is not applicable to it: the hypotheses of OVER_TRAINING, the settling and the verdicts' path.
 """
 import json
 import math
@@ -20,11 +23,15 @@ import math
 import numpy as np
 
 from attnlog.analysis import (AXIS_THRESHOLD, FOCUS_FRACTION, NORM_MARGIN, PERMUTATIONS, SINK_THRESHOLD,
-                              WINDOW_FRACTION, axis_ratio, group_curves, has, kv_of_query, mean_interval,
-                              offset_or_collapse, option_int, per_kv, rank_correlation, run_until, t975,
-                              uniform_entropy, values, why_not, window_trend)
+                              WINDOW_FRACTION, axis_ratio, group_curves, has, is_measurement, kv_of_query,
+                              mean_interval, offset_or_collapse, option_int, per_kv, rank_correlation, run_until,
+                              steps_text, t975, uniform_entropy, values, why_not, window_trend)
 
 SUPPORTED, CONTRADICTED, INCONCLUSIVE = "supported", "contradicted", "inconclusive"
+NOT_APPLICABLE = "not applicable"  # a hypothesis about training, of a measurement of one model state
+# The hypotheses that compare training steps, and why a measurement cannot decide them.
+OVER_TRAINING = {"d": "it compares k_pr after the warm-up with the end of training, and a measurement is one model "
+                      "state"}
 CORRELATION_MARGIN = 0.1  # |rho| up to this is no correlation
 RELATIVE_MARGIN = NORM_MARGIN  # a statistic within 5% of its reference value has not moved
 MIN_TOKENS = 2 ** 16  # training tokens (total batch x steps) below which no verdict is given
@@ -57,7 +64,9 @@ def training_status(run):
     from its own step 0), trained on at least MIN_TOKENS tokens (tokens per step x steps, a
     checkpoint's steps counted too, at this run's tokens per step), has MIN_WINDOW_STATS stats
     steps in the decision window ("trained": all these hold), and its statistics have settled
-    (unsettled). "enough": all of it."""
+    (unsettled). "enough": all of it. A measurement: measurement_status."""
+    if is_measurement(run):
+        return measurement_status(run)
     span = run["step_range"]
     last = span[1] if span else None
     init_steps = (run["init"] or {}).get("steps") or 0
@@ -86,6 +95,27 @@ def training_status(run):
             "steps_trained": trained, "init_steps": init_steps, "tokens": tokens, "min_tokens": MIN_TOKENS,
             "warmup": warmup, "last_step": last, "window_count": int(len(run["window"])),
             "min_window_count": MIN_WINDOW_STATS, "settled": not moving, "unsettled": moving}
+
+
+def measurement_status(run):
+    """training_status of a measurement: the weights it measured trained on at least MIN_TOKENS
+    tokens when their checkpoint records how many (one that does not, such as a pretrained model's,
+    is taken as trained), and it measured at least MIN_WINDOW_STATS batches; one model state has
+    nothing to settle. The same keys, with tokens None when not recorded, warmup None, and
+    measurement True."""
+    measured = run["measurement"]
+    tokens, batches = measured.get("tokens"), len(run["window"])
+    reasons = []
+    if tokens is not None and tokens < MIN_TOKENS:
+        reasons.append(f"the weights measured had trained on {tokens:,} tokens ({measured['step']} steps), fewer than "
+                       f"the {MIN_TOKENS:,} a verdict needs")
+    if batches < MIN_WINDOW_STATS:
+        reasons.append(f"{batches} batches measured, fewer than {MIN_WINDOW_STATS}")
+    span = run["step_range"]
+    return {"enough": not reasons, "trained": not reasons, "reasons": reasons,
+            "tokens_per_step": run["tokens_per_step"], "steps_trained": measured["step"], "init_steps": 0, "tokens": tokens, "min_tokens": MIN_TOKENS,
+            "warmup": None, "last_step": span[1] if span else None, "window_count": batches,
+            "min_window_count": MIN_WINDOW_STATS, "settled": True, "unsettled": [], "measurement": True}
 
 
 def unsettled(run):
@@ -159,6 +189,8 @@ def combine(tests):
 
 def window_text(run):
     steps, window = run["stats_steps"], run["window"]
+    if is_measurement(run):
+        return f"means over the {len(window)} measured batches"
     return f"means over the {len(window)} stats steps {steps[window[0]]}-{steps[window[-1]]}"
 
 
@@ -212,8 +244,8 @@ def hypothesis_entropy_norm(run):
         return dict(result, detail=f"within layers: n/a ({why}); {depth}")
     return dict(result, detail=f"within layers rho = {within['rho']:+.3f} over {run['L']} layers of {run['Hkv']} kv "
                                f"heads ({window_text(run)}; chance reaches \u00b1{within['chance']:.3f}, p = "
-                               f"{within['p']:.3g}); at single window steps it ranged {steps.min():+.2f} to "
-                               f"{steps.max():+.2f}; {depth}")
+                               f"{within['p']:.3g}); at single {steps_text(run)} of the window it ranged "
+                               f"{steps.min():+.2f} to {steps.max():+.2f}; {depth}")
 
 
 def hypothesis_hierarchy(run):
@@ -318,12 +350,29 @@ def hypothesis_pr_falls(run):
                        f"step, {first:.2f} at step {steps[0]}: {100 * (last - first) / first:+.1f}%{more}")
 
 
+def one_state_test(test):
+    """A test of a measurement, decided by RULE alone: its batches are samples of one model state, and
+    a line through them is no trend."""
+    verdict, why = decide(test["effect"], test["half_width"], test["margin"])
+    return dict(test, verdict=verdict, why=why, moving=False, end=float("nan"), trend=None)
+
+
 def hypotheses(run, training):
     """The four hypotheses, each with its verdict and whether a test of it is still moving; all
-    inconclusive when the run trained too little or its statistics have not settled."""
+    inconclusive when the run trained too little or its statistics have not settled. Of a
+    measurement, those of OVER_TRAINING are not applicable (no tests, no verdict), and the others'
+    tests are decided by RULE alone (one_state_test)."""
     out = []
     for check in (hypothesis_entropy_norm, hypothesis_hierarchy, hypothesis_axis_aligned, hypothesis_pr_falls):
         h = check(run)
+        if is_measurement(run) and h["id"] in OVER_TRAINING:  # what it is, without the numbers of one state
+            h = {key: h[key] for key in ("id", "title", "claim", "rule", "statistic")}
+            h.update(verdict=NOT_APPLICABLE, why=NOT_APPLICABLE, tests=[], moving=False,
+                     detail=f"not applicable to a measurement: {OVER_TRAINING[h['id']]}")
+            out.append(h)
+            continue
+        if is_measurement(run):
+            h["tests"] = [one_state_test(t) for t in h["tests"]]
         h["moving"] = any(t["moving"] for t in h["tests"])
         if not h["tests"]:
             h.update(verdict=INCONCLUSIVE, why="no data")
@@ -344,7 +393,9 @@ def verdict_path(run):
     (analysis.run_until), each cut with its own decision window and guards: [{"fraction", "end_step",
     "window" [first, last] (null when empty), "enough", "trained" (training_status), "hypotheses"
     {id: {"verdict", "why", "moving", "tests" [{"name", "effect", "half_width", "verdict",
-    "moving"}]}}}]."""
+    "moving"}]}}}]. None for a measurement: its batches are one model state."""
+    if is_measurement(run):
+        return None
     steps, out = run["stats_steps"], []
     for fraction in PATH_FRACTIONS if len(steps) else ():
         cut = run_until(run, int(round(steps[0] + fraction * (steps[-1] - steps[0]))))
