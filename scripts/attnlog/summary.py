@@ -195,6 +195,7 @@ def summarise(run, made=None, skipped=None, opts=None):
     stats_steps, window = run["stats_steps"], run["window"]
     root = math.sqrt(run["D"])
     training = verdicts.training_status(run)
+    decided = verdicts.hypotheses(run, training)
     out = {
         "log": run["path"], "label": run["label"],
         "created": run["header"].get("created"), "backend": run["header"].get("backend"),
@@ -227,8 +228,8 @@ def summarise(run, made=None, skipped=None, opts=None):
                       "first": float(sink_rate(run)[0]) if has(run, "attn_sink") else None,
                       "last": float(sink_rate(run)[-1]) if has(run, "attn_sink") else None},
         "doc_starts": doc_start_summary(run),
-        "hypotheses": {h["id"]: h for h in verdicts.hypotheses(run, training)},
-        "path": verdicts.verdict_path(run),
+        "hypotheses": {h["id"]: h for h in decided},
+        "path": verdicts.verdict_path(run, decided),
         "taxonomy": verdicts.taxonomy(run, training),
     }
     if has(run, "k_norm"):

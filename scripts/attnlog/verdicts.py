@@ -388,18 +388,21 @@ def hypotheses(run, training):
     return out
 
 
-def verdict_path(run):
+def verdict_path(run, decided=None):
     """The hypotheses decided again on the run cut at PATH_FRACTIONS of its stats steps' span
     (analysis.run_until), each cut with its own decision window and guards: [{"fraction", "end_step",
     "window" [first, last] (null when empty), "enough", "trained" (training_status), "hypotheses"
     {id: {"verdict", "why", "moving", "tests" [{"name", "effect", "half_width", "verdict",
-    "moving"}]}}}]. None for a measurement: its batches are one model state."""
+    "moving"}]}}}]. decided: hypotheses(run, training_status(run)) when already had, for the whole run.
+    None for a measurement: its batches are one model state."""
     if is_measurement(run):
         return None
     steps, out = run["stats_steps"], []
     for fraction in PATH_FRACTIONS if len(steps) else ():
-        cut = run_until(run, int(round(steps[0] + fraction * (steps[-1] - steps[0]))))
+        end = int(round(steps[0] + fraction * (steps[-1] - steps[0])))
+        cut = run if end >= steps[-1] else run_until(run, end)
         training = training_status(cut)
+        found = decided if decided is not None and cut is run else hypotheses(cut, training)
         w = cut["stats_steps"][cut["window"]]
         out.append({"fraction": fraction, "end_step": int(cut["stats_steps"][-1]),
                     "window": [int(w[0]), int(w[-1])] if len(w) else None, "enough": training["enough"],
@@ -407,7 +410,7 @@ def verdict_path(run):
                     "hypotheses": {h["id"]: {"verdict": h["verdict"], "why": h["why"], "moving": h["moving"],
                                              "tests": [{k: t[k] for k in ("name", "effect", "half_width", "verdict",
                                                                           "moving")} for t in h["tests"]]}
-                                   for h in hypotheses(cut, training)}})
+                                   for h in found}})
     return out
 
 
