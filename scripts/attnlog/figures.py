@@ -365,9 +365,9 @@ def _annotated_heatmap(fig, ax, values, cmap, vmin, vmax, colour_label, fmt="{:.
 def lines_and_heatmap(path, title, steps, left, right):
     """Left: curves over training; right: an annotated heatmap. left: (panel title, y label, {label:
     curve [S]} drawn in black (up to four, each its own line style) or, for layer groups, in the
-    groups' styles, groups or None, y limits
-    or None, reference value or None, its label). right: (panel title, values [rows, cols], x label,
-    colour map, vmin, vmax, colour bar label, reference on the colour bar or None, number format)."""
+    groups' styles, groups or None, y limits or None, reference value or None, its label). right:
+    (panel title, values [rows, cols], x label, colour map, vmin, vmax, colour bar label, reference
+    on the colour bar or None, number format)."""
     subtitle, ylabel, curves, groups, ylim, ref, ref_label = left
     fig, (ax, heat) = plt.subplots(1, 2, figsize=(15, 4.8), constrained_layout=True,
                                    gridspec_kw={"width_ratios": [1.2, 1]})
