@@ -57,6 +57,7 @@ def full_run(steps, layers=6, heads=4, kv=2, head_dim=64, seq_len=64, warmup=0, 
             "loss": (loss_steps, np.linspace(8.0, 5.0, len(loss_steps))), "val": (steps[-1:], np.array([5.5])),
             "stats_steps": steps, "window": analysis.decision_window(steps), "groups": analysis.layer_groups(layers),
             "seq_len": seq_len, "tokens_per_step": tokens_per_step, "init": None,
+            "train_tokens": {"tokens": None, "source": "constructed"}, "doc_view": None, "measurement": None,
             "variant": {"qk_norm": "gain", "frozen": []}}
 
 
@@ -276,7 +277,7 @@ def test_wavelengths_are_those_of_the_models_rope():
     torch = pytest.importorskip("torch")
     from attnlog import model_torch
     D, theta = 64, 10000.0
-    cos, sin = model_torch.rope_tables(SimpleNamespace(head_dim=D, rope_theta=theta), 2, torch.float64)
+    cos, sin = model_torch.rope_tables(SimpleNamespace(head_dim=D, rope_theta=theta, rope_factor=0.0), 2, torch.float64)
     for d in range(D):
         x = torch.zeros(1, 2, 1, D, dtype=torch.float64)
         x[..., d] = 1.0
