@@ -516,6 +516,8 @@ def test_options_that_conflict_with_the_checkpoint(small, tmp_path):
     assert_one_line_error(train_from(folder, tmp_path / "run", shard, "-t", 64), "-t (--seq-len) 64 is above", "32")
     r = run([TRAIN, "-r", folder, "-i", shard, "--device", "cpu", "-o", tmp_path / "run"])
     assert_one_line_error(r, "-r (--resume)", str(folder), "is a directory")
+    assert_one_line_error(train_from(folder / "model.safetensors", tmp_path / "run", shard), "-e (--init)",
+                          str(folder / "model.safetensors"), "give the directory that holds it")
     (folder / "model.safetensors").unlink()
     assert_one_line_error(train_from(folder, tmp_path / "run", shard), str(folder),
                           "neither model.safetensors nor model.safetensors.index.json")
