@@ -402,6 +402,21 @@ def test_the_small_checkpoint_trains(small, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_measure_a_pretrained_model(small, tmp_path):
+    """--measure of a Hugging Face directory: its header names the directory and no step, run or tokens
+    (the directory records none); its first batch is step 0 of a run started from the same weights."""
+    folder, shard = small
+    measured = train_from(folder, tmp_path / "measure", shard, "--measure", 2, "-t", 8)
+    trained = train_from(folder, tmp_path / "run", shard, "-x", 1, "-t", 8)
+    assert measured.returncode == 0 and trained.returncode == 0, measured.stderr + trained.stderr
+    log = attnlog.open_log(tmp_path / "measure" / "run.attnlog")
+    run_log = attnlog.open_log(tmp_path / "run" / "run.attnlog")
+    assert log.measurement == {"checkpoint": str(folder)} and log.notes() == []
+    assert list(log.scalars("loss")[0]) == [0, 1] and log.scalars("loss")[1][0] == run_log.scalars("loss")[1][0]
+    for name in run_log.metric_names():
+        assert np.array_equal(log.metric(name)[1][0], run_log.metric(name)[1][0]), name
+
+
 @pytest.mark.parametrize("damage", sorted(FILE_DAMAGE))
 def test_damaged_safetensors(small, tmp_path, damage):
     folder, shard = small
