@@ -632,6 +632,19 @@ static void load_weights(Model& m, Run& r, int* start_step, long long* data_posi
     model_freeze(m, r.frozen);
 }
 
+// What a measurement's header says of the weights it measures (-e): a checkpoint of this program
+// records its step, its run and its tokens per step; a Hugging Face directory none of them.
+static RunInfo::Measured measured_weights(const std::string& path) {
+    RunInfo::Measured m;
+    m.checkpoint = absolute_path(path);
+    if (is_directory(path)) return m;
+    CheckpointInfo info = checkpoint_read_header(path);
+    m.step = info.step;
+    m.run_id = info.origin.run_id;
+    if (info.data_order.batch) m.tokens = info.step * info.data_order.total_batch;
+    return m;
+}
+
 // What the run log's header says about the run besides the model (run_dir.h fills in its ids).
 static RunInfo run_info(const Run& r) {
     RunInfo run;
@@ -642,12 +655,7 @@ static RunInfo run_info(const Run& r) {
     run.device = r.device_name;
     run.num_processes = r.dist.world;
     run.train_tokens = r.train.total_tokens;
-    if (r.measuring()) {
-        CheckpointInfo measured = checkpoint_read_header(r.o.init_ckpt);
-        const DataOrder& order = measured.data_order;
-        run.measured = {absolute_path(r.o.init_ckpt), measured.step, order.batch ? measured.step * order.total_batch : -1,
-                        measured.origin.run_id};
-    }
+    if (r.measuring()) run.measured = measured_weights(r.o.init_ckpt);
     return run;
 }
 

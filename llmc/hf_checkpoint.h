@@ -174,7 +174,7 @@ inline void hf_refuse_unimplemented(const HfConfigFields& f) {
         if (f.flag(bias, false)) fail("%s: %s true: biases are not implemented", f.path, bias);
     if (f.flag("use_sliding_window", false)) fail("%s: use_sliding_window true: sliding-window attention is not implemented", f.path);
     if (const JsonValue* types = f.get("layer_types"))
-        for (const JsonValue& t : types->items)
+        for (const JsonValue& t : types->kind == JsonValue::ARRAY ? types->items : std::vector<JsonValue>{*types})
             if (t.kind != JsonValue::STRING || t.text != "full_attention")
                 fail("%s: layer_types holds %s: only full_attention is implemented", f.path, json_text(t).c_str());
     std::string act = f.text("hidden_act", "silu");

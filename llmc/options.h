@@ -364,6 +364,10 @@ inline ModelConfig resolve_config(const Options& o, const std::set<std::string>&
     if (!o.resume_ckpt.empty() && is_directory(o.resume_ckpt))
         fail("option %s: %s is a directory; a run resumes from a checkpoint file of ./train (%s starts from a Hugging Face "
              "model directory)", OPTION_LABEL("--resume"), o.resume_ckpt.c_str(), OPTION_NAME("--init"));
+    for (std::string hf_file : {".safetensors", ".safetensors.index.json", "config.json"})
+        if (ckpt.size() >= hf_file.size() && ckpt.compare(ckpt.size() - hf_file.size(), hf_file.size(), hf_file) == 0)
+            fail("option %s: %s is a file of a Hugging Face checkpoint; give the directory that holds it to %s",
+                 o.resume_ckpt.empty() ? OPTION_LABEL("--init") : OPTION_LABEL("--resume"), ckpt.c_str(), OPTION_NAME("--init"));
     if (!ckpt.empty()) {
         c = is_directory(ckpt) ? hf_open(ckpt).config : checkpoint_read_header(ckpt).config;
         for (const ModelOption& m : kModelOptions)

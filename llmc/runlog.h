@@ -54,12 +54,13 @@ struct RunInfo {
     // or a checkpoint that does not say).
     uint64_t run_id = 0, continuation = 0, resumed_from = 0;
     int64_t resumed_from_step = -1;  // -1: not resumed
-    // A measurement (--measure) of a checkpoint's weights: the checkpoint, the steps they had
-    // trained, the run that trained them (0: not recorded) and the tokens it trained them on (the
-    // steps times its tokens per step; -1: not recorded). An empty checkpoint: a training run.
+    // A measurement (--measure) of a checkpoint's weights: the checkpoint (or Hugging Face
+    // directory), the steps they had trained, the run that trained them and the tokens it trained
+    // them on (the steps times its tokens per step); -1 and 0: not recorded. An empty checkpoint: a
+    // training run.
     struct Measured {
         std::string checkpoint;
-        int64_t step = 0, tokens = -1;
+        int64_t step = -1, tokens = -1;
         uint64_t run_id = 0;
     } measured;
 };
@@ -146,8 +147,8 @@ inline std::string runlog_record_table(const ModelConfig& c) {
 // The header's "measurement" member, after a comma, in a measurement's log; else "".
 inline std::string runlog_measurement_member(const RunInfo::Measured& m) {
     if (m.checkpoint.empty()) return "";
-    std::string j = ",\n  \"measurement\": {\"checkpoint\": " + json_string(m.checkpoint) +
-                    strprintf(", \"step\": %lld", (long long)m.step);
+    std::string j = ",\n  \"measurement\": {\"checkpoint\": " + json_string(m.checkpoint);
+    if (m.step >= 0) j += strprintf(", \"step\": %lld", (long long)m.step);
     if (m.run_id) j += ", \"run_id\": " + json_id(m.run_id);
     if (m.tokens >= 0) j += strprintf(", \"tokens\": %lld", (long long)m.tokens);
     return j + "}";

@@ -402,6 +402,21 @@ def test_the_small_checkpoint_trains(small, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_measure_a_pretrained_model(small, tmp_path):
+    """--measure of a Hugging Face directory: its header names the directory and no step, run or tokens
+    (the directory records none); its first batch is step 0 of a run started from the same weights."""
+    folder, shard = small
+    measured = train_from(folder, tmp_path / "measure", shard, "--measure", 2, "-t", 8)
+    trained = train_from(folder, tmp_path / "run", shard, "-x", 1, "-t", 8)
+    assert measured.returncode == 0 and trained.returncode == 0, measured.stderr + trained.stderr
+    log = attnlog.open_log(tmp_path / "measure" / "run.attnlog")
+    run_log = attnlog.open_log(tmp_path / "run" / "run.attnlog")
+    assert log.measurement == {"checkpoint": str(folder)} and log.notes() == []
+    assert list(log.scalars("loss")[0]) == [0, 1] and log.scalars("loss")[1][0] == run_log.scalars("loss")[1][0]
+    for name in run_log.metric_names():
+        assert np.array_equal(log.metric(name)[1][0], run_log.metric(name)[1][0]), name
+
+
 @pytest.mark.parametrize("damage", sorted(FILE_DAMAGE))
 def test_damaged_safetensors(small, tmp_path, damage):
     folder, shard = small
@@ -516,6 +531,8 @@ def test_options_that_conflict_with_the_checkpoint(small, tmp_path):
     assert_one_line_error(train_from(folder, tmp_path / "run", shard, "-t", 64), "-t (--seq-len) 64 is above", "32")
     r = run([TRAIN, "-r", folder, "-i", shard, "--device", "cpu", "-o", tmp_path / "run"])
     assert_one_line_error(r, "-r (--resume)", str(folder), "is a directory")
+    assert_one_line_error(train_from(folder / "model.safetensors", tmp_path / "run", shard), "-e (--init)",
+                          str(folder / "model.safetensors"), "give the directory that holds it")
     (folder / "model.safetensors").unlink()
     assert_one_line_error(train_from(folder, tmp_path / "run", shard), str(folder),
                           "neither model.safetensors nor model.safetensors.index.json")

@@ -1617,10 +1617,18 @@ def test_measurement_report_is_of_one_model_state(measured, trained_paths, log_p
     assert "(d) dimensional collapse: not applicable (not applicable to a measurement" in stdout
 
 
+def t_interval(sample):
+    """Mean and 95% half-width of MEASURED_BATCHES independent values: t_0.975 with 5 degrees of freedom,
+    2.571 (the tables of Student's t), x sd / sqrt(n)."""
+    sample = np.asarray(sample, float)
+    assert len(sample) == MEASURED_BATCHES
+    return sample.mean(), 2.571 * sample.std(ddof=1) / np.sqrt(len(sample))
+
+
 def test_measurement_verdicts_use_every_batch(measured):
-    """(a)-(c) and the taxonomy are decided on the means over every measured batch, by the rule alone (a
-    line through batches of one model state is no trend); (d), a change over training, is not applicable."""
-    from attnlog.analysis import window_trend
+    """(a)-(c) and the taxonomy are decided on the means over every measured batch, the batches taken as
+    independent samples of one model state (t-intervals, no trend); (d), a change over training, is not
+    applicable."""
     _, summary, text, _, log = measured
     h = summary["hypotheses"]
     x, y = window_kv_means(log, every_batch)
@@ -1628,16 +1636,17 @@ def test_measurement_verdicts_use_every_batch(measured):
     assert h["a"]["value"] == close(rho, **RHO) and h["a"]["verdict"] == rule(-rho, h["a"]["chance"], 0.1)
     steps, k_norm = log.metric("k_norm")
     for t, group, sign in zip(h["b"]["tests"], ("early", "final"), (-1, 1)):
-        series = np.array([sign * (group_mean(table, group) - 8) / 8 for table in k_norm.astype(float)])
-        half = window_trend(steps, series)["half_width"]
-        assert t["effect"] == close(series.mean(), **LOGGED) and t["half_width"] == close(half, **LOGGED)
-        assert t["verdict"] == rule(t["effect"], t["half_width"], 0.05) and not t["moving"] and t["trend"] is None
+        mean, half = t_interval([sign * (group_mean(table, group) - 8) / 8 for table in k_norm.astype(float)])
+        assert t["effect"] == close(mean, **LOGGED) and t["half_width"] == close(half, **LOGGED)
+        assert t["verdict"] == rule(mean, half, 0.05) and not t["moving"] and t["trend"] is None
     share = ((log.metric("k_maxabs")[1] / k_norm) ** 2).astype(float)
     means = share.mean(axis=0)
     top = np.unravel_index(np.argmax(means), means.shape)
     (t,) = h["c"]["tests"]
+    mean, half = t_interval(share[:, top[0], top[1]] / 0.5 - 1)
     assert h["c"]["max_ratio"] == close(share[:, top[0], top[1]].mean(), **LOGGED)
-    assert t["verdict"] == rule(t["effect"], t["half_width"], 0.05) and not t["moving"]
+    assert (t["effect"], t["half_width"]) == (close(mean, **LOGGED), close(half, **LOGGED))
+    assert t["verdict"] == rule(mean, half, 0.05) and not t["moving"]
     assert h["d"]["verdict"] == h["d"]["why"] == "not applicable" and h["d"]["tests"] == [] and "value" not in h["d"]
     assert "| **not applicable** |" in text and summary["path"] is None
     sink = log.metric("attn_sink")[1].astype(float).mean(axis=0)

@@ -206,11 +206,11 @@ def _table(value, where):
 
 
 def _measurement(value, where):
-    """The checkpoint a measurement measured: its path, its step, and when recorded the run that
+    """The checkpoint a measurement measured: its path, and when recorded its step, the run that
     trained it (16 hexadecimal digits) and the tokens it trained on."""
     _expect(value, dict, where)
     _member(value, "checkpoint", str, where)
-    for key in ["step"] + (["tokens"] if "tokens" in value else []):
+    for key in [key for key in ("step", "tokens") if key in value]:
         if _member(value, key, int, where) < 0:
             raise Malformed(f"{where}.{key} is {value[key]}, not a count")
     if "run_id" in value and not re.fullmatch("[0-9a-f]{16}", _member(value, "run_id", str, where)):
@@ -826,7 +826,8 @@ def _summary(header):
 def measurement_text(measured):
     """What a measurement's log measured, in words."""
     m = measured
-    trained = f"the weights of step {m['step']}" + (f" of run {m['run_id']}" if "run_id" in m else "")
+    trained = ("the weights" + (f" of step {m['step']}" if "step" in m else "")
+               + (f" of run {m['run_id']}" if "run_id" in m else ""))
     tokens = f", trained on {m['tokens']:,} tokens" if "tokens" in m else ""
     return (f"{trained} in {m['checkpoint']}{tokens}; no training: each step of the log is a batch measured "
             "with these weights")

@@ -14,8 +14,9 @@ trends inside the window is still moving (MOVING; both from analysis.window_tren
 trained too little, or whose statistics have not settled (training_status), gets no verdicts and no
 taxonomy. verdict_path decides the hypotheses again on the run cut short, to show how stable they are.
 A measurement of one model state (analysis.is_measurement) is decided on its means over every batch
-it measured, by RULE alone (a line through its batches is no trend), and what needs training dynamics
-is not applicable to it: the hypotheses of OVER_TRAINING, the settling and the verdicts' path.
+it measured, with the t-intervals of independent samples and no trend (a line through its batches is
+none), and what needs training dynamics is not applicable to it: the hypotheses of OVER_TRAINING, the
+settling and the verdicts' path.
 """
 import json
 import math
@@ -107,13 +108,14 @@ def measurement_status(run):
     tokens, batches = measured.get("tokens"), len(run["window"])
     reasons = []
     if tokens is not None and tokens < MIN_TOKENS:
-        reasons.append(f"the weights measured had trained on {tokens:,} tokens ({measured['step']} steps), fewer than "
-                       f"the {MIN_TOKENS:,} a verdict needs")
+        reasons.append(f"the weights measured had trained on {tokens:,} tokens ({measured.get('step')} steps), fewer "
+                       f"than the {MIN_TOKENS:,} a verdict needs")
     if batches < MIN_WINDOW_STATS:
         reasons.append(f"{batches} batches measured, fewer than {MIN_WINDOW_STATS}")
     span = run["step_range"]
     return {"enough": not reasons, "trained": not reasons, "reasons": reasons,
-            "tokens_per_step": run["tokens_per_step"], "steps_trained": measured["step"], "init_steps": 0, "tokens": tokens, "min_tokens": MIN_TOKENS,
+            "tokens_per_step": run["tokens_per_step"], "steps_trained": measured.get("step"), "init_steps": 0,
+            "tokens": tokens, "min_tokens": MIN_TOKENS,
             "warmup": None, "last_step": span[1] if span else None, "window_count": batches,
             "min_window_count": MIN_WINDOW_STATS, "settled": True, "unsettled": [], "measurement": True}
 
@@ -169,8 +171,13 @@ def make_test(name, effect, half_width, margin, uncertainty, trend=None):
             "moving": moving, "end": end, "trend": {k: trend[k] for k in shown} if trend else None}
 
 
-def series_test(name, steps, series, margin):
-    """A test whose effect is the window mean of series (the effect at each window step)."""
+def series_test(name, steps, series, margin, independent=False):
+    """A test whose effect is the window mean of series (the effect at each window step). independent:
+    the values are independent samples of one state (a measurement's batches), whose mean has the
+    t-interval and no trend."""
+    if independent:
+        mean, half, _ = mean_interval(series)
+        return make_test(name, mean, half, margin, "95% t-interval of the mean over the measured batches")
     trend = window_trend(steps, series)
     return make_test(name, trend["mean"], trend["half_width"], margin,
                      "95% interval of the window mean, autocorrelation allowed", trend)
@@ -228,14 +235,15 @@ def hypothesis_entropy_norm(run):
     layers = rank_correlation(x.mean(axis=1), y.mean(axis=1))
     steps = np.array([rank_correlation(k_norm[i].ravel(), entropy[i].ravel(), strata=layer_of, permutations=0)["rho"]
                       for i in w])
-    trend = window_trend(run["stats_steps"][w], -steps) if np.isfinite(steps).all() else None
+    one_state = is_measurement(run)  # its batches are independent samples of one state: no trend
+    trend = window_trend(run["stats_steps"][w], -steps) if np.isfinite(steps).all() and not one_state else None
     test = make_test("-rho within layers", -within["rho"], within["chance"], CORRELATION_MARGIN,
                      "chance level of |rho| under pairings shuffled within layers", trend)
     shown = ("rho", "p", "chance", "n")
     result.update(n_units=x.size, value=within["rho"], p_value=within["p"], chance=within["chance"],
                   across={k: across[k] for k in shown}, layer_means={k: layers[k] for k in shown}, tests=[test],
                   per_step=({"mean": float(steps.mean()), "min": float(steps.min()), "max": float(steps.max()),
-                             "steps": len(steps)} if trend else None))
+                             "steps": len(steps)} if np.isfinite(steps).all() else None))
     depth = (f"across all {x.size} kv heads rho = {across['rho']:+.3f} (chance \u00b1{across['chance']:.3f}), which "
              f"includes depth; between the {run['L']} layers' means rho = {layers['rho']:+.3f} (chance "
              f"\u00b1{layers['chance']:.3f})")
@@ -265,8 +273,9 @@ def hypothesis_hierarchy(run):
         return dict(result, tests=[], detail=reason)
     curves = group_curves(run, values(run, "k_norm"))
     w, steps = run["window"], run["stats_steps"][run["window"]]
-    tests = [series_test("early dampening", steps, (root - curves["early"][w]) / root, RELATIVE_MARGIN),
-             series_test("final amplification", steps, (curves["final"][w] - root) / root, RELATIVE_MARGIN)]
+    one_state = is_measurement(run)
+    tests = [series_test("early dampening", steps, (root - curves["early"][w]) / root, RELATIVE_MARGIN, one_state),
+             series_test("final amplification", steps, (curves["final"][w] - root) / root, RELATIVE_MARGIN, one_state)]
     early, final = curves["early"][w].mean(), curves["final"][w].mean()
     return dict(result, early=early, final=final, sqrt_head_dim=root, value=[early, final], tests=tests,
                 detail=f"early {interval_text(early, tests[0]['half_width'] * root)} "
@@ -291,7 +300,7 @@ def hypothesis_axis_aligned(run):
     means = ratio[w].mean(axis=0)
     top = np.unravel_index(np.argmax(means), means.shape)
     t = series_test("largest axis share", run["stats_steps"][w], ratio[w, top[0], top[1]] / AXIS_THRESHOLD - 1,
-                    RELATIVE_MARGIN)
+                    RELATIVE_MARGIN, is_measurement(run))
     share = float(ratio[w, top[0], top[1]].mean())
     aligned = np.argwhere(means > AXIS_THRESHOLD)
     return dict(result, value=len(aligned), of=n_heads, first_step_count=int((ratio[0] > AXIS_THRESHOLD).sum()),
@@ -350,18 +359,10 @@ def hypothesis_pr_falls(run):
                        f"step, {first:.2f} at step {steps[0]}: {100 * (last - first) / first:+.1f}%{more}")
 
 
-def one_state_test(test):
-    """A test of a measurement, decided by RULE alone: its batches are samples of one model state, and
-    a line through them is no trend."""
-    verdict, why = decide(test["effect"], test["half_width"], test["margin"])
-    return dict(test, verdict=verdict, why=why, moving=False, end=float("nan"), trend=None)
-
-
 def hypotheses(run, training):
     """The four hypotheses, each with its verdict and whether a test of it is still moving; all
     inconclusive when the run trained too little or its statistics have not settled. Of a
-    measurement, those of OVER_TRAINING are not applicable (no tests, no verdict), and the others'
-    tests are decided by RULE alone (one_state_test)."""
+    measurement, those of OVER_TRAINING are not applicable (no tests, no verdict)."""
     out = []
     for check in (hypothesis_entropy_norm, hypothesis_hierarchy, hypothesis_axis_aligned, hypothesis_pr_falls):
         h = check(run)
@@ -371,8 +372,6 @@ def hypotheses(run, training):
                      detail=f"not applicable to a measurement: {OVER_TRAINING[h['id']]}")
             out.append(h)
             continue
-        if is_measurement(run):
-            h["tests"] = [one_state_test(t) for t in h["tests"]]
         h["moving"] = any(t["moving"] for t in h["tests"])
         if not h["tests"]:
             h.update(verdict=INCONCLUSIVE, why="no data")
