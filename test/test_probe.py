@@ -459,31 +459,44 @@ def test_cli_sweep(checkpoint, trained, data_dir, tmp_path):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert [line.split(": validation loss ")[0] for line in lines[:3]] == ["s = 0.5", "s = 1", "s = 2"]
+    assert lines[0].endswith(" against s = 1)") and "against" not in lines[1] and "±" in lines[2]
+    # The shard holds 3 x 256 tokens: 5 windows of 2 x 64 + 1, fewer than probe.EVAL_TOKENS, so all of them.
+    assert lines[3] == "5 x 2 x 64 = 640 tokens, 10 sequences; ± one standard error over the sequences"
     header = next(i for i, line in enumerate(lines) if line.split()[:3] == ["s", "layer", "head"])
     assert len([line for line in lines[header + 1:] if not line.startswith("wrote")]) == 3 * 3 * 4
     assert_png(tmp_path / "trained_sweep.png")
     document = json.loads((tmp_path / "sweep.json").read_text())
     assert document["scales"] == [0.5, 1, 2]
-    assert (document["batches"], document["batch"], document["seq_len"]) == (2, 2, 64)
+    assert (document["batches"], document["batch"], document["seq_len"], document["sequences"]) == (5, 2, 64, 10)
     c, params = trained
-    batches = probe.validation_batches(str(data_dir), 2, 2, 64, c.vocab_size)
+    batches = probe.validation_batches(str(data_dir), 5, 2, 64, c.vocab_size)
     # The same float64 computation, written to JSON with 17 significant digits and read back.
     assert document["loss"][1] == close(probe.mean_loss(params, c, batches), rtol=1e-12)
+    assert document["loss_change_se"][1] == 0 and document["loss_change_se"][0] > 0
 
 
 def test_cli_svd(checkpoint, tmp_path):
     result = run("svd", checkpoint, "--out", tmp_path, "--json", tmp_path / "svd.json")
     assert result.returncode == 0, result.stderr
     assert "sigma_1" in result.stdout and "erank" in result.stdout
-    assert len(result.stdout.splitlines()) >= 1 + 3 * 4
+    lines = result.stdout.splitlines()
+    chance = probe.chance_cosines(64, 256)
+    # The table's last row: the chance of each cosine column, 4 decimals.
+    assert lines[1 + 3 * 4].split() == ["chance"] + [f"{chance[name]:.4f}" for name in probe.COSINE_STATISTICS]
+    assert f"mean principal cosine {chance['cos_mean']:.4f} ± {chance['cos_mean_se']:.4f}" in lines[2 + 3 * 4]
     assert_png(tmp_path / "trained_svd.png")
-    assert np.array(json.loads((tmp_path / "svd.json").read_text())["singular_values"]).shape == (3, 4, 64)
+    document = json.loads((tmp_path / "svd.json").read_text())
+    assert np.array(document["singular_values"]).shape == (3, 4, 64)
+    assert document["chance_cos_mean"] == chance["cos_mean"]
 
 
 def test_cli_ablate(checkpoint, data_dir, tmp_path):
     result = run("ablate", checkpoint, "--data", data_dir, "--batches", 1, "--out", tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "intact validation loss" in result.stdout and "the heads the loss needs most" in result.stdout
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("intact validation loss ") and lines[0].endswith(" (1 x 2 x 64 = 128 tokens, 2 sequences)")
+    assert lines[1].split() == ["layer", "head", "zeroed", "±", "se", "mean", "±", "se"] and len(lines) >= 2 + 3 * 4 + 2
+    assert lines[-2].startswith("the heads the loss needs most: layer ")
     assert_png(tmp_path / "trained_ablate.png")
 
 
