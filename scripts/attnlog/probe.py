@@ -44,9 +44,10 @@ from attnlog.model_torch import forward, read_checkpoint
 SHARD_MAGIC, SHARD_HEADER_BYTES = 20240520, 256 * 4
 SHARD_TOKEN_TYPES = {1: "<u2", 2: "<u4"}  # version 1: uint16 ids (llm.c's format); version 2: uint32
 # Validation tokens the probes (sweep, ablate) and the report's head ablation evaluate unless told
-# otherwise. On the d6 model the standard error of a head's ablation effect is then about XXX nats,
-# below all but the smallest effects (docs/research.md); fewer tokens (1,024) left the intact loss
-# itself XXX nats off.
+# otherwise. On a d6 model (800 steps; 64 sequences of 256 tokens) the standard error of a head's
+# ablation effect is then 0.0005 nats (the median over its 24 heads), half the median effect, and
+# 15 of the 24 effects are more than twice theirs (4 at 2,048 tokens). The intact loss's own
+# standard error is 0.034 nats (0.14 at 1,024 tokens, which put two evaluations of a model 0.15 apart).
 EVAL_TOKENS = 16384
 CHANCE_DRAWS = 200  # heads of random weights behind each chance baseline of svd
 
