@@ -494,8 +494,10 @@ def test_cli_ablate(checkpoint, data_dir, tmp_path):
     result = run("ablate", checkpoint, "--data", data_dir, "--batches", 1, "--out", tmp_path)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("intact validation loss ") and lines[0].endswith(" (1 x 2 x 64 = 128 tokens, 2 sequences)")
-    assert lines[1].split() == ["layer", "head", "zeroed", "±", "se", "mean", "±", "se"] and len(lines) >= 2 + 3 * 4 + 2
+    assert lines[0].startswith("intact validation loss ")
+    assert lines[0].endswith(" (1 x 2 x 64 = 128 tokens, 2 sequences)")
+    assert lines[1].split() == ["layer", "head", "zeroed", "±", "se", "mean", "±", "se"]
+    assert len(lines) == 2 + 3 * 4 + 3  # the table, what it shows, the heads the loss needs most, the figure
     assert lines[-2].startswith("the heads the loss needs most: layer ")
     assert_png(tmp_path / "trained_ablate.png")
 

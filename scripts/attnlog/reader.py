@@ -980,7 +980,8 @@ def command_line():
                                  "run,step,metric,layer,head,head_kind,kv_head,value")
     export.add_argument("logs", nargs="+", metavar="LOG", help="the run log(s)")
     export.add_argument("-o", "--output", metavar="FILE", required=True,
-                        help="FILE.csv (a table with a header row) or FILE.npz (one array per column)")
+                        help="FILE.csv (a table with a header row) or FILE.npz (compressed, one array per column, "
+                        "the text columns as codes into <column>_names)")
     export.add_argument("--run-label", action="append", metavar="LABEL", help="the run column of a log, once "
                         "per log in the order given (default: the log's folder/file stem)")
     return parser

@@ -280,7 +280,8 @@ def ablation_blocks(ablation, taxonomy):
     tokens = ablation["batches"] * ablation["batch"] * ablation["seq_len"]
     noise = ("one sequence gives no standard error" if np.isnan(se).all() else
              f"the standard error of an increase, over the {ablation['sequences']} sequences taken as independent, "
-             f"is {np.nanmedian(se):.4f} (median; at most {np.nanmax(se):.4f}): smaller increases are noise")
+             f"is {np.nanmedian(se):.4f} (median; at most {np.nanmax(se):.4f}): an increase within two of its "
+             "standard errors of 0 may be noise")
     both = lambda l, h: f"{zero[l, h]:+.4f} / {mean[l, h]:+.4f}"  # noqa: E731
     blocks = [("h2", "Head ablation"),
               ("p", f"The weights of {code(ablation['checkpoint'])}: the validation loss is {ablation['loss']:.4f} "
