@@ -35,6 +35,7 @@ if [ "$what" = test ]; then
     ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a >/dev/null 2>&1 || missing+=(libclang-rt-dev)
     need_module torch python3-torch
     need_module pytest python3-pytest
+    need_module pandas python3-pandas  # the export's tests read it back as pandas.read_csv does
     need_module sentencepiece python3-sentencepiece
     # pip install -e . into a virtual environment, offline (test/test_package.py)
     need_module pip python3-pip

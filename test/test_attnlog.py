@@ -4,6 +4,7 @@ read back, and every kind of damage recognised and reported.
     TEST_RUNLOG_BIN=build/test_runlog /usr/bin/python3 -m pytest -q test/test_attnlog.py
 """
 import csv
+import io
 import json
 import os
 import re
@@ -11,10 +12,12 @@ import struct
 import subprocess
 import sys
 import time
+import zipfile
 import zlib
 from pathlib import Path
 
 import numpy as np
+import pandas
 import pytest
 
 import attnlog
@@ -572,53 +575,76 @@ def test_library_names_errors(log_path):
 
 # -- export: every value of every log, one row each ----------------------------------------------------
 
-EXPORT_COLUMNS = ["run", "step", "metric", "layer", "head", "head_kind", "value"]
+EXPORT_COLUMNS = ["run", "step", "metric", "layer", "head", "head_kind", "kv_head", "value"]
+GROUP = CONFIG["n_head"] // CONFIG["n_kv_head"]  # query heads 0, 1 read kv head 0; 2, 3 read kv head 1
 
 
 def expected_export(steps, segment_of=lambda step: 0):
-    """{(metric, step, layer, head): (head_kind, value)} of every value test_runlog writes, from the
-    formulas; layer and head -1 for the values of the step and val records."""
+    """{(metric, step, layer, head): (head_kind, kv_head, float32 value)} of every value test_runlog
+    writes, from the formulas; layer, head and kv_head -1 for the values of the step and val records."""
     rows = {}
     for s in steps:
         seg = segment_of(s)
         for name in SCALARS:
-            rows[name, s, -1, -1] = ("scalar", float(np.float32(scalar_value(name, s, seg))))
+            rows[name, s, -1, -1] = ("scalar", -1, np.float32(scalar_value(name, s, seg)))
         if has_val(s):
-            rows["val_loss", s, -1, -1] = ("scalar", float(np.float32(val_value(s, seg))))
+            rows["val_loss", s, -1, -1] = ("scalar", -1, np.float32(val_value(s, seg)))
         if has_telemetry(s):
             for m, (name, dim) in enumerate(METRICS):
                 table = np.float32(metric_value(m, s, seg))
                 if dim == "scalar":
-                    rows[name, s, -1, -1] = ("scalar", float(table))
+                    rows[name, s, -1, -1] = ("scalar", -1, table)
                     continue
+                kv_of = {"kv_head": lambda col: col, "q_head": lambda col: col // GROUP}.get(dim, lambda col: -1)
                 for (layer, col), value in np.ndenumerate(table):
-                    rows[name, s, layer, col] = (dim, float(value))
+                    rows[name, s, layer, col] = (dim, kv_of(col), value)
     return rows
 
 
-def read_export_csv(path):
-    """(header, {run: {(metric, step, layer, head): (head_kind, value)}}, row count) of an exported CSV."""
-    with open(path, newline="") as f:
-        rows = list(csv.reader(f))
+def export_rows(columns):
+    """{run: {(metric, step, layer, head): (head_kind, kv_head, float32 value)}} of the columns of an
+    export, and the row count."""
     runs = {}
-    for run, step, metric, layer, head, kind, value in rows[1:]:
-        key = (metric, int(step), int(layer) if layer else -1, int(head) if head else -1)
-        runs.setdefault(run, {})[key] = (kind, float(value))
-    return rows[0], runs, len(rows) - 1
+    values = np.asarray(columns["value"]).astype(np.float32)
+    for run, step, metric, layer, head, kind, kv_head, value in zip(
+            *[list(columns[k]) for k in EXPORT_COLUMNS[:-1]], values):
+        runs.setdefault(run, {})[metric, step, layer, head] = (kind, kv_head, value)
+    return runs, len(values)
+
+
+def read_export_csv(path):
+    """The columns of an exported CSV as pandas.read_csv reads them with its defaults."""
+    frame = pandas.read_csv(path)
+    assert list(frame.columns) == EXPORT_COLUMNS
+    assert [str(frame[k].dtype) for k in EXPORT_COLUMNS[1:]] == ["int64", "object"] + ["int64"] * 2 + ["object",
+                                                                                                   "int64", "float64"]
+    return {k: frame[k].to_numpy() for k in EXPORT_COLUMNS}
+
+
+def read_export_npz(path):
+    """The columns of an exported npz, the text columns decoded from their codes as pandas does it."""
+    with np.load(path) as f:
+        arrays = dict(f)
+    assert list(arrays) == EXPORT_COLUMNS + ["run_names", "metric_names", "head_kind_names"]
+    columns = {k: arrays[k] for k in EXPORT_COLUMNS}
+    for k in ("run", "metric", "head_kind"):
+        assert arrays[k].dtype == np.int8  # a handful of names: one byte a row
+        columns[k] = pandas.Categorical.from_codes(arrays[k], arrays[f"{k}_names"]).to_numpy()
+    return columns
 
 
 def test_export_csv_holds_every_value(tmp_path, log_path):
     out = tmp_path / "all.csv"
     result = run_cli("export", log_path, "-o", out)
     assert result.returncode == 0 and result.stdout == "" and result.stderr == "", result.stderr
-    header, runs, count = read_export_csv(out)
-    assert header == EXPORT_COLUMNS
+    runs, count = export_rows(read_export_csv(out))
     expected = expected_export(range(10))
     assert count == len(expected) == 10 * len(SCALARS) + 3 + TELEMETRY_BYTES // 4 * 4  # one row per value
     assert runs == {f"{log_path.parent.name}/run": expected}  # float32 values read back exactly
     with open(out, newline="") as f:
         first = next(csv.DictReader(f))
-    assert (first["metric"], first["layer"], first["head"], first["head_kind"]) == ("loss", "", "", "scalar")
+    assert [first[k] for k in ("metric", "layer", "head", "head_kind", "kv_head")] == ["loss", "-1", "-1", "scalar",
+                                                                                     "-1"]
 
 
 def test_export_npz_two_logs(tmp_path, log_path):
@@ -627,26 +653,104 @@ def test_export_npz_two_logs(tmp_path, log_path):
     out = tmp_path / "two.npz"
     result = run_cli("export", log_path, resumed, "--run-label", "first", "-o", out)
     assert result.returncode == 0, result.stderr
-    with np.load(out) as f:  # what pandas.DataFrame(dict(np.load(out))) takes
-        columns = dict(f)
-    assert list(columns) == EXPORT_COLUMNS
+    columns = read_export_npz(out)
     assert {len(c) for c in columns.values()} == {len(columns["run"])}
-    assert all(c.ndim == 1 for c in columns.values())
-    assert [columns[k].dtype.kind for k in EXPORT_COLUMNS] == ["U", "i", "U", "i", "i", "U", "f"]
+    assert [columns[k].dtype for k in EXPORT_COLUMNS[1:]] == [np.int64, object, np.int32, np.int32, object, np.int32,
+                                                              np.float32]
+    runs, _ = export_rows(columns)
     labels = list(dict.fromkeys(columns["run"].tolist()))
     assert labels == ["first", f"{tmp_path.name}/run"]
-    for label, expected in zip(labels, (expected_export(range(10)),
-                                        expected_export(range(12), lambda step: 1 if step >= 6 else 0))):
-        mine = columns["run"] == label
-        got = {(m, s, layer, head): (kind, v) for s, m, layer, head, kind, v in
-               zip(*[columns[k][mine].tolist() for k in EXPORT_COLUMNS[1:]])}
-        assert got == expected and mine.sum() == len(expected)  # a re-done step once, its later values
+    assert runs == {"first": expected_export(range(10)),  # a re-done step once, with its later values
+                    labels[1]: expected_export(range(12), lambda step: 1 if step >= 6 else 0)}
     log = attnlog.open_log(resumed)  # and the values are the reader's arrays, bit for bit
     for name in log.metric_names():
         steps, values = log.metric(name)
         rows = (columns["run"] == labels[1]) & (columns["metric"] == name)
         np.testing.assert_array_equal(columns["step"][rows].reshape(len(steps), -1)[:, 0], steps)
-        assert np.array_equal(columns["value"][rows].astype(np.float32), values.ravel())
+        assert np.array_equal(columns["value"][rows].view(np.uint32), values.ravel().view(np.uint32))
+
+
+def test_export_formats_agree_and_npz_is_compressed(tmp_path, log_path):
+    """The CSV and the npz of the same logs hold the same rows (missing positions -1 in both); the
+    npz is compressed, a byte a row for each text column."""
+    for kind in ("csv", "npz"):
+        assert run_cli("export", log_path, log_path, "-o", tmp_path / f"all.{kind}").returncode == 0
+    from_csv, from_npz = read_export_csv(tmp_path / "all.csv"), read_export_npz(tmp_path / "all.npz")
+    for k in EXPORT_COLUMNS[:-1]:
+        assert from_csv[k].tolist() == from_npz[k].tolist(), k
+    assert np.array_equal(from_csv["value"].astype(np.float32).view(np.uint32), from_npz["value"].view(np.uint32))
+    with zipfile.ZipFile(tmp_path / "all.npz") as archive:
+        assert {i.compress_type for i in archive.infolist()} == {zipfile.ZIP_DEFLATED}
+    # Two runs: 8 names of the few hundred bytes' worth each text column would take per row.
+    assert (tmp_path / "all.npz").stat().st_size < (tmp_path / "all.csv").stat().st_size / 4
+
+
+def test_export_kv_head_of_each_query_head():
+    """Query head h reads kv head h // (n_head / n_kv_head); a kv head is its own; a dimension has none;
+    a config without a whole number of query heads per kv head, or with fewer than the field, gives none."""
+    heads = np.arange(8, dtype=np.int32)
+    kv = lambda kind, **config: reader._kv_heads(heads, kind, config).tolist()  # noqa: E731
+    assert kv("q_head", n_head=8, n_kv_head=2) == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert kv("q_head", n_head=8, n_kv_head=8) == list(range(8))  # no grouping: the identity
+    assert kv("q_head", n_head=8, n_kv_head=1) == [0] * 8
+    assert kv("kv_head", n_head=8, n_kv_head=2) == list(range(8))
+    for kind, config in (("dim", {"n_head": 8, "n_kv_head": 2}), ("q_head", {"n_head": 8, "n_kv_head": 3}),
+                         ("q_head", {"n_head": 4, "n_kv_head": 2}), ("q_head", {"n_head": 8.0, "n_kv_head": 2}),
+                         ("q_head", {})):
+        assert kv(kind, **config) == [-1] * 8, (kind, config)
+
+
+def float32_cases(count, seed=0):
+    """Every kind of float32: random bit patterns (all exponents, subnormals, both signs), and the
+    edges: zeros, the smallest and largest subnormals and normals, the largest finite, the neighbours
+    of 1 and of powers of ten, where numpy's text turns from positional to scientific (1e-4, 1e16)."""
+    bits = np.random.default_rng(seed).integers(0, 2**32, count, dtype=np.uint64).astype(np.uint32)
+    random = bits.view(np.float32)
+    edges = np.array([0.0, 1.4e-45, 2.8e-45, 1.1754942e-38, 1.17549435e-38, 3.4028235e38, 1.0, 0.1, 1 / 3,
+                      2**24 + 2, 16777217.0, 1e-4, 9.9999997e-5, 1e16, 9.999999e15, 1e-30, 1e30, 6.0221e23, 1e-45],
+                     np.float32)
+    powers = np.float32(10.0) ** np.arange(-45, 39, dtype=np.float32)
+    with np.errstate(over="ignore"):  # the float after the largest is inf, left out below
+        near = np.concatenate([np.nextafter(edges, np.float32(np.inf)), np.nextafter(edges, np.float32(-np.inf)),
+                               np.nextafter(powers, np.float32(0)), powers])
+    every = np.concatenate([random, edges, near])
+    every = np.concatenate([every, -every])
+    return every[np.isfinite(every)]
+
+
+def test_export_csv_floats_read_back_by_pandas_defaults(tmp_path):
+    """pandas.read_csv with its defaults, cast back to float32, gives every float32 bit for bit, from
+    the text the export writes; NaN is read as NaN, the infinities as themselves. Between 1e-13 and
+    1e13 in size its float64 is the one float() reads from the same text (17 digits of the float32's
+    float64, as the export wrote them before, made pandas read a third of such values otherwise)."""
+    values = np.concatenate([float32_cases(300_000), np.float32([np.nan, np.inf, -np.inf])])
+    n = len(values)
+    block = {"run": np.full(n, "r"), "step": np.arange(n), "metric": np.full(n, "m"), "layer": np.full(n, -1),
+             "head": np.full(n, -1), "head_kind": np.full(n, "scalar"), "kv_head": np.full(n, -1), "value": values}
+    reader.write_long(tmp_path / "floats.csv", [block])
+    got = pandas.read_csv(tmp_path / "floats.csv").value.to_numpy()
+    assert got.dtype == np.float64
+    assert np.array_equal(got.astype(np.float32).view(np.uint32)[:-3], values.view(np.uint32)[:-3])
+    assert np.isnan(got[-3]) and got[-2] == np.inf and got[-1] == -np.inf
+    assert np.signbit(got[values.view(np.uint32) == 0x80000000]).all()  # -0.0 keeps its sign
+    with open(tmp_path / "floats.csv", newline="") as f:
+        texts = [row[-1] for row in csv.reader(f)][1:]
+    usual = (np.abs(values) >= 1e-13) & (np.abs(values) <= 1e13)
+    assert usual.sum() > 100_000
+    assert got[usual].tolist() == [float(text) for text, keep in zip(texts, usual) if keep]
+
+
+def test_export_csv_float64_is_pandas_not_the_float32(tmp_path):
+    """Why the export promises the float32 and not its float64: pandas' default parser reads no text
+    as 45.068931579589844 (a float32, 0x42344696), only as its neighbours; the shortest decimal of
+    the float32, 45.06893, reads back to the same float32."""
+    value = np.uint32(0x42344696).view(np.float32)
+    exact = float(value)
+    texts = [repr(exact), "%.17e" % exact, "%.25f" % exact, "4.5068931579589844e1", "45068931579589844e-15",
+             str(value)]
+    got = pandas.read_csv(io.StringIO("v\n" + "\n".join(texts) + "\n")).v.to_numpy()
+    assert exact not in got.tolist()
+    assert got[-1].astype(np.float32) == value and texts[-1] == "45.06893"
 
 
 def test_export_labels_and_torn_tail(tmp_path, data):
@@ -654,7 +758,7 @@ def test_export_labels_and_torn_tail(tmp_path, data):
     out = tmp_path / "cut.csv"
     result = run_cli("export", cut, cut, "-o", out)
     assert result.returncode == 0, result.stderr
-    _, runs, count = read_export_csv(out)
+    runs, count = export_rows(read_export_csv(out))
     expected = {k: v for k, v in expected_export(range(10)).items() if not (k[1] == 9 and k[0] in DIM_OF)}
     label = f"{tmp_path.name}/copy"
     assert runs == {label: expected, f"{label} (2)": expected} and count == 2 * len(expected)

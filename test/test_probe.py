@@ -242,6 +242,59 @@ def test_svd_of_the_trained_model_matches_the_explicit_matrix(trained):
             assert_close(result["principal_cosines"][l, h], cosines, atol=1e-9)
 
 
+def test_chance_of_one_dimension_is_the_mean_cosine_of_random_directions():
+    # D = 1: each statistic is |cos| of two independent random directions of R^C (the diagonal mean
+    # its sign-keeping cosine), whose mean is Gamma(C/2) / (sqrt(pi) Gamma((C+1)/2)) exactly:
+    # 32 / (35 pi) = 0.29103 for C = 8.
+    C = 8
+    exact = math.exp(math.lgamma(C / 2) - math.lgamma((C + 1) / 2)) / math.sqrt(math.pi)
+    assert exact == close(32 / (35 * math.pi), rtol=1e-14)
+    chance = probe.chance_cosines(1, C, draws=10000)
+    # A Monte Carlo mean of 10000 draws: within 4 of its standard errors, 0.0022 (the seed is fixed;
+    # a wrong dimension, 7 or 9, moves the mean by about 0.02, nine standard errors).
+    for name in ("cos_mean", "cos_max", "qk_row_cos_abs_mean", "qk_row_cos_abs_max"):
+        assert abs(chance[name] - exact) < 4 * chance[f"{name}_se"], (name, chance[name], exact)
+    assert abs(chance["qk_row_cos_diag_mean"]) < 4 * chance["qk_row_cos_diag_mean_se"]
+    assert chance["cos_mean_se"] < 0.005
+
+
+def test_chance_of_subspaces_that_fill_the_space_is_one():
+    # D = C: both row spaces are the whole space, every principal cosine 1 (up to float64 rounding).
+    chance = probe.chance_cosines(4, 4, draws=20)
+    assert chance["cos_mean"] == close(1.0, rtol=1e-12) and chance["cos_max"] == close(1.0, rtol=1e-12)
+
+
+def wachter_mean_cosine(a, b, points=20000):
+    """The mean cosine of the principal angles between random subspaces of a n and b n dimensions
+    (a <= b, a + b <= 1) as n grows: Wachter's law of their squared cosines, density
+    sqrt((x - lo)(hi - x)) / (2 pi a x (1 - x)) on [lo, hi], lo and hi = (sqrt(a(1-b)) -/+ sqrt(b(1-a)))^2;
+    integrated over x = mid - half cos(theta), which takes the square roots at the ends away."""
+    lo, hi = ((math.sqrt(a * (1 - b)) + sign * math.sqrt(b * (1 - a))) ** 2 for sign in (-1, 1))
+    theta = (np.arange(points) + 0.5) * math.pi / points  # the midpoint rule
+    x = (lo + hi) / 2 - (hi - lo) / 2 * np.cos(theta)
+    density_dx = ((hi - lo) / 2 * np.sin(theta)) ** 2 / (2 * math.pi * a * x * (1 - x))
+    return float(np.sum(np.sqrt(x) * density_dx) * math.pi / points)
+
+
+def test_chance_of_64_of_256_dimensions_is_wachters_law():
+    # The limit of large C of the mean principal cosine of random 64- and 64-dimensional subspaces of
+    # a 256-dimensional space, 0.43599; the chance baseline, by 200 random heads, lies within 0.002
+    # of it: its Monte Carlo standard error is 0.0003, and the mean at C = 256 differs from the limit
+    # by less than 0.001 (0.4356 +- 0.0003 measured with 50 draws at C = 256 and at C = 512).
+    assert wachter_mean_cosine(0.25, 0.25) == close(0.43599, atol=1e-5)
+    chance = probe.chance_cosines(64, 256)
+    assert abs(chance["cos_mean"] - wachter_mean_cosine(0.25, 0.25)) < 0.002
+    assert chance["cos_mean_se"] < 0.001
+
+
+def test_svd_reports_the_chance_of_the_heads_shape(trained):
+    c, params = trained
+    result = probe.svd_probe(params, c)
+    chance = probe.chance_cosines(c.head_dim, c.d_model)
+    for name in probe.COSINE_STATISTICS:
+        assert result[f"chance_{name}"] == chance[name] and result[f"chance_{name}_se"] == chance[f"{name}_se"]
+
+
 # -- ablate ----------------------------------------------------------------------------------------------
 
 def test_ablate(trained, batch, logged):
@@ -259,8 +312,88 @@ def test_ablate(trained, batch, logged):
     # The same float64 loss computed twice and a difference of losses of ~2.5: its absolute error,
     # ~1e-15, is relative to an increase of ~1e-2 at worst, ~1e-13; 1e-9 relative.
     assert probe.mean_loss(cut, c, batch) - result["loss"] == close(result["increase"][1, 2], rtol=1e-9)
-    # A head whose output projection is already zero has nothing left to remove.
-    assert probe.ablate(cut, c, batch)["increase"][1, 2] == 0.0
+    # A head whose output projection is already zero has nothing left to remove, zeroed or mean-ablated.
+    again = probe.ablate(cut, c, batch)
+    assert again["increase"][1, 2] == 0.0 and again["mean_increase"][1, 2] == 0.0
+
+
+def constant_head_model():
+    """Random weights of 2 layers of 2 heads (one kv head each, D = 4, C = 8) whose embeddings all have
+    the norm sqrt(C) and first coordinate 1: layer 0's normed input has first coordinate
+    kappa = attn_norm[0] / sqrt(1 + eps) at every token. Head 0 of layer 0 reads only that
+    coordinate (its W_V is u e1^T): its values, and so its output, are u kappa at every position.
+    (config, params, kappa, batches of random tokens)."""
+    c = Config(vocab_size=16, n_layer=2, n_head=2, n_kv_head=2, head_dim=4, d_ff=8, max_seq_len=8)
+    params = {name: t.double() for name, t in init_params(c, 3).items()}
+    generator = torch.Generator().manual_seed(5)
+    rest = torch.randn(16, 7, generator=generator, dtype=torch.float64)
+    params["wte"] = torch.cat([torch.ones(16, 1, dtype=torch.float64),
+                               rest / rest.norm(dim=1, keepdim=True) * math.sqrt(7)], dim=1)
+    params["layers.0.attn_norm"] = torch.linspace(0.5, 1.5, 8, dtype=torch.float64)
+    kappa = params["layers.0.attn_norm"][0].item() / math.sqrt(1 + c.norm_eps)
+    params["layers.0.wv"] = params["layers.0.wv"].clone()
+    params["layers.0.wv"][0:4] = 0
+    params["layers.0.wv"][0:4, 0] = torch.tensor([1.0, -2.0, 0.5, 3.0], dtype=torch.float64)
+    batches = [(torch.randint(0, 16, (2, 8), generator=generator), torch.randint(0, 16, (2, 8), generator=generator))
+               for _ in range(3)]
+    return c, params, kappa, batches
+
+
+def test_mean_ablation_of_a_constant_head_changes_nothing():
+    # Head 0 of layer 0 writes the same vector at every position: its mean is that vector, so
+    # mean-ablation leaves the model as it was, while zeroing it, as zeroing its W_V rows does, removes it.
+    c, params, _, batches = constant_head_model()
+    result = probe.ablate(params, c, batches)
+    # The mean of 48 equal vectors is the vector to within a few u64 (1e-16 of values of ~5): the
+    # loss, ~7, moves by ~1e-15 at most; 1e-12 absolute. Zeroing moves it by 0.018.
+    assert abs(result["mean_increase"][0, 0]) < 1e-12 and abs(result["mean_increase_se"][0, 0]) < 1e-12
+    assert abs(result["increase"][0, 0]) > 1e-3
+    silent = dict(params, **{"layers.0.wv": params["layers.0.wv"].clone()})
+    silent["layers.0.wv"][0:4] = 0
+    # Two float64 routes to the same zero output: the same losses but for rounding, 1e-12 absolute.
+    assert probe.mean_loss(silent, c, batches) - result["loss"] == close(result["increase"][0, 0], atol=1e-12)
+
+
+def test_mean_ablation_is_the_head_writing_its_mean():
+    # Head 1 of layer 0 made to write its mean m at every position through the constant coordinate
+    # (W_V = m e1^T / kappa) gives the mean-ablated loss, computed the other way.
+    c, params, kappa, batches = constant_head_model()
+    result = probe.ablate(params, c, batches)
+    m = probe.head_means(params, c, batches)[0, 1]
+    taps, total = {}, torch.zeros(4, dtype=torch.float64)
+    for tokens, _ in batches:  # the mean from its definition: the head's outputs summed over 3 x 2 x 8 positions
+        forward(params, c, tokens, taps=taps)
+        total += taps[0]["y"][:, 1].sum((0, 1))
+    assert_close(m.numpy(), (total / 48).numpy(), rtol=1e-14, atol=1e-15)  # the same sum, maybe in another order
+    constant = dict(params, **{"layers.0.wv": params["layers.0.wv"].clone()})
+    constant["layers.0.wv"][4:8] = 0
+    constant["layers.0.wv"][4:8, 0] = m / kappa
+    # Two float64 routes (the vector put in, the vector made by the weights, one rounding apart):
+    # losses of ~7 that agree to ~1e-15; 1e-12 absolute against an increase of ~2e-4.
+    assert probe.mean_loss(constant, c, batches) - result["loss"] == close(result["mean_increase"][0, 1], atol=1e-12)
+    assert abs(result["mean_increase"][0, 1]) > 1e-5
+
+
+def test_ablation_standard_errors_are_those_of_the_sequences():
+    # Each sequence on its own (a batch of one, forward's own loss): the increase is the mean of the
+    # per-sequence differences, its standard error their standard deviation over sqrt(6).
+    c, params, _, batches = constant_head_model()
+    result = probe.ablate(params, c, batches)
+    means = probe.head_means(params, c, batches)
+    sequences = [(tokens[i:i + 1], targets[i:i + 1]) for tokens, targets in batches for i in range(2)]
+    loss = lambda x, y, **options: forward(params, c, x, y, **options)[1].item()  # noqa: E731
+    intact = np.array([loss(x, y) for x, y in sequences])
+    assert result["sequences"] == 6 and result["loss"] == close(intact.mean(), rtol=1e-13)
+    assert result["loss_se"] == close(intact.std(ddof=1) / math.sqrt(6), rtol=1e-10)
+    for l, h in [(0, 1), (1, 0)]:
+        for name, fill in (("increase", torch.zeros(4, dtype=torch.float64)), ("mean_increase", means[l, h])):
+            change = np.array([loss(x, y, ablate={(l, h): fill}) for x, y in sequences]) - intact
+            # Means and standard deviations of six float64 differences of ~1e-3 between losses of ~7:
+            # ~1e-15 absolute each, relative to increases and deviations of ~1e-4 or more: 1e-9.
+            assert result[name][l, h] == close(change.mean(), rtol=1e-9, atol=1e-13)
+            assert result[f"{name}_se"][l, h] == close(change.std(ddof=1) / math.sqrt(6), rtol=1e-9)
+    one = probe.ablate(params, c, [(batches[0][0][:1], batches[0][1][:1])])
+    assert np.isnan(one["loss_se"]) and np.isnan(one["increase_se"]).all()
 
 
 # -- pattern ---------------------------------------------------------------------------------------------
@@ -326,31 +459,46 @@ def test_cli_sweep(checkpoint, trained, data_dir, tmp_path):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert [line.split(": validation loss ")[0] for line in lines[:3]] == ["s = 0.5", "s = 1", "s = 2"]
+    assert lines[0].endswith(" against s = 1)") and "against" not in lines[1] and "±" in lines[2]
+    # The shard holds 3 x 256 tokens: 5 windows of 2 x 64 + 1, fewer than probe.EVAL_TOKENS, so all of them.
+    assert lines[3] == "5 x 2 x 64 = 640 tokens, 10 sequences; ± one standard error over the sequences"
     header = next(i for i, line in enumerate(lines) if line.split()[:3] == ["s", "layer", "head"])
     assert len([line for line in lines[header + 1:] if not line.startswith("wrote")]) == 3 * 3 * 4
     assert_png(tmp_path / "trained_sweep.png")
     document = json.loads((tmp_path / "sweep.json").read_text())
     assert document["scales"] == [0.5, 1, 2]
-    assert (document["batches"], document["batch"], document["seq_len"]) == (2, 2, 64)
+    assert (document["batches"], document["batch"], document["seq_len"], document["sequences"]) == (5, 2, 64, 10)
     c, params = trained
-    batches = probe.validation_batches(str(data_dir), 2, 2, 64, c.vocab_size)
+    batches = probe.validation_batches(str(data_dir), 5, 2, 64, c.vocab_size)
     # The same float64 computation, written to JSON with 17 significant digits and read back.
     assert document["loss"][1] == close(probe.mean_loss(params, c, batches), rtol=1e-12)
+    assert document["loss_change_se"][1] == 0 and document["loss_change_se"][0] > 0
 
 
 def test_cli_svd(checkpoint, tmp_path):
     result = run("svd", checkpoint, "--out", tmp_path, "--json", tmp_path / "svd.json")
     assert result.returncode == 0, result.stderr
     assert "sigma_1" in result.stdout and "erank" in result.stdout
-    assert len(result.stdout.splitlines()) >= 1 + 3 * 4
+    lines = result.stdout.splitlines()
+    chance = probe.chance_cosines(64, 256)
+    # The table's last row: the chance of each cosine column, 4 decimals.
+    assert lines[1 + 3 * 4].split() == ["chance"] + [f"{chance[name]:.4f}" for name in probe.COSINE_STATISTICS]
+    assert f"mean principal cosine {chance['cos_mean']:.4f} ± {chance['cos_mean_se']:.4f}" in lines[2 + 3 * 4]
     assert_png(tmp_path / "trained_svd.png")
-    assert np.array(json.loads((tmp_path / "svd.json").read_text())["singular_values"]).shape == (3, 4, 64)
+    document = json.loads((tmp_path / "svd.json").read_text())
+    assert np.array(document["singular_values"]).shape == (3, 4, 64)
+    assert document["chance_cos_mean"] == chance["cos_mean"]
 
 
 def test_cli_ablate(checkpoint, data_dir, tmp_path):
     result = run("ablate", checkpoint, "--data", data_dir, "--batches", 1, "--out", tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "intact validation loss" in result.stdout and "the heads the loss needs most" in result.stdout
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("intact validation loss ")
+    assert lines[0].endswith(" (1 x 2 x 64 = 128 tokens, 2 sequences)")
+    assert lines[1].split() == ["layer", "head", "zeroed", "±", "se", "mean", "±", "se"]
+    assert len(lines) == 2 + 3 * 4 + 3  # the table, what it shows, the heads the loss needs most, the figure
+    assert lines[-2].startswith("the heads the loss needs most: layer ")
     assert_png(tmp_path / "trained_ablate.png")
 
 

@@ -8,7 +8,6 @@ independently, from the log.
 The trainer and the data tool must be built first (make train prepare_data); TRAIN_BIN and
 PREPARE_DATA_BIN name other builds of them.
 """
-import csv
 import json
 import os
 import re
@@ -1373,21 +1372,32 @@ def test_html_shows_text_as_it_is():
 
 
 def test_export_of_a_real_run(log_path, log, tmp_path):
-    out = tmp_path / "run.csv"
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "attnlog.py"), "export", log_path, "-o", out],
-                            capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    with open(out, newline="") as f:
-        rows = list(csv.DictReader(f))
-    values = {}
-    for r in rows:
-        values.setdefault(r["metric"], []).append(float(r["value"]))  # float64, as pandas reads it
+    """Both formats of a trained run's log: every value the reader's float32 (pandas.read_csv's
+    defaults for the CSV), each query head beside the kv head it reads, the npz a fraction of the CSV."""
+    import pandas
+    for kind in ("csv", "npz"):
+        result = subprocess.run([sys.executable, str(ROOT / "scripts" / "attnlog.py"), "export", log_path,
+                                 "-o", tmp_path / f"run.{kind}"], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+    frame = pandas.read_csv(tmp_path / "run.csv")
+    with np.load(tmp_path / "run.npz") as f:
+        npz = dict(f)
     expected = {name: log.scalars(name)[1] for name in log.scalar_names()}
     expected["val_loss"] = log.val_loss()[1]
     expected.update({name: log.metric(name)[1] for name in log.metric_names()})
-    assert len(rows) == sum(v.size for v in expected.values())
+    assert len(frame) == len(npz["value"]) == sum(v.size for v in expected.values())
+    metric_codes = {name: code for code, name in enumerate(npz["metric_names"].tolist())}
     for name, array in expected.items():  # the exact float32 values, not a rounding of them
-        assert values[name] == array.astype(np.float64).ravel().tolist(), name
+        bits = array.ravel().view(np.uint32)
+        from_csv = frame.value[frame.metric == name].to_numpy().astype(np.float32)
+        assert np.array_equal(from_csv.view(np.uint32), bits), name
+        assert np.array_equal(npz["value"][npz["metric"] == metric_codes[name]].view(np.uint32), bits), name
+    queries = frame[frame.head_kind == "q_head"]
+    assert len(queries) and KV_HEADS < HEADS  # grouped-query attention: HEADS // KV_HEADS query heads a kv head
+    assert (queries.kv_head == queries["head"] // (HEADS // KV_HEADS)).all()
+    assert ((frame.head_kind == "scalar") == (frame.layer == -1)).all()
+    assert (frame.kv_head[frame.head_kind == "dim"] == -1).all()
+    assert (tmp_path / "run.npz").stat().st_size < (tmp_path / "run.csv").stat().st_size / 10
 
 
 # -- following a run while it trains -------------------------------------------------------------------
@@ -1527,9 +1537,10 @@ def test_follow_options(log_path, tmp_path):
 
 @pytest.mark.parametrize("which", ["tiny", "trained"])
 def test_head_ablation(which, log_path, trained_paths, tmp_path):
-    """With the run's checkpoint, the report gives each head's loss increase when it is ablated
-    (probe.py's numbers on the same validation batches): grouped by the taxonomy's classes when
-    there is a taxonomy (the trained run), else as a layer x head table (the tiny run)."""
+    """With the run's checkpoint, the report gives each head's loss increase when it is zeroed and
+    when it is mean-ablated (probe.py's numbers on the validation tokens probe.py evaluates by
+    default), each with its standard error: grouped by the taxonomy's classes when there is a
+    taxonomy (the trained run), else as a layer x head table (the tiny run)."""
     from attnlog import probe
     path = log_path if which == "tiny" else trained_paths[0]
     data, ckpt, out = log_path.parent.parent / "data", path.parent / "model.ckpt", tmp_path / "out"
@@ -1538,14 +1549,25 @@ def test_head_ablation(which, log_path, trained_paths, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     ablation, taxonomy = summary["ablation"], summary["taxonomy"]
     c, params = probe.load_checkpoint(str(ckpt))
-    want = probe.ablate(params, c, probe.validation_batches(str(data), ablation["batches"], 2, T, c.vocab_size))
+    batches = probe.evaluation_batches(str(data), 2, T, c.vocab_size)
+    assert (ablation["batches"], ablation["batch"], ablation["seq_len"]) == (len(batches), 2, T)
+    assert ablation["sequences"] == 2 * len(batches) >= 2
+    # probe.EVAL_TOKENS tokens, or all the validation windows there are when they hold fewer.
+    windows = len(list(probe.validation_windows(str(data), 2, T, c.vocab_size)))
+    assert len(batches) == min(probe.EVAL_TOKENS // (2 * T), windows)
+    want = probe.ablate(params, c, batches)
     # probe.py's own float64 code on the same batches (through JSON's 17 digits): the same numbers
     # but for the order of a few sums. The increases are differences of losses of ~2.5, whose
-    # rounding (~1e-15) is relative to increases down to ~1e-4: 1e-9 relative, 1e-12 for zeros.
+    # rounding (~1e-15) is relative to increases down to ~1e-4: 1e-9 relative, 1e-12 for zeros;
+    # their standard errors, of the same differences, alike.
     assert ablation["loss"] == close(want["loss"], **SAME_F64)
-    assert_close(ablation["increase"], want["increase"], rtol=1e-9, atol=1e-12)
+    for name in ("increase", "mean_increase", "increase_se", "mean_increase_se"):
+        assert_close(ablation[name], want[name], rtol=1e-9, atol=1e-12)
     text = (out / "report.md").read_text()
-    cells = {(l, h): f"{v:+.4f}" for (l, h), v in np.ndenumerate(want["increase"])}
+    cells = {(l, h): f"{v:+.4f} / {want['mean_increase'][l, h]:+.4f}" for (l, h), v in np.ndenumerate(want["increase"])}
+    assert f"{want['loss']:.4f} ± {want['loss_se']:.4f} on {len(batches) * 2 * T} tokens" in text
+    se = np.concatenate([want["increase_se"].ravel(), want["mean_increase_se"].ravel()])
+    assert f"is {np.median(se):.4f} (median; at most {se.max():.4f})" in text
     assert taxonomy["available"] == (which == "trained")
     if taxonomy["available"]:
         assert all(f"L{h['layer']}H{h['head']} {cells[h['layer'], h['head']]}" in text for h in taxonomy["heads"])

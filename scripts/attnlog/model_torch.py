@@ -141,9 +141,10 @@ def forward(p, c, tokens, targets=None, taps=None, logit_scale=None, ablate=()):
     taps, if a dict, receives per layer l a dict: the queries and keys after their norms and before
     RoPE ("q", "k": the points where telemetry measures), after RoPE ("qr", "kr"), the attention
     logits with the causal mask applied ("scores", [B, H, T, T], -inf above the diagonal) and
-    probabilities ("att").
+    probabilities ("att"), and each head's attention output before the output projection ("y", [B, H, T, D]).
     logit_scale, if given, multiplies the attention logits: a number, or a tensor [L, H] per head.
-    ablate: (layer, head) pairs whose attention output is zeroed before the output projection.
+    ablate: (layer, head) pairs whose attention output is replaced before the output projection: by
+    zeros, or, when ablate is a dict, by its value for the pair, a vector [D] at every position.
     """
     B, T = tokens.shape
     H, Hkv, D = c.n_head, c.n_kv_head, c.head_dim
@@ -167,13 +168,14 @@ def forward(p, c, tokens, targets=None, taps=None, logit_scale=None, ablate=()):
             s = s * scale
         s = s.masked_fill(~causal, float("-inf"))
         att = torch.softmax(s, dim=-1)
+        y = att @ v_h  # [B, H, T, D]
         if taps is not None:
             taps[l] = {"q": q.detach(), "k": k.detach(), "qr": qr.detach(), "kr": kr.detach(),
-                       "scores": s.detach(), "att": att.detach()}
-        y = att @ v_h  # [B, H, T, D]
+                       "scores": s.detach(), "att": att.detach(), "y": y.detach()}
         for layer, head in ablate:
             if layer == l:
-                y = y.index_fill(1, torch.tensor([head]), 0.0)
+                y = y.clone()  # the taps keep the output as it was
+                y[:, head] = ablate[layer, head] if isinstance(ablate, dict) else 0.0
         y = y.transpose(1, 2).reshape(B, T, H * D)
         x = x + y @ w("wo").T
         h = rmsnorm(x, w("mlp_norm"), c.norm_eps)

@@ -3,8 +3,10 @@
 /usr/bin/python3 scripts/probe.py from the checkout).
 
     attnlog-probe sweep CKPT [--scale 0.25,0.5,1,2,4]   attention logits times s: entropy, peak, |logit|, loss
-    attnlog-probe svd CKPT [--top K]                    singular values and angles of each head's W_Q^T W_K
-    attnlog-probe ablate CKPT                           the loss with each head's output zeroed in turn
+    attnlog-probe svd CKPT [--top K]                    singular values and angles of each head's W_Q^T W_K,
+                                                        beside those of random weights (chance)
+    attnlog-probe ablate CKPT                           the loss with each head's output zeroed, and with it
+                                                        replaced by its mean, in turn
     attnlog-probe pattern CKPT --text TEXT --layer L --head H [--tokenizer PATH]    one head's attention
 
 Each prints a table and writes a figure into --out (default: the checkpoint's folder), named after
@@ -12,10 +14,13 @@ the checkpoint and the probe (model_sweep.png, model_pattern_L2_H1.png, ...); --
 writes the table's numbers. Errors print one line `error: ...` and exit with status 1 (attnlog.commands).
 
 Validation data (sweep, ablate): the first --batches N batches of --batch B sequences of --seq-len
-T tokens (default: the checkpoint's max_seq_len) that ./train's validation reads. The shards
---data/val_*.bin are taken in name order, each cut into windows of B*T+1 tokens at offsets 0, B*T,
-2*B*T, ... (llmc/dataloader.h, unshuffled): inputs are a window's first B*T tokens, targets the
-same shifted by one. The loss is the mean of the batches' mean cross-entropies, as ./train's.
+T tokens (default: the checkpoint's max_seq_len) that ./train's validation reads; without
+--batches, as many as hold EVAL_TOKENS tokens (all there are when the shards hold fewer), the
+number the report's head ablation evaluates too. The shards --data/val_*.bin are taken in name
+order, each cut into windows of B*T+1 tokens at offsets 0, B*T, 2*B*T, ... (llmc/dataloader.h,
+unshuffled): inputs are a window's first B*T tokens, targets the same shifted by one. The loss is
+the mean of the sequences' mean cross-entropies, as ./train's; a difference of losses (an
+ablation's, a scale's against s = 1) comes with its standard error over the sequences.
 
     from attnlog.probe import load_checkpoint, validation_batches, sweep
     c, params = load_checkpoint("runs/x/model.ckpt")          # float64 parameters
@@ -23,6 +28,7 @@ same shifted by one. The loss is the mean of the batches' mean cross-entropies, 
 """
 import argparse
 import glob
+import itertools
 import json
 import math
 import os
@@ -37,6 +43,13 @@ from attnlog.model_torch import forward, read_checkpoint
 
 SHARD_MAGIC, SHARD_HEADER_BYTES = 20240520, 256 * 4
 SHARD_TOKEN_TYPES = {1: "<u2", 2: "<u4"}  # version 1: uint16 ids (llm.c's format); version 2: uint32
+# Validation tokens the probes (sweep, ablate) and the report's head ablation evaluate unless told
+# otherwise. On a d6 model (800 steps; 64 sequences of 256 tokens) the standard error of a head's
+# ablation effect is then 0.0005 nats (the median over its 24 heads), half the median effect, and
+# 15 of the 24 effects are more than twice theirs (4 at 2,048 tokens). The intact loss's own
+# standard error is 0.034 nats (0.14 at 1,024 tokens, which put two evaluations of a model 0.15 apart).
+EVAL_TOKENS = 16384
+CHANCE_DRAWS = 200  # heads of random weights behind each chance baseline of svd
 
 
 class ProbeError(UserError):
@@ -71,12 +84,12 @@ def read_shard(path):
     return np.frombuffer(data, SHARD_TOKEN_TYPES[version], count, SHARD_HEADER_BYTES).astype(np.int64)
 
 
-def validation_batches(data_dir, n_batches, B, T, vocab_size):
-    """The first n_batches validation batches of ./train: [(tokens [B, T], targets [B, T])]."""
+def validation_windows(data_dir, B, T, vocab_size):
+    """./train's validation batches, in order, as long as the shards last: (tokens [B, T], targets [B, T])."""
     paths = sorted(glob.glob(os.path.join(glob.escape(data_dir), "val_*.bin")))
     if not paths:
         raise ProbeError(f"{data_dir}: no validation shard (val_*.bin)")
-    span, batches = B * T, []
+    span = B * T
     for path in paths:
         ids = read_shard(path)
         outside = np.flatnonzero(ids >= vocab_size)
@@ -85,11 +98,25 @@ def validation_batches(data_dir, n_batches, B, T, vocab_size):
                              f"checkpoint's vocabulary (vocab_size {vocab_size})")
         for start in range(0, ids.size - span, span):  # every window of span + 1 tokens that fits
             window = torch.from_numpy(ids[start:start + span + 1])
-            batches.append((window[:-1].view(B, T), window[1:].view(B, T)))
-            if len(batches) == n_batches:
-                return batches
-    raise ProbeError(f"{data_dir}: the validation shards hold {len(batches)} windows of B*T+1 = {span + 1} tokens, "
-                     f"fewer than --batches {n_batches}")
+            yield window[:-1].view(B, T), window[1:].view(B, T)
+
+
+def validation_batches(data_dir, n_batches, B, T, vocab_size):
+    """The first n_batches validation batches of ./train: [(tokens [B, T], targets [B, T])]."""
+    batches = list(itertools.islice(validation_windows(data_dir, B, T, vocab_size), n_batches))
+    if len(batches) < n_batches:
+        raise ProbeError(f"{data_dir}: the validation shards hold {len(batches)} windows of B*T+1 = {B * T + 1} "
+                         f"tokens, fewer than --batches {n_batches}")
+    return batches
+
+
+def evaluation_batches(data_dir, B, T, vocab_size, tokens=EVAL_TOKENS):
+    """The first validation batches that hold `tokens` tokens (the last may pass that), or all there
+    are when the shards hold fewer; at least one."""
+    batches = list(itertools.islice(validation_windows(data_dir, B, T, vocab_size), -(-tokens // (B * T))))
+    if not batches:
+        raise ProbeError(f"{data_dir}: the validation shards hold no window of B*T+1 = {B * T + 1} tokens")
+    return batches
 
 
 def encode(tokenizer_path, text, c):
@@ -115,36 +142,58 @@ def encode(tokenizer_path, text, c):
 
 # -- probes ------------------------------------------------------------------------------------------
 
-def mean_loss(params, c, batches, **options):
-    """The mean over batches of each batch's loss; options go to model_torch.forward (ablate=...)."""
+def sequence_losses(params, c, batches, **options):
+    """The mean cross-entropy of each sequence of the batches, in order [batches x B]; options go to
+    model_torch.forward (ablate=...)."""
     with torch.no_grad():
-        return float(np.mean([forward(params, c, x, y, **options)[1].item() for x, y in batches]))
+        return np.concatenate([per_sequence(forward(params, c, tokens, **options)[0], targets)
+                               for tokens, targets in batches])
+
+
+def per_sequence(logits, targets):
+    """The mean cross-entropy of each sequence [B] of logits [B, T, V] against targets [B, T]."""
+    each = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.reshape(-1), reduction="none")
+    return each.view(targets.shape).mean(1).numpy()
+
+
+def mean_loss(params, c, batches, **options):
+    """The loss over the batches: the mean of the sequences' losses."""
+    return float(sequence_losses(params, c, batches, **options).mean())
+
+
+def standard_error(samples):
+    """The standard error of the mean of samples [..., n] over its last axis, the n taken as
+    independent (a sequence's loss depends on its own tokens); NaN for fewer than 2."""
+    n = samples.shape[-1]
+    return samples.std(axis=-1, ddof=1) / math.sqrt(n) if n > 1 else np.full(samples.shape[:-1], np.nan)
 
 
 def sweep(params, c, batches, scales):
     """Every head's attention logits multiplied by s, for each s of scales: per layer and head the
     mean over all query rows of the attention entropy (nats) and of the peak probability, as
     docs/telemetry.md defines them, and the mean |logit| over the causal entries, [S, L, H] each;
-    and the loss, [S]. s = 0 is uniform causal attention; s = 1 the model as trained."""
+    and the loss, [S], with the standard error of its difference from the loss at s = 1 (NaN when 1
+    is not among the scales). s = 0 is uniform causal attention; s = 1 the model as trained."""
     shape = (len(scales), c.n_layer, c.n_head)
-    entropy, maxp, score_abs, loss = np.zeros(shape), np.zeros(shape), np.zeros(shape), np.zeros(len(scales))
+    entropy, maxp, score_abs = np.zeros(shape), np.zeros(shape), np.zeros(shape)
     B, T = batches[0][0].shape
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     rows, entries = len(batches) * B * T, len(batches) * B * int(causal.sum())
+    losses = np.zeros((len(scales), len(batches) * B))  # [S, sequences]
     for i, s in enumerate(scales):
-        losses = []
-        for tokens, targets in batches:
+        for b, (tokens, targets) in enumerate(batches):
             taps = {}
             with torch.no_grad():
-                losses.append(forward(params, c, tokens, targets, taps, logit_scale=float(s))[1].item())
+                losses[i, b * B:(b + 1) * B] = per_sequence(forward(params, c, tokens, None, taps,
+                                                                    logit_scale=float(s))[0], targets)
             for l in range(c.n_layer):
                 att, scores = taps[l]["att"], taps[l]["scores"]  # [B, H, T, T]
                 entropy[i, l] -= torch.xlogy(att, att).sum(-1).sum((0, 2)).numpy() / rows  # 0 ln 0 = 0
                 maxp[i, l] += att.max(-1).values.sum((0, 2)).numpy() / rows
                 score_abs[i, l] += scores[:, :, causal].abs().sum((0, 2)).numpy() / entries
-        loss[i] = np.mean(losses)
+    one = losses[list(scales).index(1)] if 1 in scales else np.full(losses.shape[1], np.nan)
     return {"scales": np.array(scales, dtype=float), "entropy": entropy, "maxp": maxp, "score_abs": score_abs,
-            "loss": loss}
+            "loss": losses.mean(1), "loss_change_se": standard_error(losses - one), "sequences": losses.shape[1]}
 
 
 def effective_rank(sv):
@@ -176,12 +225,13 @@ def svd_probe(params, c):
     the residual stream) are the singular values of Va Vb^T, over min(rank A_h, rank B_h) pairs
     (NaN beyond). The orthogonality of W_Q and W_K, as the research notes measure it, comes from the
     cosines between the rows of W_Q,h and of W_K,kv [D, D]: the mean and the largest |cosine|, and
-    the mean of the diagonal (row i of each, the pair that meets in score component i).
+    the mean of the diagonal (row i of each, the pair that meets in score component i). Beside
+    each cosine statistic, chance_<name> and chance_<name>_se: its value for heads of random weights
+    (chance_cosines), the baseline a head's number means something against.
     """
     L, H, D = c.n_layer, c.n_head, c.head_dim
     group = H // c.n_kv_head
-    out = {name: np.zeros((L, H)) for name in ("effective_rank", "cos_mean", "cos_max", "qk_row_cos_abs_mean",
-                                                "qk_row_cos_abs_max", "qk_row_cos_diag_mean")}
+    out = {name: np.zeros((L, H)) for name in ("effective_rank",) + COSINE_STATISTICS}
     out["singular_values"] = np.zeros((L, H, D))
     out["principal_cosines"] = np.full((L, H, D), np.nan)
     ones = torch.ones(D, dtype=torch.float64)  # --qk-norm plain holds the gains at 1; none has no norm
@@ -191,29 +241,76 @@ def svd_probe(params, c):
         for h in range(H):
             W_q = params[f"layers.{l}.wq"][h * D:(h + 1) * D]
             W_k = params[f"layers.{l}.wk"][(h // group) * D:(h // group + 1) * D]
-            Ua, Sa, basis_a = row_space(g_q[:, None] * W_q)
-            Ub, Sb, basis_b = row_space(g_k[:, None] * W_k)
-            sv = torch.linalg.svdvals(Sa[:, None] * (Ua.T @ Ub) * Sb[None, :])
-            cosines = torch.linalg.svdvals(basis_a @ basis_b.T).clamp(max=1.0)  # rounding can pass 1
-            out["singular_values"][l, h] = sv.numpy()
-            out["effective_rank"][l, h] = effective_rank(sv)
-            out["principal_cosines"][l, h, :len(cosines)] = cosines.numpy()
-            out["cos_mean"][l, h] = cosines.mean().item() if len(cosines) else np.nan
-            out["cos_max"][l, h] = cosines.max().item() if len(cosines) else np.nan
-            row_cos = (W_q / W_q.norm(dim=1, keepdim=True)) @ (W_k / W_k.norm(dim=1, keepdim=True)).T
-            out["qk_row_cos_abs_mean"][l, h] = row_cos.abs().mean().item()
-            out["qk_row_cos_abs_max"][l, h] = row_cos.abs().max().item()
-            out["qk_row_cos_diag_mean"][l, h] = row_cos.diagonal().mean().item()
+            head = score_form(W_q, W_k, g_q, g_k)
+            out["singular_values"][l, h] = head["singular_values"]
+            out["principal_cosines"][l, h, :len(head["principal_cosines"])] = head["principal_cosines"]
+            for name in ("effective_rank",) + COSINE_STATISTICS:
+                out[name][l, h] = head[name]
+    out.update({f"chance_{name}": value for name, value in chance_cosines(D, c.d_model).items()})
     return out
 
 
+COSINE_STATISTICS = ("cos_mean", "cos_max", "qk_row_cos_abs_mean", "qk_row_cos_abs_max", "qk_row_cos_diag_mean")
+
+
+def score_form(W_q, W_k, g_q, g_k):
+    """svd_probe's numbers of one head, W_Q,h and W_K,kv [D, C] with gains g_q, g_k [D]."""
+    Ua, Sa, basis_a = row_space(g_q[:, None] * W_q)
+    Ub, Sb, basis_b = row_space(g_k[:, None] * W_k)
+    sv = torch.linalg.svdvals(Sa[:, None] * (Ua.T @ Ub) * Sb[None, :])
+    cosines = torch.linalg.svdvals(basis_a @ basis_b.T).clamp(max=1.0)  # rounding can pass 1
+    row_cos = (W_q / W_q.norm(dim=1, keepdim=True)) @ (W_k / W_k.norm(dim=1, keepdim=True)).T
+    return {"singular_values": sv.numpy(), "effective_rank": effective_rank(sv), "principal_cosines": cosines.numpy(),
+            "cos_mean": cosines.mean().item() if len(cosines) else np.nan,
+            "cos_max": cosines.max().item() if len(cosines) else np.nan,
+            "qk_row_cos_abs_mean": row_cos.abs().mean().item(), "qk_row_cos_abs_max": row_cos.abs().max().item(),
+            "qk_row_cos_diag_mean": row_cos.diagonal().mean().item()}
+
+
+def chance_cosines(D, C, draws=CHANCE_DRAWS, seed=0):
+    """What svd_probe's cosines are by chance: their mean over `draws` heads of random weights, W_Q
+    and W_K [D, C] of independent standard normal entries (rows of random directions, row spaces
+    uniformly random D-dimensional subspaces of the C-dimensional residual stream), a fixed seed.
+    {name: mean} and {name_se: its standard error} for each of COSINE_STATISTICS. For D = 64 of
+    C = 256 the mean principal cosine is 0.436; D = C gives 1, the two spaces being the same."""
+    generator = torch.Generator().manual_seed(seed)
+    ones = torch.ones(D, dtype=torch.float64)
+    heads = [score_form(torch.randn(D, C, generator=generator, dtype=torch.float64),
+                        torch.randn(D, C, generator=generator, dtype=torch.float64), ones, ones) for _ in range(draws)]
+    values = {name: np.array([head[name] for head in heads]) for name in COSINE_STATISTICS}
+    return dict({name: v.mean() for name, v in values.items()},
+                **{f"{name}_se": standard_error(v) for name, v in values.items()})
+
+
+def head_means(params, c, batches):
+    """[L, H, D]: each head's attention output (before the output projection) averaged over every
+    position of every sequence of the batches."""
+    total = torch.zeros(c.n_layer, c.n_head, c.head_dim, dtype=torch.float64)
+    for tokens, _ in batches:
+        taps = {}
+        with torch.no_grad():
+            forward(params, c, tokens, taps=taps)
+        for l in range(c.n_layer):
+            total[l] += taps[l]["y"].sum((0, 2))
+    return total / (len(batches) * batches[0][0].numel())
+
+
 def ablate(params, c, batches):
-    """The intact model's loss, and [L, H] the increase of the loss when each head's attention
-    output is zeroed (before the output projection), one head at a time."""
-    intact = mean_loss(params, c, batches)
-    increase = np.array([[mean_loss(params, c, batches, ablate=[(l, h)]) - intact for h in range(c.n_head)]
-                         for l in range(c.n_layer)])
-    return {"loss": intact, "increase": increase}
+    """The intact model's loss, and [L, H] the increase of the loss when one head's attention output
+    (before the output projection) is replaced, one head at a time: by zeros ("increase",
+    zero-ablation) or by its mean over every position of the batches ("mean_increase",
+    mean-ablation, which keeps what the head adds on average and removes only what depends on the
+    input). Each with its standard error over the sequences (standard_error of the per-sequence
+    differences, "increase_se", "mean_increase_se"; "loss_se" for the intact loss)."""
+    intact = sequence_losses(params, c, batches)
+    means = head_means(params, c, batches)
+    zeros = torch.zeros(c.head_dim, dtype=torch.float64)
+    out = {"loss": float(intact.mean()), "loss_se": float(standard_error(intact)), "sequences": len(intact)}
+    for name, fill in (("increase", lambda l, h: zeros), ("mean_increase", lambda l, h: means[l, h])):
+        change = np.array([[sequence_losses(params, c, batches, ablate={(l, h): fill(l, h)}) - intact
+                            for h in range(c.n_head)] for l in range(c.n_layer)])  # [L, H, sequences]
+        out[name], out[f"{name}_se"] = change.mean(-1), standard_error(change)
+    return out
 
 
 def attention_pattern(params, c, tokens, layer, head):
@@ -284,7 +381,8 @@ def svd_figure(path, title, result):
     heatmap(fig, axes[0], result["effective_rank"], "effective rank of M_h", "{:.1f}", cmap="viridis", vmin=1, vmax=D)
     axes[0].set_title("effective rank of W_Q,h^T W_K (gains in)")
     heatmap(fig, axes[1], result["cos_mean"], "mean cosine", "{:.2f}", cmap="magma", vmin=0, vmax=1)
-    axes[1].set_title("principal angles of the query and key row spaces")
+    axes[1].set_title(f"principal angles of the query and key row spaces\n(mean cosine; random weights: "
+                      f"{result['chance_cos_mean']:.3f})")
     colours = plt.cm.viridis(np.linspace(0, 0.9, L))
     for l in range(L):
         for h in range(H):
@@ -297,12 +395,17 @@ def svd_figure(path, title, result):
 
 
 def ablate_figure(path, title, result):
-    increase = result["increase"]
-    bound = max(np.abs(increase).max(), 1e-12)
-    L, H = increase.shape
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * H + 2.5), max(3.5, 0.45 * L + 1.5)), constrained_layout=True)
-    heatmap(fig, ax, increase, "loss increase (nats)", "{:+.3f}", cmap="RdBu_r", vmin=-bound, vmax=bound)
-    ax.set_title(f"{title}\nloss increase with one head zeroed (intact loss {result['loss']:.4f})")
+    """The loss increase of each head, zeroed and mean-ablated, on one colour scale."""
+    increases = (result["increase"], result["mean_increase"])
+    bound = max(max(np.abs(v).max() for v in increases), 1e-12)
+    L, H = result["increase"].shape
+    fig, axes = plt.subplots(1, 2, figsize=(2 * max(5.0, 1.1 * H + 2.5), max(3.5, 0.45 * L + 1.5)),
+                             constrained_layout=True)
+    for ax, values, how in zip(axes, increases, ("zeroed", "replaced by its mean")):
+        heatmap(fig, ax, values, "loss increase (nats)", "{:+.3f}", cmap="RdBu_r", vmin=-bound, vmax=bound)
+        ax.set_title(f"one head's output {how}")
+    fig.suptitle(f"{title}\nintact loss {result['loss']:.4f} ± {result['loss_se']:.4f} over "
+                 f"{result['sequences']} sequences")
     save(fig, path)
 
 
@@ -335,13 +438,26 @@ def data_batches(args, c):
     T = args.seq_len or c.max_seq_len
     if T > c.max_seq_len:
         raise ProbeError(f"--seq-len {T}: longer than the checkpoint's max_seq_len {c.max_seq_len}")
+    if args.batches is None:
+        return evaluation_batches(args.data, args.batch, T, c.vocab_size), T
     return validation_batches(args.data, args.batches, args.batch, T, c.vocab_size), T
+
+
+def plus_minus(value, se):
+    """'+0.0123 ± 0.0004': a difference of losses and its standard error (n/a for one sequence)."""
+    return f"{value:+.4f} ± " + ("n/a" if np.isnan(se) else f"{se:.4f}")
 
 
 def output_path(args, probe):
     out = args.out or os.path.dirname(os.path.abspath(args.checkpoint))
     os.makedirs(out, exist_ok=True)
     return os.path.join(out, f"{os.path.splitext(os.path.basename(args.checkpoint))[0]}_{probe}.png")
+
+
+def tokens_used(batches):
+    """'16 x 2 x 512 = 16384 tokens, 32 sequences': what the losses were evaluated on."""
+    n, (B, T) = len(batches), batches[0][0].shape
+    return f"{n} x {B} x {T} = {n * B * T} tokens, {n * B} sequences"
 
 
 def print_table(columns, rows):
@@ -369,14 +485,16 @@ def command_sweep(args):
     c, params = load_checkpoint(args.checkpoint)
     batches, T = data_batches(args, c)
     r = sweep(params, c, batches, args.scale)
-    for s, loss in zip(r["scales"], r["loss"]):
-        print(f"s = {s:g}: validation loss {loss:.4f}")
+    one = r["loss"][list(args.scale).index(1)] if 1 in args.scale else None
+    for s, loss, se in zip(r["scales"], r["loss"], r["loss_change_se"]):
+        change = f" ({plus_minus(loss - one, se)} against s = 1)" if one is not None and s != 1 else ""
+        print(f"s = {s:g}: validation loss {loss:.4f}{change}")
+    print(f"{tokens_used(batches)}; ± one standard error over the sequences")
     print_table(["s", "layer", "head", "entropy", "maxp", "|logit|"],
                 [[f"{r['scales'][i]:g}", l, h, entropy, r["maxp"][i, l, h], r["score_abs"][i, l, h]]
                  for (i, l, h), entropy in np.ndenumerate(r["entropy"])])
     path = output_path(args, "sweep")
-    tokens = f"{len(batches)} x {args.batch} x {T} tokens"
-    sweep_figure(path, f"{args.checkpoint}: attention logits times s ({tokens})", r, T)
+    sweep_figure(path, f"{args.checkpoint}: attention logits times s ({tokens_used(batches)})", r, T)
     finish(args, "sweep", path, dict(r, batches=len(batches), batch=args.batch, seq_len=T))
 
 
@@ -384,12 +502,16 @@ def command_svd(args):
     c, params = load_checkpoint(args.checkpoint)
     r = svd_probe(params, c)
     top = min(args.top, c.head_dim)
-    print_table(["layer", "head", "kv"] + [f"sigma_{i + 1}" for i in range(top)] +
-                ["erank", "cos_mean", "cos_max", "qk|cos|", "qk|cos|max", "qk_diag"],
+    columns = ["cos_mean", "cos_max", "qk|cos|", "qk|cos|max", "qk_diag"]
+    print_table(["layer", "head", "kv"] + [f"sigma_{i + 1}" for i in range(top)] + ["erank"] + columns,
                 [[l, h, h // (c.n_head // c.n_kv_head)] + list(r["singular_values"][l, h, :top]) +
-                 [erank] + [r[name][l, h] for name in ("cos_mean", "cos_max", "qk_row_cos_abs_mean",
-                                                       "qk_row_cos_abs_max", "qk_row_cos_diag_mean")]
-                 for (l, h), erank in np.ndenumerate(r["effective_rank"])])
+                 [erank] + [r[name][l, h] for name in COSINE_STATISTICS]
+                 for (l, h), erank in np.ndenumerate(r["effective_rank"])] +
+                [["chance", "", ""] + [""] * top + [""] + [r[f"chance_{name}"] for name in COSINE_STATISTICS]])
+    print(f"chance: the mean over {CHANCE_DRAWS} heads of random weights (W_Q, W_K of {c.head_dim} x {c.d_model} "
+          "standard normal entries): the cosines of unrelated subspaces of these sizes; mean principal cosine "
+          f"{r['chance_cos_mean']:.4f} ± {r['chance_cos_mean_se']:.4f}, observed over the heads "
+          f"{np.nanmean(r['cos_mean']):.4f}")
     path = output_path(args, "svd")
     svd_figure(path, f"{args.checkpoint}: the score form W_Q,h^T diag(g_q g_k) W_K of each head", r)
     finish(args, "svd", path, r)
@@ -399,11 +521,15 @@ def command_ablate(args):
     c, params = load_checkpoint(args.checkpoint)
     batches, T = data_batches(args, c)
     r = ablate(params, c, batches)
-    print(f"intact validation loss {r['loss']:.4f} ({len(batches)} x {args.batch} x {T} tokens)")
-    print_table(["layer", "head", "increase"], [[l, h, v] for (l, h), v in np.ndenumerate(r["increase"])])
+    print(f"intact validation loss {r['loss']:.4f} ± {r['loss_se']:.4f} ({tokens_used(batches)})")
+    print_table(["layer", "head", "zeroed", "± se", "mean", "± se"],
+                [[l, h, v, r["increase_se"][l, h], r["mean_increase"][l, h], r["mean_increase_se"][l, h]]
+                 for (l, h), v in np.ndenumerate(r["increase"])])
+    print("the loss increase with the head's output zeroed, and replaced by its mean over these tokens; "
+          "± one standard error over the sequences")
     top = zip(*np.unravel_index(np.argsort(-r["increase"], axis=None)[:5], r["increase"].shape))
     print("the heads the loss needs most: " +
-          ", ".join(f"layer {l} head {h} ({r['increase'][l, h]:+.4f})" for l, h in top))
+          ", ".join(f"layer {l} head {h} ({plus_minus(r['increase'][l, h], r['increase_se'][l, h])})" for l, h in top))
     path = output_path(args, "ablate")
     ablate_figure(path, args.checkpoint, r)
     finish(args, "ablate", path, dict(r, batches=len(batches), batch=args.batch, seq_len=T))
@@ -432,7 +558,8 @@ def command_line():
     shared.add_argument("--data", metavar="DIR", default=DEFAULT_DATA,
                         help="folder of val_*.bin and tokenizer.model (default: data/brown of the repository)")
     data = ArgumentParser(add_help=False)
-    data.add_argument("--batches", type=positive_int, default=2, help="validation batches (default 2)")
+    data.add_argument("--batches", type=positive_int,
+                      help=f"validation batches (default: as many as hold {EVAL_TOKENS} tokens)")
     data.add_argument("--batch", type=positive_int, default=2, help="sequences per batch (default 2)")
     data.add_argument("--seq-len", type=positive_int, help="tokens per sequence (default: max_seq_len)")
     sweep_parser = commands.add_parser("sweep", parents=[shared, data], help="attention logits times s")
@@ -440,7 +567,7 @@ def command_line():
                               help="comma-separated factors s >= 0 (default 0.25,0.5,1,2,4)")
     svd_parser = commands.add_parser("svd", parents=[shared], help="singular values of the heads' score forms")
     svd_parser.add_argument("--top", type=positive_int, default=4, help="singular values in the table (default 4)")
-    commands.add_parser("ablate", parents=[shared, data], help="the loss with each head zeroed")
+    commands.add_parser("ablate", parents=[shared, data], help="the loss with each head zeroed, and mean-ablated")
     pattern_parser = commands.add_parser("pattern", parents=[shared], help="one head's attention on a text")
     pattern_parser.add_argument("--text", required=True, help="the text to run")
     pattern_parser.add_argument("--layer", type=int, required=True)

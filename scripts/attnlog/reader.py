@@ -474,8 +474,10 @@ class RunLog:
 
 # -- long format: one row per value, for data-frame tools --------------------------------------------
 
-EXPORT_COLUMNS = ("run", "step", "metric", "layer", "head", "head_kind", "value")
-EMPTY_DTYPES = {"step": np.int64, "layer": np.int64, "head": np.int64, "value": np.float64}  # others: text
+EXPORT_COLUMNS = ("run", "step", "metric", "layer", "head", "head_kind", "kv_head", "value")
+CATEGORIES = ("run", "metric", "head_kind")  # text columns; the npz holds them as codes into <column>_names
+NO_POSITION = -1  # layer, head or kv_head of a value that has none (a step record's loss has no layer)
+EMPTY_DTYPES = {"step": np.int64, "layer": np.int32, "head": np.int32, "kv_head": np.int32, "value": np.float32}
 
 
 def run_labels(paths, given=()):
@@ -494,9 +496,12 @@ def long_table(log, label):
     """Every value of the log in long format, one block of equal-length numpy columns (the names of
     EXPORT_COLUMNS) per numeric field of each record type of the header's record table: the step
     records' fields (loss, lr, ...), the validation loss, and every telemetry metric. A field of one
-    value per record has layer and head -1 and head_kind "scalar"; a [layer x X] field has a row per
-    layer and column, head_kind X (kv_head, q_head or dim). Steps as the reader gives them: ascending,
-    a step recorded twice (a resumed run) once, with its later values."""
+    value per record has layer, head and kv_head NO_POSITION and head_kind "scalar"; a [layer x X]
+    field has a row per layer and column, head_kind X (kv_head, q_head or dim), and kv_head the kv
+    head that the column's query head reads (a kv_head column: itself; a dim: NO_POSITION). value
+    keeps the field's float type (float32 for every field ./train writes); integers become float64.
+    Steps as the reader gives them: ascending, a step recorded twice (a resumed run) once, with its
+    later values."""
     for rtype in log.record_types.values():  # in the order of the header's table
         for name, spec in rtype.fields.items():
             if spec["dtype"] == "utf8":
@@ -505,42 +510,57 @@ def long_table(log, label):
             if not len(steps):
                 continue
             layer, head, kind = _positions(spec)
+            kv_head = _kv_heads(head, kind, log.config)
             rows = len(steps) * len(layer)
-            with np.errstate(invalid="ignore"):  # a signalling NaN, which random bytes may be, becomes a quiet one
-                value = values.astype(np.float64).ravel()
+            value = values.ravel() if values.dtype.kind == "f" else values.ravel().astype(np.float64)
             yield {"run": np.full(rows, label), "step": np.repeat(steps, len(layer)), "metric": np.full(rows, name),
                    "layer": np.tile(layer, len(steps)), "head": np.tile(head, len(steps)),
-                   "head_kind": np.full(rows, kind), "value": value}
+                   "head_kind": np.full(rows, kind), "kv_head": np.tile(kv_head, len(steps)), "value": value}
 
 
 def _positions(spec):
     """(layer [n], head [n], head_kind) of the n values of one record's field, in payload order."""
     shape, dims = spec["shape"], list(spec.get("dims") or [])
     if not shape:
-        return np.full(1, -1), np.full(1, -1), "scalar"
+        return np.full(1, NO_POSITION, np.int32), np.full(1, NO_POSITION, np.int32), "scalar"
     if len(shape) == 2 and len(dims) == 2 and dims[0] == "layer":
-        return np.repeat(np.arange(shape[0]), shape[1]), np.tile(np.arange(shape[1]), shape[0]), str(dims[1])
+        return (np.repeat(np.arange(shape[0], dtype=np.int32), shape[1]),
+                np.tile(np.arange(shape[1], dtype=np.int32), shape[0]), str(dims[1]))
     size = int(np.prod(shape))  # another layout: the flat index as the head
-    return np.full(size, -1), np.arange(size), " x ".join(map(str, dims)) or "value"
+    return np.full(size, NO_POSITION, np.int32), np.arange(size, dtype=np.int32), " x ".join(map(str, dims)) or "value"
+
+
+def _kv_heads(head, kind, config):
+    """The kv head of each column head of kind: query head h reads kv head h // (n_head / n_kv_head)
+    (grouped-query attention, docs/model.md); NO_POSITION where there is none, or where the config
+    gives no whole number of query heads per kv head, or fewer query heads than the field has."""
+    if kind == "kv_head":
+        return head
+    n_head, n_kv_head = config.get("n_head"), config.get("n_kv_head")
+    grouped = (type(n_head) is int and type(n_kv_head) is int and 0 < n_kv_head <= n_head
+               and n_head % n_kv_head == 0 and head.max(initial=-1) < n_head)
+    if kind != "q_head" or not grouped:
+        return np.full(len(head), NO_POSITION, np.int32)
+    return (head // (n_head // n_kv_head)).astype(np.int32)
 
 
 def write_long(path, blocks):
-    """Writes long_table blocks to path, a .csv (a header row, then a row per value; layer and head
-    empty for scalars; every value the exact decimal of its float32, so float() or pandas.read_csv
-    read back the same number) or a .npz (one 1-D array per column, strings as fixed-width unicode,
-    layer and head -1 for scalars: pandas.DataFrame(dict(numpy.load(path))) loads it). The file
-    appears whole or not at all: it is written beside path under another name, then renamed."""
+    """Writes long_table blocks to path, a .csv or a .npz (docs/log_format.md): the file appears
+    whole or not at all, written beside path under another name, then renamed.
+
+    .csv: a header row, then a row per value; each value the shortest decimal that reads back as
+    the same number of its field's type, nan, inf or -inf; pandas.read_csv's defaults read it, and
+    the values of float32 fields back to their exact bits with .astype("float32") (its float64 need
+    not be the float32's exact value: pandas' default parser rounds some decimals wrongly).
+    .npz, compressed: one 1-D array per column, the text columns (CATEGORIES) as small integer codes
+    into <column>_names."""
     kind = Path(path).suffix.lower()
     if kind not in (".csv", ".npz"):
         raise LogError(f"{path}: cannot tell the format from the name (it must end in .csv or .npz)")
     temp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{Path(path).name}.{os.getpid()}.part")
     try:
         with open(temp, "x" if kind == ".csv" else "xb", **({"newline": ""} if kind == ".csv" else {})) as out:
-            if kind == ".csv":
-                _write_csv(out, blocks)
-            else:
-                blocks = list(blocks) or [{k: np.zeros(0, EMPTY_DTYPES.get(k, "<U1")) for k in EXPORT_COLUMNS}]
-                np.savez(out, **{k: np.concatenate([block[k] for block in blocks]) for k in EXPORT_COLUMNS})
+            (_write_csv if kind == ".csv" else _write_npz)(out, blocks)
         os.replace(temp, path)
     except BaseException as e:
         if os.path.exists(temp):
@@ -554,9 +574,28 @@ def _write_csv(out, blocks):
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(EXPORT_COLUMNS)
     for block in blocks:
-        layer, head = (np.where(block[k] < 0, "", block[k].astype(str)) for k in ("layer", "head"))
-        writer.writerows(zip(block["run"], block["step"].astype(str), block["metric"], layer, head,
-                             block["head_kind"], block["value"].astype(str)))
+        writer.writerows(zip(*[block[k] if k in CATEGORIES else _text(block[k]) for k in EXPORT_COLUMNS]))
+
+
+def _write_npz(out, blocks):
+    blocks = list(blocks)
+    columns, tables = {}, {}
+    for k in EXPORT_COLUMNS:
+        if k in CATEGORIES:
+            names = {}  # text -> code, in order of appearance
+            codes = [_codes(b[k], names) for b in blocks]
+            dtype = np.min_scalar_type(-max(len(names), 1))  # signed, as pandas.Categorical.from_codes takes them
+            columns[k] = np.concatenate(codes).astype(dtype) if codes else np.zeros(0, dtype)
+            tables[f"{k}_names"] = np.array(list(names), dtype=str)
+        else:
+            columns[k] = np.concatenate([b[k] for b in blocks]) if blocks else np.zeros(0, EMPTY_DTYPES[k])
+    np.savez_compressed(out, **columns, **tables)
+
+
+def _codes(texts, names):
+    """The code of each of texts, the codes given by names (text -> code), which grows by the new ones."""
+    unique, inverse = np.unique(texts, return_inverse=True)
+    return np.array([names.setdefault(text, len(names)) for text in unique.tolist()], np.int64)[inverse]
 
 
 def _read_file(path):
@@ -988,10 +1027,11 @@ def command_line():
     which.add_argument("--val", action="store_true", help="the validation loss: step,val_loss")
     table.add_argument("-o", "--output", metavar="FILE", help="write here instead of to standard output")
     export = commands.add_parser("export", help="every value of every log in long format, one row per value: "
-                                 "run,step,metric,layer,head,head_kind,value")
+                                 "run,step,metric,layer,head,head_kind,kv_head,value")
     export.add_argument("logs", nargs="+", metavar="LOG", help="the run log(s)")
     export.add_argument("-o", "--output", metavar="FILE", required=True,
-                        help="FILE.csv (a table with a header row) or FILE.npz (one array per column)")
+                        help="FILE.csv (a table with a header row) or FILE.npz (compressed, one array per column, "
+                        "the text columns as codes into <column>_names)")
     export.add_argument("--run-label", action="append", metavar="LABEL", help="the run column of a log, once "
                         "per log in the order given (default: the log's folder/file stem)")
     return parser

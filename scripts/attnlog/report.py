@@ -414,43 +414,52 @@ def make_report(paths, outdir, layer, refresh=None, labels=(), checkpoint=None, 
 
 
 def head_ablation(checkpoint, data, run):
-    """The loss increase of each head's ablation (attnlog.probe's ablate) on the first ABLATION_BATCHES
-    validation batches of 2 sequences of the run's length; PyTorch is needed for this only."""
+    """Each head's ablation (attnlog.probe's ablate: zeroed, and replaced by its mean) on the first
+    probe.EVAL_TOKENS validation tokens (all there are when fewer), in sequences of 2 x the run's
+    length, as attnlog-probe ablate evaluates by default; PyTorch is needed for this only."""
     from attnlog import probe
     c, params = probe.load_checkpoint(checkpoint)
     if (c.n_layer, c.n_head) != (run["L"], run["H"]):
         raise ReportError(f"--checkpoint {checkpoint}: {c.n_layer} layers of {c.n_head} heads, but the log's model "
                           f"has {run['L']} of {run['H']}")
     T = min(run["seq_len"], c.max_seq_len)
-    result = probe.ablate(params, c, probe.validation_batches(data, ABLATION_BATCHES, 2, T, c.vocab_size))
-    return {"checkpoint": str(checkpoint), "batches": ABLATION_BATCHES, "batch": 2, "seq_len": T,
-            "loss": result["loss"], "increase": result["increase"].tolist()}
-
-
-ABLATION_BATCHES = 4
+    batches = probe.evaluation_batches(data, 2, T, c.vocab_size)
+    result = probe.ablate(params, c, batches)
+    return dict({"checkpoint": str(checkpoint), "batches": len(batches), "batch": 2, "seq_len": T},
+                **{k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in result.items()})
 
 
 def ablation_blocks(ablation, taxonomy):
-    """The heads' loss increases beside their taxonomy classes."""
-    inc = np.array(ablation["increase"])
+    """The heads' loss increases, zeroed and mean-ablated, beside their taxonomy classes."""
+    zero, mean = np.array(ablation["increase"]), np.array(ablation["mean_increase"])
+    se = np.concatenate([np.ravel(ablation["increase_se"]), np.ravel(ablation["mean_increase_se"])])
+    tokens = ablation["batches"] * ablation["batch"] * ablation["seq_len"]
+    noise = ("one sequence gives no standard error" if np.isnan(se).all() else
+             f"the standard error of an increase, over the {ablation['sequences']} sequences taken as independent, "
+             f"is {np.nanmedian(se):.4f} (median; at most {np.nanmax(se):.4f}): an increase within two of its "
+             "standard errors of 0 may be noise")
+    both = lambda l, h: f"{zero[l, h]:+.4f} / {mean[l, h]:+.4f}"  # noqa: E731
     blocks = [("h2", "Head ablation"),
-              ("p", f"The weights of {code(ablation['checkpoint'])}: the validation loss is "
-                    f"{ablation['loss']:.4f} on {ablation['batches']} batches of {ablation['batch']} x "
-                    f"{ablation['seq_len']} tokens; a head's figure is how much it rises when that one head's "
-                    "attention output is zeroed (scripts/probe.py ablate), so that each class of the taxonomy can be read "
-                    "against what its heads do for the loss.")]
+              ("p", f"The weights of {code(ablation['checkpoint'])}: the validation loss is {ablation['loss']:.4f} "
+                    f"± {number(ablation['loss_se'], '{:.4f}')} on {tokens} tokens ({ablation['batches']} batches of "
+                    f"{ablation['batch']} x {ablation['seq_len']}). A head's figures are how much the loss "
+                    "rises when that one head's attention output is zeroed, and when it is replaced by its mean over "
+                    "these tokens (scripts/probe.py ablate): zeroing also removes what the head adds on average, the "
+                    "mean keeps that and removes only what depends on the input. So each class of the taxonomy can be "
+                    f"read against what its heads do for the loss; {noise}.")]
     if taxonomy["available"]:
         rows = []
         for cls in taxonomy["rules"]:
-            members = [h for h in taxonomy["heads"] if h["class"] == cls]
-            values = [inc[h["layer"], h["head"]] for h in members]
-            rows.append([cls, str(len(members)), number(np.mean(values) if values else None, "{:+.4f}"),
-                         ", ".join(f"L{h['layer']}H{h['head']} {inc[h['layer'], h['head']]:+.4f}" for h in members)
-                         or "none"])
-        blocks.append(("table", ["class", "heads", "mean loss increase", "each head"], rows))
+            members = [(h["layer"], h["head"]) for h in taxonomy["heads"] if h["class"] == cls]
+            rows.append([cls, str(len(members)),
+                         number(np.mean([zero[m] for m in members]) if members else None, "{:+.4f}"),
+                         number(np.mean([mean[m] for m in members]) if members else None, "{:+.4f}"),
+                         ", ".join(f"L{l}H{h} {both(l, h)}" for l, h in members) or "none"])
+        blocks.append(("table", ["class", "heads", "mean increase, zeroed", "mean increase, mean-ablated",
+                                 "each head (zeroed / mean-ablated)"], rows))
     else:
-        blocks.append(("table", ["layer"] + [f"H{h}" for h in range(inc.shape[1])],
-                       [[str(l)] + [f"{v:+.4f}" for v in row] for l, row in enumerate(inc)]))
+        blocks.append(("table", ["layer"] + [f"H{h} (zeroed / mean-ablated)" for h in range(zero.shape[1])],
+                       [[str(l)] + [both(l, h) for h in range(zero.shape[1])] for l in range(zero.shape[0])]))
     return blocks
 
 
