@@ -260,7 +260,7 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
     g.B = B;
     g.T = T;
     int N = B * T, C = c.d_model, F = c.d_ff, L = c.n_layer, H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim;
-    int QKV = c.qkv_dim();
+    int A = c.attn_dim(), QKV = c.qkv_dim();
     Activations<bf16>& a = g.acts;
     cudaStream_t s = g.stream;
     cudaCheck(cudaMemcpyAsync(g.tokens, tokens, N * sizeof(int), cudaMemcpyHostToDevice, s));
@@ -285,7 +285,7 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
         if (tm)
             telemetry_layer(g.stat_sums, g.stats_layout, g.stats_partial, a.keys_f64, g.mm, la.qk_normed, la.row_stats,
                             gpu_param_f32(g, P_Q_GAIN, l), gpu_param_f32(g, P_K_GAIN, l), B, T, c, l, s);
-        matmul_forward(g.mm, la.res_attn, la.atty, gpu_param(g, P_WO, l), x, N, C, C, s);  // + residual
+        matmul_forward(g.mm, la.res_attn, la.atty, gpu_param(g, P_WO, l), x, N, A, C, s);  // + residual
         rmsnorm_forward(la.ln2, la.ln2_rstd, la.res_attn, gpu_param(g, P_MLP_NORM, l), N, C, c.norm_eps, s);
         matmul_forward(g.mm, la.fc13, la.ln2, gpu_param(g, P_W1, l), nullptr, N, C, 2 * F, s);  // [W1; W3]
         swiglu_forward(la.swi, la.fc13, N, F, s);
@@ -293,7 +293,7 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
     }
     rmsnorm_forward(a.lnf, a.lnf_rstd, layer_activations(a, dims, L - 1).res_mlp, gpu_param(g, P_FINAL_NORM), N, C,
                     c.norm_eps, s);
-    matmul_forward(g.mm, a.logits, a.lnf, gpu_param(g, P_WTE), nullptr, N, C, c.vocab_size, s, g.Vp);
+    matmul_forward(g.mm, a.logits, a.lnf, gpu_param(g, output_projection(c)), nullptr, N, C, c.vocab_size, s, g.Vp);
     float mean = 0.0f;
     if (targets) {
         classifier(a.logits, a.losses, g.targets, N, c.vocab_size, g.Vp, 0.0f, s);
@@ -314,12 +314,12 @@ static void model_backward(GpuModel& g, const int* tokens, const int* targets, f
     (void)targets;
     const ModelConfig& c = g.cfg;
     int B = g.B, T = g.T, N = B * T, C = c.d_model, F = c.d_ff, L = c.n_layer, H = c.n_head, Hkv = c.n_kv_head;
-    int D = c.head_dim, QKV = c.qkv_dim(), V = c.vocab_size;
+    int D = c.head_dim, A = c.attn_dim(), QKV = c.qkv_dim(), V = c.vocab_size, out = output_projection(c);
     Activations<bf16>& a = g.acts;
     ActivationDims dims = activation_dims(c, B, T, g.Vp);
     cudaStream_t s = g.stream;
     classifier(a.logits, a.losses, g.targets, N, V, g.Vp, loss_scale / N, s);  // logits -> dlogits
-    matmul_backward(g.mm, a.dln, gpu_grad(g, P_WTE), a.logits, a.lnf, gpu_param(g, P_WTE), N, C, V, s, g.Vp);
+    matmul_backward(g.mm, a.dln, gpu_grad(g, out), a.logits, a.lnf, gpu_param(g, out), N, C, V, s, g.Vp);
     cudaCheck(cudaMemsetAsync(a.dres, 0, (size_t)N * C * sizeof(bf16), s));
     rmsnorm_backward(a.dres, gpu_grad(g, P_FINAL_NORM), g.dgain_scratch, a.dln, layer_activations(a, dims, L - 1).res_mlp,
                      a.lnf_rstd, gpu_param(g, P_FINAL_NORM), N, C, s);
@@ -333,7 +333,7 @@ static void model_backward(GpuModel& g, const int* tokens, const int* targets, f
         rmsnorm_backward(a.dres, gpu_grad(g, P_MLP_NORM, l), g.dgain_scratch, a.dln, la.res_attn, la.ln2_rstd,
                          gpu_param(g, P_MLP_NORM, l), N, C, s);
         // Attention block.
-        matmul_backward(g.mm, a.datty, gpu_grad(g, P_WO, l), a.dres, la.atty, gpu_param(g, P_WO, l), N, C, C, s);
+        matmul_backward(g.mm, a.datty, gpu_grad(g, P_WO, l), a.dres, la.atty, gpu_param(g, P_WO, l), N, A, C, s);
         attention_backward(a.dqk, a.dqkv, a.att_delta, a.datty, la.atty, la.att_lse, la.qk_rope, la.qkv, B, T, H, Hkv, D, s);
         qk_norm_rope_backward(a.dqkv, gpu_grad(g, P_Q_GAIN, l), gpu_grad(g, P_K_GAIN, l), g.dgain_scratch, a.dqk, la.qkv,
                               la.qk_rstd, gpu_param(g, P_Q_GAIN, l), gpu_param(g, P_K_GAIN, l), g.rope_cos, g.rope_sin, N,
@@ -1065,9 +1065,15 @@ int main(int argc, char** argv) {
     int status;
 #ifdef __CUDACC__
     std::string unsupported = cuda_unsupported_field(r.c);
-    if (r.on_gpu && !unsupported.empty())
-        fail("the CUDA backend does not run this model's %s; train it on the CPU (%s cpu)", unsupported.c_str(),
-             OPTION_LABEL("--device"));
+    if (r.on_gpu && !unsupported.empty()) {  // a model of a shape the GPU has not run yet (config.h)
+        if (r.o.device == "cuda")
+            fail("option %s cuda: the CUDA backend has not run this model's %s on a GPU yet; use %s cpu",
+                 OPTION_LABEL("--device"), unsupported.c_str(), OPTION_NAME("--device"));
+        r.on_gpu = false;  // --device auto: the CPU, which runs every model
+        r.device_name = cpu_device_name(r.threads);
+        printf("device: the CUDA backend has not run this model's %s on a GPU yet; training on the CPU (%d threads)\n",
+               unsupported.c_str(), r.threads);
+    }
     if (r.on_gpu) {
         GpuModel g;
         status = r.measuring() ? measure(g, r) : train(g, r);

@@ -1,131 +1,176 @@
 #!/usr/bin/env bash
 # The GPU checks, on a machine with a GPU, from the repository root, over what dev/gpu_bundle.sh
-# built: the PyTorch reference (made here), the CUDA parity test against it (with the determinism
-# check), every
-# dev/cuda kernel check, and short training runs of ./train through every path of its loop
-# (statistics, validation, checkpoints, resume, -e) and with each QK-norm variant, a measurement
-# (--measure), the NCCL path of a data-parallel run with one process, and the Hugging Face import
-# against transformers' own Qwen3 and Llama. Prints a summary line per part and ends
-# with "N passed, N failed" over the parity and kernel checks. Logs go to $OUT when it is set.
+# built (unpacked into build/gpu). Prints one table row per part as it finishes (part, PASS or
+# FAIL, what it showed) and ends with "N passed, N failed"; every log goes into one archive,
+# $OUT/gpu_check_logs.tar.gz (a temporary folder's when OUT is unset), also when a part fails or
+# the script is stopped. Every part has a time limit, so a hang (NCCL's start, say) costs that part
+# only. No GPU is a failure, and every run names --device cuda: nothing passes on the CPU alone.
+# Parts, in order of what they cost to lose:
+#   device        nvidia-smi lists a GPU
+#   reference     the PyTorch reference (test/reference.py) into build/ref
+#   cuda_parity   test_gpt_cuda: forward, gradients, statistics, AdamW against the reference, for
+#                 the QK-norm variants, a frozen set, the Qwen3 and Llama shapes, determinism and
+#                 gradient accumulation (its PASS and FAIL lines counted)
+#   dev_*         every dev/cuda kernel check against its CPU reference (likewise)
+#   d6 runs       training with statistics, validation and checkpoints, a resume that must give the
+#                 same losses bit for bit, a run from the final weights (-e), a measurement of
+#                 them, the QK-norm variants, 4 micro-batches against the CPU, the NCCL path
+#   python        transformers and tokenizers against the import, the export and the BPE
+#                 tokenizer (pytest: test_hf_import, test_export_hf, test_bpe)
+#   d22           50 steps of the reports' model at 4 x 2048 with a resume from step 25, and a
+#                 measurement of its final weights on the GPU and on the CPU: statistics within 1%
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 g=build/gpu
-logs=${OUT:-$(mktemp -d)}
+py=${PYTHON:-python3}
+logs=$(mktemp -d)
+runs=$(mktemp -d)
+archive=${OUT:-$logs}/gpu_check_logs.tar.gz
 export LD_LIBRARY_PATH="$g/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-nvidia-smi -L
-PYTHONPATH=scripts "${PYTHON:-python3}" test/reference.py --out "$g/ref" || { echo "the PyTorch reference failed"; exit 1; }
+export PYTHONUNBUFFERED=1
 passed=0
 failed=0
-run_checks() {  # name, command...: counts the PASS / FAIL lines of a test program
-    local name=$1
-    shift
-    "$@" >"$logs/$name.log" 2>&1
-    local status=$? p f
+pack() { tar -czf "$archive.part" -C "$logs" . && mv "$archive.part" "$archive"; }
+trap pack EXIT
+trap 'echo "stopped"; exit 1' INT TERM
+
+row() {  # part, status (0: pass), what it showed
+    if [ "$2" -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+    printf '%-26s %-4s %s\n' "$1" "$([ "$2" -eq 0 ] && echo PASS || echo FAIL)" "$3"
+}
+limited() {  # seconds, log name, command...: the command's status, 124 when it ran out of time
+    local seconds=$1 name=$2
+    shift 2
+    timeout --kill-after=10 "$seconds" "$@" >"$logs/$name.log" 2>&1
+}
+on_gpu() { ! grep -q "no CUDA device" "$logs/$1.log"; }
+checks() {  # seconds, name, command...: a test program's PASS / FAIL lines as one row
+    local seconds=$1 name=$2 status p f
+    shift 2
+    limited "$seconds" "$name" "$@"
+    status=$?
     p=$(grep -c '^PASS ' "$logs/$name.log")
     f=$(grep -c '^FAIL ' "$logs/$name.log")
-    if [ "$status" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
-    passed=$((passed + p))
-    failed=$((failed + f))
-    echo "== $name: $p passed, $f failed (status $status)"
-    grep '^FAIL ' "$logs/$name.log" | cut -c1-300
+    if ! on_gpu "$name"; then row "$name" 1 "no CUDA device"; return; fi
+    row "$name" $((status != 0 || f > 0 || p == 0)) "$p passed, $f failed, status $status"
+    grep '^FAIL ' "$logs/$name.log" | head -5 | cut -c1-200 | sed 's/^/    /'
 }
-run_checks cuda_parity "$g/bin/test_gpt_cuda" "$g/ref"
-for k in "$g"/bin/dev_*; do run_checks "$(basename "$k")" "$k"; done
+losses() { grep -E "^step +[0-9]+/" "$logs/$1.log" | cut -d'|' -f2 | tr -s ' '; }
+loss_of_step() { grep -E "^step +$2/" "$logs/$1.log" | cut -d'|' -f2 | tr -dc '0-9.'; }
+norm_of_step() { grep -E "^step +$2/" "$logs/$1.log" | cut -d'|' -f3 | tr -dc '0-9.'; }
+# A run with a checkpoint at step `at`, and a run resumed from that checkpoint: run_status, and
+# resumed_same 1 when the resumed run's losses (as printed) are the first run's after step `at`.
+run_and_resume() {  # name, seconds, at, train options...
+    local name=$1 seconds=$2 at=$3 after
+    shift 3
+    limited "$seconds" "$name" "$g/bin/train" "$@" --device cuda -n "$at" -o "$runs/$name"
+    run_status=$?
+    cp -r "$runs/$name" "$runs/${name}_b" 2>/dev/null && rm -f "$runs/${name}_b/model.ckpt"
+    limited "$seconds" "${name}_resumed" "$g/bin/train" "$@" --device cuda -r "$(printf '%s_b/model_step%06d.ckpt' "$runs/$name" "$at")"
+    run_status=$((run_status + $?))
+    after=$(losses "$name" | tail -n +$((at + 1)))
+    resumed_same=$([ -n "$after" ] && [ "$after" = "$(losses "${name}_resumed")" ] && echo 1 || echo 0)
+}
+within() { awk -v a="$1" -v b="$2" -v tol="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= tol) }'; }
+relative_within() { awk -v a="$1" -v b="$2" -v tol="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b > 0 && d <= tol * b) }'; }
 
-# The training loop on the GPU: 30 steps of d6 with statistics, validation and checkpoints, a
-# resume from the step-20 checkpoint that must reproduce the last 10 losses bit for bit, and a
-# run started from the final weights with -e.
-runs=$(mktemp -d)
-common=(-i "$g/data/train_*.bin" -j "$g/data/val_*.bin" -k "$g/data/tokenizer.model" -x 30 -s 3 -v 10 -g 16)
-train_ok=1
-"$g/bin/train" "${common[@]}" -n 20 -o "$runs/a" >"$logs/train_a.log" 2>&1 || train_ok=0
-cp -r "$runs/a" "$runs/b" && rm "$runs/b/model.ckpt"
-"$g/bin/train" "${common[@]}" -r "$runs/b/model_step000020.ckpt" >"$logs/train_resumed.log" 2>&1 || train_ok=0
-"$g/bin/train" "${common[@]}" -e "$runs/a/model.ckpt" -x 5 -o "$runs/c" >"$logs/train_init.log" 2>&1 || train_ok=0
-tail -8 "$logs/train_a.log"
-last_losses() { grep -E '^step (2[1-9]|30)/30' "$1" | cut -d'|' -f2; }
-if [ "$train_ok" -eq 1 ] && [ -n "$(last_losses "$logs/train_a.log")" ] &&
-    [ "$(last_losses "$logs/train_a.log")" = "$(last_losses "$logs/train_resumed.log")" ]; then
-    echo "== training runs: ok; the resumed run's losses equal the uninterrupted run's"
-    passed=$((passed + 1))
-else
-    echo "== training runs: FAILED (logs: train_a.log, train_resumed.log, train_init.log)"
-    failed=$((failed + 1))
+# -- device, reference, parity, kernels ----------------------------------------------------------------
+gpus=$(nvidia-smi -L 2>&1)
+if ! grep -q '^GPU ' <<<"$gpus"; then
+    row device 1 "no GPU: $(head -1 <<<"$gpus")"
+    echo "$passed passed, $failed failed"
+    exit 1
 fi
-# A measurement (--measure) of run a's final weights: forward passes with statistics on every batch,
-# nothing trained. Its first batch is what step 1 of run c (-e from the same weights) computes before
-# its first update, the same loss; the checkpoint stays as it was.
-cp "$runs/a/model.ckpt" "$runs/a_before.ckpt"
-"$g/bin/train" -i "$g/data/train_*.bin" -k "$g/data/tokenizer.model" -g 0 -e "$runs/a/model.ckpt" --measure 3 \
-    -o "$runs/measure" >"$logs/measure.log" 2>&1
-measure_status=$?
-measured=$(grep -E '^batch 1/3' "$logs/measure.log" | cut -d'|' -f2)
-if [ "$measure_status" -eq 0 ] && [ -n "$measured" ] && [ "$(grep -c '^batch ' "$logs/measure.log")" -eq 3 ] &&
-    [ "$measured" = "$(grep -E '^step 1/5' "$logs/train_init.log" | cut -d'|' -f2)" ] &&
-    cmp -s "$runs/a/model.ckpt" "$runs/a_before.ckpt" && [ -z "$(ls "$runs/measure" | grep -v '^run.attnlog$')" ]; then
-    echo "== measurement: ok; batch 1 is step 1 of the run from the same weights, the checkpoint unchanged"
-    passed=$((passed + 1))
-else
-    echo "== measurement: FAILED (status $measure_status; logs: measure.log, train_init.log)"
-    tail -3 "$logs/measure.log"
-    failed=$((failed + 1))
-fi
-# The QK-norm variants and frozen gains train on the GPU: 30 steps each, the loss falling.
-variants_ok=1
+row device 0 "$(head -1 <<<"$gpus" | cut -c1-80); $(cat "$g/COMMIT" 2>/dev/null || echo 'commit unknown')"
+limited 600 reference env PYTHONPATH=scripts "$py" test/reference.py --out build/ref
+row reference $? "$(tail -1 "$logs/reference.log" | cut -c1-120)"
+checks 600 cuda_parity "$g/bin/test_gpt_cuda" build/ref
+for k in "$g"/bin/dev_*; do checks 300 "$(basename "$k")" "$k"; done
+
+# -- d6 training runs on the GPU --------------------------------------------------------------------
+data=(-i "$g/data/train_*.bin" -j "$g/data/val_*.bin" -k "$g/data/tokenizer.model")
+common=("${data[@]}" -x 30 -s 3 -v 10 -g 16)
+run_and_resume train_a 300 20 "${common[@]}"
+row "d6 train, resume" $((run_status != 0 || resumed_same != 1)) \
+    "loss $(loss_of_step train_a 1) -> $(loss_of_step train_a 30); resumed steps 21-30 $([ "$resumed_same" = 1 ] && echo identical || echo DIFFER)"
+cp "$runs/train_a/model.ckpt" "$runs/train_a_before.ckpt" 2>/dev/null
+limited 300 train_init "$g/bin/train" "${common[@]}" --device cuda -e "$runs/train_a/model.ckpt" -x 5 -o "$runs/c"
+status_c=$?
+# A measurement of run a's final weights: its first batch is step 1 of run c (-e from the same
+# weights) before that run's first update, the same loss; the checkpoint stays as it was.
+limited 300 measure "$g/bin/train" -i "$g/data/train_*.bin" -k "$g/data/tokenizer.model" -g 0 --device cuda \
+    -e "$runs/train_a/model.ckpt" --measure 3 -o "$runs/measure"
+status_m=$?
+measured=$(grep -E '^batch 1/3' "$logs/measure.log" | cut -d'|' -f2 | tr -dc '0-9.')
+ok=$([ "$status_c$status_m" = 00 ] && [ -n "$measured" ] && [ "$measured" = "$(loss_of_step train_init 1)" ] &&
+    cmp -s "$runs/train_a/model.ckpt" "$runs/train_a_before.ckpt" && echo 0 || echo 1)
+row "d6 -e, measure" "$ok" "batch 1 of the measurement $measured, step 1 of -e $(loss_of_step train_init 1)"
 for variant in "--qk-norm plain" "--qk-norm none" "--freeze k_gain"; do
-    name=$(echo "$variant" | tr -d ' -')
+    name=train_$(echo "$variant" | tr -dc 'a-z_')
     # shellcheck disable=SC2086  # the variant is two words
-    "$g/bin/train" "${common[@]}" $variant -g 0 -o "$runs/$name" >"$logs/train_$name.log" 2>&1 || variants_ok=0
-    first=$(grep -E '^step +1/30' "$logs/train_$name.log" | cut -d'|' -f2 | tr -dc '0-9.')
-    final=$(grep -E '^step 30/30' "$logs/train_$name.log" | cut -d'|' -f2 | tr -dc '0-9.')
-    echo "   $variant: loss $first -> $final"
-    awk -v a="$first" -v b="$final" 'BEGIN { exit !(b != "" && b + 0 < a + 0) }' || variants_ok=0
+    limited 300 "$name" "$g/bin/train" "${common[@]}" $variant --device cuda -g 0 -o "$runs/$name"
+    status=$?
+    first=$(loss_of_step "$name" 1)
+    final=$(loss_of_step "$name" 30)
+    falls=$(awk -v a="$first" -v b="$final" 'BEGIN { print (b != "" && b + 0 < a + 0) ? 0 : 1 }')
+    row "d6 $variant" $((status != 0 || falls != 0)) "loss $first -> $final"
 done
-if [ "$variants_ok" -eq 1 ]; then
-    echo "== variant runs: ok"
-    passed=$((passed + 1))
-else
-    echo "== variant runs: FAILED (logs: train_qknormplain.log, train_qknormnone.log, train_freezek_gain.log)"
-    failed=$((failed + 1))
-fi
-# The NCCL path of a data-parallel run, with one process (TRAIN_NCCL=1: a communicator of one GPU;
-# NCCL refuses two processes on one GPU): the same losses, gradient norms and final checkpoint,
-# bit for bit, as the plain run a. libnccl.so.2 from the system, else from PyTorch's wheels.
-nccl_lib=$( (ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 / {print $NF; exit}';
-             "${PYTHON:-python3}" -c 'import glob, site; print(*glob.glob(site.getsitepackages()[0] + "/nvidia/nccl*/lib/libnccl.so.2")[:1])' 2>/dev/null) | head -1)
+# Four micro-batches a step (-b 4, -d 4096: the 1/4 scale, the added gradients) against the CPU
+# backend on the same batches: losses within 0.02 (bf16's ~0.005 and the drift of three steps)
+# and gradient norms within 5%.
+accum=("${data[@]}" -x 3 -b 4 -d 4096 -v 0 -g 0 -n 0)
+limited 300 accum_gpu "$g/bin/train" "${accum[@]}" --device cuda -o "$runs/accum_gpu"
+status_g=$?
+limited 300 accum_cpu "$g/bin/train" "${accum[@]}" --device cpu -o "$runs/accum_cpu"
+status_c=$?
+ok=$((status_g + status_c))
+for step in 1 2 3; do
+    within "$(loss_of_step accum_gpu $step)" "$(loss_of_step accum_cpu $step)" 0.02 || ok=1
+    relative_within "$(norm_of_step accum_gpu $step)" "$(norm_of_step accum_cpu $step)" 0.05 || ok=1
+done
+row "d6 4 micro-batches" $((ok != 0)) "GPU loss $(loss_of_step accum_gpu 3) norm $(norm_of_step accum_gpu 3), CPU $(loss_of_step accum_cpu 3) $(norm_of_step accum_cpu 3) at step 3"
+# The NCCL path with one process (TRAIN_NCCL=1: a communicator of one GPU; NCCL refuses two
+# processes on one GPU): the same losses, gradient norms and final checkpoint, bit for bit, as run
+# a. libnccl.so.2 from the system, else from PyTorch's wheels.
+nccl_lib=$( (ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 / {print $NF; exit}'
+             "$py" -c 'import glob, site; print(*glob.glob(site.getsitepackages()[0] + "/nvidia/nccl*/lib/libnccl.so.2")[:1])' 2>/dev/null) | head -1)
 if [ -z "$nccl_lib" ]; then
-    echo "== nccl path: not checked (no libnccl.so.2 on this machine)"
+    row "d6 nccl" 1 "no libnccl.so.2 on this machine"
 else
-    LD_LIBRARY_PATH="$(dirname "$nccl_lib"):$LD_LIBRARY_PATH" TRAIN_NCCL=1 "$g/bin/train" "${common[@]}" -n 20 -o "$runs/nccl" \
-        >"$logs/train_nccl.log" 2>&1
-    nccl_status=$?
-    steps_of() { grep -E '^step ' "$1" | cut -d'|' -f1-3; }
-    if [ "$nccl_status" -eq 0 ] && [ "$(steps_of "$logs/train_a.log")" = "$(steps_of "$logs/train_nccl.log")" ] &&
-        cmp -s "$runs/a/model.ckpt" "$runs/nccl/model.ckpt"; then
-        echo "== nccl path ($nccl_lib): ok; losses, norms and the final checkpoint equal the plain run's bit for bit"
-        passed=$((passed + 1))
-    else
-        echo "== nccl path: FAILED (status $nccl_status; logs: train_a.log, train_nccl.log)"
-        tail -3 "$logs/train_nccl.log"
-        failed=$((failed + 1))
-    fi
+    limited 300 train_nccl env LD_LIBRARY_PATH="$(dirname "$nccl_lib"):$LD_LIBRARY_PATH" TRAIN_NCCL=1 \
+        "$g/bin/train" "${common[@]}" --device cuda -n 20 -o "$runs/nccl"
+    status=$?
+    steps_of() { grep -E '^step ' "$logs/$1.log" | cut -d'|' -f1-3; }
+    ok=$([ "$status" -eq 0 ] && [ -n "$(steps_of train_nccl)" ] && [ "$(steps_of train_a)" = "$(steps_of train_nccl)" ] &&
+        cmp -s "$runs/train_a/model.ckpt" "$runs/nccl/model.ckpt" && echo 0 || echo 1)
+    row "d6 nccl" "$ok" "status $status; losses, norms, checkpoint $([ "$ok" = 0 ] && echo identical to run a || echo DIFFER)"
 fi
-# The Hugging Face import against transformers itself (a GPU machine's python has it): tiny Qwen3
-# and Llama models built by transformers from a config, saved, imported, their logits compared
-# (test/test_hf_import.py; the import runs on the CPU backend).
-if "${PYTHON:-python3}" -c 'import transformers, pytest' 2>/dev/null; then
-    HF_LOGITS_BIN=$g/bin/hf_logits PYTHONPATH=scripts:test "${PYTHON:-python3}" -m pytest -q -p no:cacheprovider \
-        test/test_hf_import.py -k transformers >"$logs/hf_transformers.log" 2>&1
-    hf_status=$?
-    if [ "$hf_status" -eq 0 ] && grep -qE '^2 passed' "$logs/hf_transformers.log"; then
-        echo "== transformers' Qwen3 and Llama: ok; the import gives their logits"
-        passed=$((passed + 1))
-    else
-        echo "== transformers' Qwen3 and Llama: FAILED (log: hf_transformers.log)"
-        tail -5 "$logs/hf_transformers.log"
-        failed=$((failed + 1))
-    fi
-else
-    echo "== transformers' Qwen3 and Llama: not checked (no transformers or pytest in ${PYTHON:-python3})"
-fi
+
+# -- transformers and tokenizers (the machine's python has them) ---------------------------------------
+limited 900 python env HF_LOGITS_BIN="$g/bin/hf_logits" TRAIN_BIN="$g/bin/train" PYTHONPATH=scripts:test \
+    "$py" -m pytest -q -p no:cacheprovider test/test_hf_import.py test/test_export_hf.py test/test_bpe.py \
+    -k "transformers or tokenizers_library"
+status=$?
+summary=$(grep -E ' in [0-9.]+s' "$logs/python.log" | tail -1 | tr -d '=')
+skipped=$(grep -cE 'SKIPPED|skipped' "$logs/python.log")
+row "transformers, tokenizers" $((status != 0 || skipped != 0)) "${summary:-no summary} (pytest status $status)"
+grep -E '^(FAILED|ERROR)' "$logs/python.log" | head -5 | cut -c1-200 | sed 's/^/    /'
+
+# -- d22 at the reports' scale ----------------------------------------------------------------------------
+d22=("${data[@]}" -m d22 -b 4 -t 2048 -x 50 -v 0 -g 10)
+run_and_resume d22 600 25 "${d22[@]}"
+ms=$(grep -E '^step +50/50' "$logs/d22.log" | cut -d'|' -f5 | tr -s ' ')
+row "d22 4x2048, resume" $((run_status != 0 || resumed_same != 1)) \
+    "loss $(loss_of_step d22 1) -> $(loss_of_step d22 50),${ms:- no step 50}; resumed steps 26-50 $([ "$resumed_same" = 1 ] && echo identical || echo DIFFER)"
+measure=(-i "$g/data/val_*.bin" -k "$g/data/tokenizer.model" -b 4 -t 2048 -e "$runs/d22/model.ckpt" --measure 2)
+limited 300 d22_measure_gpu "$g/bin/train" "${measure[@]}" --device cuda -o "$runs/m_gpu"
+status_g=$?
+limited 600 d22_measure_cpu "$g/bin/train" "${measure[@]}" --device cpu -o "$runs/m_cpu"
+status_c=$?
+limited 120 d22_stats "$py" dev/compare_stats.py "$runs/m_gpu/run.attnlog" "$runs/m_cpu/run.attnlog"
+status=$?
+row "d22 statistics GPU vs CPU" $((status_g + status_c + status != 0)) "$(tail -1 "$logs/d22_stats.log")"
+grep -E '^FAIL' "$logs/d22_stats.log" | head -8 | sed 's/^/    /'
+
 echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -9,11 +9,10 @@
 
 typedef __nv_bfloat16 bf16;
 
+// A failed call ends the run through fail(): one line, and in a data-parallel run every process
+// stops with it (a process that exited alone would leave the others waiting in a collective).
 inline void cuda_check(cudaError_t err, const char* file, int line) {
-    if (err != cudaSuccess) {
-        fprintf(stderr, "error: CUDA: %s at %s:%d\n", cudaGetErrorString(err), file, line);
-        exit(1);
-    }
+    if (err != cudaSuccess) fail("CUDA: %s at %s:%d", cudaGetErrorString(err), file, line);
 }
 #define cudaCheck(x) cuda_check((x), __FILE__, __LINE__)
 // After every kernel launch: a bad launch configuration is reported where it happened.

@@ -14,10 +14,7 @@
 
 #define cublasCheck(x) cublas_check((x), __FILE__, __LINE__)
 inline void cublas_check(cublasStatus_t status, const char* file, int line) {
-    if (status != CUBLAS_STATUS_SUCCESS) {
-        fprintf(stderr, "error: cuBLAS: status %d at %s:%d\n", (int)status, file, line);
-        exit(1);
-    }
+    if (status != CUBLAS_STATUS_SUCCESS) fail("cuBLAS: status %d at %s:%d", (int)status, file, line);  // as cuda_check
 }
 
 // Everything the choice of algorithm depends on: shape, operations, strides, types, pointer alignments.

@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from attnlog import commands, export_hf, model_torch
-from test_hf_import import rope_inv_freq
+from reference import read_tensorfile
+from test_hf_import import float32_argument, rope_inv_freq
 from tolerance import assert_close, assert_within
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -239,8 +240,8 @@ def transformers_logits(folder, tokens, architecture):
     except ImportError:
         pytest.skip("transformers is not installed: AutoModelForCausalLM did not load the export "
                     "(the Qwen3 and Llama written here stood in for it)")
-    model, info = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32,
-                                                                    output_loading_info=True)
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True,
+                                                                    **float32_argument(transformers, torch))
     assert type(model).__name__ == architecture
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     with torch.no_grad():
@@ -253,7 +254,8 @@ def test_transformers_loads_the_export(exported, trained):
     assert_close(theirs.numpy(), logits.numpy(), atol=LOGITS_ATOL)
 
 
-PRETRAINED_SHAPES = [("qwen3", "Qwen3ForCausalLM"), ("llama3", "LlamaForCausalLM"), ("none", "LlamaForCausalLM")]
+PRETRAINED_SHAPES = [("qwen3", "Qwen3ForCausalLM"), ("llama3", "LlamaForCausalLM"), ("none", "LlamaForCausalLM"),
+                     ("plain", "Qwen3ForCausalLM")]
 
 
 def export_and_run(ref, tmp_path, name):
@@ -293,6 +295,43 @@ def test_transformers_loads_the_pretrained_shapes(ref, tmp_path, name, architect
     _, _, _, _, tokens, want = export_and_run(ref, tmp_path, name)
     theirs = transformers_logits(tmp_path / "out", tokens, architecture)
     assert_close(theirs.numpy(), want.numpy(), atol=LOGITS_ATOL)
+
+
+def greedy(next_logits, prompt, steps):
+    """prompt [1, T] continued by `steps` tokens, each the argmax of next_logits(tokens) [1, T, V]; and
+    the smallest lead of the chosen logit over the runner-up."""
+    tokens, lead = prompt, math.inf
+    for _ in range(steps):
+        last = next_logits(tokens)[0, -1]
+        top = torch.topk(last, 2).values
+        lead = min(lead, float(top[0] - top[1]))
+        tokens = torch.cat([tokens, last.argmax().view(1, 1)], dim=1)
+    return tokens[0, prompt.shape[1]:].tolist(), lead
+
+
+@pytest.mark.parametrize("name", ["trained", "plain", "qwen3"])
+def test_transformers_continues_as_the_checkpoint(ref, tmp_path, name):
+    """The export's greedy continuation is the checkpoint's: from the Qwen3 written here, and where
+    transformers is installed from its own generation (gain: the trained state; plain; the untied
+    Qwen3 shape, whose continuation is not one token repeated as the tied models' are)."""
+    c, params, _ = model_torch.read_checkpoint(ref / f"{name}.ckpt")
+    result = run_export(ref / f"{name}.ckpt", tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    batch = read_tensorfile(ref / "debug_state.bin")["tokens"]  # a pattern with noise, which the trained state learnt
+    prompt = torch.from_numpy(batch[:1, :16].astype(np.int64))
+    steps = c.max_seq_len - prompt.shape[1]
+    with torch.no_grad():
+        ours, lead = greedy(lambda tokens: model_torch.forward(params, c, tokens)[0], prompt, steps)
+        config, weights = read_export(tmp_path / "out")
+        assert greedy(lambda tokens: hf_logits(config, weights, tokens), prompt, steps)[0] == ours
+    assert lead > 100 * LOGITS_ATOL  # every choice clear by far more than the logits may differ
+    transformers_logits(tmp_path / "out", prompt, "Qwen3ForCausalLM")  # skips where transformers is not installed
+    import transformers
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", **float32_argument(transformers, torch))
+    with torch.no_grad():
+        theirs = model.eval().generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=steps,
+                                       min_new_tokens=steps, do_sample=False, pad_token_id=0)
+    assert theirs[0, prompt.shape[1]:].tolist() == ours
 
 
 def test_config_is_the_checkpoints(exported, trained):

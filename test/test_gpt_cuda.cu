@@ -2,7 +2,9 @@
 // tolerances: |a - b| <= atol + 0.079 |b| per element with a per-tensor atol, AdamW losses within
 // 0.05 and final weights per tensor in norm, statistics within 1%, at the initial weights and at
 // the trained state whose deeper layers' keys are close to low rank; the --qk-norm variants and
-// frozen parameters. Also checks that two runs give the same bits.
+// frozen parameters; two models of the shapes of pretrained Qwen3 and Llama (head_dim 128, an
+// attention width other than d_model, untied embeddings, Llama 3 RoPE scaling). Also checks that
+// two runs give the same bits, and that gradients accumulated over micro-batches are the batch's.
 //   test_gpt_cuda REFERENCE_DIR
 #define TESTING
 #include "../train_gpt.cu"
@@ -181,6 +183,33 @@ int main(int argc, char** argv) {
     for (int k = 0; k < M_NUM_METRICS; k++) same &= stats.values[k] == stats2.values[k];
     report(same, "cuda determinism: two runs give identical gradients and statistics");
 
+    // Gradient accumulation as the training loop does it: the batch's B sequences as B micro-batches,
+    // each backward pass scaled by 1/B and added into the gradients, give the whole batch's gradient.
+    // The per-token work is the same; only the float32 sums over tokens (the weight gradients) are
+    // grouped otherwise, and a matrix product of other rows may round a bf16 activation gradient one
+    // unit (u = 2^-8) apart: within u of each element, u of the tensor's largest for elements small by
+    // cancellation. A missing 1/B is a factor of B off; gradients written over, not added, lose
+    // three quarters of the batch.
+    model_zero_grad(g);
+    for (int b = 0; b < B; b++) {
+        const int* tb = tokens.data() + (size_t)b * T;
+        const int* yb = targets.data() + (size_t)b * T;
+        model_forward(g, tb, yb, 1, T, false);
+        model_backward(g, tb, yb, 1.0f / B);
+    }
+    std::vector<float> accumulated(P);
+    cudaCheck(cudaStreamSynchronize(g.stream));
+    cudaCheck(cudaMemcpy(accumulated.data(), g.grads, P * sizeof(float), cudaMemcpyDeviceToHost));
+    for (int kind = 0; kind < P_NUM_KINDS; kind++)
+        for (int l = 0; l < param_layers(c, kind); l++) {
+            size_t off = param_offset(c, kind, l), n = param_numel(c, kind);
+            std::vector<double> want(grads.begin() + off, grads.begin() + off + n);
+            double maxabs = 0;
+            for (double v : want) maxabs = std::fmax(maxabs, std::fabs(v));
+            check_close("cuda gradient accumulated over micro-batches = of the batch: " + param_name(kind, l),
+                        &accumulated[off], want.data(), n, 1.0 / 256, maxabs / 256);
+        }
+
     check_adamw_steps(g, "cuda ", dbg, tokens, targets, B, T);
 
     // A stats step measures every micro-batch: the batch as B micro-batches of one sequence gives
@@ -200,11 +229,17 @@ int main(int argc, char** argv) {
     model_free(g);
 
     // The --qk-norm variants and frozen parameters: the forward pass, and AdamW steps that leave
-    // the frozen tensors exactly as they were.
-    struct { const char* label; const char* ckpt; const char* dbg; } variants[] = {
-        {"cuda qk-norm plain: ", "plain.ckpt", "debug_plain.bin"},
-        {"cuda qk-norm none: ", "none.ckpt", "debug_none.bin"},
-        {"cuda freeze wk,k_gain: ", "model.ckpt", "debug_freeze.bin"}};
+    // the frozen tensors exactly as they were (plain and none hold their unused gains fixed). Then
+    // the shapes of pretrained models: head_dim 128 (the simple attention kernels), an attention
+    // width of 4 x 128 against d_model 192 (the output projection's product), GQA; untied embeddings
+    // (lm_head's product and gradient) in the Qwen3, Llama 3 RoPE scaling (the host's tables) with
+    // qk-norm none in the Llama.
+    struct { const char* label; const char* ckpt; const char* dbg; bool freezes; } variants[] = {
+        {"cuda qk-norm plain: ", "plain.ckpt", "debug_plain.bin", true},
+        {"cuda qk-norm none: ", "none.ckpt", "debug_none.bin", true},
+        {"cuda freeze wk,k_gain: ", "model.ckpt", "debug_freeze.bin", true},
+        {"cuda qwen3 shape, untied: ", "qwen3.ckpt", "debug_qwen3.bin", false},
+        {"cuda llama3 shape, rope scaling: ", "llama3.ckpt", "debug_llama3.bin", true}};
     for (const auto& v : variants) {
         std::string vckpt = dir + "/" + v.ckpt, vdbg = dir + "/" + v.dbg;
         model_init(g, checkpoint_read_header(vckpt).config, B, T);
@@ -225,8 +260,10 @@ int main(int argc, char** argv) {
                 for (size_t i = 0; i < n; i++) zero &= frozen_grads[off + i] == 0.0f;
                 kept &= memcmp(&before[off], &g.host_params[off], n * sizeof(float)) == 0;
             }
-        report(zero && g.frozen, std::string(v.label) + "frozen parameters have no gradient");
-        report(kept && g.frozen, std::string(v.label) + "frozen parameters unchanged by AdamW");
+        if (v.freezes) {
+            report(zero && g.frozen, std::string(v.label) + "frozen parameters have no gradient");
+            report(kept && g.frozen, std::string(v.label) + "frozen parameters unchanged by AdamW");
+        }
         model_free(g);
     }
     return test_exit_code();

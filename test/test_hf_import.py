@@ -619,6 +619,13 @@ def test_export_import_keeps_every_bit(tmp_path, name):
     assert_same_checkpoint(tmp_path / "original.ckpt", tmp_path / "imported.ckpt")
 
 
+def float32_argument(transformers, torch):
+    """The keyword that makes transformers build or load a model in float32: `dtype` from 4.56 on
+    (version 5 loads a checkpoint's own dtype by default), `torch_dtype` before."""
+    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
+    return {"dtype": torch.float32} if (major, minor) >= (4, 56) else {"torch_dtype": torch.float32}
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_transformers_models_give_the_same_logits(tmp_path, name):
     """Where transformers is installed: the tiny model built by transformers itself from the same
@@ -634,7 +641,8 @@ def test_transformers_models_give_the_same_logits(tmp_path, name):
     settings = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "torch_dtype")}
     hf_config = transformers.AutoConfig.for_model(config["model_type"], **settings)
     hf_config.architectures = config["architectures"]
-    model = transformers.AutoModelForCausalLM.from_config(hf_config, torch_dtype=torch.float32, attn_implementation="eager")
+    model = transformers.AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager",
+                                                     **float32_argument(transformers, torch))
     assert type(model).__name__ == config["architectures"][0]
     weights = {k: torch.from_numpy(v) for k, v in random_weights(config, seed=1).items()}
     missing, unexpected = model.load_state_dict(weights, strict=False)

@@ -944,6 +944,22 @@ def test_started_from_a_checkpoint(log_path, tmp_path):
     assert analysis.started_from({"init": ""}, [(0, "resumed at step 5")]) is None
 
 
+def test_started_from_a_hugging_face_checkpoint():
+    """The note ./train -e DIR writes for a Hugging Face directory (llmc/run_dir.h) names the
+    directory, its architecture and dtypes; the report says the run fine-tunes a pretrained model,
+    the figures' step axis starts from it, and the claims about a point of training are set aside."""
+    from attnlog import analysis, claims, report, run_figures
+    note = ("started from the Hugging Face checkpoint /m/Qwen3-0.6B (Qwen3ForCausalLM, bfloat16 weights; this "
+            "log's steps count from 0 at that point)")
+    init = analysis.started_from({"init": "/m/Qwen3-0.6B"}, [(0, note)])
+    assert init == {"checkpoint": "/m/Qwen3-0.6B", "steps": None, "pretrained": "Qwen3ForCausalLM, bfloat16 weights"}
+    text = report.started_text(init)
+    assert "fine-tunes the pretrained Hugging Face checkpoint `/m/Qwen3-0.6B` (Qwen3ForCausalLM, bfloat16 weights" in text
+    assert run_figures.step_label({"init": init, "measurement": None}) == "step of this run (from the pretrained weights)"
+    assert claims.run_dynamics({"init": init, "measurement": None}) == (
+        False, "the run fine-tunes a pretrained checkpoint, whose pretraining is no step of this log")
+
+
 # -- the verdict rule, on constructed data -------------------------------------------------------------
 
 
@@ -1403,6 +1419,11 @@ def test_export_of_a_real_run(log_path, log, tmp_path):
 # -- following a run while it trains -------------------------------------------------------------------
 
 
+# How long a follow test waits for report.py before it calls it hung: rendering takes seconds on an
+# idle machine and many times that on a loaded one; only a hang takes this long.
+FOLLOW_DEADLINE_S = 300
+
+
 def follow(log, outdir, *args):
     return subprocess.Popen([sys.executable, str(SCRIPT), "--follow", str(log), "-o", str(outdir), *map(str, args)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -1421,7 +1442,7 @@ def test_follow_a_growing_log(log_path, tmp_path):
     growing.write_bytes(data[:first])
     proc = follow(growing, outdir, "--interval", 0.2, "--idle", 60)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + FOLLOW_DEADLINE_S
         while not (outdir / "summary.json").exists() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.1)
         assert proc.poll() is None, proc.communicate()
@@ -1434,7 +1455,7 @@ def test_follow_a_growing_log(log_path, tmp_path):
             with open(growing, "ab") as f:
                 f.write(data[growing.stat().st_size:cut])
             time.sleep(0.5)
-        out, err = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=FOLLOW_DEADLINE_S)
     finally:
         proc.kill()
     assert proc.returncode == 0, err
@@ -1454,8 +1475,8 @@ def test_follow_a_training_run(log_path, tmp_path):
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     proc = follow(tmp_path / "live" / "run.attnlog", tmp_path / "out", "--interval", 1, "--idle", 60)
     try:
-        out, err = proc.communicate(timeout=60)
-        assert train.wait(timeout=30) == 0, train.stderr.read()
+        out, err = proc.communicate(timeout=FOLLOW_DEADLINE_S)
+        assert train.wait(timeout=FOLLOW_DEADLINE_S) == 0, train.stderr.read()
     finally:
         proc.kill()
         train.kill()
@@ -1473,7 +1494,7 @@ def test_follow_stops_when_the_log_stops_growing(log_path, tmp_path):
     stalled = tmp_path / "run.attnlog"
     stalled.write_bytes(data[:frames(data)[-1][0]])  # the last step in, its validation loss not yet
     proc = follow(stalled, tmp_path / "out", "--interval", 0.2, "--idle", 1)
-    out, err = proc.communicate(timeout=30)
+    out, err = proc.communicate(timeout=FOLLOW_DEADLINE_S)
     assert proc.returncode == 0, err
     assert f"stopped following: {stalled} has not grown for 1 s" in out and "has ended" not in out
     assert REFRESH not in (tmp_path / "out" / "report.html").read_text()
@@ -1486,7 +1507,7 @@ def test_follow_a_run_without_validation(log_path, tmp_path):
     no_val.write_bytes(data[:header_end] + b"".join(data[pos:pos + 24 + n] for pos, rtype, _, n in frames(data)
                                                      if rtype != 2))
     proc = follow(no_val, tmp_path / "out", "--interval", 0.2, "--idle", 60)
-    out, err = proc.communicate(timeout=30)
+    out, err = proc.communicate(timeout=FOLLOW_DEADLINE_S)
     assert proc.returncode == 0, err
     assert f"the run has ended: the log holds step {STEPS - 1}" in out
 
@@ -1518,7 +1539,7 @@ def test_follow_a_log_cut_short_while_read(log_path, tmp_path):
     restarted = tmp_path / "run.attnlog"
     restarted.write_bytes(data[:records[2 * len(records) // 3][0]])
     result = subprocess.run([sys.executable, "-c", FOLLOW_A_RESTART, str(restarted), str(cut), str(tmp_path / "out")],
-                            capture_output=True, text=True, timeout=60,
+                            capture_output=True, text=True, timeout=FOLLOW_DEADLINE_S,
                             env=dict(os.environ, PYTHONPATH=str(ROOT / "scripts")))
     assert result.returncode == 0, f"exit status {result.returncode}: {result.stderr}"
     assert restarted.stat().st_size == cut

@@ -35,6 +35,7 @@ USED_METRICS = ["k_norm", "k_maxabs", "k_pr", "k_cos", "k_erank", "k_mean_share"
 COLUMN_SIZES = {"kv_head": "n_kv_head", "q_head": "n_head", "dim": "head_dim"}
 # The note ./train writes at step 0 of a run started with -e CHECKPOINT.
 INIT_NOTE = re.compile(r"started from the weights of (.*), trained for (\d+) steps")
+HF_INIT_NOTE = re.compile(r"started from the Hugging Face checkpoint (.*) \(([A-Za-z0-9_]+), (.*) weights;")
 
 
 class ReportError(UserError):
@@ -223,11 +224,17 @@ def model_variant(config, options):
 
 def started_from(options, notes):
     """For a run started from another run's weights (-e): {"checkpoint", "steps"}, the steps the
-    weights had trained before this log's step 0 (None when the log does not say); else None."""
+    weights had trained before this log's step 0 (None when the log does not say); from a Hugging
+    Face checkpoint also "pretrained", its architecture and the dtypes of its weights (its
+    pretraining is no number of this trainer's steps: None); else None."""
     for _, text in notes:
         match = INIT_NOTE.match(text)
         if match:
             return {"checkpoint": match.group(1), "steps": int(match.group(2))}
+        match = HF_INIT_NOTE.match(text)
+        if match:
+            return {"checkpoint": match.group(1), "steps": None,
+                    "pretrained": f"{match.group(2)}, {match.group(3)} weights"}
     init = options.get("init")
     return {"checkpoint": str(init), "steps": None} if init else None
 

@@ -287,6 +287,8 @@ def run_dynamics(run):
     not state has no known step for a claim's point of training."""
     if is_measurement(run):
         return False, MEASUREMENT
+    if run["init"] is not None and run["init"].get("pretrained"):
+        return False, "the run fine-tunes a pretrained checkpoint, whose pretraining is no step of this log"
     if run["init"] is not None and run["init"]["steps"] is None:
         return False, "the run started from a checkpoint whose steps the log does not state"
     return True, None

@@ -160,6 +160,11 @@ def variant_text(variant):
 
 
 def started_text(init):
+    if init.get("pretrained"):
+        return (f"This run fine-tunes the pretrained Hugging Face checkpoint {code(init['checkpoint'])} "
+                f"({init['pretrained']}, -e). Its steps count from 0 at that point; the pretraining before it "
+                "is no number of this run's steps, so the notes' claims about a point of training are not "
+                "compared, and the warm-up and the training tokens are this run's own.")
     if init["steps"] is None:
         return (f"This run started from the weights of {code(init['checkpoint'])} (-e); the log does not say how "
                 "long they had trained. Its steps count from 0 at that point.")

@@ -115,6 +115,8 @@ def step_label(run):
     init = run["init"]
     if init is None:
         return "training step"
+    if init.get("pretrained"):
+        return "step of this run (from the pretrained weights)"
     before = f"{init['steps']} steps" if init["steps"] is not None else "an unknown number of steps"
     return f"step of this run (its weights had trained {before} before its step 0)"
 
