@@ -221,7 +221,19 @@ def exact_state(params32, c, tokens, targets):
         ("grads", grads.astype("<f8")),
     ]
     tensors += [("stat." + name, value.astype("<f8")) for name, value in telemetry(p, c, taps, tokens).items()]
+    # The statistics as the CUDA backend's bf16 weights and stored activations leave them (the same
+    # float64 arithmetic otherwise): near a low-rank state the rounding moves some of them (the
+    # effective rank) by more than the arithmetic's own error, so the GPU is compared with these.
+    taps16 = {}
+    with torch.no_grad():
+        forward({n: round_bf16(t.detach()) for n, t in p.items()}, c, tokens, None, taps16, store=round_bf16)
+    tensors += [("bf16.stat." + name, value.astype("<f8")) for name, value in telemetry(p, c, taps16, tokens).items()]
     return p, tensors
+
+
+def round_bf16(t):
+    """t rounded to bfloat16 (to nearest, ties to even), in t's dtype."""
+    return t.to(torch.bfloat16).to(t.dtype)
 
 
 def adamw_steps(p, c, tokens, targets, steps, lr_of_step, weight_decay, clip, frozen=()):

@@ -438,3 +438,22 @@ def test_tokenizer_is_exported(exported):
     for piece, token_id in (("bos_token", config["bos_token_id"]), ("eos_token", config["eos_token_id"])):
         assert copied.id_to_piece(token_id) == settings[piece]
     assert copied.id_to_piece(copied.unk_id()) == settings["unk_token"]
+
+
+def test_forward_emulates_the_gpus_bf16_storage(ref):
+    """model_torch.forward's store, given a rounding to bf16, rounds what the CUDA backend stores in
+    bf16 (the rotated queries and keys, the logits) and not the keys after their norm, which the GPU
+    keeps in float32 for the statistics; test/reference.py writes the statistics of that emulation."""
+    from reference import round_bf16
+    c, params, _ = model_torch.read_checkpoint(ref / "trained.ckpt")
+    tokens = torch.from_numpy(read_tensorfile(ref / "debug_state.bin")["tokens"].astype(np.int64))
+    p = {n: round_bf16(t.double()) for n, t in params.items()}
+    taps = {}
+    logits, _ = model_torch.forward(p, c, tokens, taps=taps, store=round_bf16)
+    exact, _ = model_torch.forward({n: t.double() for n, t in params.items()}, c, tokens)
+    assert torch.equal(logits, round_bf16(logits)) and torch.equal(taps[0]["kr"], round_bf16(taps[0]["kr"]))
+    assert not torch.equal(taps[0]["k"], round_bf16(taps[0]["k"]))
+    assert 0 < (logits - exact).abs().max() < 0.05 * exact.abs().max()  # bf16's rounding, not another model
+    debug = read_tensorfile(ref / "debug_trained.bin")
+    assert all(f"bf16.stat.{name}" in debug for name in ("k_erank", "k_norm", "attn_entropy"))
+    assert not np.array_equal(debug["bf16.stat.k_erank"], debug["stat.k_erank"])

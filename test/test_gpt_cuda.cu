@@ -62,13 +62,21 @@ static void check_forward(GpuModel& g, const std::string& label, const std::stri
     check_close(label + "loss", &loss, &want_loss, 1, 0.0, 0.01);
     // A statistic is a float64 average over 256 tokens of quantities each within ~u (0.4%) of
     // their float64 values, from bf16 activations: within 1% relative, with 1e-3 of the metric's
-    // largest value for values near zero (k_cos, k_mean_share).
+    // largest value for values near zero (k_cos, k_mean_share). But bf16 weights and stored
+    // activations also move the model itself, and near a low-rank state that moves the effective
+    // ranks far more: the reference's bf16.stat.* are the statistics with that rounding emulated
+    // (model_torch.forward's store), which at the trained state moved k_erank 6% and
+    // k_erank_centered 20%, every other statistic under 0.5%. So each statistic may also differ by
+    // the largest relative change the emulated rounding made to it.
     for (int k = 0; k < M_NUM_METRICS; k++) {
         const NamedTensor& want = tensor_or_fail(ref, std::string("stat.") + kMetrics[k].name, dbg);
-        double maxabs = 0;
+        const NamedTensor& emulated = tensor_or_fail(ref, std::string("bf16.stat.") + kMetrics[k].name, dbg);
+        double maxabs = 0, moved = 0;
         for (double v : want.values) maxabs = std::fmax(maxabs, std::fabs(v));
-        check_close(label + "stat " + kMetrics[k].name, stats.values[k].data(), want.values.data(), want.numel(), 0.01,
-                    1e-3 * maxabs);
+        for (size_t i = 0; i < want.values.size(); i++)
+            moved = std::fmax(moved, std::fabs(emulated.values[i] - want.values[i]) / (std::fabs(want.values[i]) + 1e-3 * maxabs));
+        check_close(label + "stat " + kMetrics[k].name, stats.values[k].data(), want.values.data(), want.numel(),
+                    0.01 + moved, 1e-3 * maxabs);
     }
 }
 

@@ -135,7 +135,12 @@ def rope(x, cos, sin):
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
 
 
-def forward(p, c, tokens, targets=None, taps=None, logit_scale=None, ablate=()):
+def keep(t):
+    """The identity: forward's default for `store`."""
+    return t
+
+
+def forward(p, c, tokens, targets=None, taps=None, logit_scale=None, ablate=(), store=keep):
     """Logits [B, T, V] and the mean cross-entropy (None without targets).
 
     taps, if a dict, receives per layer l a dict: the queries and keys after their norms and before
@@ -145,20 +150,25 @@ def forward(p, c, tokens, targets=None, taps=None, logit_scale=None, ablate=()):
     logit_scale, if given, multiplies the attention logits: a number, or a tensor [L, H] per head.
     ablate: (layer, head) pairs whose attention output is replaced before the output projection: by
     zeros, or, when ablate is a dict, by its value for the pair, a vector [D] at every position.
+    store: applied to every activation where the CUDA backend stores one in bf16 (llmc/activations.h:
+    the residual stream, the norms' outputs, qkv, the rotated queries and keys, the attention's
+    unnormalised probabilities as its kernel multiplies them with the values, its output, the MLP's
+    products, the logits); with a rounding to bf16 (and bf16 weights) it emulates that backend's
+    rounding. The keys and queries after their norms stay as computed: the GPU keeps them in float32.
     """
     B, T = tokens.shape
     H, Hkv, D = c.n_head, c.n_kv_head, c.head_dim
     cos, sin = rope_tables(c, T, p["wte"].dtype)
-    x = p["wte"][tokens]
+    x = store(p["wte"][tokens])
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     for l in range(c.n_layer):
         w = lambda name: p[f"layers.{l}.{name}"]
-        h = rmsnorm(x, w("attn_norm"), c.norm_eps)
-        q = (h @ w("wq").T).view(B, T, H, D)
-        k = (h @ w("wk").T).view(B, T, Hkv, D)
-        v = (h @ w("wv").T).view(B, T, Hkv, D)
+        h = store(rmsnorm(x, w("attn_norm"), c.norm_eps))
+        q = store(h @ w("wq").T).view(B, T, H, D)
+        k = store(h @ w("wk").T).view(B, T, Hkv, D)
+        v = store(h @ w("wv").T).view(B, T, Hkv, D)
         q, k = qk_norm(q, w("q_gain"), c), qk_norm(k, w("k_gain"), c)
-        qr, kr = rope(q, cos, sin), rope(k, cos, sin)
+        qr, kr = store(rope(q, cos, sin)), store(rope(k, cos, sin))
         group = H // Hkv
         kr_h = kr.transpose(1, 2).repeat_interleave(group, dim=1)  # [B, H, T, D]: head h reads h // group
         v_h = v.transpose(1, 2).repeat_interleave(group, dim=1)
@@ -168,7 +178,11 @@ def forward(p, c, tokens, targets=None, taps=None, logit_scale=None, ablate=()):
             s = s * scale
         s = s.masked_fill(~causal, float("-inf"))
         att = torch.softmax(s, dim=-1)
-        y = att @ v_h  # [B, H, T, D]
+        if store is keep:
+            y = att @ v_h  # [B, H, T, D]
+        else:  # exp(s - max) multiplies the values as stored, the sum of the exact ones divides
+            unnormalised = torch.exp(s - s.amax(dim=-1, keepdim=True))
+            y = (store(unnormalised) @ v_h) / unnormalised.sum(dim=-1, keepdim=True)
         if taps is not None:
             taps[l] = {"q": q.detach(), "k": k.detach(), "qr": qr.detach(), "kr": kr.detach(),
                        "scores": s.detach(), "att": att.detach(), "y": y.detach()}
@@ -176,12 +190,12 @@ def forward(p, c, tokens, targets=None, taps=None, logit_scale=None, ablate=()):
             if layer == l:
                 y = y.clone()  # the taps keep the output as it was
                 y[:, head] = ablate[layer, head] if isinstance(ablate, dict) else 0.0
-        y = y.transpose(1, 2).reshape(B, T, H * D)
-        x = x + y @ w("wo").T
-        h = rmsnorm(x, w("mlp_norm"), c.norm_eps)
-        x = x + (torch.nn.functional.silu(h @ w("w1").T) * (h @ w("w3").T)) @ w("w2").T
-    x = rmsnorm(x, p["final_norm"], c.norm_eps)
-    logits = x @ p["wte" if c.tied_embeddings else "lm_head"].T
+        y = store(y.transpose(1, 2).reshape(B, T, H * D))
+        x = store(x + y @ w("wo").T)
+        h = store(rmsnorm(x, w("mlp_norm"), c.norm_eps))
+        x = store(x + store(torch.nn.functional.silu(store(h @ w("w1").T)) * store(h @ w("w3").T)) @ w("w2").T)
+    x = store(rmsnorm(x, p["final_norm"], c.norm_eps))
+    logits = store(x @ p["wte" if c.tied_embeddings else "lm_head"].T)
     if targets is None:
         return logits, None
     return logits, torch.nn.functional.cross_entropy(logits.view(B * T, -1), targets.reshape(-1))
