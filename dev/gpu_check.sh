@@ -12,7 +12,7 @@
 #                 the QK-norm variants, a frozen set, the Qwen3 and Llama shapes, determinism and
 #                 gradient accumulation (its PASS and FAIL lines counted)
 #   dev_*         every dev/cuda kernel check against its CPU reference (likewise)
-#   d6 runs       training with statistics, validation and checkpoints, a resume that must give the
+#   d6 runs       training with statistics, validation, checkpoints and samples, a resume that must give the
 #                 same losses bit for bit, a run from the final weights (-e), a measurement of
 #                 them, the QK-norm variants, 4 micro-batches against the CPU, the NCCL path
 #   python        transformers and tokenizers against the import, the export and the BPE
@@ -91,8 +91,9 @@ for k in "$g"/bin/dev_*; do checks 300 "$(basename "$k")" "$k"; done
 data=(-i "$g/data/train_*.bin" -j "$g/data/val_*.bin" -k "$g/data/tokenizer.model")
 common=("${data[@]}" -x 30 -s 3 -v 10 -g 16)
 run_and_resume train_a 300 20 "${common[@]}"
-row "d6 train, resume" $((run_status != 0 || resumed_same != 1)) \
-    "loss $(loss_of_step train_a 1) -> $(loss_of_step train_a 30); resumed steps 21-30 $([ "$resumed_same" = 1 ] && echo identical || echo DIFFER)"
+samples=$(grep -c '^  > ' "$logs/train_a.log")  # sampled from the GPU's logits at the end
+row "d6 train, resume" $((run_status != 0 || resumed_same != 1 || samples == 0)) \
+    "loss $(loss_of_step train_a 1) -> $(loss_of_step train_a 30), $samples samples; resumed steps 21-30 $([ "$resumed_same" = 1 ] && echo identical || echo DIFFER)"
 cp "$runs/train_a/model.ckpt" "$runs/train_a_before.ckpt" 2>/dev/null
 limited 300 train_init "$g/bin/train" "${common[@]}" --device cuda -e "$runs/train_a/model.ckpt" -x 5 -o "$runs/c"
 status_c=$?

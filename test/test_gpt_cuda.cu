@@ -117,15 +117,20 @@ static void check_adamw_steps(GpuModel& g, const std::string& label, const std::
     opt.weight_decay = (float)hyper[4];
     model_download(g);
     std::vector<float> initial(g.host_params);
-    std::vector<float> losses(steps);
+    std::vector<float> losses(steps), norms(steps);
     for (int step = 0; step < steps; step++) {
         losses[step] = model_forward(g, tokens.data(), targets.data(), B, T, false);
         model_zero_grad(g);
         model_backward(g, tokens.data(), targets.data(), 1.0f);
-        float norm = model_grad_norm(g);
+        norms[step] = model_grad_norm(g);
         opt.lr = lr_at_step(step, steps, warmup, peak, floor);
-        model_adamw_step(g, opt, step + 1, norm, clip);
+        model_adamw_step(g, opt, step + 1, norms[step], clip);
     }
+    // The first step's gradient norm (before clipping), of the loaded weights: gradients each within
+    // kBf16Rtol of the reference's have a norm within kBf16Rtol of its. (Later steps' weights have
+    // moved apart a little, as the losses below have.)
+    check_close(label + "adamw first step's gradient norm", norms.data(),
+                tensor_or_fail(ref, "step_grad_norms", dbg).values.data(), 1, kBf16Rtol, 0.0);
     // The losses fall from 5.9 to 1.9 over the steps; bf16 gradients (within kBf16Rtol) steer the
     // weights a little otherwise, and the losses, whose own bf16 error is ~0.005 (above), move
     // apart by a few hundredths at most. Steps of the wrong size (a bias correction wrong) change

@@ -7,14 +7,14 @@
 #include "llmc/model_cpu.h"
 #include "llmc/telemetry.cuh"
 
-static void check_layer(int B, int T, int H, int Hkv, int layer) {
+static void check_layer(int B, int T, int H, int Hkv, int layer, int D = 64) {
     ModelConfig c;
     c.n_layer = layer + 1;
     c.n_head = H;
     c.n_kv_head = Hkv;
-    c.head_dim = 64;
-    c.d_model = H * 64;
-    int N = B * T, D = 64, NH = H + Hkv;
+    c.head_dim = D;
+    c.d_model = H * D;
+    int N = B * T, NH = H + Hkv;
     Rng rng{(uint64_t)N * 11 + H};
     // Keys with a few dominant axes, as trained keys have, so that the statistics are not all alike.
     std::vector<float> qk = random_values((size_t)N * NH * D, 1.0f, rng);
@@ -61,7 +61,8 @@ static void check_layer(int B, int T, int H, int Hkv, int layer) {
     host[lay.doc_view] = N / 3;
     Telemetry got;
     telemetry_from_sums(got, host.data(), lay, c);
-    std::string tag = " B" + std::to_string(B) + " T" + std::to_string(T) + " H" + std::to_string(H) + ":" + std::to_string(Hkv);
+    std::string tag = " B" + std::to_string(B) + " T" + std::to_string(T) + " H" + std::to_string(H) + ":" + std::to_string(Hkv) +
+                      " D" + std::to_string(D);
     for (int m = 0; m < M_NUM_METRICS; m++) {
         int row = kMetrics[m].shape == PER_STEP ? 0 : layer;
         const float* g = got.row(m, row, c);
@@ -92,5 +93,6 @@ int main() {
     if (!require_gpu()) return 0;
     check_layer(2, 33, 4, 2, 1);
     check_layer(8, 2048, 8, 8, 0);
+    check_layer(2, 300, 16, 8, 0, 128);  // Qwen3's and Llama's heads; more than one block of rows
     return test_exit_code();
 }
