@@ -104,3 +104,101 @@ inline void rmsnorm_backward(bf16* dx, float* dg, float* scratch, const bf16* dy
     cuda_check_launch();
     column_sum(dg, scratch, blocks, C, C, s);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Candidate backward, not yet the default (a GPU has not timed it): the same math, laid out for
+// bandwidth. The kernel above gives a block 64 rows, so a d22 step's 16,384 rows make 256 blocks
+// whose warps each walk 8 rows one after another, and its lanes read 2 bytes at a stride: the GPU
+// waits on latency. Here a block takes kNormVecRowsPerBlock rows (1,024 blocks at d22), each lane
+// reads 16 bytes at a time (8 columns: lane l holds columns 256 k + 8 l .. 256 k + 8 l + 7 of the
+// row, k < K = C / 256), and keeps the gain gradient of its own columns in registers across its
+// rows. The sums run in a fixed order, as above: the same inputs give the same bits.
+static const int kNormVecRowsPerBlock = 16;
+
+// The 8 bf16 of a 16-byte vector as floats, and back.
+__device__ __forceinline__ void bf16x8_to_float(uint4 v, float* out) {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+    for (int j = 0; j < 4; j++) {
+        float2 f = __bfloat1622float2(h[j]);
+        out[2 * j] = f.x;
+        out[2 * j + 1] = f.y;
+    }
+}
+__device__ __forceinline__ uint4 float_to_bf16x8(const float* in) {
+    uint4 v;
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
+    for (int j = 0; j < 4; j++) h[j] = __floats2bfloat162_rn(in[2 * j], in[2 * j + 1]);
+    return v;
+}
+
+template <int K>
+__global__ void rmsnorm_backward_vec_kernel(bf16* dx, float* dg_partial, const bf16* dy, const bf16* x, const float* rstd,
+                                            const bf16* g, int N) {
+    constexpr int C = 256 * K;
+    extern __shared__ float warp_dg[];  // [warps][C]
+    int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float gain[K][8], dg[K][8] = {};
+    for (int k = 0; k < K; k++) bf16x8_to_float(reinterpret_cast<const uint4*>(g)[k * 32 + lane], gain[k]);
+    int first = blockIdx.x * kNormVecRowsPerBlock;
+    for (int row = first + warp; row < min(N, first + kNormVecRowsPerBlock); row += warps) {
+        const uint4* xr = reinterpret_cast<const uint4*>(x + (size_t)row * C);
+        const uint4* dyr = reinterpret_cast<const uint4*>(dy + (size_t)row * C);
+        uint4* dxr = reinterpret_cast<uint4*>(dx + (size_t)row * C);
+        float xv[K][8], dyv[K][8], r = rstd[row], dot = 0.0f;
+        for (int k = 0; k < K; k++) {
+            bf16x8_to_float(xr[k * 32 + lane], xv[k]);
+            bf16x8_to_float(dyr[k * 32 + lane], dyv[k]);
+            for (int j = 0; j < 8; j++) dot += rmsnorm_dot_term(gain[k][j], dyv[k][j], xv[k][j], r);
+        }
+        dot = warp_sum(dot) / C;
+        for (int k = 0; k < K; k++) {
+            float acc[8];
+            bf16x8_to_float(dxr[k * 32 + lane], acc);
+            for (int j = 0; j < 8; j++) {
+                acc[j] += rmsnorm_dx(gain[k][j], dyv[k][j], xv[k][j], r, dot);
+                dg[k][j] += rmsnorm_dgain(dyv[k][j], xv[k][j], r);
+            }
+            dxr[k * 32 + lane] = float_to_bf16x8(acc);
+        }
+    }
+    for (int k = 0; k < K; k++)
+        for (int j = 0; j < 8; j++) warp_dg[(size_t)warp * C + k * 256 + lane * 8 + j] = dg[k][j];
+    __syncthreads();
+    for (int i = threadIdx.x; i < C; i += blockDim.x) {
+        float acc = 0.0f;
+        for (int w = 0; w < warps; w++) acc += warp_dg[(size_t)w * C + i];
+        dg_partial[(size_t)blockIdx.x * C + i] = acc;
+    }
+}
+
+// Whether the candidate takes these rows: C a multiple of 256 up to 1,024 (the presets' and
+// Qwen3-0.6B's widths; wider rows would spill the registers that hold a lane's 4 x 8 K values), the
+// bf16 arrays 16-byte aligned (the rows are then too, C * 2 bytes being a multiple of 16).
+inline bool rmsnorm_backward_vec_supports(int C, const void* dx, const void* dy, const void* x, const void* g) {
+    bool aligned = true;
+    for (const void* p : {dx, dy, x, g}) aligned &= (uintptr_t)p % 16 == 0;
+    return aligned && C % 256 == 0 && C / 256 >= 1 && C / 256 <= 4;
+}
+
+inline int rmsnorm_backward_vec_blocks(int N) { return ceil_div(N, kNormVecRowsPerBlock); }
+
+// As rmsnorm_backward; scratch: rmsnorm_backward_vec_blocks(N) * C floats. Rows the candidate does
+// not take are a fatal error: callers ask rmsnorm_backward_vec_supports first.
+inline void rmsnorm_backward_vec(bf16* dx, float* dg, float* scratch, const bf16* dy, const bf16* x, const float* rstd,
+                                 const bf16* g, int N, int C, cudaStream_t s) {
+    if (!rmsnorm_backward_vec_supports(C, dx, dy, x, g)) fail("rmsnorm_backward_vec: C = %d or an unaligned row", C);
+    const int warps = 8, blocks = rmsnorm_backward_vec_blocks(N);
+    size_t smem = (size_t)warps * C * sizeof(float);
+    auto launch = [&](auto kernel) {
+        if (smem > 48 * 1024) cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        kernel<<<blocks, warps * 32, smem, s>>>(dx, scratch, dy, x, rstd, g, N);
+    };
+    switch (C / 256) {
+        case 1: launch(rmsnorm_backward_vec_kernel<1>); break;
+        case 2: launch(rmsnorm_backward_vec_kernel<2>); break;
+        case 3: launch(rmsnorm_backward_vec_kernel<3>); break;
+        default: launch(rmsnorm_backward_vec_kernel<4>); break;
+    }
+    cuda_check_launch();
+    column_sum(dg, scratch, blocks, C, C, s);
+}

@@ -30,8 +30,22 @@ static void check_rmsnorm(int N, int C) {
     compare_to_reference("rmsnorm backward dgain" + tag, download(d_dg, C), dg);
     float fwd = time_ms([&] { rmsnorm_forward(d_out, d_rstd, d_x, d_g, N, C, 1e-5f, 0); });
     float bwd = time_ms([&] { rmsnorm_backward(d_dx, d_dg, d_scratch, d_dy, d_x, d_rstd, d_g, N, C, 0); });
-    double bytes = 2.0 * N * C * 2;
-    printf("   rmsnorm%s: forward %.3f ms (%.0f GB/s), backward %.3f ms\n", tag.c_str(), fwd, bytes / fwd / 1e6, bwd);
+    double bytes = 2.0 * N * C * 2, bwd_bytes = 4.0 * N * C * 2;  // backward: x, dy, dx read, dx written
+    printf("   rmsnorm%s: forward %.3f ms (%.0f GB/s), backward %.3f ms (%.0f GB/s)\n", tag.c_str(), fwd, bytes / fwd / 1e6,
+           bwd, bwd_bytes / bwd / 1e6);
+    // The candidate backward (rmsnorm.cuh), where it applies: the same answers, and its time.
+    if (rmsnorm_backward_vec_supports(C, d_dx, d_dy, d_x, d_g)) {
+        bf16* v_dx = upload_bf16(dx0);
+        float *v_dg = upload(std::vector<float>(C, 0.0f)), *v_scratch;
+        cudaCheck(cudaMalloc(&v_scratch, (size_t)rmsnorm_backward_vec_blocks(N) * C * sizeof(float)));
+        rmsnorm_backward_vec(v_dx, v_dg, v_scratch, d_dy, d_x, d_rstd, d_g, N, C, 0);
+        compare_to_reference("rmsnorm backward dx, candidate" + tag, download_bf16(v_dx, dx.size()), dx);
+        compare_to_reference("rmsnorm backward dgain, candidate" + tag, download(v_dg, C), dg);
+        float vec = time_ms([&] { rmsnorm_backward_vec(v_dx, v_dg, v_scratch, d_dy, d_x, d_rstd, d_g, N, C, 0); });
+        printf("   rmsnorm%s: candidate backward %.3f ms (%.0f GB/s), %.2fx the default\n", tag.c_str(), vec,
+               bwd_bytes / vec / 1e6, bwd / vec);
+        for (void* p : {(void*)v_dx, (void*)v_dg, (void*)v_scratch}) cudaCheck(cudaFree(p));
+    }
     for (void* p : {(void*)d_x, (void*)d_g, (void*)d_dy, (void*)d_dx, (void*)d_out, (void*)d_rstd, (void*)d_dg, (void*)d_scratch})
         cudaCheck(cudaFree(p));
 }
@@ -101,6 +115,7 @@ int main() {
     if (!require_gpu()) return 0;
     check_rmsnorm(37, 96);
     check_rmsnorm(8 * 2048, 512);
+    check_rmsnorm(4 * 512, 1024);  // Qwen3-0.6B's width
     check_qk_norm_rope(2, 17, 4, 2);
     check_qk_norm_rope(2, 17, 4, 2, QK_NORM_NONE);
     check_qk_norm_rope(8, 2048, 8, 8);
