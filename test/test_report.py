@@ -1708,3 +1708,21 @@ def test_measurement_of_barely_trained_weights(log_path, tmp_path):
     assert summary["training"]["reasons"] == [reason + " a verdict needs"]
     assert [h["verdict"] for h in summary["hypotheses"].values()] == ["inconclusive"] * 3 + ["not applicable"]
     assert summary["taxonomy"]["available"] is False and reason in text
+
+
+def test_compared_runs_share_limits_that_hold_every_curve(tmp_path, monkeypatch):
+    """compare_figure's panels share one y axis: a run whose middle layers rise above every value of
+    the early panel is drawn whole, not cut off at the limits the early panel alone would set."""
+    import matplotlib.pyplot as plt
+    from attnlog import figures
+    steps = np.arange(10) * 10
+    runs = [("low", steps, {"early": np.full(10, 8.0), "middle": np.full(10, 8.0), "final": np.full(10, 8.0)}),
+            ("high", steps, {"early": np.linspace(2, 14, 10), "middle": np.linspace(2, 18, 10),
+                             "final": np.linspace(2, 16, 10)})]
+    drawn = {}
+    monkeypatch.setattr(figures, "_save", lambda fig, path: drawn.setdefault("axes", fig.axes))
+    figures.compare_figure(str(tmp_path / "c.png"), "t", "k_norm", runs, ref=8.0, ref_label="sqrt(D)")
+    for ax in drawn["axes"][:3]:
+        low, high = ax.get_ylim()
+        assert low <= 2 and high >= 18
+    plt.close("all")

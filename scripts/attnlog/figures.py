@@ -527,11 +527,15 @@ def loss_figure(path, title, steps, loss, val_steps, val_loss, what=("training l
 def compare_figure(path, title, ylabel, runs, ref=None, ref_label=None):
     """One panel per layer group, one line per run: runs is a list of (label, steps, {group: curve})."""
     fig, axes = plt.subplots(1, 3, figsize=(17.5, 4.6), constrained_layout=True, sharey=True)
-    for ax, group in zip(axes, ("early", "middle", "final")):
+    groups = ("early", "middle", "final")
+    for ax, group in zip(axes, groups):
         for i, (label, steps, curves) in enumerate(runs):
             if group in curves:
                 ax.plot(steps, curves[group], color=RUN_COLOURS[i % len(RUN_COLOURS)], linewidth=1.8,
                         marker="o" if len(steps) <= FEW_STEPS else None, markersize=3, label=label)
+    # Only now the limits: the panels share them, and fixing them before every panel is drawn
+    # would cut off a curve that goes beyond the first panel's.
+    for ax, group in zip(axes, groups):
         if ref is not None:
             _reference_line(ax, ref, ref_label)
         ax.set_title(f"{group} layers")
