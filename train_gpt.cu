@@ -1070,6 +1070,7 @@ int main(int argc, char** argv) {
             fail("option %s cuda: the CUDA backend has not run this model's %s on a GPU yet; use %s cpu",
                  OPTION_LABEL("--device"), unsupported.c_str(), OPTION_NAME("--device"));
         r.on_gpu = false;  // --device auto: the CPU, which runs every model
+        cudaDeviceReset();  // and the GPU's context, which choosing the device created, released
         r.device_name = cpu_device_name(r.threads);
         printf("device: the CUDA backend has not run this model's %s on a GPU yet; training on the CPU (%d threads)\n",
                unsupported.c_str(), r.threads);

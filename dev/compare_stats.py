@@ -5,8 +5,8 @@ relative to the metric's largest magnitude), over every step, layer and head bot
 
     python3 dev/compare_stats.py GPU.attnlog CPU.attnlog [--rtol 0.01]
 
-Prints a line per metric, worst first, and exits 1 if any metric differs by more than rtol (or the
-logs hold other steps or shapes)."""
+Prints a line per metric, worst first, and exits 1 if any metric but the effective ranks differs
+by more than rtol, or is NaN on one side only (or the logs hold other steps or shapes)."""
 import argparse
 import sys
 from pathlib import Path
@@ -17,6 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import attnlog  # noqa: E402
 
 NEAR_ZERO = ("k_cos", "k_mean_share", "attn_doc_start")  # signed, or zero where no document starts: to the largest
+# Reported, not held to rtol: near a low-rank state the GPU's bf16 weights and activations alone
+# move the effective ranks by several percent (6% and 20% on test/reference.py's trained state,
+# test_gpt_cuda), so a difference there says nothing about the kernels.
+UNGATED = ("k_erank", "k_erank_centered")
 
 
 def differences(got_log, want_log):
@@ -28,8 +32,10 @@ def differences(got_log, want_log):
         if list(steps_w) != list(steps_g) or want.shape != got.shape:
             raise SystemExit(f"error: {name}: the logs hold other steps or shapes ({want.shape}, {got.shape})")
         want, got = want.astype(float), got.astype(float)
-        scale = abs(want).max() if name in NEAR_ZERO else abs(want)
+        scale = np.nanmax(abs(want)) if name in NEAR_ZERO else abs(want)
         rel = abs(got - want) / (scale + 1e-30)
+        both = np.isnan(got) & np.isnan(want)
+        rel = np.where(both, 0.0, np.where(np.isnan(rel), np.inf, rel))  # a NaN on one side only: infinitely off
         index = np.unravel_index(rel.argmax(), rel.shape)
         out[name] = (float(rel.max()), f"step {int(steps_w[index[0]])} at {tuple(int(i) for i in index[1:])}: "
                                        f"{got[index]:.6g} against {want[index]:.6g}")
@@ -45,9 +51,12 @@ def main():
     diffs = differences(attnlog.open_log(args.got), attnlog.open_log(args.want))
     beyond = 0
     for name, (rel, where) in sorted(diffs.items(), key=lambda item: -item[1][0]):
-        beyond += rel > args.rtol
-        print(f"{'FAIL' if rel > args.rtol else 'ok  '} {name:18s} {100 * rel:8.3f}%  ({where})")
-    print(f"{len(diffs) - beyond} of {len(diffs)} metrics within {100 * args.rtol:g}%")
+        bad = not rel <= args.rtol and name not in UNGATED
+        beyond += bad
+        tag = "FAIL" if bad else "info" if name in UNGATED else "ok  "
+        print(f"{tag} {name:18s} {100 * rel:8.3f}%  ({where})")
+    gated = len([name for name in diffs if name not in UNGATED])
+    print(f"{gated - beyond} of {gated} metrics within {100 * args.rtol:g}% ({', '.join(UNGATED)} shown, not held to it)")
     return 1 if beyond or not diffs else 0
 
 

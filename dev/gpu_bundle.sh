@@ -10,7 +10,7 @@
 #          NCCL's, too large to carry: check.sh finds the machine's or PyTorch's)
 #   data/  the default corpus' shards and tokenizer (a GPU machine may have no npm)
 #   check.sh  what to run there (dev/gpu_check.sh); COMMIT, the commit it was built from
-# Works in a fresh clone: the build runs in a copy of the working tree (build/gpu_src), so a native
+# Works in a fresh clone: the build runs in a fresh copy of the working tree (build/gpu_src), so a native
 # build is neither needed nor touched, and the corpus is prepared with the copy's prepare_data when
 # data/brown is not. The PyTorch reference is made on the GPU machine (its python3 has torch).
 # There, from the repository root (python3's tarfile unpacks it: no xz program needed):
@@ -23,8 +23,9 @@ cd "$(dirname "$0")/.."
 out=build/gpu
 src=build/gpu_src
 archs=${CUDA_ARCHS:-90}
-rm -rf "$out" "$out.tar.xz" && mkdir -p "$src" "$out/bin" "$out/lib" "$out/data"
-git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$src"
+rm -rf "$src" "$out" "$out.tar.xz" && mkdir -p "$src" "$out/bin" "$out/lib" "$out/data"
+git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done |
+    tar --null -T - -cf - | tar -xf - -C "$src"  # the working tree as it is: a file deleted but not committed left out
 make -s -C "$src" CPU_ARCH=x86-64-v3 CUDA_ARCHS="$archs" train prepare_data build/test_gpt_cuda build/hf_logits \
     $(for f in dev/cuda/*.cu; do echo "build/dev_$(basename "$f" .cu)"; done)
 cp "$src/train" "$src/prepare_data" "$src/build/test_gpt_cuda" "$src/build/hf_logits" "$src"/build/dev_* "$out/bin/"

@@ -2,9 +2,10 @@
 # The GPU checks, on a machine with a GPU, from the repository root, over what dev/gpu_bundle.sh
 # built (unpacked into build/gpu). Prints one table row per part as it finishes (part, PASS or
 # FAIL, what it showed) and ends with "N passed, N failed"; every log goes into one archive,
-# $OUT/gpu_check_logs.tar.gz (a temporary folder's when OUT is unset), also when a part fails or
-# the script is stopped. Every part has a time limit, so a hang (NCCL's start, say) costs that part
-# only. No GPU is a failure, and every run names --device cuda: nothing passes on the CPU alone.
+# $OUT/gpu_check_logs.tar.gz (a temporary folder's when OUT is unset), brought up to date after
+# every part. Every part has a time limit, and all of them a deadline, so a hang (NCCL's start,
+# say) costs that part only. No GPU is a failure, and every run names --device cuda: nothing
+# passes on the CPU alone.
 # Parts, in order of what they cost to lose:
 #   device        nvidia-smi lists a GPU
 #   reference     the PyTorch reference (test/reference.py) into build/ref
@@ -20,12 +21,17 @@
 #   d22           50 steps of the reports' model at 4 x 2048 with a resume from step 25, and a
 #                 measurement of its final weights on the GPU and on the CPU: statistics within 1%
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+root=$(cd "$(dirname "$0")" && pwd)  # the repository root: build/gpu/check.sh or dev/gpu_check.sh in it
+while [ ! -e "$root/train_gpt.cu" ] && [ "$root" != / ]; do root=$(dirname "$root"); done
+cd "$root"
 g=build/gpu
 py=${PYTHON:-python3}
 logs=$(mktemp -d)
 runs=$(mktemp -d)
-archive=${OUT:-$logs}/gpu_check_logs.tar.gz
+archive=${OUT:-$(mktemp -d)}/gpu_check_logs.tar.gz
+# Every part ends by this many seconds from the start (CHECK_SECONDS, default 560: a device call
+# of 600 s with time to spare), so the table and the archive come back whatever hangs.
+deadline=$((SECONDS + ${CHECK_SECONDS:-560}))
 export LD_LIBRARY_PATH="$g/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PYTHONUNBUFFERED=1
 passed=0
@@ -34,14 +40,21 @@ pack() { tar -czf "$archive.part" -C "$logs" . && mv "$archive.part" "$archive";
 trap pack EXIT
 trap 'echo "stopped"; exit 1' INT TERM
 
-row() {  # part, status (0: pass), what it showed
+row() {  # part, status (0: pass), what it showed; the archive brought up to date
     if [ "$2" -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
     printf '%-26s %-4s %s\n' "$1" "$([ "$2" -eq 0 ] && echo PASS || echo FAIL)" "$3"
+    pack
 }
-limited() {  # seconds, log name, command...: the command's status, 124 when it ran out of time
-    local seconds=$1 name=$2
+limited() {  # seconds, log name, command...: the command's status, 124 when it ran out of time (its
+    # own limit or the deadline's); in the foreground, so that Ctrl-C reaches it
+    local seconds=$1 name=$2 left=$((deadline - SECONDS))
     shift 2
-    timeout --kill-after=10 "$seconds" "$@" >"$logs/$name.log" 2>&1
+    [ "$left" -lt "$seconds" ] && seconds=$left
+    if [ "$seconds" -le 0 ]; then
+        echo "not run: no time left before the deadline" >"$logs/$name.log"
+        return 124
+    fi
+    timeout --foreground --kill-after=10 "$seconds" "$@" >"$logs/$name.log" 2>&1
 }
 on_gpu() { ! grep -q "no CUDA device" "$logs/$1.log"; }
 checks() {  # seconds, name, command...: a test program's PASS / FAIL lines as one row

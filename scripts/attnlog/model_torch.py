@@ -151,9 +151,10 @@ def forward(p, c, tokens, targets=None, taps=None, logit_scale=None, ablate=(), 
     ablate: (layer, head) pairs whose attention output is replaced before the output projection: by
     zeros, or, when ablate is a dict, by its value for the pair, a vector [D] at every position.
     store: applied to every activation where the CUDA backend stores one in bf16 (llmc/activations.h:
-    the residual stream, the norms' outputs, qkv, the rotated queries and keys, the attention's
-    unnormalised probabilities as its kernel multiplies them with the values, its output, the MLP's
-    products, the logits); with a rounding to bf16 (and bf16 weights) it emulates that backend's
+    the residual stream, the norms' outputs, qkv, the rotated queries and keys, at head_dim 64 the
+    attention's unnormalised probabilities as its tensor-core kernel multiplies them with the values
+    (the kernels of other head_dims keep them in float32), its output, the MLP's products, the
+    logits); with a rounding to bf16 (and bf16 weights) it emulates that backend's
     rounding. The keys and queries after their norms stay as computed: the GPU keeps them in float32.
     """
     B, T = tokens.shape
@@ -178,9 +179,9 @@ def forward(p, c, tokens, targets=None, taps=None, logit_scale=None, ablate=(), 
             s = s * scale
         s = s.masked_fill(~causal, float("-inf"))
         att = torch.softmax(s, dim=-1)
-        if store is keep:
+        if store is keep or D != 64:
             y = att @ v_h  # [B, H, T, D]
-        else:  # exp(s - max) multiplies the values as stored, the sum of the exact ones divides
+        else:  # the tensor-core kernel (D = 64) multiplies the values with exp(s - max) in bf16, the sum divides
             unnormalised = torch.exp(s - s.amax(dim=-1, keepdim=True))
             y = (store(unnormalised) @ v_h) / unnormalised.sum(dim=-1, keepdim=True)
         if taps is not None:
