@@ -233,8 +233,9 @@ def test_qwen3_of_the_export_gives_the_checkpoints_logits(exported, trained):
     assert_close(hf_logits(config, weights, tokens).numpy(), logits.numpy(), atol=LOGITS_ATOL)
 
 
-def transformers_logits(folder, tokens, architecture):
-    """The logits of transformers' own model loaded from the export; skips where it is not installed."""
+def transformers_model(folder, architecture):
+    """transformers' own model loaded from the export, in float32 and eval mode; skips where
+    transformers is not installed."""
     try:
         import transformers
     except ImportError:
@@ -244,8 +245,13 @@ def transformers_logits(folder, tokens, architecture):
                                                                     **float32_argument(transformers, torch))
     assert type(model).__name__ == architecture
     assert not info["missing_keys"] and not info["unexpected_keys"], info
+    return model.eval()
+
+
+def transformers_logits(folder, tokens, architecture):
+    """The logits of transformers' own model loaded from the export; skips where it is not installed."""
     with torch.no_grad():
-        return model.eval()(tokens).logits
+        return transformers_model(folder, architecture)(tokens).logits
 
 
 def test_transformers_loads_the_export(exported, trained):
@@ -325,12 +331,10 @@ def test_transformers_continues_as_the_checkpoint(ref, tmp_path, name):
         config, weights = read_export(tmp_path / "out")
         assert greedy(lambda tokens: hf_logits(config, weights, tokens), prompt, steps)[0] == ours
     assert lead > 100 * LOGITS_ATOL  # every choice clear by far more than the logits may differ
-    transformers_logits(tmp_path / "out", prompt, "Qwen3ForCausalLM")  # skips where transformers is not installed
-    import transformers
-    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", **float32_argument(transformers, torch))
+    model = transformers_model(tmp_path / "out", "Qwen3ForCausalLM")
     with torch.no_grad():
-        theirs = model.eval().generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=steps,
-                                       min_new_tokens=steps, do_sample=False, pad_token_id=0)
+        theirs = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=steps,
+                                min_new_tokens=steps, do_sample=False, pad_token_id=0)
     assert theirs[0, prompt.shape[1]:].tolist() == ours
 
 
