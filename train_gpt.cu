@@ -1064,17 +1064,6 @@ int main(int argc, char** argv) {
     prepare_data_and_config(r);
     int status;
 #ifdef __CUDACC__
-    std::string unsupported = cuda_unsupported_field(r.c);
-    if (r.on_gpu && !unsupported.empty()) {  // a model of a shape the GPU has not run yet (config.h)
-        if (r.o.device == "cuda")
-            fail("option %s cuda: the CUDA backend has not run this model's %s on a GPU yet; use %s cpu",
-                 OPTION_LABEL("--device"), unsupported.c_str(), OPTION_NAME("--device"));
-        r.on_gpu = false;  // --device auto: the CPU, which runs every model
-        cudaDeviceReset();  // and the GPU's context, which choosing the device created, released
-        r.device_name = cpu_device_name(r.threads);
-        printf("device: the CUDA backend has not run this model's %s on a GPU yet; training on the CPU (%d threads)\n",
-               unsupported.c_str(), r.threads);
-    }
     if (r.on_gpu) {
         GpuModel g;
         status = r.measuring() ? measure(g, r) : train(g, r);

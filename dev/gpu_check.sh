@@ -71,15 +71,19 @@ checks() {  # seconds, name, command...: a test program's PASS / FAIL lines as o
 losses() { grep -E "^step +[0-9]+/" "$logs/$1.log" | cut -d'|' -f2 | tr -s ' '; }
 loss_of_step() { grep -E "^step +$2/" "$logs/$1.log" | cut -d'|' -f2 | tr -dc '0-9.'; }
 norm_of_step() { grep -E "^step +$2/" "$logs/$1.log" | cut -d'|' -f3 | tr -dc '0-9.'; }
-# A run with a checkpoint at step `at`, and a run resumed from that checkpoint: run_status, and
-# resumed_same 1 when the resumed run's losses (as printed) are the first run's after step `at`.
+# A run with a checkpoint at step `at`, and a run resumed from that checkpoint with the same options
+# but the preset (-m: the model comes from the checkpoint): run_status, and resumed_same 1 when the
+# resumed run's losses (as printed) are the first run's after step `at`.
 run_and_resume() {  # name, seconds, at, train options...
-    local name=$1 seconds=$2 at=$3 after
+    local name=$1 seconds=$2 at=$3 after resume=()
     shift 3
     limited "$seconds" "$name" "$g/bin/train" "$@" --device cuda -n "$at" -o "$runs/$name"
     run_status=$?
     cp -r "$runs/$name" "$runs/${name}_b" 2>/dev/null && rm -f "$runs/${name}_b/model.ckpt"
-    limited "$seconds" "${name}_resumed" "$g/bin/train" "$@" --device cuda -r "$(printf '%s_b/model_step%06d.ckpt' "$runs/$name" "$at")"
+    while [ $# -gt 0 ]; do
+        if [ "$1" = -m ]; then shift 2; else resume+=("$1"); shift; fi
+    done
+    limited "$seconds" "${name}_resumed" "$g/bin/train" "${resume[@]}" --device cuda -r "$(printf '%s_b/model_step%06d.ckpt' "$runs/$name" "$at")"
     run_status=$((run_status + $?))
     after=$(losses "$name" | tail -n +$((at + 1)))
     resumed_same=$([ -n "$after" ] && [ "$after" = "$(losses "${name}_resumed")" ] && echo 1 || echo 0)

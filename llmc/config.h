@@ -248,20 +248,6 @@ inline void rope_tables(const ModelConfig& c, int T, float* cos_table, float* si
         }
 }
 
-// The CUDA backend has run on a GPU with head_dim 64, d_model = n_head * head_dim, tied embeddings
-// and RoPE without scaling only. The rest of what pretrained models need (head_dim 128 through the
-// simple attention kernels, an attention width apart from d_model, lm_head, Llama 3 RoPE scaling)
-// is written, and test_gpt_cuda checks it against the reference, but until a GPU has run that check
-// ./train keeps such a model on the CPU: the first field of c outside what has run, in words, or "".
-inline std::string cuda_unsupported_field(const ModelConfig& c) {
-    if (c.head_dim != 64) return strprintf("head_dim %d (the CUDA kernels have run head_dim 64 only)", c.head_dim);
-    if (c.d_model != c.attn_dim())
-        return strprintf("d_model %d apart from n_head * head_dim = %d", c.d_model, c.attn_dim());
-    if (!c.tied_embeddings) return "tied_embeddings 0 (an lm_head apart from wte)";
-    if (c.rope_factor != 0.0f) return strprintf("rope_factor %g (Llama 3 RoPE scaling)", c.rope_factor);
-    return "";
-}
-
 // ---------------------------------------------------------------------------------------------
 // Parameter layout. One flat float buffer holds every parameter (the checkpoint stores them in the
 // same order): the kinds of the table before the per-layer ones, then one block per layer of the

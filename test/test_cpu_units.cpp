@@ -403,28 +403,20 @@ static void test_init() {
     check_close("init: wte std 0.02, w2 std 0.02/sqrt(2L), gains 1", got, want, 3, 0.05, 0);
 }
 
-// The fields of pretrained models: what the CUDA backend refuses (naming the field), the kinds an
-// untied model adds (lm_head: a decayed matrix, which --freeze can name only when it exists), the
-// memory it needs, and the RoPE scaling's three bands of frequencies.
+// The fields of pretrained models: the kinds an untied model adds (lm_head: a decayed matrix, which
+// --freeze can name only when it exists), the memory it needs, and the RoPE scaling's three bands of
+// frequencies.
 static void test_pretrained_fields() {
     ModelConfig c = small_config();
     c.head_dim = 64;
     c.d_model = 4 * 64;
-    ModelConfig untied = c, wide = c, scaled = c, d128 = c;
+    ModelConfig untied = c, wide = c, scaled = c;
     untied.tied_embeddings = 0;
     wide.d_model = 48;
     scaled.rope_factor = 8.0f, scaled.rope_low_freq_factor = 1.0f, scaled.rope_high_freq_factor = 4.0f;
     scaled.rope_original_max_pos = 32;
-    d128.head_dim = 128;
-    d128.d_model = 4 * 128;
     report(config_error(wide).empty() && config_error(untied).empty() && config_error(scaled).empty(),
            "config: d_model apart from n_head * head_dim, untied embeddings and RoPE scaling are possible");
-    report(cuda_unsupported_field(c).empty() && cuda_unsupported_field(d128).find("head_dim 128") == 0 &&
-               cuda_unsupported_field(wide).find("d_model 48") == 0 &&
-               cuda_unsupported_field(untied).find("tied_embeddings 0") == 0 &&
-               cuda_unsupported_field(scaled).find("rope_factor 8") == 0,
-           "CUDA backend: refuses head_dim 128, d_model apart, untied embeddings and RoPE scaling by the field's name",
-           cuda_unsupported_field(wide));
     report(absent_kinds(c) == param_kind_bit(P_LM_HEAD) && absent_kinds(untied) == 0 && param_is_matrix(P_LM_HEAD) &&
                adamw_segments(untied, 0).back().decay == 1 &&
                adamw_segments(untied, 0).back().start + adamw_segments(untied, 0).back().count == (long long)num_parameters(untied),

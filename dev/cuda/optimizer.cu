@@ -40,6 +40,7 @@ int main() {
         cuda_check_launch();
     };
     cudaCheck(cudaMalloc(&d_bf16, P * sizeof(bf16)));
+    float_to_bf16(d_bf16, d_params, (long long)P, 0);  // as the model starts: AdamW refreshes only what it updates
     std::vector<ParamSegment> segs = adamw_segments(c, frozen);
     ParamSegment* d_segs = upload(segs);
     global_norm();
