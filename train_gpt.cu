@@ -141,13 +141,25 @@ static void gpu_set_shape(GpuModel& g, const ModelConfig& c, int max_B, int max_
     g.max_segments = num_param_tensors(c);  // one per tensor, the most any frozen set leaves
 }
 
-// Holds the parameter kinds in `asked` (and those the variant leaves unused) fixed from now on:
-// AdamW gets the segments of the others (in this process's shard) only.
-static void model_freeze(GpuModel& g, uint32_t asked) {
-    g.frozen = frozen_kinds(g.cfg, asked);
-    std::vector<ParamSegment> segments = shard_segments(adamw_segments(g.cfg, g.frozen), g.shard);
+// AdamW's segments (in this process's shard) of the kinds not frozen, each with its weight decay flag,
+// onto the device.
+static void upload_segments(GpuModel& g) {
+    std::vector<ParamSegment> segments = shard_segments(adamw_segments(g.cfg, g.frozen, g.decayed), g.shard);
     g.num_segments = (int)segments.size();
     cudaCheck(cudaMemcpy(g.segments, segments.data(), segments.size() * sizeof(ParamSegment), cudaMemcpyHostToDevice));
+}
+
+// Holds the parameter kinds in `asked` (and those the variant leaves unused) fixed from now on:
+// AdamW gets the segments of the others only.
+static void model_freeze(GpuModel& g, uint32_t asked) {
+    g.frozen = frozen_kinds(g.cfg, asked);
+    upload_segments(g);
+}
+
+// Weight decay on the parameter kinds in `kinds` from now on.
+static void model_decay(GpuModel& g, uint32_t kinds) {
+    g.decayed = kinds;
+    upload_segments(g);
 }
 
 // Device memory the model needs as process dist.rank of dist.world (weights, bf16 weights, and
@@ -442,6 +454,7 @@ struct Run {
     RunFolder folder;  // who the run is and where it writes (run_dir.h)
     ModelConfig c;
     uint32_t frozen = 0;  // the parameter kinds held fixed: --freeze and those the variant leaves unused
+    uint32_t decayed = 0;  // the parameter kinds that take weight decay (--decay)
     int B = 0, T = 0;  // a micro-batch
     MemoryNeed need;   // the memory start_model estimated and checked before allocating
     int accum = 0;        // micro-batches per step, over every process
@@ -517,6 +530,7 @@ static void prepare_data_and_config(Run& r) {
     r.frozen = frozen_kinds(r.c, r.frozen);
     if ((r.frozen | absent_kinds(r.c)) == kAllParamKinds)
         fail("option %s %s: every parameter would be frozen; nothing would train", OPTION_LABEL("--freeze"), o.freeze.c_str());
+    parse_decay_kinds(o.decay, &r.decayed, &unknown);  // checked by parse_options
     const ModelConfig& c = r.c;
     int T = o.seq_len ? o.seq_len : c.max_seq_len, B = o.batch;
     if (T > c.max_seq_len) fail("option %s %d is above the model's max_seq_len %d", OPTION_LABEL("--seq-len"), T, c.max_seq_len);
@@ -598,7 +612,7 @@ static CheckpointInfo checkpoint_info(const Run& r) {
     info.data_order.shuffle = r.o.shuffle;
     info.data_order.seed = r.o.seed;
     info.schedule = training_schedule(r.o, r.on_gpu ? 0 : r.threads * r.dist.world,  // the threads of every process
-                                      r.frozen);
+                                      r.frozen, r.decayed);
     info.origin = {r.folder.run_id, r.folder.continuation, r.train.fingerprint, r.have_val ? r.val.fingerprint : 0};
     return info;
 }
@@ -630,6 +644,7 @@ static void load_weights(Model& m, Run& r, int* start_step, long long* data_posi
     hold_unused_gains(r.c, h.params);
     model_upload(m);
     model_freeze(m, r.frozen);
+    model_decay(m, r.decayed);
 }
 
 // What a measurement's header says of the weights it measures (-e): a checkpoint of this program
@@ -670,6 +685,8 @@ static void print_run_summary(const Run& r) {
         printf("rope scaling: llama3, factor %g, frequency factors %g and %g, original context %d\n", c.rope_factor,
                c.rope_low_freq_factor, c.rope_high_freq_factor, c.rope_original_max_pos);
     if (r.frozen) printf("frozen: %s\n", param_kinds_text(r.frozen).c_str());
+    if (r.decayed != matrix_kinds() && !r.measuring())
+        printf("weight decay: on %s (not the default, the matrices)\n", param_kinds_text(r.decayed & ~absent_kinds(c)).c_str());
     std::string shape = strprintf("%d tokens (batch %d x seq %d, %d micro-batch%s%s)", o.total_batch, r.B, r.T, r.accum,
                                   r.accum > 1 ? "es" : "",
                                   r.dist.world > 1 ? strprintf(", %d on each of %d processes", r.local_accum, r.dist.world).c_str() : "");

@@ -26,6 +26,7 @@ struct ModelShape {
     ParamShard shard;            // its shard of the parameters (ZeRO-1): the AdamW state it keeps and updates
     TelemetrySums stats_layout;  // the layout of model_stats_sums' array
     uint32_t frozen = 0;         // the parameter kinds held fixed (config.h's frozen_kinds)
+    uint32_t decayed = matrix_kinds();  // the parameter kinds that take weight decay (--decay)
     int eot_token = -1;          // the corpus' end-of-text token, for the document starts of the statistics (-1: none)
     bool trains = true;          // false: forward passes only (--measure), without gradients or AdamW state
 };
@@ -71,6 +72,7 @@ struct AdamWSettings {
     X(void, model_upload(m), "make the model compute with the host copy, after it was written")                     \
     X(void, model_download(m), "bring the host copy up to date, before a checkpoint reads it")                      \
     X(void, model_freeze(m, kinds), "hold these kinds (and those the variant leaves unused) fixed from now on")     \
+    X(void, model_decay(m, kinds), "weight decay on these kinds from now on (at first: the matrices)")              \
     /* a step */                                                                                                     \
     X(void, model_zero_grad(m), "set the gradients to 0, before a step's first micro-batch")                       \
     X(float, model_forward(m, tokens, targets, B, T, stats),                                                        \

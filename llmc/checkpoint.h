@@ -1,7 +1,7 @@
 // The checkpoint file: a fixed 256-byte header with the full model configuration, then the
 // parameters as float32 in the order of config.h, optionally followed by the AdamW moments.
 // Layout (little-endian), documented for other readers in docs/checkpoint_format.md:
-//   0  char[8]  magic "ATTNCKPT"       8  u32 version (4)          12 u32 header bytes (256)
+//   0  char[8]  magic "ATTNCKPT"       8  u32 version (5)          12 u32 header bytes (256)
 //   16 i32 x 8  vocab_size, n_layer, n_head, n_kv_head, head_dim, d_model, d_ff, max_seq_len
 //   48 f32 x 2  rope_theta, norm_eps   56 i64 step (optimiser steps taken)
 //   64 u32 flags (bit 0: AdamW m and v follow the parameters)   68 u32 dtype (0 = float32)
@@ -15,7 +15,9 @@
 //   184 u64 x 2  fingerprints of the training and validation data (DataLoader's fingerprint)
 //   200 u32 untied embeddings (1: lm_head follows final_norm; 0: tied)
 //   204 f32 x 3  rope_factor, rope_low_freq_factor, rope_high_freq_factor   216 i32 rope_original_max_pos
-//   220..255 zero
+//   220 u32 the parameter kinds whose weight decay differs from the default (--decay: the decayed
+//       kinds XOR the matrices)
+//   224..255 zero
 //   256 payload: params[P] (then m[P], v[P] when flag bit 0)
 // Files are written to "<path>.tmp" and renamed, so a crash never leaves a half-written checkpoint
 // under the real name.
@@ -31,16 +33,17 @@
 static const char kCheckpointMagic[8] = {'A', 'T', 'T', 'N', 'C', 'K', 'P', 'T'};
 // Version 2 added qk_norm and the frozen kinds (bytes 156..163), version 3 the run's identity and
 // its data's fingerprints (164..199), version 4 untied embeddings and the RoPE scaling (200..219),
-// each stored so that zero is what a file before it meant. A reader takes the bytes a file's version did not define as
-// zero, whatever they hold: in a version 1 file the gain variant with nothing frozen (the model
-// version 1 knew), in a version 1 or 2 file no recorded identity or data, before version 4 tied
-// embeddings and no RoPE scaling.
-static const uint32_t kCheckpointVersion = 4;
+// version 5 the decayed kinds (220..223), each stored so that zero is what a file before it meant. A
+// reader takes the bytes a file's version did not define as zero, whatever they hold: in a version 1
+// file the gain variant with nothing frozen (the model version 1 knew), in a version 1 or 2 file no
+// recorded identity or data, before version 4 tied embeddings and no RoPE scaling, before version 5
+// weight decay on the matrices.
+static const uint32_t kCheckpointVersion = 5;
 static const int kCheckpointHeaderBytes = 256;
 
 // The header bytes a version defines; the rest read as zero.
 inline size_t checkpoint_defined_bytes(uint32_t version) {
-    return version == 1 ? 156 : version == 2 ? 164 : version == 3 ? 200 : 220;
+    return version == 1 ? 156 : version == 2 ? 164 : version == 3 ? 200 : version == 4 ? 220 : 224;
 }
 
 // The options that fix the order in which the training data is read: a resumed run must use the
@@ -62,6 +65,7 @@ struct TrainingSchedule {
     int32_t warmup = 0, steps = 0;
     int32_t cpu_threads = 0;  // CPU runs: the threads of all processes (float sums depend on them); 0 on the GPU
     uint32_t frozen = 0;      // parameter kinds held fixed (--freeze, and the gains a variant leaves unused)
+    uint32_t decayed = matrix_kinds();  // parameter kinds that take weight decay (--decay)
 };
 
 // Which run wrote a checkpoint and on what data: a resumed run checks that the run log it appends
@@ -126,6 +130,7 @@ inline void checkpoint_write(const std::string& path, const CheckpointInfo& info
     float rope[3] = {c.rope_factor, c.rope_low_freq_factor, c.rope_high_freq_factor};
     memcpy(h + 204, rope, sizeof rope);
     memcpy(h + 216, &c.rope_original_max_pos, 4);
+    put32(220, t.decayed ^ matrix_kinds());
     put32(92, header_crc(h));
     AtomicFile f = atomic_open(path);
     atomic_write(f, h, sizeof h);
@@ -196,6 +201,9 @@ inline CheckpointInfo checkpoint_read_header(const std::string& path) {
     memcpy(sched, h + 120, sizeof sched);
     memcpy(sched_ints, h + 144, sizeof sched_ints);
     info.schedule = {sched[0], sched[1], sched[2], sched[3], sched[4], sched[5], sched_ints[0], sched_ints[1], sched_ints[2]};
+    uint32_t decay_changed;
+    memcpy(&decay_changed, h + 220, 4);
+    info.schedule.decayed = decay_changed ^ matrix_kinds();
     memcpy(&c.qk_norm, h + 156, 4);
     memcpy(&info.schedule.frozen, h + 160, 4);
     memcpy(&info.origin.run_id, h + 168, 8);
@@ -212,6 +220,8 @@ inline CheckpointInfo checkpoint_read_header(const std::string& path) {
     memcpy(&c.rope_original_max_pos, h + 216, 4);
     if (info.schedule.frozen & ~kAllParamKinds)
         fail("%s: checkpoint's frozen parameter mask 0x%x names kinds that do not exist", path.c_str(), info.schedule.frozen);
+    if (decay_changed & ~kAllParamKinds)
+        fail("%s: checkpoint's weight decay mask 0x%x names kinds that do not exist", path.c_str(), decay_changed);
     std::string err = config_error(c);
     if (!err.empty()) fail("%s: checkpoint holds an impossible configuration: %s", path.c_str(), err.c_str());
     if (info.step < 0 || info.step > INT32_MAX) fail("%s: checkpoint step %lld is out of range", path.c_str(), (long long)info.step);

@@ -421,20 +421,31 @@ inline uint32_t frozen_kinds(const ModelConfig& c, uint32_t asked) {
     return asked | (qk_norm_trains_gains(c.qk_norm) ? 0u : param_kind_bit(P_Q_GAIN) | param_kind_bit(P_K_GAIN));
 }
 
-// A contiguous run of parameters that either all take weight decay (matrices) or none do (gains).
+// The kinds of a role: the matrices (what model.md decays by default) or the gains, as a mask.
+inline uint32_t matrix_kinds() {
+    uint32_t mask = 0;
+    for (int kind = 0; kind < P_NUM_KINDS; kind++)
+        if (param_is_matrix(kind)) mask |= param_kind_bit(kind);
+    return mask;
+}
+inline uint32_t gain_kinds() { return kAllParamKinds & ~matrix_kinds(); }
+
+// A contiguous run of parameters that either all take weight decay or none do.
 struct ParamSegment {
     long long start, count;
     int decay;
 };
 
 // What AdamW updates: the parameter layout without the frozen kinds, as the fewest segments
-// (consecutive tensors with the same weight decay flag merged).
-inline std::vector<ParamSegment> adamw_segments(const ModelConfig& c, uint32_t frozen) {
+// (consecutive tensors with the same weight decay flag merged); the kinds in `decayed` take weight
+// decay (--decay; by default the matrices).
+inline std::vector<ParamSegment> adamw_segments(const ModelConfig& c, uint32_t frozen, uint32_t decayed = matrix_kinds()) {
     std::vector<ParamSegment> segs, merged;
     for (int kind = 0; kind < P_NUM_KINDS; kind++) {
         if (frozen & param_kind_bit(kind)) continue;
+        int decay = decayed & param_kind_bit(kind) ? 1 : 0;
         for (int l = 0; l < param_layers(c, kind); l++)
-            segs.push_back({(long long)param_offset(c, kind, l), (long long)param_numel(c, kind), param_is_matrix(kind) ? 1 : 0});
+            segs.push_back({(long long)param_offset(c, kind, l), (long long)param_numel(c, kind), decay});
     }
     std::sort(segs.begin(), segs.end(), [](const ParamSegment& a, const ParamSegment& b) { return a.start < b.start; });
     for (const ParamSegment& s : segs) {
@@ -479,28 +490,52 @@ inline std::vector<ParamSegment> shard_segments(const std::vector<ParamSegment>&
     return cut;
 }
 
-// "k_gain,q_gain" as a mask (an empty string: no kind). Returns false, with *unknown set to the
-// word, when a word is not a parameter kind.
-inline bool parse_param_kinds(const std::string& names, uint32_t* mask, std::string* unknown) {
+// A comma-separated list of words as a mask: each word's mask from `word_mask` (0 when it names
+// nothing; an empty list: no kind). Returns false, with *unknown set to the word, at one that does not.
+template <typename WordMask>
+inline bool parse_kind_words(const std::string& names, uint32_t* mask, std::string* unknown, WordMask word_mask) {
     *mask = 0;
     if (names.empty()) return true;
     for (size_t start = 0, end; start <= names.size(); start = end + 1) {
         end = names.find(',', start);
         if (end == std::string::npos) end = names.size();
         std::string word = names.substr(start, end - start);
-        if (word.empty()) {
-            *unknown = "an empty name";
+        uint32_t bits = word.empty() ? 0 : word_mask(word);
+        if (!bits) {
+            *unknown = word.empty() ? "an empty name" : word;
             return false;
         }
-        int kind = 0;
-        while (kind < P_NUM_KINDS && word != kParamNames[kind]) kind++;
-        if (kind == P_NUM_KINDS) {
-            *unknown = word;
-            return false;
-        }
-        *mask |= param_kind_bit(kind);
+        *mask |= bits;
     }
     return true;
+}
+
+// The mask of the parameter kind with this name, or 0.
+inline uint32_t param_kind_mask(const std::string& word) {
+    for (int kind = 0; kind < P_NUM_KINDS; kind++)
+        if (word == kParamNames[kind]) return param_kind_bit(kind);
+    return 0;
+}
+
+// "k_gain,q_gain" as a mask (an empty string: no kind). Returns false, with *unknown set to the
+// word, when a word is not a parameter kind.
+inline bool parse_param_kinds(const std::string& names, uint32_t* mask, std::string* unknown) {
+    return parse_kind_words(names, mask, unknown, param_kind_mask);
+}
+
+// --decay's value as a mask: comma-separated kinds and the groups "matrices", "gains" and "all",
+// their union; "none" for no kind. Returns false, with *unknown set to the word, at one that is neither.
+inline bool parse_decay_kinds(const std::string& names, uint32_t* mask, std::string* unknown) {
+    *mask = 0;
+    if (names == "none") return true;
+    if (names.empty()) {
+        *unknown = "an empty name";
+        return false;
+    }
+    return parse_kind_words(names, mask, unknown, [](const std::string& word) {
+        return word == "matrices" ? matrix_kinds() : word == "gains" ? gain_kinds() : word == "all" ? kAllParamKinds
+                                                                                                   : param_kind_mask(word);
+    });
 }
 
 // The kinds of a mask as "q_gain,k_gain" (layout order), or "nothing".

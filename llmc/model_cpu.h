@@ -77,7 +77,13 @@ inline void model_init(CpuModel& m, const ModelConfig& cfg, int max_B, int max_T
 // Holds the parameter kinds in `asked` (and those the variant leaves unused) fixed from now on.
 inline void model_freeze(CpuModel& m, uint32_t asked) {
     m.frozen = frozen_kinds(m.cfg, asked);
-    m.segments = shard_segments(adamw_segments(m.cfg, m.frozen), m.shard);
+    m.segments = shard_segments(adamw_segments(m.cfg, m.frozen, m.decayed), m.shard);
+}
+
+// Weight decay on the parameter kinds in `kinds` from now on.
+inline void model_decay(CpuModel& m, uint32_t kinds) {
+    m.decayed = kinds;
+    m.segments = shard_segments(adamw_segments(m.cfg, m.frozen, m.decayed), m.shard);
 }
 
 // Memory the model needs (weights, and when it trains their gradients and AdamW state; then the

@@ -19,7 +19,7 @@
 
 struct Options {
     std::string train_pattern, val_pattern, tokenizer, out_dir, init_ckpt, resume_ckpt;
-    std::string preset = "d6", device = "auto", data_dir = "data/brown", qk_norm = "gain", freeze;
+    std::string preset = "d6", device = "auto", data_dir = "data/brown", qk_norm = "gain", freeze, decay = "matrices";
     int n_layer = 0, n_head = 0, n_kv_head = 0, head_dim = 0, d_model = 0, d_ff = 0, max_seq_len = 0, vocab_size = 0;
     int tied_embeddings = 1;
     float rope_theta = 10000.0f, norm_eps = 1e-5f;
@@ -57,7 +57,7 @@ static constexpr OptSpec kOptions[] = {
     OPT("", "--n-layer", OPT_INT, n_layer, "transformer blocks (overrides the preset)"),
     OPT("", "--n-head", OPT_INT, n_head, "query heads (d_model = n_head * head_dim unless --d-model)"),
     OPT("", "--n-kv-head", OPT_INT, n_kv_head, "key/value heads; must divide n_head (GQA when fewer)"),
-    OPT("", "--head-dim", OPT_INT, head_dim, "width of a head (presets: 64; the CUDA backend runs 64 only)"),
+    OPT("", "--head-dim", OPT_INT, head_dim, "width of a head (presets: 64; on a GPU the tensor-core attention takes 64, other widths a simpler, slower kernel)"),
     OPT("", "--d-model", OPT_INT, d_model, "width of the residual stream, when not n_head * head_dim"),
     OPT("", "--d-ff", OPT_INT, d_ff, "SwiGLU hidden width"),
     OPT("", "--max-seq-len", OPT_INT, max_seq_len, "longest sequence the model is built for"),
@@ -78,7 +78,8 @@ static constexpr OptSpec kOptions[] = {
     OPT("-l", "--lr", OPT_FLOAT, lr, "peak learning rate"),
     OPT("-u", "--warmup", OPT_INT, warmup, "linear warm-up steps, then cosine decay"),
     OPT("-q", "--lr-floor", OPT_FLOAT, lr_floor, "final learning rate as a fraction of the peak"),
-    OPT("-c", "--weight-decay", OPT_FLOAT, weight_decay, "AdamW weight decay on the matrices (not on gains)"),
+    OPT("-c", "--weight-decay", OPT_FLOAT, weight_decay, "AdamW weight decay, on the kinds --decay names"),
+    OPT("", "--decay", OPT_STR, decay, "parameter kinds that take weight decay, comma-separated: kinds and matrices, gains, all; or none (all: as torch.optim.AdamW(model.parameters()))"),
     OPT("", "--clip", OPT_FLOAT, clip, "clip the global gradient norm to this (0: off)"),
     OPT("", "--beta1", OPT_FLOAT, beta1, "AdamW beta1"),
     OPT("", "--beta2", OPT_FLOAT, beta2, "AdamW beta2"),
@@ -102,8 +103,8 @@ static constexpr OptSpec kOptions[] = {
 
 // The training options a resumed run compares with its checkpoint's run, by long name, with their
 // field of checkpoint.h's TrainingSchedule (which the checkpoint records): another value needs
-// --allow-changes 1. Besides these, the schedule holds --freeze's kinds and the CPU threads of all
-// processes.
+// --allow-changes 1. Besides these, the schedule holds --freeze's and --decay's kinds and the CPU
+// threads of all processes.
 using ScheduleOption = NamedField<TrainingSchedule>;
 static const ScheduleOption kScheduleOptions[] = {
     {"--lr", nullptr, &TrainingSchedule::lr},         {"--lr-floor", nullptr, &TrainingSchedule::lr_floor},
@@ -171,15 +172,16 @@ inline double option_number(const Options& o, const char* long_name) {
     return kOptions[i].type == OPT_INT ? *(const int*)p : *(const float*)p;
 }
 
-// The training schedule these options give, with the CPU threads of all processes (0 on the GPU)
-// and the frozen kinds.
-inline TrainingSchedule training_schedule(const Options& o, int32_t cpu_threads, uint32_t frozen) {
+// The training schedule these options give, with the CPU threads of all processes (0 on the GPU),
+// the frozen kinds and the decayed ones.
+inline TrainingSchedule training_schedule(const Options& o, int32_t cpu_threads, uint32_t frozen, uint32_t decayed) {
     TrainingSchedule t;
     for (const ScheduleOption& s : kScheduleOptions)
         if (s.float_field) t.*s.float_field = (float)option_number(o, s.name);
         else t.*s.int_field = (int32_t)option_number(o, s.name);
     t.cpu_threads = cpu_threads;
     t.frozen = frozen;
+    t.decayed = decayed;
     return t;
 }
 
@@ -210,7 +212,8 @@ inline void print_help() {
                 help += strprintf(" %s (%s)%s", kQkNormNames[v], kQkNorms[v].brief, v + 1 < QK_NORM_NUM ? "," : "");
         if (same_text(o.long_name, "--allow-changes")) {  // the options of the schedule, and the data's
             for (const ScheduleOption& s : kScheduleOptions) help += " " + option_name(s.name);
-            help += " " + option_name("--freeze") + ", CPU threads; data: " + option_name("--train") + " " + option_name("--val");
+            help += " " + option_name("--freeze") + " " + option_name("--decay") + ", CPU threads; data: " +
+                    option_name("--train") + " " + option_name("--val");
         }
         printf("  %-22s %s%s\n", names, help.c_str(), value.empty() ? "" : (" [" + value + "]").c_str());
     }
@@ -219,7 +222,7 @@ inline void print_help() {
 
 // The options only training uses, besides the schedule's (kScheduleOptions): a measurement
 // (--measure) refuses them rather than ignore them.
-static const char* const kTrainingOnlyOptions[] = {"--resume", "--allow-changes", "--freeze", "--stats-every",
+static const char* const kTrainingOnlyOptions[] = {"--resume", "--allow-changes", "--freeze", "--decay", "--stats-every",
                                                    "--val-every", "--val-batches", "--ckpt-every", "--keep"};
 
 // --measure N measures the checkpoint of -e, and trains nothing: an option of training is refused.
@@ -312,14 +315,15 @@ inline Options parse_options(int argc, char** argv, std::set<std::string>& given
     need(o.init_ckpt.empty() || o.resume_ckpt.empty(), OPTION_LABEL("--init"),
          ("cannot be combined with " + std::string(OPTION_LABEL("--resume"))).c_str());
     need(qk_norm_index(o.qk_norm) >= 0, OPTION_LABEL("--qk-norm"), ("must be " + names_in_words(kQkNormNames, QK_NORM_NUM)).c_str());
-    uint32_t frozen;
-    std::string unknown;
-    if (!parse_param_kinds(o.freeze, &frozen, &unknown)) {
-        std::string kinds;
-        for (const char* name : kParamNames) kinds += (kinds.empty() ? "" : ", ") + std::string(name);
-        fail("option %s: %s is not a parameter kind (%s)", OPTION_LABEL("--freeze"), unknown == "an empty name" ? unknown.c_str() :
-             ("'" + unknown + "'").c_str(), kinds.c_str());
-    }
+    uint32_t kinds_mask;
+    std::string unknown, kinds;
+    for (const char* name : kParamNames) kinds += (kinds.empty() ? "" : ", ") + std::string(name);
+    auto quoted = [&] { return unknown == "an empty name" ? unknown : "'" + unknown + "'"; };
+    if (!parse_param_kinds(o.freeze, &kinds_mask, &unknown))
+        fail("option %s: %s is not a parameter kind (%s)", OPTION_LABEL("--freeze"), quoted().c_str(), kinds.c_str());
+    if (!parse_decay_kinds(o.decay, &kinds_mask, &unknown))
+        fail("option %s: %s is not a parameter kind or a group (matrices, gains, all; or none alone; kinds: %s)",
+             OPTION_LABEL("--decay"), quoted().c_str(), kinds.c_str());
     return o;
 }
 

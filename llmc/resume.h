@@ -23,9 +23,13 @@ inline std::string schedule_changes(const TrainingSchedule& was, const TrainingS
         else differ(option_label(s.name), was.*s.int_field, now.*s.int_field);
     if (was.cpu_threads && now.cpu_threads)
         differ(option_label("--threads") + " (times processes)", was.cpu_threads, now.cpu_threads);
-    if (was.frozen != now.frozen)
-        changes += strprintf("%s%s %s -> %s", changes.empty() ? "" : ", ", OPTION_LABEL("--freeze"),
-                             param_kinds_text(was.frozen).c_str(), param_kinds_text(now.frozen).c_str());
+    auto kinds_differ = [&](const char* option, uint32_t then, uint32_t here) {
+        if (then != here)
+            changes += strprintf("%s%s %s -> %s", changes.empty() ? "" : ", ", option, param_kinds_text(then).c_str(),
+                                 param_kinds_text(here).c_str());
+    };
+    kinds_differ(OPTION_LABEL("--freeze"), was.frozen, now.frozen);
+    kinds_differ(OPTION_LABEL("--decay"), was.decayed, now.decayed);
     return changes;
 }
 

@@ -11,7 +11,7 @@ the format of llmc/checkpoint.h) and a debug state (DIR/debug_state.bin, the for
 test/tensorfile.h): the batch, the logits, the loss, every gradient, every statistic, and the
 losses, final parameters and final second moments of a few AdamW steps. The same for the --qk-norm variants (DIR/plain.ckpt,
 DIR/debug_plain.bin, DIR/none.ckpt, DIR/debug_none.bin), for --freeze wk,k_gain (DIR/debug_freeze.bin,
-from model.ckpt), and for two models of the shapes of pretrained ones (head_dim 128, an attention
+from model.ckpt), for --decay all (DIR/debug_decay_all.bin, from model.ckpt), and for two models of the shapes of pretrained ones (head_dim 128, an attention
 width other than d_model): a Qwen3 with untied embeddings (DIR/qwen3.ckpt, DIR/debug_qwen3.bin) and a
 Llama with Llama 3 RoPE scaling (DIR/llama3.ckpt, DIR/debug_llama3.bin). Then a trained state whose deeper layers' keys are close to low rank
 (DIR/trained.ckpt, DIR/debug_trained.bin; no AdamW steps). The C++ and CUDA tests compare against
@@ -27,7 +27,7 @@ import sys
 import numpy as np
 import torch
 
-from attnlog.layout import CONFIG_FIELDS, frozen_kinds, frozen_mask
+from attnlog.layout import CONFIG_FIELDS, decayed_kinds, frozen_kinds, frozen_mask
 from attnlog.model_torch import Config, forward, init_params, make_optimizer, num_params, tensor_shapes, write_checkpoint
 
 # ------------------------------------------------------------------------------------------------
@@ -236,11 +236,12 @@ def round_bf16(t):
     return t.to(torch.bfloat16).to(t.dtype)
 
 
-def adamw_steps(p, c, tokens, targets, steps, lr_of_step, weight_decay, clip, frozen=()):
+def adamw_steps(p, c, tokens, targets, steps, lr_of_step, weight_decay, clip, frozen=(), decay="matrices"):
     """AdamW steps on float64 master weights, the kinds in `frozen` held fixed and left out of the
-    gradient norm; returns the losses and gradient norms of the steps, and the second moments
-    (AdamW's v, before bias correction) of every parameter at the end, zero where frozen."""
-    opt, free = make_optimizer(p, weight_decay, frozen_kinds(frozen_mask(frozen), c.qk_norm))
+    gradient norm, weight decay on the kinds --decay's value `decay` names; returns the losses and
+    gradient norms of the steps, and the second moments (AdamW's v, before bias correction) of every
+    parameter at the end, zero where frozen."""
+    opt, free = make_optimizer(p, weight_decay, frozen_kinds(frozen_mask(frozen), c.qk_norm), decayed_kinds(decay))
     losses, norms = [], []
     for step in range(steps):
         opt.zero_grad(set_to_none=True)
@@ -306,20 +307,29 @@ def main():
     qwen3 = variant(wide, tied_embeddings=False)
     llama3 = variant(wide, qk_norm="none", rope_factor=8.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
                      rope_original_max_pos=32)
-    cases = [("model.ckpt", "debug_state.bin", c, [], lr), ("plain.ckpt", "debug_plain.bin", variant(c, qk_norm="plain"), [], lr),
-             ("none.ckpt", "debug_none.bin", variant(c, qk_norm="none"), [], lr), (None, "debug_freeze.bin", c, ["wk", "k_gain"], lr),
-             ("qwen3.ckpt", "debug_qwen3.bin", qwen3, [], lr / 3), ("llama3.ckpt", "debug_llama3.bin", llama3, [], lr / 3)]
-    for ckpt, debug, cv, frozen, peak in cases:
+    # --decay all (every kind decayed, the gains too, as torch.optim.AdamW(model.parameters()) does)
+    # at five times the weight decay, so that the gains' decay (lr x 0.5 a step) moves them well past
+    # what the checks allow: a backend that left the gains undecayed would fail them.
+    cases = [("model.ckpt", "debug_state.bin", c, [], lr, "matrices", weight_decay),
+             ("plain.ckpt", "debug_plain.bin", variant(c, qk_norm="plain"), [], lr, "matrices", weight_decay),
+             ("none.ckpt", "debug_none.bin", variant(c, qk_norm="none"), [], lr, "matrices", weight_decay),
+             (None, "debug_freeze.bin", c, ["wk", "k_gain"], lr, "matrices", weight_decay),
+             (None, "debug_decay_all.bin", c, [], lr, "all", 5 * weight_decay),
+             ("qwen3.ckpt", "debug_qwen3.bin", qwen3, [], lr / 3, "matrices", weight_decay),
+             ("llama3.ckpt", "debug_llama3.bin", llama3, [], lr / 3, "matrices", weight_decay)]
+    for ckpt, debug, cv, frozen, peak, decay, decay_rate in cases:
         weights = init_params(cv, args.seed)  # params32 where the shapes are c's
         if ckpt:
             write_checkpoint(os.path.join(args.out, ckpt), cv, weights)
         p, tensors = exact_state(weights, cv, tokens, targets)
-        losses, norms, adam_v = adamw_steps(p, cv, tokens, targets, args.steps, schedule_of(peak), weight_decay, clip, frozen)
-        hyper = np.array([args.steps, warmup, peak, floor_frac, weight_decay, clip], dtype="<f8")
+        losses, norms, adam_v = adamw_steps(p, cv, tokens, targets, args.steps, schedule_of(peak), decay_rate, clip, frozen,
+                                            decay)
+        hyper = np.array([args.steps, warmup, peak, floor_frac, decay_rate, clip], dtype="<f8")
         final = np.concatenate([p[n].detach().numpy().reshape(-1) for n, _ in tensor_shapes(cv)])
         tensors += [
             ("hyper", hyper),
             ("freeze", np.array([frozen_mask(frozen)], dtype="<i4")),
+            ("decay", np.array([frozen_mask(decayed_kinds(decay))], dtype="<i4")),
             ("step_losses", np.array(losses, dtype="<f8")),
             ("step_grad_norms", np.array(norms, dtype="<f8")),
             ("final_params", final.astype("<f8")),

@@ -442,6 +442,36 @@ static void test_pretrained_fields() {
            strprintf("pair 3: %.6f", ratio(3)));
 }
 
+// --decay's words: kinds and groups, their union; AdamW's segments take the flag of their kind.
+static void test_decay_kinds() {
+    uint32_t mask = 0;
+    std::string unknown;
+    uint32_t gains = param_kind_bit(P_ATTN_NORM) | param_kind_bit(P_Q_GAIN) | param_kind_bit(P_K_GAIN) |
+                     param_kind_bit(P_MLP_NORM) | param_kind_bit(P_FINAL_NORM);
+    bool ok = parse_decay_kinds("matrices", &mask, &unknown) && mask == matrix_kinds() && !(mask & gains) &&
+              (mask & param_kind_bit(P_LM_HEAD)) && parse_decay_kinds("gains", &mask, &unknown) && mask == gains &&
+              parse_decay_kinds("all", &mask, &unknown) && mask == kAllParamKinds &&
+              parse_decay_kinds("none", &mask, &unknown) && mask == 0 &&
+              parse_decay_kinds("matrices,k_gain", &mask, &unknown) && mask == (matrix_kinds() | param_kind_bit(P_K_GAIN)) &&
+              parse_decay_kinds("wq", &mask, &unknown) && mask == param_kind_bit(P_WQ);
+    report(ok, "--decay: kinds, the groups matrices, gains and all, their union, and none");
+    bool refused = !parse_decay_kinds("all,bias", &mask, &unknown) && unknown == "bias" &&
+                   !parse_decay_kinds("gains,", &mask, &unknown) && unknown == "an empty name" &&
+                   !parse_decay_kinds("", &mask, &unknown) && unknown == "an empty name" &&
+                   !parse_decay_kinds("none,wq", &mask, &unknown) && unknown == "none";
+    report(refused, "--decay: an unknown word, an empty one, and none beside others are refused by name", unknown);
+    ModelConfig c = small_config();
+    std::vector<ParamSegment> segs = adamw_segments(c, param_kind_bit(P_WK), param_kind_bit(P_K_GAIN) | param_kind_bit(P_WV));
+    long long decayed = 0, want = (long long)c.n_layer * (param_numel(c, P_K_GAIN) + param_numel(c, P_WV)), total = 0;
+    for (const ParamSegment& s : segs) {
+        if (s.decay) decayed += s.count;
+        total += s.count;
+    }
+    report(decayed == want && total == (long long)(num_parameters(c) - c.n_layer * param_numel(c, P_WK)),
+           "adamw segments: weight decay on the kinds asked for only, frozen kinds left out",
+           strprintf("%lld decayed of %lld", decayed, total));
+}
+
 static void test_checkpoint() {
     ModelConfig c = small_config();
     size_t P = num_parameters(c);
@@ -477,11 +507,13 @@ static void test_checkpoint() {
     CheckpointInfo variant = info;
     variant.config.qk_norm = QK_NORM_NONE;
     variant.schedule.frozen = param_kind_bit(P_WV) | param_kind_bit(P_K_GAIN);
+    variant.schedule.decayed = param_kind_bit(P_WQ) | param_kind_bit(P_Q_GAIN);  // a matrix left out, a gain added
     std::string variant_path = std::string(dir) + "/variant.ckpt";
     checkpoint_write(variant_path, variant, params.data(), m.data(), v.data());
     CheckpointInfo variant_back = checkpoint_read_header(variant_path);
-    report(variant_back.config.qk_norm == QK_NORM_NONE && variant_back.schedule.frozen == variant.schedule.frozen,
-           "checkpoint round trip: qk_norm and the frozen kinds");
+    report(variant_back.config.qk_norm == QK_NORM_NONE && variant_back.schedule.frozen == variant.schedule.frozen &&
+               variant_back.schedule.decayed == variant.schedule.decayed && info.schedule.decayed == matrix_kinds(),
+           "checkpoint round trip: qk_norm, the frozen kinds and the decayed kinds (by default the matrices)");
     // A model of a pretrained one's shape: untied (lm_head follows final_norm), d_model apart from
     // n_head * head_dim, Llama 3 RoPE scaling.
     CheckpointInfo pretrained = info;
@@ -532,6 +564,8 @@ static void test_checkpoint() {
                    "must be 0 when rope_factor is 0");
     refused_header("unknown frozen kind", [](CheckpointInfo& i) { i.schedule.frozen = 1u << P_NUM_KINDS; },
                    strprintf("frozen parameter mask 0x%x", 1u << P_NUM_KINDS));
+    refused_header("unknown decayed kind", [](CheckpointInfo& i) { i.schedule.decayed = matrix_kinds() | 1u << P_NUM_KINDS; },
+                   strprintf("weight decay mask 0x%x", 1u << P_NUM_KINDS));
     ModelConfig wide = c;
     wide.n_head = 1 << 20;
     wide.head_dim = 1 << 12;  // n_head * head_dim overflows 32 bits
@@ -614,6 +648,22 @@ static void test_checkpoint() {
     CheckpointInfo version3 = checkpoint_read(write_variant("version3.ckpt", v3), sink.data(), nullptr, nullptr);
     report(memcmp(&version3.config, &c, sizeof c) == 0 && version3.origin.run_id == info.origin.run_id && sink == params,
            "checkpoint: a version 3 file reads as before, tied and without RoPE scaling, whatever bytes 200..219 hold");
+    // Bytes 220..223 (version 5: the decayed kinds) of a version 4 file read as zero: the matrices.
+    std::vector<char> v4 = bytes;
+    uint32_t four = 4, all_changed = kAllParamKinds;
+    memcpy(&v4[8], &four, 4);
+    memcpy(&v4[220], &all_changed, 4);
+    uint32_t v4_crc = header_crc((const uint8_t*)v4.data());
+    memcpy(&v4[92], &v4_crc, 4);
+    CheckpointInfo version4 = checkpoint_read_header(write_variant("version4.ckpt", v4));
+    std::vector<char> v5 = v4;
+    uint32_t five = 5;
+    memcpy(&v5[8], &five, 4);
+    uint32_t v5_crc = header_crc((const uint8_t*)v5.data());
+    memcpy(&v5[92], &v5_crc, 4);
+    CheckpointInfo version5 = checkpoint_read_header(write_variant("version5.ckpt", v5));
+    report(version4.schedule.decayed == matrix_kinds() && version5.schedule.decayed == gain_kinds(),
+           "checkpoint: a version 4 file decays the matrices whatever bytes 220..223 hold; in version 5 they flip kinds");
     std::vector<char> bad_flag = bytes;
     uint32_t two = 2;
     memcpy(&bad_flag[200], &two, 4);
@@ -876,6 +926,7 @@ int main() {
     test_rng();
     test_init();
     test_pretrained_fields();
+    test_decay_kinds();
     test_checkpoint();
     test_forward_only_model();
     test_param_shards();

@@ -103,6 +103,7 @@ static void check_adamw_steps(CpuModel& m, const std::string& label, const std::
     int steps = (int)hyper[0], warmup = (int)hyper[1], B = m.B, T = m.T;
     float peak = (float)hyper[2], floor = (float)(hyper[2] * hyper[3]), clip = (float)hyper[5];
     model_freeze(m, (uint32_t)tensor_or_fail(ref, "freeze", dbg).values[0]);
+    model_decay(m, (uint32_t)tensor_or_fail(ref, "decay", dbg).values[0]);
     AdamWSettings opt;
     opt.weight_decay = (float)hyper[4];
     std::vector<float> losses(steps), norms(steps);
@@ -194,6 +195,7 @@ int main(int argc, char** argv) {
     check_adamw_steps(m, "qk-norm plain: ", dir + "/plain.ckpt", dir + "/debug_plain.bin");
     check_adamw_steps(m, "qk-norm none: ", dir + "/none.ckpt", dir + "/debug_none.bin");
     check_adamw_steps(m, "freeze wk,k_gain: ", dir + "/model.ckpt", dir + "/debug_freeze.bin");
+    check_adamw_steps(m, "decay all: ", dir + "/model.ckpt", dir + "/debug_decay_all.bin");
     // head_dim 128, attention width 512 against d_model 192, GQA; untied embeddings, or the Llama 3
     // RoPE scaling with qk-norm none.
     check_adamw_steps(m, "qwen3 shape, untied: ", dir + "/qwen3.ckpt", dir + "/debug_qwen3.bin");

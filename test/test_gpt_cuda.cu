@@ -116,6 +116,7 @@ static void check_adamw_steps(GpuModel& g, const std::string& label, const std::
     float peak = (float)hyper[2], floor = (float)(hyper[2] * hyper[3]), clip = (float)hyper[5];
     AdamWSettings opt;
     opt.weight_decay = (float)hyper[4];
+    model_decay(g, (uint32_t)tensor_or_fail(ref, "decay", dbg).values[0]);
     model_download(g);
     std::vector<float> initial(g.host_params);
     std::vector<float> losses(steps), norms(steps);
@@ -242,7 +243,8 @@ int main(int argc, char** argv) {
     model_free(g);
 
     // The --qk-norm variants and frozen parameters: the forward pass, and AdamW steps that leave
-    // the frozen tensors exactly as they were (plain and none hold their unused gains fixed). Then
+    // the frozen tensors exactly as they were (plain and none hold their unused gains fixed); weight
+    // decay on every kind (--decay all, at a rate that moves the gains past the checks). Then
     // the shapes of pretrained models: head_dim 128 (the simple attention kernels), an attention
     // width of 4 x 128 against d_model 192 (the output projection's product), GQA; untied embeddings
     // (lm_head's product and gradient) in the Qwen3, Llama 3 RoPE scaling (the host's tables) with
@@ -251,6 +253,7 @@ int main(int argc, char** argv) {
         {"cuda qk-norm plain: ", "plain.ckpt", "debug_plain.bin", true},
         {"cuda qk-norm none: ", "none.ckpt", "debug_none.bin", true},
         {"cuda freeze wk,k_gain: ", "model.ckpt", "debug_freeze.bin", true},
+        {"cuda decay all: ", "model.ckpt", "debug_decay_all.bin", false},
         {"cuda qwen3 shape, untied: ", "qwen3.ckpt", "debug_qwen3.bin", false},
         {"cuda llama3 shape, rope scaling: ", "llama3.ckpt", "debug_llama3.bin", true}};
     for (const auto& v : variants) {

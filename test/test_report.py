@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import attnlog
-from attnlog import commands
+from attnlog import analysis, commands
 from tolerance import assert_close, close
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -552,7 +552,7 @@ def test_comparison(log_path, tmp_path):
         assert row["k_norm"] == {g: close(group_mean(k_norm, g), **LOGGED) for g in GROUPS}
         assert row["sink_rate"] == close(np.mean(last(log, "attn_sink") > 0.3), **LOGGED)
         assert row["spearman"] == close(within_layers(x, y), **RHO)
-        assert f"| {row['label']} | gain | nothing | {row['last_step']} | {row['final_loss']:.3f} |" in text
+        assert f"| {row['label']} | gain | nothing | matrices | {row['last_step']} | {row['final_loss']:.3f} |" in text
     assert comparison["runs"][1]["last_step"] < comparison["runs"][0]["last_step"]
     assert "Problems of short/run: the log ends at step" in text
     assert comparison["replicates"] == []  # one seed twice is no replicate
@@ -560,18 +560,23 @@ def test_comparison(log_path, tmp_path):
 
 def test_variant_and_frozen_kinds_are_reported(log_path, tmp_path):
     """A run with --qk-norm plain and --freeze wv is reported as such, its unused gains counted as
-    frozen, beside the default run."""
+    frozen, beside the default run; one with --decay all says that its gains took weight decay."""
     data = log_path.parent.parent / "data"
-    run([TRAIN_BIN, "-i", data / "train_*.bin", "-j", data / "val_*.bin", *TRAIN_ARGS, "-x", 4,
-         "--qk-norm", "plain", "--freeze", "wv", "-o", tmp_path / "plain"], "the trainer")
+    for name, args in {"plain": ["--qk-norm", "plain", "--freeze", "wv"], "decayed": ["--decay", "all"]}.items():
+        run([TRAIN_BIN, "-i", data / "train_*.bin", "-j", data / "val_*.bin", *TRAIN_ARGS, "-x", 4, *args,
+             "-o", tmp_path / name], "the trainer")
     out = tmp_path / "out"
-    result = report(log_path, tmp_path / "plain" / "run.attnlog", "-o", out)
+    result = report(log_path, tmp_path / "plain" / "run.attnlog", tmp_path / "decayed" / "run.attnlog", "-o", out)
     assert result.returncode == 0, result.stderr
     summary = json.loads((out / "summary.json").read_text())
     text = (out / "report.md").read_text()
-    assert summary["variant"] == {"qk_norm": "gain", "frozen": []}
+    assert summary["variant"] == {"qk_norm": "gain", "frozen": [], "decay": "matrices"}
     assert "QK-norm `gain`, frozen: nothing." in text
-    assert "| plain/run | plain | wv, q_gain, k_gain | 3 |" in text
+    assert "| plain/run | plain | wv, q_gain, k_gain | matrices | 3 |" in text
+    assert "| decayed/run | gain | nothing | all | 3 |" in text
+    decayed = report(tmp_path / "decayed" / "run.attnlog", "-o", tmp_path / "one")
+    assert decayed.returncode == 0, decayed.stderr
+    assert "QK-norm `gain`, frozen: nothing, weight decay on: all." in (tmp_path / "one" / "report.md").read_text()
 
 
 def test_labels(log_path, tmp_path):
@@ -1518,7 +1523,7 @@ def test_follow_a_run_without_validation(log_path, tmp_path):
 FOLLOW_A_RESTART = """
 import os, sys
 import attnlog
-from attnlog import commands
+from attnlog import analysis, commands
 from attnlog import report
 path, cut, outdir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 opened = attnlog.open_log
@@ -1726,3 +1731,10 @@ def test_compared_runs_share_limits_that_hold_every_curve(tmp_path, monkeypatch)
         low, high = ax.get_ylim()
         assert low <= 2 and high >= 18
     plt.close("all")
+
+
+def test_decay_words():
+    """--decay's value as the report names it: a group when it is one, else the kinds in layout order."""
+    assert analysis.decay_words("matrices") == "matrices" and analysis.decay_words("gains,matrices") == "all"
+    assert analysis.decay_words("k_gain,wq") == "wq, k_gain" and analysis.decay_words("none") == "none"
+    assert analysis.decay_words("bias") == "unknown (bias)"

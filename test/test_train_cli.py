@@ -307,6 +307,9 @@ def test_unfinished_dataset(data, tmp_path):
     (["--freeze", "k_gain,"], ["--freeze", "an empty name is not a parameter kind"]),
     (["--freeze", ",".join(k for k in layout.PARAM_KINDS if k != "lm_head")], ["--freeze wte,attn_norm", "nothing would train"]),
     (["--freeze", "k_gain,lm_head"], ["--freeze k_gain,lm_head", "this model has no lm_head", "tied embeddings"]),
+    (["--decay", "all,bias"], ["--decay", "'bias' is not a parameter kind or a group"]),
+    (["--decay", "gains,"], ["--decay", "an empty name is not a parameter kind"]),
+    (["--decay", "none,wq"], ["--decay", "'none' is not a parameter kind or a group", "or none alone"]),
     (["--tied-embeddings", "2"], ["--tied-embeddings", "must be 0 or 1"]),
     (["--d-model", "0"], ["--d-model must be at least 1"]),
     (["--eot", "-2"], ["--eot", "must be a token id, or -1"]),
@@ -438,6 +441,31 @@ def test_qk_norm_variants_and_frozen_parameters(full_run, data, tmp_path):
     resumed = train(data, tmp_path / "frozen", "-x", "6", "-n", "2", "-r", tmp_path / "frozen" / "model.ckpt",
                     "--freeze", "k_gain")
     assert_one_line_error(resumed, "--freeze wv,k_gain -> k_gain", "--allow-changes 1")
+
+
+def test_weight_decay_on_the_kinds_named(full_run, data, tmp_path):
+    """--decay names the kinds AdamW decays: "matrices" is the default's bits, "all" decays the gains
+    too (they end elsewhere); the checkpoint and the log header record it, and -r refuses another
+    value without --allow-changes 1."""
+    out, _ = full_run
+    runs = {}
+    for name, decay in {"default": [], "matrices": ["--decay", "matrices"], "all": ["--decay", "all"]}.items():
+        r = train(data, tmp_path / name, "-x", "3", "-n", "2", "-c", "0.5", "-e", out / "model.ckpt", *decay)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert ("weight decay: on wte,attn_norm,wq" in r.stdout) == (name == "all"), r.stdout
+        runs[name] = model_torch.read_checkpoint(str(tmp_path / name / "model.ckpt"))
+    default, matrices, every = (runs[n][1] for n in ("default", "matrices", "all"))
+    assert all(torch.equal(default[n], matrices[n]) for n in default)
+    gains = [n for n in default if n.split(".")[-1] not in layout.MATRICES]
+    assert gains and not any(torch.equal(default[n], every[n]) for n in gains)
+    assert layout.frozen_kinds(runs["default"][2].decayed) == [k for k in layout.PARAM_KINDS if k in layout.MATRICES]
+    assert layout.frozen_kinds(runs["all"][2].decayed) == list(layout.PARAM_KINDS)
+    assert attnlog.open_log(tmp_path / "all" / "run.attnlog").header["options"]["decay"] == "all"
+    resumed = train(data, tmp_path / "all", "-x", "3", "-c", "0.5", "-r", tmp_path / "all" / "model_step000002.ckpt")
+    assert_one_line_error(resumed, "--decay wte,attn_norm", "-> wte,wq", "--allow-changes 1")
+    again = train(data, tmp_path / "all", "-x", "3", "-c", "0.5", "--decay", "all", "-r",
+                  tmp_path / "all" / "model_step000002.ckpt")
+    assert again.returncode == 0, again.stdout + again.stderr
 
 
 def test_untied_embeddings_and_a_residual_width_apart(data, tmp_path):
@@ -681,6 +709,7 @@ def test_measure_the_validation_data(full_run, data, tmp_path):
     (["-e", "CKPT", "-l", "0.01"], ["option -l (--lr)"]),
     (["-e", "CKPT", "-u", "3"], ["option -u (--warmup)"]),
     (["-e", "CKPT", "--freeze", "k_gain"], ["option --freeze"]),
+    (["-e", "CKPT", "--decay", "all"], ["option --decay"]),
     (["-e", "CKPT", "-n", "1"], ["option -n (--ckpt-every)"]),
     (["-e", "CKPT", "--keep", "1"], ["option --keep"]),
     (["-e", "CKPT", "-s", "2"], ["option -s (--stats-every)"]),

@@ -16,7 +16,7 @@ import numpy as np
 
 import attnlog
 from attnlog.commands import DEFAULT_DATA, UserError
-from attnlog.layout import PARAM_KINDS, QK_NORMS, frozen_kinds, frozen_mask
+from attnlog.layout import MATRICES, PARAM_KINDS, QK_NORMS, decayed_kinds, frozen_kinds, frozen_mask
 
 # The thresholds of the derived quantities (docs/telemetry.md, "Derived in Python").
 SINK_THRESHOLD = 0.3  # attn_sink above this makes a head a sink (Gu et al. 2024)
@@ -213,13 +213,25 @@ def tokens_per_step(options, seq_len):
 
 
 def model_variant(config, options):
-    """{"qk_norm", "frozen"}: how queries and keys were normalised (logs written before the variants
-    have no qk_norm: gain) and the parameter kinds the run held fixed, those asked for with --freeze
-    and the gains a variant without them leaves at 1."""
+    """{"qk_norm", "frozen", "decay"}: how queries and keys were normalised (logs written before the
+    variants have no qk_norm: gain), the parameter kinds the run held fixed, those asked for with
+    --freeze and the gains a variant without them leaves at 1, and the kinds that took weight decay
+    in words: "matrices" (the default, and logs written before --decay), "all", "none" or the kinds."""
     index = config.get("qk_norm", 0)
     qk_norm = QK_NORMS[index] if isinstance(index, int) and 0 <= index < len(QK_NORMS) else f"unknown ({index})"
     asked = [kind for kind in str(options.get("freeze", "")).split(",") if kind in PARAM_KINDS]
-    return {"qk_norm": qk_norm, "frozen": frozen_kinds(frozen_mask(asked), qk_norm)}
+    return {"qk_norm": qk_norm, "frozen": frozen_kinds(frozen_mask(asked), qk_norm),
+            "decay": decay_words(str(options.get("decay", "matrices")))}
+
+
+def decay_words(decay):
+    """--decay's value in the fewest words: "matrices", "all", "none", or the kinds it names."""
+    try:
+        kinds = decayed_kinds(decay)
+    except ValueError:
+        return f"unknown ({decay})"
+    named = {"matrices": [k for k in PARAM_KINDS if k in MATRICES], "all": list(PARAM_KINDS), "none": []}
+    return next((word for word, group in named.items() if kinds == group), ", ".join(kinds))
 
 
 def started_from(options, notes):

@@ -8,7 +8,7 @@ PARAM_KINDS     ParamKind: every parameter kind in layout order; bit k of a froz
 QK_NORMS        QkNorm: how queries and keys are normalised; a checkpoint's header and a log's
                 config hold the index (docs/model.md, docs/checkpoint_format.md, docs/log_format.md)
 GAINS           the kinds a variant other than gain holds at 1
-MATRICES        the kinds that are matrices (AdamW decays their weights)
+MATRICES        the kinds that are matrices (AdamW decays their weights unless --decay says otherwise)
 """
 CONFIG_FIELDS = ("vocab_size", "n_layer", "n_head", "n_kv_head", "head_dim", "d_model", "d_ff", "max_seq_len")
 LAYER_TENSORS = ("attn_norm", "wq", "wk", "wv", "q_gain", "k_gain", "wo", "mlp_norm", "w1", "w3", "w2")
@@ -24,6 +24,21 @@ def frozen_mask(kinds):
     for kind in kinds:
         mask |= 1 << PARAM_KINDS.index(kind)
     return mask
+
+
+def decayed_kinds(decay="matrices"):
+    """The names of the kinds that --decay's value (kinds and the groups matrices, gains and all,
+    comma-separated; or none) has AdamW decay, in layout order; ValueError for a word that is
+    neither a kind nor a group."""
+    if decay == "none":
+        return []
+    groups = {"matrices": MATRICES, "gains": tuple(k for k in PARAM_KINDS if k not in MATRICES), "all": PARAM_KINDS}
+    named = set()
+    for word in decay.split(","):
+        if word not in groups and word not in PARAM_KINDS:
+            raise ValueError(f"--decay: {word or 'an empty name'!r} is not a parameter kind or a group")
+        named.update(groups.get(word, (word,)))
+    return [kind for kind in PARAM_KINDS if kind in named]
 
 
 def frozen_kinds(mask, qk_norm="gain"):

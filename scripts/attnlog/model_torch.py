@@ -63,16 +63,13 @@ def num_params(c):
     return sum(int(np.prod(s)) for _, s in tensor_shapes(c))
 
 
-def is_matrix(name):
-    return name.split(".")[-1] in MATRICES
-
-
-def make_optimizer(p, weight_decay, frozen):
+def make_optimizer(p, weight_decay, frozen, decayed=MATRICES):
     """The trainer's AdamW (model.md) over the parameters whose kind is not in `frozen` (names of
-    parameter kinds): weight decay on the matrices only; the learning rate is set per step."""
+    parameter kinds): weight decay on the kinds in `decayed` (--decay: by default the matrices); the
+    learning rate is set per step."""
     free = {n: t for n, t in p.items() if n.split(".")[-1] not in frozen}
-    decay = [t for n, t in free.items() if is_matrix(n)]
-    no_decay = [t for n, t in free.items() if not is_matrix(n)]
+    decay = [t for n, t in free.items() if n.split(".")[-1] in decayed]
+    no_decay = [t for n, t in free.items() if n.split(".")[-1] not in decayed]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=1.0, betas=(0.9, 0.95), eps=1e-8)
     return opt, list(free.values())
@@ -207,7 +204,7 @@ def forward(p, c, tokens, targets=None, taps=None, logit_scale=None, ablate=(), 
 
 CKPT_MAGIC = b"ATTNCKPT"
 CKPT_HEADER = 256
-CKPT_VERSION = 4
+CKPT_VERSION = 5
 
 
 class CheckpointError(UserError):
@@ -215,11 +212,12 @@ class CheckpointError(UserError):
 
 
 class CheckpointInfo:
-    """What a checkpoint's header says beyond the configuration."""
+    """What a checkpoint's header says beyond the configuration; decayed: the mask of the kinds that
+    took weight decay (--decay)."""
 
-    def __init__(self, step, frozen, data_position, has_optimizer_state):
+    def __init__(self, step, frozen, data_position, has_optimizer_state, decayed=frozen_mask(MATRICES)):
         self.step, self.frozen, self.data_position = step, frozen, data_position
-        self.has_optimizer_state = has_optimizer_state
+        self.has_optimizer_state, self.decayed = has_optimizer_state, decayed
 
 
 def write_checkpoint(path, c, params, step=0, frozen=0):
@@ -274,9 +272,11 @@ def read_checkpoint(path):
     variant, frozen = struct.unpack_from("<iI", data, 156) if version >= 2 else (0, 0)
     # version 4 added untied embeddings and the RoPE scaling: before it, tied and none
     untied, *rope = struct.unpack_from("<Ifffi", data, 200) if version >= 4 else (0, 0.0, 0.0, 0.0, 0)
-    if not 0 <= variant < len(QK_NORMS) or frozen >> len(PARAM_KINDS) or untied > 1:
-        raise bad(f"checkpoint's qk_norm {variant}, frozen mask {frozen:#x} or untied flag {untied} "
-                  "is not one this reader knows")
+    # version 5 added the kinds whose weight decay differs from the default (--decay)
+    (decay_changed,) = struct.unpack_from("<I", data, 220) if version >= 5 else (0,)
+    if not 0 <= variant < len(QK_NORMS) or (frozen | decay_changed) >> len(PARAM_KINDS) or untied > 1:
+        raise bad(f"checkpoint's qk_norm {variant}, frozen mask {frozen:#x}, weight decay mask {decay_changed:#x} or "
+                  f"untied flag {untied} is not one this reader knows")
     if min(ints) < 1 or ints[2] % ints[3] or ints[4] % 2 or dtype != 0:
         raise bad("checkpoint holds an impossible configuration")
     c = Config(ints[0], ints[1], ints[2], ints[3], ints[4], ints[6], ints[7], theta, eps, QK_NORMS[variant],
@@ -295,4 +295,4 @@ def read_checkpoint(path):
         n = int(np.prod(shape))
         params[name] = torch.from_numpy(flat[off:off + n].astype(np.float32)).view(shape)
         off += n
-    return c, params, CheckpointInfo(step, frozen, position, bool(flags & 1))
+    return c, params, CheckpointInfo(step, frozen, position, bool(flags & 1), decay_changed ^ frozen_mask(MATRICES))

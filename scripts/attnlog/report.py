@@ -154,9 +154,11 @@ def run_blocks(summary, made, skipped):
 
 
 def variant_text(variant):
-    """"QK-norm `gain`, frozen: nothing" and the like."""
+    """"QK-norm `gain`, frozen: nothing" and the like, and the kinds weight decay took where they are
+    not the default (the matrices)."""
     frozen = ", ".join(variant["frozen"]) or "nothing"
-    return f"QK-norm {code(variant['qk_norm'])}, frozen: {frozen}"
+    decay = variant.get("decay", "matrices")
+    return f"QK-norm {code(variant['qk_norm'])}, frozen: {frozen}" + ("" if decay == "matrices" else f", weight decay on: {decay}")
 
 
 def started_text(init):
@@ -329,11 +331,12 @@ def comparison_blocks(summaries, made, skipped, replicates):
         k = s["last_step"].get("k_norm", {})
         rho = s["hypotheses"]["a"].get("value")
         rows.append([s["label"], s["variant"]["qk_norm"], ", ".join(s["variant"]["frozen"]) or "nothing",
+                     s["variant"].get("decay", "matrices"),
                      str(s["loss"]["last_step"]), number(s["loss"]["last10_mean"], "{:.3f}"),
                      number(s["loss"]["val_last"], "{:.3f}")]
                     + [number(k.get(g)) for g in GROUPS]
                     + [number(s["sink_rate"]["last"], "{:.0%}"), number(rho, "{:+.3f}")])
-    blocks.append(("table", ["run", "qk-norm", "frozen", "last step", "final loss (mean of last 10)", "val loss",
+    blocks.append(("table", ["run", "qk-norm", "frozen", "weight decay", "last step", "final loss (mean of last 10)", "val loss",
                              "k_norm early", "k_norm middle", "k_norm final", "sink rate", "rho within layers (a)"],
                    rows))
     blocks.append(("table", ["run"] + [f"({i})" for i in "abcd"],
