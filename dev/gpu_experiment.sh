@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The research reports' experiment at their scale, on a GPU machine, over what dev/gpu_bundle.sh
+# built (unpacked into build/gpu), from the repository root: the d22 model at 4 x 2048 tokens a step,
+# 1000 steps, statistics every 10 steps, the default corpus, for each configuration and seed:
+#   gain       --qk-norm gain (the default)          plain      --qk-norm plain
+#   none       --qk-norm none                        decay_all  --decay all (the gains decayed too)
+#   freeze_k   --freeze k_gain
+# (CONFIGS, default all five in that order; SEEDS, default 1337 42 7). A run takes about 40 s on an
+# H200. Runs start while EXPERIMENT_SECONDS (default 560) allow one more (RUN_SECONDS, default 60),
+# so one device call makes as many as fit; CONFIGS and SEEDS name the rest for the next call.
+# Prints one row per run (configuration, seed, status, final loss, validation loss, median ms a
+# step) and writes, per configuration, $OUT/experiment_<configuration>.tar.xz: each run's folder
+# with its log (run.attnlog), its printed output and a MANIFEST (the command, the commit, the
+# device), without checkpoints (a d22 checkpoint with its AdamW state is about 0.9 GB).
+set -uo pipefail
+root=$(cd "$(dirname "$0")" && pwd)
+while [ ! -e "$root/train_gpt.cu" ] && [ "$root" != / ]; do root=$(dirname "$root"); done
+cd "$root"
+g=build/gpu
+py=${PYTHON:-python3}
+out=${OUT:-$(mktemp -d)}
+deadline=$((SECONDS + ${EXPERIMENT_SECONDS:-560}))
+per_run=${RUN_SECONDS:-60}
+read -r -a seeds <<<"${SEEDS:-1337 42 7}"
+read -r -a configs <<<"${CONFIGS:-gain plain none decay_all freeze_k}"
+export LD_LIBRARY_PATH="$g/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+runs=$(mktemp -d)
+device=$(nvidia-smi -L 2>/dev/null | head -1)
+commit=$(cat "$g/COMMIT" 2>/dev/null || echo 'commit unknown')
+
+options_of() {  # a configuration's options
+    case $1 in
+        gain) echo "--qk-norm gain" ;;
+        plain) echo "--qk-norm plain" ;;
+        none) echo "--qk-norm none" ;;
+        decay_all) echo "--decay all" ;;
+        freeze_k) echo "--freeze k_gain" ;;
+        *) return 1 ;;
+    esac
+}
+summary() {  # a run's folder: final loss, validation loss and median ms a step, from its log
+    PYTHONPATH=scripts "$py" -c 'import sys, statistics, attnlog
+log = attnlog.open_log(sys.argv[1] + "/run.attnlog")
+_, loss = log.scalars("loss")
+_, ms = log.scalars("ms")
+_, val = log.val_loss()
+last_val = float(val[-1]) if len(val) else float("nan")
+print(f"{float(loss[-1]):.4f} {last_val:.4f} {statistics.median(float(x) for x in ms[2:]):.1f}")' "$1" 2>/dev/null ||
+        echo "- - -"
+}
+
+echo "d22, 4 x 2048, 1000 steps, statistics every 10 steps; $device; $commit"
+printf '%-10s %6s %-6s %10s %10s %8s\n' configuration seed status "final loss" "val loss" "ms/step"
+for config in "${configs[@]}"; do
+    options=$(options_of "$config") || { echo "$config: not a configuration of this script"; continue; }
+    made=()
+    for seed in "${seeds[@]}"; do
+        if [ $((deadline - SECONDS)) -lt "$per_run" ]; then
+            printf '%-10s %6s %-6s\n' "$config" "$seed" "no time"
+            continue
+        fi
+        name=${config}_seed$seed
+        dir=$runs/$config/$name
+        mkdir -p "$dir"
+        # shellcheck disable=SC2086  # the options are words
+        command=("$g/bin/train" -i "$g/data/train_*.bin" -j "$g/data/val_*.bin" -k "$g/data/tokenizer.model" -m d22 -b 4
+                 -t 2048 -x 1000 -s 10 --seed "$seed" $options --device cuda -o "$dir")
+        timeout --kill-after=10 $((per_run * 2)) "${command[@]}" >"$dir/stdout.txt" 2>&1
+        status=$?
+        printf 'command: %s\ncommit: %s\ndevice: %s\nstatus: %d\n' "${command[*]}" "$commit" "$device" "$status" >"$dir/MANIFEST"
+        rm -f "$dir"/*.ckpt
+        read -r loss val ms <<<"$(summary "$dir")"
+        printf '%-10s %6s %-6s %10s %10s %8s\n' "$config" "$seed" "$([ "$status" -eq 0 ] && echo ok || echo "rc $status")" \
+            "$loss" "$val" "$ms"
+        made+=("$name")
+    done
+    if [ ${#made[@]} -gt 0 ]; then
+        (cd "$runs/$config" && "$py" -m tarfile -c "$out/experiment_$config.tar.xz" "${made[@]}")
+    fi
+done
+ls -la "$out"/experiment_*.tar.xz 2>/dev/null | awk '{print "  " $NF ": " $5 " bytes"}'
