@@ -11,7 +11,10 @@
 # Prints one row per run (configuration, seed, status, final loss, validation loss, median ms a
 # step) and writes, per configuration, $OUT/experiment_<configuration>.tar.xz: each run's folder
 # with its log (run.attnlog), its printed output and a MANIFEST (the command, the commit, the
-# device), without checkpoints (a d22 checkpoint with its AdamW state is about 0.9 GB).
+# device), without checkpoints (a d22 checkpoint with its AdamW state is about 0.9 GB). With PROBES
+# (default 1) the first seed's final checkpoint of each configuration is probed first (scripts/probe.py
+# sweep and ablate on the GPU, svd; each within PROBE_SECONDS, default 90): their tables, figures
+# and JSON go into the run's folder, probes/.
 set -uo pipefail
 root=$(cd "$(dirname "$0")" && pwd)
 while [ ! -e "$root/train_gpt.cu" ] && [ "$root" != / ]; do root=$(dirname "$root"); done
@@ -68,6 +71,20 @@ for config in "${configs[@]}"; do
         timeout --kill-after=10 $((per_run * 2)) "${command[@]}" >"$dir/stdout.txt" 2>&1
         status=$?
         printf 'command: %s\ncommit: %s\ndevice: %s\nstatus: %d\n' "${command[*]}" "$commit" "$device" "$status" >"$dir/MANIFEST"
+        if [ "${PROBES:-1}" != 0 ] && [ ${#made[@]} -eq 0 ] && [ -e "$dir/model.ckpt" ]; then
+            mkdir -p "$dir/probes"
+            for probe in sweep svd ablate; do
+                left=$((deadline - SECONDS - per_run))
+                seconds=$(( left < ${PROBE_SECONDS:-90} ? left : ${PROBE_SECONDS:-90} ))
+                [ "$seconds" -gt 10 ] || { echo "  probe $probe of $name: no time"; continue; }
+                on=(); [ "$probe" = svd ] || on=(--device cuda)
+                start=$SECONDS
+                timeout --kill-after=10 "$seconds" env PYTHONPATH=scripts "$py" scripts/probe.py "$probe" "$dir/model.ckpt" \
+                    --data "$g/data" "${on[@]}" --out "$dir/probes" --json "$dir/probes/$probe.json" \
+                    >"$dir/probes/$probe.txt" 2>&1
+                echo "  probe $probe of $name: status $? in $((SECONDS - start)) s"
+            done
+        fi
         rm -f "$dir"/*.ckpt
         read -r loss val ms <<<"$(summary "$dir")"
         printf '%-10s %6s %-6s %10s %10s %8s\n' "$config" "$seed" "$([ "$status" -eq 0 ] && echo ok || echo "rc $status")" \

@@ -536,6 +536,13 @@ def test_cli_errors(args, names, checkpoint, data_dir, capsys):
     assert out == "" and err.count("\n") == 1 and err.startswith("error: ") and names in err, err
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this PyTorch has a CUDA device")
+def test_cli_cuda_without_a_device(checkpoint, data_dir, capsys):
+    assert probe.main(["ablate", checkpoint, "--data", str(data_dir), "--device", "cuda"]) == commands.USER_ERROR
+    out, err = capsys.readouterr()
+    assert out == "" and err == "error: --device cuda: this PyTorch has no CUDA device (use --device cpu)\n", err
+
+
 def test_cli_error_exit_status(tmp_path):
     result = run("sweep", tmp_path / "missing.ckpt")
     assert result.returncode == commands.USER_ERROR

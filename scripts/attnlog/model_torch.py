@@ -156,9 +156,9 @@ def forward(p, c, tokens, targets=None, taps=None, logit_scale=None, ablate=(), 
     """
     B, T = tokens.shape
     H, Hkv, D = c.n_head, c.n_kv_head, c.head_dim
-    cos, sin = rope_tables(c, T, p["wte"].dtype)
+    cos, sin = (t.to(tokens.device) for t in rope_tables(c, T, p["wte"].dtype))
     x = store(p["wte"][tokens])
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    causal = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
     for l in range(c.n_layer):
         w = lambda name: p[f"layers.{l}.{name}"]
         h = store(rmsnorm(x, w("attn_norm"), c.norm_eps))

@@ -58,10 +58,10 @@ class ProbeError(UserError):
 
 # -- inputs --------------------------------------------------------------------------------------------
 
-def load_checkpoint(path):
-    """(Config, {name: float64 tensor}) of a checkpoint; raises CheckpointError."""
+def load_checkpoint(path, device="cpu"):
+    """(Config, {name: float64 tensor on the device}) of a checkpoint; raises CheckpointError."""
     c, params, _ = read_checkpoint(path)
-    return c, {name: t.double() for name, t in params.items()}
+    return c, {name: t.double().to(device) for name, t in params.items()}
 
 
 def read_shard(path):
@@ -153,7 +153,7 @@ def sequence_losses(params, c, batches, **options):
 def per_sequence(logits, targets):
     """The mean cross-entropy of each sequence [B] of logits [B, T, V] against targets [B, T]."""
     each = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.reshape(-1), reduction="none")
-    return each.view(targets.shape).mean(1).numpy()
+    return each.view(targets.shape).mean(1).cpu().numpy()
 
 
 def mean_loss(params, c, batches, **options):
@@ -177,7 +177,7 @@ def sweep(params, c, batches, scales):
     shape = (len(scales), c.n_layer, c.n_head)
     entropy, maxp, score_abs = np.zeros(shape), np.zeros(shape), np.zeros(shape)
     B, T = batches[0][0].shape
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    causal = torch.ones(T, T, dtype=torch.bool, device=batches[0][0].device).tril()
     rows, entries = len(batches) * B * T, len(batches) * B * int(causal.sum())
     losses = np.zeros((len(scales), len(batches) * B))  # [S, sequences]
     for i, s in enumerate(scales):
@@ -188,9 +188,9 @@ def sweep(params, c, batches, scales):
                                                                     logit_scale=float(s))[0], targets)
             for l in range(c.n_layer):
                 att, scores = taps[l]["att"], taps[l]["scores"]  # [B, H, T, T]
-                entropy[i, l] -= torch.xlogy(att, att).sum(-1).sum((0, 2)).numpy() / rows  # 0 ln 0 = 0
-                maxp[i, l] += att.max(-1).values.sum((0, 2)).numpy() / rows
-                score_abs[i, l] += scores[:, :, causal].abs().sum((0, 2)).numpy() / entries
+                entropy[i, l] -= torch.xlogy(att, att).sum(-1).sum((0, 2)).cpu().numpy() / rows  # 0 ln 0 = 0
+                maxp[i, l] += att.max(-1).values.sum((0, 2)).cpu().numpy() / rows
+                score_abs[i, l] += scores[:, :, causal].abs().sum((0, 2)).cpu().numpy() / entries
     one = losses[list(scales).index(1)] if 1 in scales else np.full(losses.shape[1], np.nan)
     return {"scales": np.array(scales, dtype=float), "entropy": entropy, "maxp": maxp, "score_abs": score_abs,
             "loss": losses.mean(1), "loss_change_se": standard_error(losses - one), "sequences": losses.shape[1]}
@@ -285,7 +285,7 @@ def chance_cosines(D, C, draws=CHANCE_DRAWS, seed=0):
 def head_means(params, c, batches):
     """[L, H, D]: each head's attention output (before the output projection) averaged over every
     position of every sequence of the batches."""
-    total = torch.zeros(c.n_layer, c.n_head, c.head_dim, dtype=torch.float64)
+    total = torch.zeros(c.n_layer, c.n_head, c.head_dim, dtype=torch.float64, device=batches[0][0].device)
     for tokens, _ in batches:
         taps = {}
         with torch.no_grad():
@@ -304,7 +304,7 @@ def ablate(params, c, batches):
     differences, "increase_se", "mean_increase_se"; "loss_se" for the intact loss)."""
     intact = sequence_losses(params, c, batches)
     means = head_means(params, c, batches)
-    zeros = torch.zeros(c.head_dim, dtype=torch.float64)
+    zeros = torch.zeros(c.head_dim, dtype=torch.float64, device=batches[0][0].device)
     out = {"loss": float(intact.mean()), "loss_se": float(standard_error(intact)), "sequences": len(intact)}
     for name, fill in (("increase", lambda l, h: zeros), ("mean_increase", lambda l, h: means[l, h])):
         change = np.array([[sequence_losses(params, c, batches, ablate={(l, h): fill(l, h)}) - intact
@@ -435,12 +435,22 @@ def scale_list(text):
 
 
 def data_batches(args, c):
+    """The batches the options ask for, on --device, and their sequence length."""
     T = args.seq_len or c.max_seq_len
     if T > c.max_seq_len:
         raise ProbeError(f"--seq-len {T}: longer than the checkpoint's max_seq_len {c.max_seq_len}")
     if args.batches is None:
-        return evaluation_batches(args.data, args.batch, T, c.vocab_size), T
-    return validation_batches(args.data, args.batches, args.batch, T, c.vocab_size), T
+        batches = evaluation_batches(args.data, args.batch, T, c.vocab_size)
+    else:
+        batches = validation_batches(args.data, args.batches, args.batch, T, c.vocab_size)
+    return [(tokens.to(args.device), targets.to(args.device)) for tokens, targets in batches], T
+
+
+def checked_device(name):
+    """--device: "cpu", or "cuda" where this PyTorch has a CUDA device."""
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ProbeError("--device cuda: this PyTorch has no CUDA device (use --device cpu)")
+    return name
 
 
 def plus_minus(value, se):
@@ -482,7 +492,7 @@ def finish(args, probe, figure_path, result):
 
 
 def command_sweep(args):
-    c, params = load_checkpoint(args.checkpoint)
+    c, params = load_checkpoint(args.checkpoint, checked_device(args.device))
     batches, T = data_batches(args, c)
     r = sweep(params, c, batches, args.scale)
     one = r["loss"][list(args.scale).index(1)] if 1 in args.scale else None
@@ -518,7 +528,7 @@ def command_svd(args):
 
 
 def command_ablate(args):
-    c, params = load_checkpoint(args.checkpoint)
+    c, params = load_checkpoint(args.checkpoint, checked_device(args.device))
     batches, T = data_batches(args, c)
     r = ablate(params, c, batches)
     print(f"intact validation loss {r['loss']:.4f} ± {r['loss_se']:.4f} ({tokens_used(batches)})")
@@ -562,6 +572,8 @@ def command_line():
                       help=f"validation batches (default: as many as hold {EVAL_TOKENS} tokens)")
     data.add_argument("--batch", type=positive_int, default=2, help="sequences per batch (default 2)")
     data.add_argument("--seq-len", type=positive_int, help="tokens per sequence (default: max_seq_len)")
+    data.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                      help="where PyTorch computes, in float64 (default cpu; cuda for models the size of d22)")
     sweep_parser = commands.add_parser("sweep", parents=[shared, data], help="attention logits times s")
     sweep_parser.add_argument("--scale", type=scale_list, default=[0.25, 0.5, 1.0, 2.0, 4.0],
                               help="comma-separated factors s >= 0 (default 0.25,0.5,1,2,4)")
