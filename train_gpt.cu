@@ -119,7 +119,7 @@ static void gpu_carve(GpuModel& g, Arena& a) {
     g.rope_cos = a.take<float>((size_t)c.max_seq_len * D / 2);
     g.rope_sin = a.take<float>((size_t)c.max_seq_len * D / 2);
     carve_activations(g.acts, activation_dims(c, g.max_B, g.max_T, g.Vp), Where::GPU, a);
-    g.dgain_scratch = a.take<float>(std::max((size_t)rmsnorm_backward_blocks((int)N) * c.d_model,
+    g.dgain_scratch = a.take<float>(std::max(rmsnorm_backward_scratch_floats((int)N, c.d_model),
                                              (size_t)qk_norm_rope_backward_blocks((int)N, (int)NH) * 2 * D));
     g.stat_sums = a.take<double>(g.stats_layout.total);
     g.stats_partial = a.take<float>(telemetry_partial_floats((int)N, c));

@@ -93,9 +93,9 @@ inline void column_sum(float* out, const float* partial, int parts, int cols, in
 
 inline int rmsnorm_backward_blocks(int N) { return ceil_div(N, kNormRowsPerBlock); }
 
-// scratch: rmsnorm_backward_blocks(N) * C floats.
-inline void rmsnorm_backward(bf16* dx, float* dg, float* scratch, const bf16* dy, const bf16* x, const float* rstd,
-                             const bf16* g, int N, int C, cudaStream_t s) {
+// The backward pass for any row width; scratch: rmsnorm_backward_blocks(N) * C floats.
+inline void rmsnorm_backward_rows(bf16* dx, float* dg, float* scratch, const bf16* dy, const bf16* x, const float* rstd,
+                                  const bf16* g, int N, int C, cudaStream_t s) {
     const int warps = 8, blocks = rmsnorm_backward_blocks(N);
     size_t smem = (size_t)warps * C * sizeof(float);
     if (smem > 48 * 1024)
@@ -106,8 +106,9 @@ inline void rmsnorm_backward(bf16* dx, float* dg, float* scratch, const bf16* dy
 }
 
 // ---------------------------------------------------------------------------------------------
-// Candidate backward, not yet the default (a GPU has not timed it): the same math, laid out for
-// bandwidth. The kernel above gives a block 64 rows, so a d22 step's 16,384 rows make 256 blocks
+// The backward pass laid out for bandwidth (6.4x faster than the one above on an H200 at d22's
+// 16,384 x 512, docs/benchmarks.md): the same math. The kernel above gives a block 64 rows, so a
+// d22 step's 16,384 rows make 256 blocks
 // whose warps each walk 8 rows one after another, and its lanes read 2 bytes at a stride: the GPU
 // waits on latency. Here a block takes kNormVecRowsPerBlock rows (1,024 blocks at d22), each lane
 // reads 16 bytes at a time (8 columns: lane l holds columns 256 k + 8 l .. 256 k + 8 l + 7 of the
@@ -182,8 +183,8 @@ inline bool rmsnorm_backward_vec_supports(int C, const void* dx, const void* dy,
 
 inline int rmsnorm_backward_vec_blocks(int N) { return ceil_div(N, kNormVecRowsPerBlock); }
 
-// As rmsnorm_backward; scratch: rmsnorm_backward_vec_blocks(N) * C floats. Rows the candidate does
-// not take are a fatal error: callers ask rmsnorm_backward_vec_supports first.
+// As rmsnorm_backward_rows; scratch: rmsnorm_backward_vec_blocks(N) * C floats. Rows it does not take
+// are a fatal error: callers ask rmsnorm_backward_vec_supports first.
 inline void rmsnorm_backward_vec(bf16* dx, float* dg, float* scratch, const bf16* dy, const bf16* x, const float* rstd,
                                  const bf16* g, int N, int C, cudaStream_t s) {
     if (!rmsnorm_backward_vec_supports(C, dx, dy, x, g)) fail("rmsnorm_backward_vec: C = %d or an unaligned row", C);
@@ -201,4 +202,16 @@ inline void rmsnorm_backward_vec(bf16* dx, float* dg, float* scratch, const bf16
     }
     cuda_check_launch();
     column_sum(dg, scratch, blocks, C, C, s);
+}
+
+// The backward pass: dx += the gradient through the norm, dg += the gain's, by the vectorised kernel
+// where it takes the rows, else by the general one. scratch: rmsnorm_backward_scratch_floats(N, C).
+inline size_t rmsnorm_backward_scratch_floats(int N, int C) {
+    return (size_t)std::max(rmsnorm_backward_blocks(N), rmsnorm_backward_vec_blocks(N)) * C;
+}
+
+inline void rmsnorm_backward(bf16* dx, float* dg, float* scratch, const bf16* dy, const bf16* x, const float* rstd,
+                             const bf16* g, int N, int C, cudaStream_t s) {
+    if (rmsnorm_backward_vec_supports(C, dx, dy, x, g)) rmsnorm_backward_vec(dx, dg, scratch, dy, x, rstd, g, N, C, s);
+    else rmsnorm_backward_rows(dx, dg, scratch, dy, x, rstd, g, N, C, s);
 }

@@ -141,6 +141,57 @@ __global__ void keys_to_f64_kernel(double* keys_f64, const float* qk_normed, int
     }
 }
 
+// The Gram products of the key heads' augmented keys (keys_f64 [Hkv][N][W], W = D + 1) added into
+// gram_sums (Hkv W x W matrices): head h's rows [N][W] seen column-major are a W x N matrix A
+// (leading dimension W), and G += A A^T, one batched float64 product.
+inline void gram_products(double* gram_sums, const double* keys_f64, Matmul& mm, int N, int Hkv, int W, cudaStream_t s) {
+    const double one = 1.0;
+    cublasCheck(cublasSetStream(mm.blas, s));
+    cublasCheck(cublasDgemmStridedBatched(mm.blas, CUBLAS_OP_N, CUBLAS_OP_T, W, W, N, &one, keys_f64, W, (long long)N * W,
+                                          keys_f64, W, (long long)N * W, &one, gram_sums, W, (long long)W * W, Hkv));
+}
+
+// Candidate, not yet the default (a GPU has not timed it): the same products split over the rows.
+// One product of a head's N rows has a W x W result, a few blocks of output that each walk all N
+// rows while most of the GPU idles; here each head's rows are kGramSlices slices (fewer when N is
+// not a multiple), each slice's Gram matrix its own product (Hkv x slices of them), and the slices'
+// matrices are added in a fixed order, so the same keys give the same bits.
+static const int kGramSlices = 16;
+
+inline int gram_slices(int N) {
+    int slices = kGramSlices;
+    while (N % slices) slices /= 2;
+    return slices;
+}
+
+// Scratch of the split products: Hkv x kGramSlices W x W matrices, in doubles.
+inline size_t gram_split_doubles(int Hkv, int W) { return (size_t)Hkv * kGramSlices * W * W; }
+
+// One block per key head: its slices' matrices (partial [Hkv][slices][W * W]) added in slice order
+// into gram_sums.
+__global__ void gram_slices_sum_kernel(double* gram_sums, const double* partial, int slices, int WW) {
+    int h = blockIdx.x;
+    for (int i = threadIdx.x; i < WW; i += blockDim.x) {
+        double acc = 0.0;
+        for (int s = 0; s < slices; s++) acc += partial[((size_t)h * slices + s) * WW + i];
+        gram_sums[(size_t)h * WW + i] += acc;
+    }
+}
+
+// As gram_products; partial: gram_split_doubles(Hkv, W) doubles. The slices of every head follow
+// each other in keys_f64, so product b = h * slices + s reads slice s of head h.
+inline void gram_products_split(double* gram_sums, double* partial, const double* keys_f64, Matmul& mm, int N, int Hkv,
+                                int W, cudaStream_t s) {
+    int slices = gram_slices(N), rows = N / slices;
+    const double one = 1.0, zero = 0.0;
+    cublasCheck(cublasSetStream(mm.blas, s));
+    cublasCheck(cublasDgemmStridedBatched(mm.blas, CUBLAS_OP_N, CUBLAS_OP_T, W, W, rows, &one, keys_f64, W,
+                                          (long long)rows * W, keys_f64, W, (long long)rows * W, &zero, partial, W,
+                                          (long long)W * W, Hkv * slices));
+    gram_slices_sum_kernel<<<Hkv, 256, 0, s>>>(gram_sums, partial, slices, W * W);
+    cuda_check_launch();
+}
+
 // The sums of one layer's statistics added into `sums` (device). qk_normed [N, NH, D] (post-norm,
 // pre-RoPE, float32), row_stats from the attention forward pass, g_q and g_k the layer's float
 // gains; partial and keys_f64 are scratch (telemetry_partial_floats, Hkv * N * (D+1) doubles).
@@ -157,15 +208,10 @@ inline void telemetry_layer(double* sums, const TelemetrySums& lay, float* parti
     cuda_check_launch();
     attention_stats_finish_kernel<<<H, 256, 0, s>>>(sums, lay, row_stats, B, T, H, layer);
     cuda_check_launch();
-    // Augmented Gram matrices, one per key head, added to: head h's rows [N][W] seen
-    // column-major are a W x N matrix A (leading dimension W), and G += A A^T.
+    // Augmented Gram matrices, one per key head, added to.
     keys_to_f64_kernel<<<std::min(ceil_div((long long)Hkv * N * W, 256), 4096), 256, 0, s>>>(keys_f64, qk_normed, N, H, Hkv, D);
     cuda_check_launch();
-    const double one = 1.0;
-    cublasCheck(cublasSetStream(mm.blas, s));
-    cublasCheck(cublasDgemmStridedBatched(mm.blas, CUBLAS_OP_N, CUBLAS_OP_T, W, W, N, &one, keys_f64, W, (long long)N * W,
-                                          keys_f64, W, (long long)N * W, &one, sums + lay.gram(layer, 0),
-                                          W, (long long)W * W, Hkv));
+    gram_products(sums + lay.gram(layer, 0), keys_f64, mm, N, Hkv, W, s);
     gains_to_sums_kernel<<<1, 128, 0, s>>>(sums, lay, g_q, g_k, D, layer);
     cuda_check_launch();
 }

@@ -20,7 +20,7 @@ static void check_rmsnorm(int N, int C) {
     cudaCheck(cudaMalloc(&d_out, (size_t)N * C * sizeof(bf16)));
     cudaCheck(cudaMalloc(&d_rstd, N * sizeof(float)));
     d_dg = upload(std::vector<float>(C, 0.0f));
-    cudaCheck(cudaMalloc(&d_scratch, (size_t)rmsnorm_backward_blocks(N) * C * sizeof(float)));
+    cudaCheck(cudaMalloc(&d_scratch, rmsnorm_backward_scratch_floats(N, C) * sizeof(float)));
     rmsnorm_forward(d_out, d_rstd, d_x, d_g, N, C, 1e-5f, 0);
     rmsnorm_backward(d_dx, d_dg, d_scratch, d_dy, d_x, d_rstd, d_g, N, C, 0);
     std::string tag = " N" + std::to_string(N) + " C" + std::to_string(C);
@@ -29,22 +29,27 @@ static void check_rmsnorm(int N, int C) {
     compare_to_reference("rmsnorm backward dx" + tag, download_bf16(d_dx, dx.size()), dx);
     compare_to_reference("rmsnorm backward dgain" + tag, download(d_dg, C), dg);
     float fwd = time_ms([&] { rmsnorm_forward(d_out, d_rstd, d_x, d_g, N, C, 1e-5f, 0); });
-    float bwd = time_ms([&] { rmsnorm_backward(d_dx, d_dg, d_scratch, d_dy, d_x, d_rstd, d_g, N, C, 0); });
     double bytes = 2.0 * N * C * 2, bwd_bytes = 4.0 * N * C * 2;  // backward: x, dy, dx read, dx written
-    printf("   rmsnorm%s: forward %.3f ms (%.0f GB/s), backward %.3f ms (%.0f GB/s)\n", tag.c_str(), fwd, bytes / fwd / 1e6,
-           bwd, bwd_bytes / bwd / 1e6);
-    // The candidate backward (rmsnorm.cuh), where it applies: the same answers, and its time.
-    if (rmsnorm_backward_vec_supports(C, d_dx, d_dy, d_x, d_g)) {
-        bf16* v_dx = upload_bf16(dx0);
-        float *v_dg = upload(std::vector<float>(C, 0.0f)), *v_scratch;
-        cudaCheck(cudaMalloc(&v_scratch, (size_t)rmsnorm_backward_vec_blocks(N) * C * sizeof(float)));
-        rmsnorm_backward_vec(v_dx, v_dg, v_scratch, d_dy, d_x, d_rstd, d_g, N, C, 0);
-        compare_to_reference("rmsnorm backward dx, candidate" + tag, download_bf16(v_dx, dx.size()), dx);
-        compare_to_reference("rmsnorm backward dgain, candidate" + tag, download(v_dg, C), dg);
-        float vec = time_ms([&] { rmsnorm_backward_vec(v_dx, v_dg, v_scratch, d_dy, d_x, d_rstd, d_g, N, C, 0); });
-        printf("   rmsnorm%s: candidate backward %.3f ms (%.0f GB/s), %.2fx the default\n", tag.c_str(), vec,
-               bwd_bytes / vec / 1e6, bwd / vec);
-        for (void* p : {(void*)v_dx, (void*)v_dg, (void*)v_scratch}) cudaCheck(cudaFree(p));
+    printf("   rmsnorm%s: forward %.3f ms (%.0f GB/s)\n", tag.c_str(), fwd, bytes / fwd / 1e6);
+    // Each of the two backward kernels that rmsnorm_backward chooses between, where it applies: the
+    // same answers, and its time.
+    bool vec_takes = rmsnorm_backward_vec_supports(C, d_dx, d_dy, d_x, d_g);
+    for (bool vec : {false, true}) {
+        if (vec && !vec_takes) continue;
+        bf16* k_dx = upload_bf16(dx0);
+        float* k_dg = upload(std::vector<float>(C, 0.0f));
+        auto backward = [&] {
+            if (vec) rmsnorm_backward_vec(k_dx, k_dg, d_scratch, d_dy, d_x, d_rstd, d_g, N, C, 0);
+            else rmsnorm_backward_rows(k_dx, k_dg, d_scratch, d_dy, d_x, d_rstd, d_g, N, C, 0);
+        };
+        backward();
+        std::string kernel = vec ? ", vectorised kernel" : ", general kernel";
+        compare_to_reference("rmsnorm backward dx" + kernel + tag, download_bf16(k_dx, dx.size()), dx);
+        compare_to_reference("rmsnorm backward dgain" + kernel + tag, download(k_dg, C), dg);
+        float ms = time_ms(backward);
+        printf("   rmsnorm%s: backward%s %.3f ms (%.0f GB/s)%s\n", tag.c_str(), kernel.c_str(), ms, bwd_bytes / ms / 1e6,
+               vec == vec_takes ? ", the one rmsnorm_backward takes" : "");
+        for (void* p : {(void*)k_dx, (void*)k_dg}) cudaCheck(cudaFree(p));
     }
     for (void* p : {(void*)d_x, (void*)d_g, (void*)d_dy, (void*)d_dx, (void*)d_out, (void*)d_rstd, (void*)d_dg, (void*)d_scratch})
         cudaCheck(cudaFree(p));

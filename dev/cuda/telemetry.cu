@@ -7,6 +7,39 @@
 #include "llmc/model_cpu.h"
 #include "llmc/telemetry.cuh"
 
+// The candidate split Gram products (telemetry.cuh) against the default's, on the same float64 keys:
+// products of float32 values are exact in float64, so the two differ only by the order of the sums,
+// N u64 relative at most (4e-12 for N = 16,384); 1e-11 of the largest entry. Then the same bits
+// twice, and both times.
+static void check_gram_split(Matmul& mm, const double* d_keys_f64, int N, int Hkv, int W, const std::string& tag) {
+    size_t n = (size_t)Hkv * W * W;
+    double *d_default, *d_split, *d_partial;
+    cudaCheck(cudaMalloc(&d_default, n * sizeof(double)));
+    cudaCheck(cudaMalloc(&d_split, n * sizeof(double)));
+    cudaCheck(cudaMalloc(&d_partial, gram_split_doubles(Hkv, W) * sizeof(double)));
+    auto run_default = [&] {
+        cudaCheck(cudaMemset(d_default, 0, n * sizeof(double)));
+        gram_products(d_default, d_keys_f64, mm, N, Hkv, W, 0);
+    };
+    auto run_split = [&] {
+        cudaCheck(cudaMemset(d_split, 0, n * sizeof(double)));
+        gram_products_split(d_split, d_partial, d_keys_f64, mm, N, Hkv, W, 0);
+    };
+    run_default();
+    run_split();
+    std::vector<double> want = download(d_default, n), got = download(d_split, n);
+    double largest = 0;
+    for (double w : want) largest = std::fmax(largest, std::fabs(w));
+    check_close("gram products split over " + std::to_string(gram_slices(N)) + " slices" + tag, got.data(), want.data(), n,
+                1e-11, 1e-11 * largest);
+    run_split();
+    report(download(d_split, n) == got, "gram products split: the same bits twice" + tag);
+    float ms_default = time_ms(run_default), ms_split = time_ms(run_split);
+    printf("   gram products%s: default %.3f ms, candidate split %.3f ms (%.2fx)\n", tag.c_str(), ms_default, ms_split,
+           ms_default / ms_split);
+    for (void* p : {(void*)d_default, (void*)d_split, (void*)d_partial}) cudaCheck(cudaFree(p));
+}
+
 static void check_layer(int B, int T, int H, int Hkv, int layer, int D = 64) {
     ModelConfig c;
     c.n_layer = layer + 1;
@@ -84,6 +117,7 @@ static void check_layer(int B, int T, int H, int Hkv, int layer, int D = 64) {
     telemetry_from_sums(got, host.data(), lay, c);
     printf("   telemetry of one layer%s: %.3f ms on the GPU, %.3f ms for all layers' statistics on the host\n", tag.c_str(),
            ms, (omp_get_wtime() - t0) * 1e3);
+    check_gram_split(mm, d_keys_f64, N, Hkv, D + 1, tag);  // d_keys_f64 holds the last run's keys
     for (void* p : {(void*)d_qk, (void*)d_rows, (void*)d_gq, (void*)d_gk, (void*)d_sums, (void*)d_keys_f64, (void*)d_partial})
         cudaCheck(cudaFree(p));
     matmul_free(mm);
