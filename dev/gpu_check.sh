@@ -21,18 +21,13 @@
 #   d22           50 steps of the reports' model at 4 x 2048 with a resume from step 25, and a
 #                 measurement of its final weights on the GPU and on the CPU: statistics within 1%
 set -uo pipefail
-root=$(cd "$(dirname "$0")" && pwd)  # the repository root: build/gpu/check.sh or dev/gpu_check.sh in it
-while [ ! -e "$root/train_gpt.cu" ] && [ "$root" != / ]; do root=$(dirname "$root"); done
-cd "$root"
-g=build/gpu
-py=${PYTHON:-python3}
+source "$(dirname "$0")/gpu_env.sh"  # build/gpu/check.sh or dev/gpu_check.sh: to the repository root
 logs=$(mktemp -d)
 runs=$(mktemp -d)
 archive=${OUT:-$(mktemp -d)}/gpu_check_logs.tar.gz
 # Every part ends by this many seconds from the start (CHECK_SECONDS, default 560: a device call
 # of 600 s with time to spare), so the table and the archive come back whatever hangs.
 deadline=$((SECONDS + ${CHECK_SECONDS:-560}))
-export LD_LIBRARY_PATH="$g/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PYTHONUNBUFFERED=1
 passed=0
 failed=0

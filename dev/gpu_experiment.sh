@@ -16,17 +16,12 @@
 # sweep and ablate on the GPU, svd; each within PROBE_SECONDS, default 90): their tables, figures
 # and JSON go into the run's folder, probes/.
 set -uo pipefail
-root=$(cd "$(dirname "$0")" && pwd)
-while [ ! -e "$root/train_gpt.cu" ] && [ "$root" != / ]; do root=$(dirname "$root"); done
-cd "$root"
-g=build/gpu
-py=${PYTHON:-python3}
+source "$(dirname "$0")/gpu_env.sh"
 out=${OUT:-$(mktemp -d)}
 deadline=$((SECONDS + ${EXPERIMENT_SECONDS:-560}))
 per_run=${RUN_SECONDS:-60}
 read -r -a seeds <<<"${SEEDS:-1337 42 7}"
 read -r -a configs <<<"${CONFIGS:-gain plain none decay_all freeze_k}"
-export LD_LIBRARY_PATH="$g/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 runs=$(mktemp -d)
 device=$(nvidia-smi -L 2>/dev/null | head -1)
 commit=$(cat "$g/COMMIT" 2>/dev/null || echo 'commit unknown')

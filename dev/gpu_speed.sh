@@ -8,13 +8,8 @@
 # 10 steps (each compiles first: a minute or more); then the phases of one run (--profile). scripts/bench.py gpu is the full
 # benchmark; this is its part that fits what is left of a device call.
 set -uo pipefail
-root=$(cd "$(dirname "$0")" && pwd)
-while [ ! -e "$root/train_gpt.cu" ] && [ "$root" != / ]; do root=$(dirname "$root"); done
-cd "$root"
-g=build/gpu
-py=${PYTHON:-python3}
+source "$(dirname "$0")/gpu_env.sh"
 deadline=$((SECONDS + ${SPEED_SECONDS:-150}))
-export LD_LIBRARY_PATH="$g/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 runs=$(mktemp -d)
 data=(-i "$g/data/train_*.bin" -j "$g/data/val_*.bin" -k "$g/data/tokenizer.model" -v 0 -g 0 -n 0)
 mean_ms() {  # a run's log: the mean ms of its steps after the first two

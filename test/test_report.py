@@ -654,35 +654,34 @@ def trained_paths(log_path):
     return paths
 
 
-def unsettled(data):
-    """The log with the telemetry of the quarter of stats steps before its decision window replaced by
-    the run's first stats steps', in order: the statistics of a model barely trained, as a run whose
-    last two quarters disagree. Whether the log as trained has settled depends on its corpus (the
-    repository's own files, which change), so the test that needs a run that has not makes one."""
-    steps = np.array([step for _, rtype, step, _ in frames(data) if rtype == TELEMETRY])
-    start = steps[window(steps)][0]
-    before = steps[(steps < start) & (steps >= 2 * start - steps[-1])]
-    payloads = {step: data[pos + 20:pos + 20 + length]
-                for pos, rtype, step, length in frames(data) if rtype == TELEMETRY}
-    copy = dict(zip(before.tolist(), steps[:len(before)].tolist()))
-    return with_payloads(data, lambda rtype, step, payload: payloads[copy[step]] if rtype == TELEMETRY and step in copy
-                         else payload)
-
-
-def settled(data):
-    """The log with the telemetry of the quarter of stats steps before its decision window replaced by
-    the window's own, in order, every other record as it was: its last two quarters then agree, as the
-    guard asks of statistics that have settled. The tiny model's do not within minutes of training
-    (its keys' participation ratio keeps falling), and the verdicts, the taxonomy and the replicates
-    need a run that passes the guard; they read the decision window, which is the trainer's own."""
+def quarter_before_window_as(data, sources):
+    """The log with the telemetry of the quarter of stats steps before its decision window replaced, in
+    order, by that of the stats steps sources(steps) names, every other record as it was."""
     records = [(step, data[pos + 20:pos + 20 + length]) for pos, rtype, step, length in frames(data)
                if rtype == TELEMETRY]
     steps = np.array([step for step, _ in records])
     start = steps[window(steps)][0]
     before = steps[(steps < start) & (steps >= 2 * start - steps[-1])]
-    copy, payloads = dict(zip(before.tolist(), steps[window(steps)].tolist())), dict(records)
+    copy, payloads = dict(zip(before.tolist(), sources(steps).tolist())), dict(records)
     return with_payloads(data, lambda rtype, step, payload: payloads[copy[step]] if rtype == TELEMETRY and step in copy
                          else payload)
+
+
+def unsettled(data):
+    """The log with the quarter before its decision window made of the run's first stats steps: the
+    statistics of a model barely trained, as a run whose last two quarters disagree. Whether the log
+    as trained has settled depends on its corpus (the repository's own files, which change), so the
+    test that needs a run that has not makes one."""
+    return quarter_before_window_as(data, lambda steps: steps)  # zip stops at the quarter's length
+
+
+def settled(data):
+    """The log with the quarter before its decision window made of the window's own stats steps: its
+    last two quarters then agree, as the guard asks of statistics that have settled. The tiny model's
+    do not within minutes of training (its keys' participation ratio keeps falling), and the verdicts,
+    the taxonomy and the replicates need a run that passes the guard; they read the decision window,
+    which is the trainer's own."""
+    return quarter_before_window_as(data, lambda steps: steps[window(steps)])
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,9 @@
+# Sourced by the GPU scripts (gpu_check.sh, gpu_speed.sh, gpu_experiment.sh), from dev/ or from
+# build/gpu/, where dev/gpu_bundle.sh copies this file beside check.sh: goes to the repository root
+# and sets g (the bundle's folder), py (python3, or PYTHON) and the path to the bundle's libraries.
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+while [ ! -e "$root/train_gpt.cu" ] && [ "$root" != / ]; do root=$(dirname "$root"); done
+cd "$root" || exit 1
+g=build/gpu
+py=${PYTHON:-python3}
+export LD_LIBRARY_PATH="$g/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
