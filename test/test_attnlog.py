@@ -1002,3 +1002,119 @@ def test_damage_full_of_false_markers_is_linear(tmp_path, data, make):
     said = {false_markers: f"damaged bytes: {4 << 20} bytes at offset {cut} skipped",
             claiming_frames: f"checksum mismatch in the record of type 21247 at offset {cut} (step "}[make]
     assert len(log.problems) == 1 and log.problems[0].startswith(said) and f" {4 << 20} bytes" in log.problems[0]
+
+
+# -- reduced copies and compressed logs ----------------------------------------------------------------
+
+
+def with_noisy_telemetry(data, seed=0):
+    """The log with every telemetry value a random float32 of magnitude 1e-30 to 1e30: values that no
+    fewer bits than 24 hold exactly."""
+    rng = np.random.default_rng(seed)
+    out = bytearray(data[:frames(data)[0][0]])
+    for pos, rtype, _, step, length in frames(data):
+        payload = data[pos + 20:pos + 20 + length]
+        if rtype == TELEMETRY:
+            n = length // 4
+            payload = (rng.uniform(1, 2, n) * rng.choice([-1, 1], n) * 10.0 ** rng.integers(-30, 30, n)).astype("<f4")
+            payload = payload.tobytes()
+        out += make_record(rtype, step, payload)
+    return bytes(out)
+
+
+def test_round_significant_rounds_to_nearest_even():
+    one_ulp = 2.0**-15  # of 16 significant bits at 1
+    x = np.float32([1 + one_ulp / 2, 1 + 1.5 * one_ulp, -(1 + 0.5625 * one_ulp), 3.4028235e38, np.inf, -np.inf, 0.0])
+    got = reader.round_significant(x, 16)
+    expected = np.float32([1, 1 + 2 * one_ulp, -(1 + one_ulp), (2 - 2.0**-15) * 2.0**127, np.inf, -np.inf, 0.0])
+    np.testing.assert_array_equal(got, expected)  # ties to the even neighbour; the largest float cut, not made inf
+    assert np.isnan(reader.round_significant(np.float32([np.nan]), 8)[0])
+    np.testing.assert_array_equal(reader.round_significant(x, 24).view(np.uint32), x.view(np.uint32))
+
+
+@pytest.mark.parametrize("bits", [16, 5, 24])
+def test_reduce_rounds_the_telemetry_and_keeps_the_rest(tmp_path, data, bits):
+    source = saved(tmp_path, with_noisy_telemetry(data))
+    out = tmp_path / "small.attnlog"
+    result = run_cli("reduce", source, "-o", out, "--bits", bits)
+    assert result.returncode == 0 and result.stderr == "" and "left out" not in result.stdout, result.stderr
+    full, small = attnlog.open_log(source), attnlog.open_log(out)
+    assert small.reduced == {"from": "copy.attnlog", "significant_bits": bits} and small.problems == []
+    assert {k: v for k, v in small.header.items() if k != "reduced"} == full.header
+    assert len(frames(out.read_bytes())) == len(frames(source.read_bytes()))
+    for name in SCALARS:
+        np.testing.assert_array_equal(np.stack(small.scalars(name)), np.stack(full.scalars(name)))
+    np.testing.assert_array_equal(np.stack(small.val_loss()), np.stack(full.val_loss()))
+    assert small.notes() == full.notes()
+    changed = 0
+    for name in full.metric_names():
+        (steps, before), (steps_after, after) = full.metric(name), small.metric(name)
+        assert steps_after.tolist() == steps.tolist()
+        before, after = before.astype(np.float64), after.astype(np.float64)
+        half_ulp = 2.0 ** (np.floor(np.log2(np.abs(before))) - bits)  # of `bits` significant bits
+        assert (np.abs(after - before) <= half_ulp).all(), name  # the nearest such number
+        assert not (small.metric(name)[1].view(np.uint32) & ((1 << (24 - bits)) - 1)).any(), name
+        changed += int((after != before).sum())
+    assert (changed > 0) == (bits < 24)
+    info = run_cli("info", out)
+    assert f"reduced: a copy of copy.attnlog whose telemetry is rounded to {bits} significant bits" in info.stdout
+
+
+def test_reduce_to_xz_reads_as_the_reduced_log(tmp_path, data):
+    source = saved(tmp_path, with_noisy_telemetry(data))
+    plain, packed = tmp_path / "plain.attnlog", tmp_path / "run.attnlog.xz"
+    for out in (plain, packed):
+        assert run_cli("reduce", source, "-o", out).returncode == 0
+    assert packed.read_bytes().startswith(b"\xfd7zXZ\0")
+    a, b = attnlog.open_log(plain), attnlog.open_log(packed)
+    assert a.header == b.header and b.problems == []
+    for name in b.metric_names():
+        np.testing.assert_array_equal(np.stack(a.metric(name)[1]), np.stack(b.metric(name)[1]))
+    assert attnlog.run_labels([packed, tmp_path / "run.attnlog"]) == [f"{tmp_path.name}/run", f"{tmp_path.name}/run (2)"]
+
+
+def test_reduce_leaves_out_what_a_read_leaves_out(tmp_path, data):
+    """Superseded records and damaged bytes are not copied: the copy reads as the source does, with
+    no problems and nothing set aside; the command says what was left out."""
+    damaged = bytearray(data)
+    pos, _, _, _, length = frames(data)[5]
+    damaged[pos + 20 + length // 2] ^= 0xFF
+    resumed = [make_record(NOTE, 6, b"resumed from step 6"), make_record(STEP, 6, struct.pack("<5f", 1, 2, 3, 4, 5))]
+    source = saved(tmp_path, bytes(damaged) + b"".join(resumed))
+    full = attnlog.open_log(source)
+    assert full.superseded and full.problems
+    out = tmp_path / "small.attnlog"
+    result = run_cli("reduce", source, "-o", out)
+    assert result.returncode == 0 and "left out, as every read does: checksum mismatch" in result.stdout
+    small = attnlog.open_log(out)
+    assert small.superseded == [] and small.problems == []
+    for name in SCALARS:
+        np.testing.assert_array_equal(np.stack(small.scalars(name)), np.stack(full.scalars(name)))
+    assert small.notes() == full.notes() and small.record_counts() == full.record_counts()
+
+
+def test_reduce_refusals(tmp_path, data):
+    source = saved(tmp_path, with_noisy_telemetry(data))
+    taken = saved(tmp_path, b"already here", "taken.attnlog")
+    assert_one_line_error(run_cli("reduce", source, "-o", taken), str(taken), "exists already")
+    assert taken.read_bytes() == b"already here"
+    for bits in ("1", "25", "x"):
+        assert_one_line_error(run_cli("reduce", source, "-o", tmp_path / "new.attnlog", "--bits", bits), "--bits",
+                              "not a whole number from 2 to 24")
+    assert not (tmp_path / "new.attnlog").exists()
+    eight = tmp_path / "eight.attnlog.xz"
+    assert run_cli("reduce", source, "-o", eight, "--bits", "8").returncode == 0
+    assert_one_line_error(run_cli("reduce", eight, "-o", tmp_path / "more.attnlog"), "already reduced to 8",
+                          "--bits 16")
+    assert run_cli("reduce", eight, "-o", tmp_path / "fewer.attnlog", "--bits", "6").returncode == 0
+
+
+def test_xz_cut_short_reads_its_intact_part(tmp_path, data):
+    import lzma
+    packed = lzma.compress(data, format=lzma.FORMAT_XZ)
+    log = attnlog.open_log(saved(tmp_path, packed[:len(packed) * 2 // 3], "cut.attnlog.xz"))
+    assert log.problems[0].startswith("the xz file ends early: read the ")
+    steps = log.scalars("loss")[0].tolist()
+    assert 0 < len(steps) < 10 and steps == list(range(len(steps)))
+    assert_one_line_error(run_cli("info", saved(tmp_path, b"\xfd7zXZ\0" + bytes(40), "junk.xz")),
+                          "junk.xz: damaged xz compression")

@@ -925,6 +925,33 @@ def test_replicates(trained_paths, trained, tmp_path):
             assert t["verdict"] == rule(mean, half, t["margin"])
     assert "### Replicates: seed 1337, seed 7" in text
     assert "over the seeds 1337, 7 of seed 1337, seed 7:" in result.stdout
+    # the notes' claims over the seeds: each run's values, their mean, sd and range, and in how many
+    # runs the claim reproduces
+    rows = {row["id"]: row for s in summaries for note in s["claims"]["notes"] for row in note["rows"]}
+    assert [c["id"] for c in rep["claims"]] == list(rows)
+    decided_somewhere = 0
+    for claim in rep["claims"]:
+        per_run = [{row["id"]: row for note in s["claims"]["notes"] for row in note["rows"]}[claim["id"]]
+                   for s in summaries]
+        decided = [(label, row) for label, row in zip(rep["counted"], per_run)
+                   if row["outcome"] in ("reproduces", "does not reproduce")]
+        assert claim["outcomes"] == {label: row["outcome"] for label, row in zip(rep["counted"], per_run)}
+        assert claim["values"] == {label: close(row["values"], **LOGGED) for label, row in decided}
+        assert claim["decided"] == len(decided)
+        if not decided:
+            assert (claim["outcome"], claim["why"]) == (per_run[0]["outcome"], per_run[0]["why"])
+            continue
+        decided_somewhere += 1
+        values = np.array([row["values"] for _, row in decided])
+        assert claim["mean"] == close(values.mean(axis=0).tolist(), **LOGGED)
+        assert claim["sd"] == (close(values.std(axis=0, ddof=1).tolist(), **LOGGED) if len(decided) > 1 else [])
+        reproduced = sum(row["outcome"] == "reproduces" for _, row in decided)
+        assert claim["reproduced"] == reproduced and claim["why"] == f"in {reproduced} of {len(decided)} runs"
+        assert claim["outcome"] == ("reproduces" if reproduced == len(decided) else
+                                    "does not reproduce" if reproduced == 0 else "mixed")
+        assert f"| {claim['claim']} |" in text and f"**{claim['outcome']}**: {claim['why']} |" in text
+    assert decided_somewhere >= 5
+    assert "| claim | at | each run | mean \u00b1 sd (range) | reproduces when | over the runs |" in text
 
 
 def test_twelve_step_run(log_path, tmp_path):
@@ -1756,3 +1783,25 @@ def test_decay_words():
     assert analysis.decay_words("matrices") == "matrices" and analysis.decay_words("gains,matrices") == "all"
     assert analysis.decay_words("k_gain,wq") == "wq, k_gain" and analysis.decay_words("none") == "none"
     assert analysis.decay_words("bias") == "unknown (bias)"
+
+
+def test_reduced_log_reports_as_the_full_one(trained_paths, trained, tmp_path):
+    """A copy made by attnlog reduce (16 significant bits, xz) gives the same verdicts, with effects
+    within the rounding, and its report says that it is a reduced copy."""
+    packed = tmp_path / "run.attnlog.xz"
+    made = subprocess.run([sys.executable, str(ROOT / "scripts" / "attnlog.py"), "reduce", trained_paths[0], "-o", packed],
+                          capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    result = report(packed, "-o", tmp_path / "report")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    full = trained[1]
+    assert summary["reduced"] == {"from": "run.attnlog", "significant_bits": 16} and full["reduced"] is None
+    for key, h in summary["hypotheses"].items():
+        assert h["verdict"] == full["hypotheses"][key]["verdict"]
+        for t, f in zip(h["tests"], full["hypotheses"][key]["tests"]):
+            assert t["effect"] == pytest.approx(f["effect"], rel=1e-3, abs=1e-4)
+    assert ([row["outcome"] for note in summary["claims"]["notes"] for row in note["rows"]]
+            == [row["outcome"] for note in full["claims"]["notes"] for row in note["rows"]])
+    assert ("The log is a reduced copy of `run.attnlog` (`attnlog reduce`): its statistics are rounded to 16 significant "
+            "bits" in (tmp_path / "report" / "report.md").read_text())

@@ -352,6 +352,46 @@ def claim_table(run, dynamics=None, why_static=MEASUREMENT, path=CLAIMS_FILE):
             "counts": {outcome: counts[outcome] for outcome in OUTCOMES}, "notes": notes}
 
 
+MIXED = "mixed"  # over replicates: reproduces in some runs and not in others
+
+
+def replicate_claims(tables, labels):
+    """Every claim over replicate runs, from their claim_tables (labels: the runs' names, in the same
+    order): [{"id", "claim", "at", "rule", "steps", "values" {label: [value of each measure]},
+    "outcomes" {label: outcome}, "mean", "sd", "low", "high" (per measure, over the runs where the
+    claim was decided), "reproduced", "decided", "outcome", "why"}], in the order of claims.json. The
+    claim reproduces over the seeds when it does in every run where it was decided (reproduces or
+    not), does not when it does in none, and is mixed otherwise; where it was decided in no run, the
+    first run's outcome and reason stand."""
+    rows = {}
+    for label, table in zip(labels, tables):
+        for note in table["notes"]:
+            for row in note["rows"]:
+                rows.setdefault(row["id"], {})[label] = row
+    out = []
+    for claim_id, runs in rows.items():
+        first = next(iter(runs.values()))
+        decided = {label: row for label, row in runs.items() if row["outcome"] in (REPRODUCES, FAILS)}
+        values = np.array([row["values"] for row in decided.values()] or [[]], np.float64)
+        reproduced = sum(row["outcome"] == REPRODUCES for row in decided.values())
+        if not decided:
+            outcome, why = first["outcome"], first["why"]
+        else:
+            outcome = REPRODUCES if reproduced == len(decided) else FAILS if reproduced == 0 else MIXED
+            why = f"in {reproduced} of {len(decided)} runs"
+        spread = len(decided) > 1
+        out.append({"id": claim_id, "claim": first["claim"], "at": first["at"], "rule": first["rule"],
+                    "steps": sorted({row["step"] for row in decided.values()}),
+                    "values": {label: row["values"] for label, row in decided.items()},
+                    "outcomes": {label: row["outcome"] for label, row in runs.items()},
+                    "mean": values.mean(axis=0).tolist() if decided else [],
+                    "sd": values.std(axis=0, ddof=1).tolist() if spread else [],
+                    "low": values.min(axis=0).tolist() if decided else [],
+                    "high": values.max(axis=0).tolist() if decided else [],
+                    "reproduced": reproduced, "decided": len(decided), "outcome": outcome, "why": why})
+    return out
+
+
 # -- the report's section ------------------------------------------------------------------------------------
 
 
@@ -375,6 +415,28 @@ def claim_blocks(table):
                  row["observed"] or "", row["rule"], outcome_text(row)] for row in note["rows"]]
         blocks.append(("table", ["claim", "the note says", "at", "this run", "reproduces when", "outcome"], rows))
     return blocks
+
+
+def replicate_claim_blocks(rows):
+    """The report's table of replicate_claims' result."""
+    def measures(row, key):
+        return "; ".join(f"{v:#.3g}" for v in row[key])
+
+    table = []
+    for row in rows:
+        spread = (f"{measures(row, 'mean')} \u00b1 {measures(row, 'sd')} ({measures(row, 'low')} to "
+                  f"{measures(row, 'high')})") if row["sd"] else measures(row, "mean")
+        each = ", ".join(f"{measures({'v': v}, 'v')}" for v in row["values"].values())
+        shown = f"**{row['outcome']}**" if row["outcome"] in (REPRODUCES, FAILS, MIXED) else row["outcome"]
+        table.append([row["claim"], (row["at"] or "") + (f"; logged step {', '.join(map(str, row['steps']))}"
+                                                         if row["steps"] else ""),
+                      each or "none", spread, row["rule"], shown + (f": {row['why']}" if row["why"] else "")])
+    return [("p", "The research notes' claims over these runs: each claim's value in every run where it was decided "
+                  "(in the order of the runs above), their mean \u00b1 standard deviation across the runs (range), "
+                  "and in how many runs the claim reproduces: in all of them, it reproduces; in none, it does not; "
+                  "otherwise it is mixed. Several values are the claim's measures, in order."),
+            ("table", ["claim", "at", "each run", "mean \u00b1 sd (range)", "reproduces when", "over the runs"],
+             table)]
 
 
 def outcome_text(row):

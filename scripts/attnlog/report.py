@@ -76,6 +76,10 @@ def run_blocks(summary, made, skipped):
                         + ("" if measured else f"; stats steps: {s['stats_steps']['count']}"
                            + (f" ({s['stats_steps']['first']}..{s['stats_steps']['last']})"
                               if s['stats_steps']['count'] else "")) + "."))
+    if s["reduced"]:
+        blocks.append(("p", f"The log is a reduced copy of {code(s['reduced']['from'])} (`attnlog reduce`): its "
+                            f"statistics are rounded to {s['reduced']['significant_bits']} significant bits, a "
+                            f"relative change of at most 2^-{s['reduced']['significant_bits']}."))
     if s["init"]:
         blocks.append(("p", started_text(s["init"])))
     overlap = len({layer for layers in s["groups"].values() for layer in layers}) < 6
@@ -375,7 +379,7 @@ def replicate_blocks(rep):
                          f"{t['margin']:g}" if "margin" in t else "", t.get("verdict", ""), f"**{h['verdict']}**"])
     blocks.append(("table", ["hypothesis", "test", "effect of each seed", "mean \u00b1 95% half-width", "margin",
                              "test's verdict", "verdict over the seeds"], rows))
-    return blocks
+    return blocks + claims.replicate_claim_blocks(rep["claims"])
 
 
 # -- command line ----------------------------------------------------------------------------------
@@ -402,6 +406,10 @@ def make_report(paths, outdir, layer, refresh=None, labels=(), checkpoint=None, 
         summaries = [summary] + [summarise(r) for r in runs[1:]]
         compare_made, compare_skipped = draw_comparison(runs, outdir)
         replicates = [replicate_verdicts([summaries[i] for i in members]) for members in replicate_sets(summaries)]
+        by_label = {s["label"]: s for s in summaries}
+        for rep in replicates:
+            rep["claims"] = claims.replicate_claims([by_label[label]["claims"] for label in rep["counted"]],
+                                                    rep["counted"])
         blocks += comparison_blocks(summaries, compare_made, compare_skipped, replicates)
         blocks.append(("h2", f"The first run in detail: {primary['label']}"))
         summary["comparison"] = {

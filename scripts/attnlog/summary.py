@@ -92,6 +92,8 @@ def summarise(run, made=None, skipped=None, opts=None):
     log's, counted from 0 at the start of this log, also for a run started from a checkpoint):
     log, label, created, backend, device, num_processes, seed, config, options
                       the run, from the log's header
+    reduced           {"from", "significant_bits"}: the log is a copy made by `attnlog reduce`, its
+                       telemetry rounded to that precision; null for a log as the trainer wrote it
     head_dim, sqrt_head_dim, seq_len     D, sqrt(D) (the initial key norm), T of the training rows
     baselines         {"uniform_entropy", "uniform_sink", "isotropic_pr"}: uniform causal attention's
                        mean entropy (mean of ln(t+1)) and mean weight on position 0 (mean of 1/(t+1)),
@@ -187,10 +189,11 @@ def summarise(run, made=None, skipped=None, opts=None):
                        "last_step", "final_loss" (mean of the last 10 steps), "val_loss", "k_norm" {group:
                        value}, "sink_rate", "spearman" (hypothesis a's rho within layers), "verdicts" {id:
                        verdict}, "problems"}], "replicates": [verdicts.replicate_verdicts, one per set of runs that
-                       differ only in their seed: {"runs", "seeds", "left_out" {label: why}, "hypotheses"
-                       {id: {"title", "verdict", "why", "detail", "tests": [{"name", "values", "n",
-                       "mean" (also as "effect"), "t", "half_width", "low", "high", "margin",
-                       "uncertainty", "verdict", "why"}]}}}]}
+                       differ only in their seed: {"runs", "seeds", "counted" (the runs' labels whose
+                       seeds count), "left_out" {label: why}, "hypotheses" {id: {"title", "verdict", "why",
+                       "detail", "tests": [{"name", "values", "n", "mean" (also as "effect"), "t",
+                       "half_width", "low", "high", "margin", "uncertainty", "verdict", "why"}]}},
+                       "claims": claims.replicate_claims over the counted runs}]}
     """
     stats_steps, window = run["stats_steps"], run["window"]
     root = math.sqrt(run["D"])
@@ -200,7 +203,7 @@ def summarise(run, made=None, skipped=None, opts=None):
         "log": run["path"], "label": run["label"],
         "created": run["header"].get("created"), "backend": run["header"].get("backend"),
         "device": run["header"].get("device"), "num_processes": run["header"].get("num_processes", 1),
-        "seed": run["header"].get("seed"),
+        "seed": run["header"].get("seed"), "reduced": run["header"].get("reduced"),
         "config": run["config"], "options": run["options"],
         "head_dim": run["D"], "sqrt_head_dim": root, "seq_len": run["seq_len"],
         "baselines": {"uniform_entropy": uniform_entropy(run["seq_len"]), "uniform_sink": uniform_sink(run["seq_len"]),

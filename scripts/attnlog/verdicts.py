@@ -536,7 +536,7 @@ def replicate_verdicts(summaries):
             used.append(s)
             seeds.add(seed)
     out = {"runs": [s["label"] for s in summaries], "seeds": [s["options"].get("seed") for s in used],
-           "left_out": left_out, "hypotheses": {}}
+           "counted": [s["label"] for s in used], "left_out": left_out, "hypotheses": {}}
     for key, first in summaries[0]["hypotheses"].items():
         tests = []
         for j, t in enumerate(first["tests"]):
