@@ -104,6 +104,14 @@ build/test_gpt_cuda: test/test_gpt_cuda.cu train_gpt.cu test/adamw_check.h test/
 
 build/dev_%: dev/cuda/%.cu dev/cuda/common.h $(HEADERS) | $(DEPS_STAMP)
 	$(NVCC) $(NVCCFLAGS) $< -o $@ $(NVLDLIBS)
+
+# ./train and its CUDA test with the candidate kernels in place of the defaults (kCandidateKernels,
+# llmc/cuda_common.cuh): what a GPU machine checks and times before a candidate becomes the default.
+build/train_candidates: train_gpt.cu $(HEADERS) | $(DEPS_STAMP)
+	$(NVCC) $(NVCCFLAGS) -DLLMC_CANDIDATE_KERNELS $(MPI_CFLAGS) $(NCCL_CFLAGS) $< -o $@ $(NVLDLIBS) $(MPI_LDLIBS) -ldl
+
+build/test_gpt_cuda_candidates: test/test_gpt_cuda.cu train_gpt.cu test/adamw_check.h test/tensorfile.h test/testing.h $(HEADERS) | $(DEPS_STAMP)
+	$(NVCC) $(NVCCFLAGS) -DLLMC_CANDIDATE_KERNELS $< -o $@ $(NVLDLIBS)
 endif
 
 # Fuzzing: harnesses of the checkpoint, shard, run log and safetensors parsers, built with clang's libFuzzer,

@@ -2,7 +2,8 @@
 # Builds, on a machine without a GPU, everything the GPU checks need, into build/gpu/, and packs it
 # into build/gpu.tar.xz, the one file that travels to a GPU machine:
 #   bin/   ./train, prepare_data, the CUDA parity test, the dev/cuda kernel checks and hf_logits (the
-#          Hugging Face import on the CPU, for the comparison with transformers), for one CUDA
+#          Hugging Face import on the CPU, for the comparison with transformers), train_candidates and
+#          test_gpt_cuda_candidates (the same with the candidate kernels, kCandidateKernels), for one CUDA
 #          architecture (CUDA_ARCHS, default 90: the H100 and H200) with host code for any x86-64-v3
 #          processor
 #   lib/   the shared libraries they link that a machine with only the CUDA toolkit lacks
@@ -27,8 +28,9 @@ rm -rf "$src" "$out" "$out.tar.xz" && mkdir -p "$src" "$out/bin" "$out/lib" "$ou
 git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done |
     tar --null -T - -cf - | tar -xf - -C "$src"  # the working tree as it is: a file deleted but not committed left out
 make -s -C "$src" CPU_ARCH=x86-64-v3 CUDA_ARCHS="$archs" train prepare_data build/test_gpt_cuda build/hf_logits \
-    $(for f in dev/cuda/*.cu; do echo "build/dev_$(basename "$f" .cu)"; done)
-cp "$src/train" "$src/prepare_data" "$src/build/test_gpt_cuda" "$src/build/hf_logits" "$src"/build/dev_* "$out/bin/"
+    build/train_candidates build/test_gpt_cuda_candidates $(for f in dev/cuda/*.cu; do echo "build/dev_$(basename "$f" .cu)"; done)
+cp "$src/train" "$src/prepare_data" "$src/build/test_gpt_cuda" "$src/build/hf_logits" "$src"/build/dev_* \
+    "$src/build/train_candidates" "$src/build/test_gpt_cuda_candidates" "$out/bin/"
 strip "$out"/bin/*
 for lib in $(ldd "$out/bin/train" | awk '/openblas|sentencepiece|gfortran|quadmath|libmpi|open-rte|open-pal|hwloc|libevent/ {print $3}'); do cp -L "$lib" "$out/lib/"; done
 # The default corpus, prepared here (npm) and carried.

@@ -12,6 +12,7 @@
 #   cuda_parity   test_gpt_cuda: forward, gradients, statistics, AdamW against the reference, for
 #                 the QK-norm variants, a frozen set, the Qwen3 and Llama shapes, determinism and
 #                 gradient accumulation (its PASS and FAIL lines counted)
+#   cuda_parity_candidates  the same with the candidate kernels (kCandidateKernels) in place of the defaults
 #   dev_*         every dev/cuda kernel check against its CPU reference (likewise)
 #   d6 runs       training with statistics, validation, checkpoints and samples, a resume that must give the
 #                 same losses bit for bit, a run from the final weights (-e), a measurement of
@@ -97,6 +98,7 @@ row device 0 "$(head -1 <<<"$gpus" | cut -c1-80); $(cat "$g/COMMIT" 2>/dev/null 
 limited 600 reference env PYTHONPATH=scripts "$py" test/reference.py --out build/ref
 row reference $? "$(tail -1 "$logs/reference.log" | cut -c1-120)"
 checks 600 cuda_parity "$g/bin/test_gpt_cuda" build/ref
+checks 600 cuda_parity_candidates "$g/bin/test_gpt_cuda_candidates" build/ref
 for k in "$g"/bin/dev_*; do checks 300 "$(basename "$k")" "$k"; done
 
 # -- d6 training runs on the GPU --------------------------------------------------------------------

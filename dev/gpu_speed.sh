@@ -3,7 +3,8 @@
 # build/gpu), from the repository root; cheap enough to follow build/gpu/check.sh in one device call.
 # Prints one line per run: ./train on the reports' model (d22) at 8 x 2048 and 4 x 2048
 # (SPEED_BATCHES) with the statistics never, every 10 steps and every step (mean ms of the steps
-# after the first two, from the run's log); then, while SPEED_SECONDS (default 150) last, PyTorch's
+# after the first two, from the run's log, and the final loss), each followed by the same run of
+# train_candidates (the candidate kernels in place of the defaults) when the bundle has it; then, while SPEED_SECONDS (default 150) last, PyTorch's
 # torch.compile recipe of scripts/bench.py at 8 x 2048 with the reports' statistics never and every
 # 10 steps (each compiles first: a minute or more); then the phases of one run (--profile). scripts/bench.py gpu is the full
 # benchmark; this is its part that fits what is left of a device call.
@@ -17,16 +18,26 @@ mean_ms() {  # a run's log: the mean ms of its steps after the first two
 _, ms = attnlog.open_log(sys.argv[1]).scalars("ms")
 print(f"{statistics.mean(float(x) for x in ms[2:]):.2f}")' "$1"
 }
+final_loss() {  # a run's log: its last step's loss (./train_candidates must train as ./train does)
+    PYTHONPATH=scripts "$py" -c 'import sys, attnlog
+_, loss = attnlog.open_log(sys.argv[1]).scalars("loss")
+print("%.4f" % float(loss[-1]))' "$1"
+}
 echo "speed, d22 ($(cat "$g/COMMIT" 2>/dev/null)): ms/step, mean of steps 3-30"
 for B in ${SPEED_BATCHES:-8 4}; do
     for every in 0 10 1; do
-        name=d22_b${B}_s$every
-        if timeout 60 "$g/bin/train" "${data[@]}" -m d22 -b "$B" -t 2048 -x 30 -s "$every" --device cuda \
-            -o "$runs/$name" >"$runs/$name.log" 2>&1; then
-            printf '  ./train %d x 2048, statistics every %-2s %s ms\n' "$B" "$every" "$(mean_ms "$runs/$name/run.attnlog")"
-        else
-            printf '  ./train %d x 2048, statistics every %-2s FAILED: %s\n' "$B" "$every" "$(tail -1 "$runs/$name.log" | cut -c1-150)"
-        fi
+        for binary in train train_candidates; do
+            [ "$binary" = train ] || [ -x "$g/bin/$binary" ] || continue
+            name=d22_b${B}_s${every}_$binary
+            if timeout 60 "$g/bin/$binary" "${data[@]}" -m d22 -b "$B" -t 2048 -x 30 -s "$every" --device cuda \
+                -o "$runs/$name" >"$runs/$name.log" 2>&1; then
+                printf '  %-18s %d x 2048, statistics every %-2s %s ms, final loss %s\n' "./$binary" "$B" "$every" \
+                    "$(mean_ms "$runs/$name/run.attnlog")" "$(final_loss "$runs/$name/run.attnlog")"
+            else
+                printf '  %-18s %d x 2048, statistics every %-2s FAILED: %s\n' "./$binary" "$B" "$every" \
+                    "$(tail -1 "$runs/$name.log" | cut -c1-150)"
+            fi
+        done
     done
 done
 for every in 0 10; do
@@ -37,7 +48,7 @@ every, log = int(sys.argv[1]), sys.argv[2]
 args = types.SimpleNamespace(warmup=2)
 ms = bench.bench_torch_gpu(args, attnlog.open_log(log).config, 8, 2048, 30, True, every)
 print(f"  PyTorch {torch.__version__} torch.compile 8 x 2048, statistics every {every:<2} " +
-      ("needs PyTorch >= 2.5 with CUDA" if ms is None else f"{ms:.2f} ms"))' "$every" "$runs/d22_b8_s0/run.attnlog" 2>&1 | tail -1
+      ("needs PyTorch >= 2.5 with CUDA" if ms is None else f"{ms:.2f} ms"))' "$every" "$runs/d22_b8_s0_train/run.attnlog" 2>&1 | tail -1
     [ "${PIPESTATUS[0]}" -ne 124 ] || echo "  torch.compile 8 x 2048, statistics every $every: not done within ${left} s"
 done
 timeout 60 "$g/bin/train" "${data[@]}" -m d22 -b 8 -t 2048 -x 30 -s 0 --profile 1 --device cuda -o "$runs/profile" 2>&1 |

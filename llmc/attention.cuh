@@ -398,39 +398,65 @@ __device__ __forceinline__ void load_row_values_async(float* dst, const float* x
 }
 
 // C (16 x 64, 8 blocks) += A (16 x D, the A fragments of a warp's rows) tile^T, tile 64 x D: a
-// product over the head dimension with the tile's rows as C's columns (S = Q K^T, dP = dO V^T).
-template <int D, int LD>
-__device__ __forceinline__ void mma_rows_times_tile_transposed(float (&acc)[kMmaTile / 8][4], const uint32_t (&a)[D / 16][4],
-                                                               const bf16* tile, int lane) {
+// product over the head dimension with the tile's rows as C's columns (S = Q K^T, dP = dO V^T);
+// for MB blocks of 16 rows at once, each B fragment loaded once for all of them (a warp of MB
+// blocks reads shared memory 1/MB as often per product).
+template <int D, int LD, int MB>
+__device__ __forceinline__ void mma_blocks_times_tile_transposed(float (&acc)[MB][kMmaTile / 8][4],
+                                                                 const uint32_t (&a)[MB][D / 16][4], const bf16* tile,
+                                                                 int lane) {
 #pragma unroll
     for (int nb = 0; nb < kMmaTile / 8; nb++) {
 #pragma unroll
         for (int kc = 0; kc < D / 16; kc += 2) {
             uint32_t b[4];
             load_b_fragments_rows_n<LD>(b, tile, nb * 8, kc * 16, lane);
-            mma_bf16_16x8x16(acc[nb], a[kc], b[0], b[1]);
-            mma_bf16_16x8x16(acc[nb], a[kc + 1], b[2], b[3]);
+#pragma unroll
+            for (int mb = 0; mb < MB; mb++) {
+                mma_bf16_16x8x16(acc[mb][nb], a[mb][kc], b[0], b[1]);
+                mma_bf16_16x8x16(acc[mb][nb], a[mb][kc + 1], b[2], b[3]);
+            }
         }
     }
 }
 
-// C (16 x D) += A (16 x 64, from the accumulators `left` of a product above) tile, tile 64 x D: a
-// product over the tile's rows (O += P V, dQ += dS K, dV += P^T dO, dK += dS^T Q).
 template <int D, int LD>
-__device__ __forceinline__ void mma_scores_times_tile(float (&acc)[D / 8][4], const float (&left)[kMmaTile / 8][4],
-                                                      const bf16* tile, int lane) {
+__device__ __forceinline__ void mma_rows_times_tile_transposed(float (&acc)[kMmaTile / 8][4], const uint32_t (&a)[D / 16][4],
+                                                               const bf16* tile, int lane) {
+    mma_blocks_times_tile_transposed<D, LD, 1>(reinterpret_cast<float(&)[1][kMmaTile / 8][4]>(acc),
+                                               reinterpret_cast<const uint32_t(&)[1][D / 16][4]>(a), tile, lane);
+}
+
+// C (16 x D) += A (16 x 64, from the accumulators `left` of a product above) tile, tile 64 x D: a
+// product over the tile's rows (O += P V, dQ += dS K, dV += P^T dO, dK += dS^T Q); for MB blocks
+// of 16 rows at once, as above.
+template <int D, int LD, int MB>
+__device__ __forceinline__ void mma_block_scores_times_tile(float (&acc)[MB][D / 8][4],
+                                                            const float (&left)[MB][kMmaTile / 8][4], const bf16* tile,
+                                                            int lane) {
 #pragma unroll
     for (int kk = 0; kk < kMmaTile / 16; kk++) {
-        uint32_t a[4];
-        accumulators_to_a_fragment(a, left[2 * kk], left[2 * kk + 1]);
+        uint32_t a[MB][4];
+#pragma unroll
+        for (int mb = 0; mb < MB; mb++) accumulators_to_a_fragment(a[mb], left[mb][2 * kk], left[mb][2 * kk + 1]);
 #pragma unroll
         for (int nd = 0; nd < D / 8; nd += 2) {
             uint32_t b[4];
             load_b_fragments_rows_k<LD>(b, tile, kk * 16, nd * 8, lane);
-            mma_bf16_16x8x16(acc[nd], a, b[0], b[1]);
-            mma_bf16_16x8x16(acc[nd + 1], a, b[2], b[3]);
+#pragma unroll
+            for (int mb = 0; mb < MB; mb++) {
+                mma_bf16_16x8x16(acc[mb][nd], a[mb], b[0], b[1]);
+                mma_bf16_16x8x16(acc[mb][nd + 1], a[mb], b[2], b[3]);
+            }
         }
     }
+}
+
+template <int D, int LD>
+__device__ __forceinline__ void mma_scores_times_tile(float (&acc)[D / 8][4], const float (&left)[kMmaTile / 8][4],
+                                                      const bf16* tile, int lane) {
+    mma_block_scores_times_tile<D, LD, 1>(reinterpret_cast<float(&)[1][D / 8][4]>(acc),
+                                          reinterpret_cast<const float(&)[1][kMmaTile / 8][4]>(left), tile, lane);
 }
 
 // The document starts among the keys j0 .. j0 + 63 of a tile, bit j - j0 for key j, from the
@@ -442,19 +468,116 @@ __device__ __forceinline__ uint64_t tile_document_starts(const uint32_t* row_bit
     return row_bits[w] | (w + 1 < words ? (uint64_t)row_bits[w + 1] << 32 : 0);
 }
 
-// Forward: block (query tile, h, b); grid.x = number of query tiles, taken last first so that the
-// longest rows start first. Each warp keeps its 16 queries as A fragments and, over key tiles
-// 0 .. its own (the diagonal one), computes S = Q K^T (16 x 64), scales it (and masks it, on the
-// diagonal tile), updates the online softmax per row and adds P V into its 16 x D accumulators.
-// Key/value tiles are double-buffered: tile i + 1 is copied in while tile i is in use. On
-// statistics steps each lane also sums its columns' e^(s - m) at document starts, as it does l.
+// The forward pass's online softmax of one block of 16 query rows, as one lane holds it: its two
+// rows g and g + 8 (positions t), their running maxima m, sums l = sum e^(s - m), entropy sums
+// a = sum e^(s - m)(s - m), sums over the document starts, and scores at key 0; the lane's share of
+// the rows' output sums sum_j e^(s_tj - m) v_j is kept beside it as 16 x 8 blocks.
+struct RowBlockSoftmax {
+    int t[2];
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, a[2] = {0.0f, 0.0f}, doc[2] = {0.0f, 0.0f};
+    float s_first[2] = {0.0f, 0.0f};
+};
+
+// One key tile (keys j0 .. j0 + 63) of a block of rows: scales its scores s (16 x 64) and masks
+// them where `diagonal` (a tile that reaches the query tile's first query: there keys after a
+// row's query or beyond T become -inf), raises the rows' maxima, rescaling their sums and output
+// sums o, and turns s into the unnormalised probabilities e^(s - m), 0 where masked, adding this
+// lane's share to l, a and doc (bit i of tile_bits: key j0 + i starts a document). Every row sees
+// key 0 in the first tile, so its maximum is finite from then on, and a tile whose keys are all
+// masked for a row leaves the row as it was. A masked term is skipped in a: its 0 * (-inf) would be
+// NaN. __expf (one ex2.approx) is within a few 1e-6 relative of expf for every term that matters
+// (its error grows with |x|, and e^x is below 1e-9 beyond x = -20): far below bf16's 4e-3, at a
+// third of expf's instructions. The backward kernels use it too.
 template <int D, bool WITH_STATS>
+__device__ __forceinline__ void online_softmax_tile(RowBlockSoftmax& rb, float (&s)[kMmaTile / 8][4], float (&o)[D / 8][4],
+                                                    int j0, int T, bool diagonal, uint64_t tile_bits, float scale, int c) {
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nb = 0; nb < kMmaTile / 8; nb++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int j = j0 + nb * 8 + 2 * c + e % 2, r = e / 2;
+            s[nb][e] *= scale;
+            if (diagonal && (j > rb.t[r] || j >= T)) s[nb][e] = -INFINITY;
+            tile_max[r] = fmaxf(tile_max[r], s[nb][e]);
+        }
+    }
+    if (WITH_STATS && j0 == 0) {  // key 0 sits in element 0 (row g) and 2 (row g + 8) of lane c == 0
+        rb.s_first[0] = s[0][0];
+        rb.s_first[1] = s[0][2];
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        // the four lanes of a quad (same g) hold the 64 columns of the same two rows
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+        float m_new = fmaxf(rb.m[r], tile_max[r]);
+        float rescale = online_softmax_raise_max(rb.m[r], m_new, &rb.l[r], &rb.a[r]);
+        rb.doc[r] *= rescale;
+        rb.m[r] = m_new;
+#pragma unroll
+        for (int nd = 0; nd < D / 8; nd++) {
+            o[nd][2 * r] *= rescale;
+            o[nd][2 * r + 1] *= rescale;
+        }
+    }
+#pragma unroll
+    for (int nb = 0; nb < kMmaTile / 8; nb++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int r = e / 2;
+            float p = __expf(s[nb][e] - rb.m[r]);
+            rb.l[r] += p;
+            if (WITH_STATS && p > 0.0f) rb.a[r] += p * (s[nb][e] - rb.m[r]);
+            if (WITH_STATS && ((tile_bits >> (nb * 8 + 2 * c + e % 2)) & 1)) rb.doc[r] += p;
+            s[nb][e] = p;
+        }
+    }
+}
+
+// The end of a block of rows: each lane summed its own 16 columns of each tile, so the quad adds
+// up its shares; then the rows before T store their output (o / l), log-sum-exp and statistics.
+template <int D, bool WITH_STATS>
+__device__ __forceinline__ void store_row_block(bf16* out, float* lse, float* row_stats, RowBlockSoftmax& rb,
+                                                const float (&o)[D / 8][4], int b, int h, int B, int T, int H, int c) {
+    const size_t rows = (size_t)B * H * T;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+#pragma unroll
+        for (int lanes = 1; lanes <= 2; lanes *= 2) {
+            rb.l[r] += __shfl_xor_sync(0xffffffffu, rb.l[r], lanes);
+            rb.a[r] += __shfl_xor_sync(0xffffffffu, rb.a[r], lanes);
+            rb.doc[r] += __shfl_xor_sync(0xffffffffu, rb.doc[r], lanes);
+        }
+        const int t = rb.t[r];
+        if (t < T) {
+            float inv_l = 1.0f / rb.l[r];
+            bf16* y = out + ((size_t)b * T + t) * H * D + (size_t)h * D + 2 * c;
+#pragma unroll
+            for (int nd = 0; nd < D / 8; nd++)
+                *reinterpret_cast<__nv_bfloat162*>(y + nd * 8) = __floats2bfloat162_rn(o[nd][2 * r] * inv_l, o[nd][2 * r + 1] * inv_l);
+            if (c == 0)
+                store_row_results<WITH_STATS>(lse, row_stats, ((size_t)b * H + h) * T + t, rows, rb.m[r], rb.l[r], rb.a[r],
+                                              rb.s_first[r], rb.doc[r]);
+        }
+    }
+}
+
+// Forward: block (query tile, h, b); grid.x = number of query tiles, taken last first so that the
+// longest rows start first. A query tile is 64 MB rows: each warp keeps MB blocks of 16 queries as A
+// fragments and, over key tiles 0 .. the last one its tile's queries see, computes S = Q K^T (16 x 64
+// per block) and goes on with each block's online softmax (online_softmax_tile), adding P V into
+// its 16 x D output sums. Key/value tiles are double-buffered: tile i + 1 is copied in while tile i
+// is in use. MB = 1 is the default; MB = 2 (a warp's 32 rows share each B fragment it loads from
+// shared memory) the candidate that kCandidateKernels builds use (cuda_common.cuh).
+template <int D, int MB, bool WITH_STATS>
 __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(bf16* out, float* lse, float* row_stats,
                                                                            const uint32_t* doc_bits, const bf16* qk,
                                                                            const bf16* qkv, int B, int T, int H,
                                                                            int Hkv) {
     static_assert(D % 32 == 0, "D must be a multiple of 32");
-    constexpr int LD = D + kMmaTilePad;
+    static_assert(MB == 1 || MB == 2, "a query tile stages in one or two of the shared tiles");
+    constexpr int LD = D + kMmaTilePad, kQueryTile = MB * kMmaTile;
     __shared__ __align__(16) bf16 k_tiles[2][kMmaTile * LD];
     __shared__ __align__(16) bf16 v_tiles[2][kMmaTile * LD];
     const int q_tile = (int)gridDim.x - 1 - (int)blockIdx.x;
@@ -465,116 +588,58 @@ __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(bf16
     const bf16* keys = qk + (size_t)b * T * qk_stride + (size_t)(H + kv_head) * D;
     const bf16* values = qkv + (size_t)b * T * qkv_stride + (size_t)(H + Hkv + kv_head) * D;
     const float scale = 1.0f / sqrtf((float)D);
+    const int q0 = q_tile * kQueryTile, warp_q0 = q0 + warp * 16 * MB;  // the tile's and the warp's first query
+    const int last_k_tile = min(q0 + kQueryTile - 1, T - 1) / kMmaTile;
 
-    // Copy groups: the queries (through k_tiles[1], free until the loop prefetches into it), then
-    // key/value tile 0.
-    load_tile_async<D, LD>(k_tiles[1], queries, qk_stride, q_tile * kMmaTile, T);
+    // Copy groups: the queries (rows 64 i .. 64 i + 63 of the tile through k_tiles[1] and, for a
+    // second 64, v_tiles[1]: free until the loop prefetches into them), then key/value tile 0.
+    load_tile_async<D, LD>(k_tiles[1], queries, qk_stride, q0, T);
+    if (MB == 2) load_tile_async<D, LD>(v_tiles[1], queries, qk_stride, q0 + kMmaTile, T);
     cp_async_commit();
     load_tile_async<D, LD>(k_tiles[0], keys, qk_stride, 0, T);
     load_tile_async<D, LD>(v_tiles[0], values, qkv_stride, 0, T);
     cp_async_commit();
-    // The warp's queries, as the A operands of S = Q K^T.
+    // The warp's queries, as the A operands of S = Q K^T: block mb is the tile's rows
+    // 16 (MB warp + mb) .. + 15.
     cp_async_wait<1>();
     __syncthreads();
-    uint32_t q_frag[D / 16][4];
+    uint32_t q_frag[MB][D / 16][4];
+    RowBlockSoftmax rb[MB];
 #pragma unroll
-    for (int kc = 0; kc < D / 16; kc++) load_a_fragment<LD>(q_frag[kc], k_tiles[1], warp * 16, kc * 16, lane);
+    for (int mb = 0; mb < MB; mb++) {
+        const int row = (MB * warp + mb) * 16;
+#pragma unroll
+        for (int kc = 0; kc < D / 16; kc++)
+            load_a_fragment<LD>(q_frag[mb][kc], row < kMmaTile ? k_tiles[1] : v_tiles[1], row % kMmaTile, kc * 16, lane);
+        rb[mb].t[0] = q0 + row + g;
+        rb[mb].t[1] = q0 + row + g + 8;
+    }
     __syncthreads();
 
-    const int t_row[2] = {q_tile * kMmaTile + warp * 16 + g, q_tile * kMmaTile + warp * 16 + g + 8};
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, a[2] = {0.0f, 0.0f}, s_first[2] = {0.0f, 0.0f};
-    float doc[2] = {0.0f, 0.0f};
-    float o[D / 8][4] = {};  // sum_j e^(s_tj - m) v_j: 16 rows x D as 16 x 8 blocks
+    float o[MB][D / 8][4] = {};  // the output sums of each block of rows
     const int words = document_start_words(T);
     const uint32_t* row_bits = WITH_STATS && doc_bits ? doc_bits + (size_t)b * words : nullptr;  // the sequence's
-    for (int k_tile_index = 0; k_tile_index <= q_tile; k_tile_index++) {
+    for (int k_tile_index = 0; k_tile_index <= last_k_tile; k_tile_index++) {
         const int j0 = k_tile_index * kMmaTile, buffer = k_tile_index % 2;
-        next_kv_tiles<D, LD>(k_tiles, v_tiles, keys, values, qk_stride, qkv_stride, k_tile_index, q_tile, T);
-        const bf16* k_tile = k_tiles[buffer];
-        const bf16* v_tile = v_tiles[buffer];
-
-        float s[kMmaTile / 8][4] = {};  // scores: 16 rows x 64 keys as 16 x 8 blocks
-        mma_rows_times_tile_transposed<D, LD>(s, q_frag, k_tile, lane);
-        // Scale. Only the diagonal tile holds keys after a row's query or beyond T (an earlier tile
-        // ends at or before this tile's first query, which is < T): there they become -inf. Every
-        // row still sees key j0 (j0 <= its t, j0 < T), so each row's maximum over the quad is finite.
-        const bool diagonal = k_tile_index == q_tile;
-        float tile_max[2] = {-INFINITY, -INFINITY};
+        next_kv_tiles<D, LD>(k_tiles, v_tiles, keys, values, qk_stride, qkv_stride, k_tile_index, last_k_tile, T);
+        // A tile whose first key comes after every query of the warp adds nothing to its rows
+        // (with MB = 2 the last tile for the first half of the query tile's warps).
+        if (j0 <= warp_q0 + 16 * MB - 1) {
+            float s[MB][kMmaTile / 8][4] = {};  // scores: 16 rows x 64 keys as 16 x 8 blocks, per block of rows
+            mma_blocks_times_tile_transposed<D, LD, MB>(s, q_frag, k_tiles[buffer], lane);
+            // Only the tiles from the query tile's first query on hold keys after a row's query or
+            // beyond T: an earlier tile ends before that query, which is < T.
+            const bool diagonal = j0 + kMmaTile - 1 >= q0;
+            const uint64_t tile_bits = WITH_STATS ? tile_document_starts(row_bits, j0, words) : 0;
 #pragma unroll
-        for (int nb = 0; nb < kMmaTile / 8; nb++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int j = j0 + nb * 8 + 2 * c + e % 2, r = e / 2;
-                s[nb][e] *= scale;
-                if (diagonal && (j > t_row[r] || j >= T)) s[nb][e] = -INFINITY;
-                tile_max[r] = fmaxf(tile_max[r], s[nb][e]);
-            }
+            for (int mb = 0; mb < MB; mb++)
+                online_softmax_tile<D, WITH_STATS>(rb[mb], s[mb], o[mb], j0, T, diagonal, tile_bits, scale, c);
+            mma_block_scores_times_tile<D, LD, MB>(o, s, v_tiles[buffer], lane);
         }
-        if (WITH_STATS && k_tile_index == 0) {  // key 0 sits in element 0 (row g) and 2 (row g + 8) of lane c == 0
-            s_first[0] = s[0][0];
-            s_first[1] = s[0][2];
-        }
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            // the four lanes of a quad (same g) hold the 64 columns of the same two rows
-            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-            float m_new = fmaxf(m[r], tile_max[r]);
-            float rescale = online_softmax_raise_max(m[r], m_new, &l[r], &a[r]);
-            doc[r] *= rescale;
-            m[r] = m_new;
-#pragma unroll
-            for (int nd = 0; nd < D / 8; nd++) {
-                o[nd][2 * r] *= rescale;
-                o[nd][2 * r + 1] *= rescale;
-            }
-        }
-        // Unnormalised probabilities e^(s - m) in place of the scores (0 where masked); this lane's
-        // share of l, a and doc (bit i of tile_bits: key j0 + i starts a document). A masked term
-        // is skipped in a: its 0 * (-inf) would be NaN. __expf (one ex2.approx) is within a few
-        // 1e-6 relative of expf for every term that matters (its error grows with |x|, and e^x is
-        // below 1e-9 beyond x = -20): far below bf16's 4e-3, at a third of expf's instructions.
-        // The backward kernels use it too.
-        const uint64_t tile_bits = tile_document_starts(row_bits, j0, words);
-#pragma unroll
-        for (int nb = 0; nb < kMmaTile / 8; nb++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int r = e / 2;
-                float p = __expf(s[nb][e] - m[r]);
-                l[r] += p;
-                if (WITH_STATS && p > 0.0f) a[r] += p * (s[nb][e] - m[r]);
-                if (WITH_STATS && ((tile_bits >> (nb * 8 + 2 * c + e % 2)) & 1)) doc[r] += p;
-                s[nb][e] = p;
-            }
-        }
-        mma_scores_times_tile<D, LD>(o, s, v_tile, lane);
         __syncthreads();  // every warp is done with this buffer before the next iteration refills it
     }
-
-    const size_t rows = (size_t)B * H * T;
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        // each lane summed its own 16 columns of each tile: add up the quad's shares
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-        a[r] += __shfl_xor_sync(0xffffffffu, a[r], 1);
-        a[r] += __shfl_xor_sync(0xffffffffu, a[r], 2);
-        doc[r] += __shfl_xor_sync(0xffffffffu, doc[r], 1);
-        doc[r] += __shfl_xor_sync(0xffffffffu, doc[r], 2);
-        const int t = t_row[r];
-        if (t < T) {
-            float inv_l = 1.0f / l[r];
-            bf16* y = out + ((size_t)b * T + t) * H * D + (size_t)h * D + 2 * c;
-#pragma unroll
-            for (int nd = 0; nd < D / 8; nd++)
-                *reinterpret_cast<__nv_bfloat162*>(y + nd * 8) =
-                    __floats2bfloat162_rn(o[nd][2 * r] * inv_l, o[nd][2 * r + 1] * inv_l);
-            if (c == 0)
-                store_row_results<WITH_STATS>(lse, row_stats, ((size_t)b * H + h) * T + t, rows, m[r], l[r], a[r],
-                                              s_first[r], doc[r]);
-        }
-    }
+    for (int mb = 0; mb < MB; mb++) store_row_block<D, WITH_STATS>(out, lse, row_stats, rb[mb], o[mb], b, h, B, T, H, c);
 }
 
 // Shared memory of the dK/dV kernel, in bytes: the block's key and value tiles, two buffers of
@@ -785,12 +850,14 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_dq_mma_kernel(
 // "error: ..." line, exit status 1); so is any CUDA error (cuda_common.cuh).
 
 enum AttentionImpl {
-    ATTENTION_AUTO,    // mma where it applies (D = 64), simple otherwise
-    ATTENTION_SIMPLE,  // any even D up to 256
-    ATTENTION_MMA,     // D = 64 only
+    ATTENTION_AUTO,      // mma where it applies (D = 64), simple otherwise; mma_wide in kCandidateKernels builds
+    ATTENTION_SIMPLE,    // any even D up to 256
+    ATTENTION_MMA,       // D = 64 only
+    ATTENTION_MMA_WIDE,  // mma with the forward pass's query tiles of 128 (MB = 2): the candidate
 };
 
 inline bool attention_mma_supports(int D) { return D == 64; }
+inline bool attention_is_mma(AttentionImpl impl) { return impl == ATTENTION_MMA || impl == ATTENTION_MMA_WIDE; }
 
 inline bool attention_aligned(const void* p, size_t bytes) { return p && (uintptr_t)p % bytes == 0; }
 
@@ -805,10 +872,11 @@ inline AttentionImpl attention_prepare(AttentionImpl impl, int B, int T, int H, 
     if (D < 2 || D > 256 || D % 2 != 0) fail("attention: head_dim %d not supported (even, 2 to 256)", D);
     if ((long long)B * H * T > (1LL << 26)) fail("attention: B*H*T = %lld rows is more than 2^26", (long long)B * H * T);
     if (B > 65535 || H > 65535) fail("attention: B=%d or H=%d above 65535 (grid limit)", B, H);
-    if (impl == ATTENTION_AUTO) impl = attention_mma_supports(D) ? ATTENTION_MMA : ATTENTION_SIMPLE;
-    if (impl == ATTENTION_MMA && !attention_mma_supports(D))
+    if (impl == ATTENTION_AUTO)
+        impl = !attention_mma_supports(D) ? ATTENTION_SIMPLE : kCandidateKernels ? ATTENTION_MMA_WIDE : ATTENTION_MMA;
+    if (attention_is_mma(impl) && !attention_mma_supports(D))
         fail("attention: the mma kernels need head_dim 64, got %d", D);
-    size_t alignment = impl == ATTENTION_MMA ? 16 : 4;
+    size_t alignment = attention_is_mma(impl) ? 16 : 4;
     for (const bf16* p : bf16_tensors)
         if (!attention_aligned(p, alignment)) fail("attention: a bf16 tensor is null or not %zu-byte aligned", alignment);
     for (const float* p : float_tensors)
@@ -844,6 +912,19 @@ inline void attention_backward_simple(bf16* dqk, bf16* dqkv, const float* delta,
     cuda_check_launch();
 }
 
+template <int MB>
+inline void attention_forward_mma(bf16* out, float* lse, float* row_stats, const uint32_t* doc_bits, const bf16* qk,
+                                  const bf16* qkv, int B, int T, int H, int Hkv, cudaStream_t stream) {
+    dim3 grid(ceil_div(T, MB * kMmaTile), H, B);
+    if (row_stats)
+        attention_forward_mma_kernel<64, MB, true>
+            <<<grid, kMmaThreads, 0, stream>>>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv);
+    else
+        attention_forward_mma_kernel<64, MB, false>
+            <<<grid, kMmaThreads, 0, stream>>>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv);
+    cuda_check_launch();
+}
+
 // out, lse (and row_stats when non-null, else no statistics are computed) from qk and qkv; the
 // statistics' document starts from doc_bits (null: none).
 inline void attention_forward(bf16* out, float* lse, float* row_stats, const uint32_t* doc_bits, const bf16* qk,
@@ -851,14 +932,9 @@ inline void attention_forward(bf16* out, float* lse, float* row_stats, const uin
                               AttentionImpl impl = ATTENTION_AUTO) {
     impl = attention_prepare(impl, B, T, H, Hkv, D, {out, qk, qkv}, {lse});
     if (impl == ATTENTION_MMA) {
-        dim3 grid(ceil_div(T, kMmaTile), H, B);
-        if (row_stats)
-            attention_forward_mma_kernel<64, true>
-                <<<grid, kMmaThreads, 0, stream>>>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv);
-        else
-            attention_forward_mma_kernel<64, false>
-                <<<grid, kMmaThreads, 0, stream>>>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv);
-        cuda_check_launch();
+        attention_forward_mma<1>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, stream);
+    } else if (impl == ATTENTION_MMA_WIDE) {
+        attention_forward_mma<2>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, stream);
     } else if (D <= 64) {
         attention_forward_simple<1>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, D, stream);
     } else if (D <= 128) {
@@ -877,7 +953,7 @@ inline void attention_backward(bf16* dqk, bf16* dqkv, float* delta_scratch, cons
     attention_delta_kernel<<<attention_simple_blocks((long long)B * H * T), 128, 0, stream>>>(delta_scratch, dout, out,
                                                                                              B, T, H, D);
     cuda_check_launch();
-    if (impl == ATTENTION_MMA) {
+    if (attention_is_mma(impl)) {  // the two share the backward kernels
         constexpr int dkdv_smem = attention_dkdv_mma_smem_bytes<64>();  // above the 48 KiB default: opt in
         cudaCheck(cudaFuncSetAttribute(attention_backward_dkdv_mma_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        dkdv_smem));

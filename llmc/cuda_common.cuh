@@ -3,11 +3,22 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include "utils.h"
 
 typedef __nv_bfloat16 bf16;
+
+// Kernels written for speed whose correctness and speed no GPU has measured yet ("candidates",
+// checked and timed by dev/cuda) replace the defaults only in a build with -DLLMC_CANDIDATE_KERNELS
+// (make build/train_candidates, build/test_gpt_cuda_candidates; dev/gpu_bundle.sh carries both), so
+// that a GPU machine can check and time whole steps with them before they become the defaults.
+#ifdef LLMC_CANDIDATE_KERNELS
+constexpr bool kCandidateKernels = true;
+#else
+constexpr bool kCandidateKernels = false;
+#endif
 
 // A failed call ends the run through fail(): one line, and in a data-parallel run every process
 // stops with it (a process that exited alone would leave the others waiting in a collective).
@@ -19,6 +30,24 @@ inline void cuda_check(cudaError_t err, const char* file, int line) {
 #define cuda_check_launch() cuda_check(cudaGetLastError(), __FILE__, __LINE__)
 
 inline int ceil_div(long long a, long long b) { return (int)((a + b - 1) / b); }
+
+inline bool aligned_16(const void* p) { return (uintptr_t)p % 16 == 0; }
+
+// The 8 bf16 of a 16-byte vector (one load or store of a thread at full width) as floats, and back.
+__device__ __forceinline__ void bf16x8_to_float(uint4 v, float* out) {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+    for (int j = 0; j < 4; j++) {
+        float2 f = __bfloat1622float2(h[j]);
+        out[2 * j] = f.x;
+        out[2 * j + 1] = f.y;
+    }
+}
+__device__ __forceinline__ uint4 float_to_bf16x8(const float* in) {
+    uint4 v;
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
+    for (int j = 0; j < 4; j++) h[j] = __floats2bfloat162_rn(in[2 * j], in[2 * j + 1]);
+    return v;
+}
 
 // Sum and max over the 32 lanes of a warp (butterfly: every lane ends with the result).
 __device__ __forceinline__ float warp_sum(float v) {

@@ -4,6 +4,8 @@
 // On stats steps the forward pass also writes the normalised vectors before RoPE, in float32: the
 // keys at the point the telemetry of telemetry.md measures, without a bf16 rounding.
 #pragma once
+#include <initializer_list>
+#include <type_traits>
 #include "cuda_common.cuh"
 #include "math.h"
 #include "rmsnorm.cuh"  // warp_row_rstd, column_sum
@@ -37,7 +39,7 @@ __global__ void qk_norm_rope_forward_kernel(bf16* qk_rope, float* qk_normed, flo
     }
 }
 
-inline void qk_norm_rope_forward(bf16* qk_rope, float* qk_normed, float* qk_rstd, const bf16* qkv, const bf16* g_q,
+inline void qk_norm_rope_forward_simple(bf16* qk_rope, float* qk_normed, float* qk_rstd, const bf16* qkv, const bf16* g_q,
                                  const bf16* g_k, const float* rope_cos, const float* rope_sin, int N, int T, int H,
                                  int Hkv, int D, float eps, bool normalise, cudaStream_t s) {
     const int warps = 8;
@@ -102,7 +104,7 @@ inline int qk_norm_rope_backward_blocks(int N, int NH) { return ceil_div((long l
 
 // dg_q, dg_k: the float gradients of the two gains (D values each), added to; scratch:
 // qk_norm_rope_backward_blocks(N, NH) * 2D floats.
-inline void qk_norm_rope_backward(bf16* dqkv, float* dg_q, float* dg_k, float* scratch, const bf16* dqk, const bf16* qkv,
+inline void qk_norm_rope_backward_simple(bf16* dqkv, float* dg_q, float* dg_k, float* scratch, const bf16* dqk, const bf16* qkv,
                                   const float* qk_rstd, const bf16* g_q, const bf16* g_k, const float* rope_cos,
                                   const float* rope_sin, int N, int T, int H, int Hkv, int D, bool normalise,
                                   cudaStream_t s) {
@@ -114,4 +116,218 @@ inline void qk_norm_rope_backward(bf16* dqkv, float* dg_q, float* dg_k, float* s
     cuda_check_launch();
     column_sum(dg_q, scratch, blocks, D, 2 * D, s);
     column_sum(dg_k, scratch + D, blocks, D, 2 * D, s);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Candidate (checked and timed by dev/cuda/norms.cu; ./train uses it only when built with
+// kCandidateKernels, cuda_common.cuh): the same math laid out for bandwidth. The kernels above give each (token, head) a whole warp whose lanes read 2
+// bytes each, twice over (the norm, then the output); at d22 they run at 4-5x their memory floor.
+// Here a group of G = D / 8 lanes takes one (token, head): lane j of the group holds elements
+// 8j .. 8j + 7 in registers from one 16-byte load of each input, so a warp serves 32 / G heads. The
+// RoPE partner of element i < D/2 is i + D/2, which sits in lane j + G/2 at the same place: the
+// partner lane is j ^ (G/2), and one shuffle per element brings its value over. The group's sums
+// go through shuffles within the group. D must be 16, 32, 64, 128 or 256 (G a power of two up to 32)
+// and the arrays 16-byte aligned (qk_norm_rope_vec_supports).
+
+inline bool qk_norm_rope_vec_supports(int D, std::initializer_list<const void*> arrays) {
+    bool ok = D == 16 || D == 32 || D == 64 || D == 128 || D == 256;
+    for (const void* p : arrays) ok &= p == nullptr || aligned_16(p);
+    return ok;
+}
+
+// Sum over the G lanes of a group (G a power of two; the groups are aligned blocks of G lanes).
+template <int G>
+__device__ __forceinline__ float group_sum(float v) {
+    for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// A lane's 8 elements after the rotation by (c, s), from its own values and its partner's (the
+// same 8 places in the other half): a lane of the first half holds the pairs' first elements, one
+// of the second half their second elements. All lanes must call it (it shuffles).
+template <int G>
+__device__ __forceinline__ void rope_rotate_group(float (&out)[8], const float (&own)[8], const float (&c)[8],
+                                                  const float (&s)[8], bool first_half) {
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        float partner = __shfl_xor_sync(0xffffffffu, own[k], G / 2), first, second;
+        if (first_half) {
+            rope_rotate(own[k], partner, c[k], s[k], &first, &second);
+            out[k] = first;
+        } else {
+            rope_rotate(partner, own[k], c[k], s[k], &first, &second);
+            out[k] = second;
+        }
+    }
+}
+
+__device__ __forceinline__ void load_float8(float (&out)[8], const float* p) {
+    float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+}
+
+// One (token, head) per group of G lanes; a lane past the last item takes item 0's inputs, so that
+// it can join the shuffles, and writes nothing.
+template <int D>
+__global__ void qk_norm_rope_forward_vec_kernel(bf16* qk_rope, float* qk_normed, float* qk_rstd, const bf16* qkv,
+                                                const bf16* g_q, const bf16* g_k, const float* rope_cos,
+                                                const float* rope_sin, int N, int T, int H, int NH, int QKV,
+                                                float eps, int normalise) {
+    constexpr int G = D / 8, half = D / 2;
+    const long long item = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / G;
+    const bool valid = item < (long long)N * NH;
+    const int j = threadIdx.x % G, i = j % (G / 2) * 8;
+    const long long n = valid ? item / NH : 0;
+    const int h = valid ? (int)(item % NH) : 0, t = (int)(n % T);
+    float x[8], g[8], y[8], c[8], s[8], z[8];
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(qkv + n * QKV + (size_t)h * D + 8 * j), x);
+    bf16x8_to_float(*reinterpret_cast<const uint4*>((h < H ? g_q : g_k) + 8 * j), g);
+    load_float8(c, rope_cos + (size_t)t * half + i);
+    load_float8(s, rope_sin + (size_t)t * half + i);
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 8; k++) ss += x[k] * x[k];
+    ss = group_sum<G>(ss);
+    const float r = normalise ? rmsnorm_rstd(ss, D, eps) : 1.0f;
+#pragma unroll
+    for (int k = 0; k < 8; k++) y[k] = rmsnorm_out(x[k], r, g[k]);
+    rope_rotate_group<G>(z, y, c, s, j < G / 2);
+    if (!valid) return;
+    if (j == 0) qk_rstd[item] = r;
+    if (qk_normed) {
+        float4* out = reinterpret_cast<float4*>(qk_normed + item * D + 8 * j);
+        out[0] = make_float4(y[0], y[1], y[2], y[3]);
+        out[1] = make_float4(y[4], y[5], y[6], y[7]);
+    }
+    *reinterpret_cast<uint4*>(qk_rope + item * D + 8 * j) = float_to_bf16x8(z);
+}
+
+// Backward: a block takes kQkItemsPerBlock items, as the kernel above, so that the partial gain
+// gradients [blocks][2D] and their reduction are the same. Each lane keeps the gain gradients of
+// its 8 elements, for the query gain and the key gain, across the items it takes; then the block
+// adds its groups' sums in a fixed order.
+template <int D>
+__global__ void qk_norm_rope_backward_vec_kernel(bf16* dqkv, float* dg_partial, const bf16* dqk, const bf16* qkv,
+                                                 const float* qk_rstd, const bf16* g_q, const bf16* g_k,
+                                                 const float* rope_cos, const float* rope_sin, int N, int T, int H,
+                                                 int NH, int QKV, int normalise) {
+    constexpr int G = D / 8, half = D / 2;
+    extern __shared__ float group_dg[];  // [groups of the block][2D]
+    const int groups = blockDim.x / G, group = threadIdx.x / G, j = threadIdx.x % G, i = j % (G / 2) * 8;
+    float dgq[8] = {}, dgk[8] = {};
+    const long long first = (long long)blockIdx.x * kQkItemsPerBlock;
+    const long long end = min((long long)N * NH, first + kQkItemsPerBlock);
+    for (long long base = first; base < end; base += groups) {  // the same trip count in every lane
+        const long long item = base + group;
+        const bool valid = item < end;
+        const long long n = valid ? item / NH : 0;
+        const int h = valid ? (int)(item % NH) : 0, t = (int)(n % T);
+        float dz[8], x[8], g[8], c[8], minus_s[8], dy[8], dx[8];
+        bf16x8_to_float(*reinterpret_cast<const uint4*>(dqk + (valid ? item : 0) * D + 8 * j), dz);
+        bf16x8_to_float(*reinterpret_cast<const uint4*>(qkv + n * QKV + (size_t)h * D + 8 * j), x);
+        bf16x8_to_float(*reinterpret_cast<const uint4*>((h < H ? g_q : g_k) + 8 * j), g);
+        load_float8(c, rope_cos + (size_t)t * half + i);
+        load_float8(minus_s, rope_sin + (size_t)t * half + i);
+#pragma unroll
+        for (int k = 0; k < 8; k++) minus_s[k] = -minus_s[k];
+        rope_rotate_group<G>(dy, dz, c, minus_s, j < G / 2);  // turned back: the gradient of the normed vector
+        const float r = valid ? qk_rstd[item] : 1.0f;
+        float dot = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) dot += rmsnorm_dot_term(g[k], dy[k], x[k], r);
+        dot = normalise ? group_sum<G>(dot) / D : 0.0f;
+        if (!valid) continue;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            dx[k] = rmsnorm_dx(g[k], dy[k], x[k], r, dot);
+            float dg = rmsnorm_dgain(dy[k], x[k], r);
+            if (h < H) dgq[k] += dg;
+            else dgk[k] += dg;
+        }
+        *reinterpret_cast<uint4*>(dqkv + n * QKV + (size_t)h * D + 8 * j) = float_to_bf16x8(dx);
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        group_dg[(size_t)group * 2 * D + 8 * j + k] = dgq[k];
+        group_dg[(size_t)group * 2 * D + D + 8 * j + k] = dgk[k];
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < 2 * D; c += blockDim.x) {
+        float acc = 0.0f;
+        for (int w = 0; w < groups; w++) acc += group_dg[(size_t)w * 2 * D + c];
+        dg_partial[(size_t)blockIdx.x * 2 * D + c] = acc;
+    }
+}
+
+// Calls f(std::integral_constant<int, D>) for the head widths the candidate takes.
+template <typename F>
+inline void with_head_dim(int D, F&& f) {
+    switch (D) {
+        case 16: f(std::integral_constant<int, 16>{}); break;
+        case 32: f(std::integral_constant<int, 32>{}); break;
+        case 64: f(std::integral_constant<int, 64>{}); break;
+        case 128: f(std::integral_constant<int, 128>{}); break;
+        case 256: f(std::integral_constant<int, 256>{}); break;
+        default: fail("qk_norm_rope vec: head_dim %d not supported", D);
+    }
+}
+
+static const int kQkVecThreads = 256;
+
+// The candidate's forward and backward, with the arguments of the simple kernels' functions.
+inline void qk_norm_rope_forward_vec(bf16* qk_rope, float* qk_normed, float* qk_rstd, const bf16* qkv, const bf16* g_q,
+                                     const bf16* g_k, const float* rope_cos, const float* rope_sin, int N, int T, int H,
+                                     int Hkv, int D, float eps, bool normalise, cudaStream_t s) {
+    if (!qk_norm_rope_vec_supports(D, {qk_rope, qk_normed, qkv, g_q, g_k, rope_cos, rope_sin}))
+        fail("qk_norm_rope_forward_vec: head_dim %d or an array not 16-byte aligned", D);
+    const int NH = H + Hkv, QKV = (H + 2 * Hkv) * D;
+    with_head_dim(D, [&](auto width) {
+        constexpr int W = decltype(width)::value;
+        qk_norm_rope_forward_vec_kernel<W><<<ceil_div((long long)N * NH * (W / 8), kQkVecThreads), kQkVecThreads, 0, s>>>(
+            qk_rope, qk_normed, qk_rstd, qkv, g_q, g_k, rope_cos, rope_sin, N, T, H, NH, QKV, eps, normalise);
+    });
+    cuda_check_launch();
+}
+
+inline void qk_norm_rope_backward_vec(bf16* dqkv, float* dg_q, float* dg_k, float* scratch, const bf16* dqk,
+                                      const bf16* qkv, const float* qk_rstd, const bf16* g_q, const bf16* g_k,
+                                      const float* rope_cos, const float* rope_sin, int N, int T, int H, int Hkv, int D,
+                                      bool normalise, cudaStream_t s) {
+    if (!qk_norm_rope_vec_supports(D, {dqkv, dqk, qkv, g_q, g_k, rope_cos, rope_sin}))
+        fail("qk_norm_rope_backward_vec: head_dim %d or an array not 16-byte aligned", D);
+    const int NH = H + Hkv, QKV = (H + 2 * Hkv) * D, blocks = qk_norm_rope_backward_blocks(N, NH);
+    with_head_dim(D, [&](auto width) {
+        constexpr int W = decltype(width)::value;
+        size_t smem = (size_t)kQkVecThreads / (W / 8) * 2 * W * sizeof(float);
+        qk_norm_rope_backward_vec_kernel<W><<<blocks, kQkVecThreads, smem, s>>>(
+            dqkv, scratch, dqk, qkv, qk_rstd, g_q, g_k, rope_cos, rope_sin, N, T, H, NH, QKV, normalise);
+    });
+    cuda_check_launch();
+    column_sum(dg_q, scratch, blocks, D, 2 * D, s);
+    column_sum(dg_k, scratch + D, blocks, D, 2 * D, s);
+}
+
+// What the model calls: the candidate where it applies in a build with kCandidateKernels, else the
+// simple kernels.
+inline void qk_norm_rope_forward(bf16* qk_rope, float* qk_normed, float* qk_rstd, const bf16* qkv, const bf16* g_q,
+                                 const bf16* g_k, const float* rope_cos, const float* rope_sin, int N, int T, int H,
+                                 int Hkv, int D, float eps, bool normalise, cudaStream_t s) {
+    if (kCandidateKernels && qk_norm_rope_vec_supports(D, {qk_rope, qk_normed, qkv, g_q, g_k, rope_cos, rope_sin}))
+        qk_norm_rope_forward_vec(qk_rope, qk_normed, qk_rstd, qkv, g_q, g_k, rope_cos, rope_sin, N, T, H, Hkv, D, eps,
+                                 normalise, s);
+    else
+        qk_norm_rope_forward_simple(qk_rope, qk_normed, qk_rstd, qkv, g_q, g_k, rope_cos, rope_sin, N, T, H, Hkv, D, eps,
+                                    normalise, s);
+}
+
+inline void qk_norm_rope_backward(bf16* dqkv, float* dg_q, float* dg_k, float* scratch, const bf16* dqk, const bf16* qkv,
+                                  const float* qk_rstd, const bf16* g_q, const bf16* g_k, const float* rope_cos,
+                                  const float* rope_sin, int N, int T, int H, int Hkv, int D, bool normalise,
+                                  cudaStream_t s) {
+    if (kCandidateKernels && qk_norm_rope_vec_supports(D, {dqkv, dqk, qkv, g_q, g_k, rope_cos, rope_sin}))
+        qk_norm_rope_backward_vec(dqkv, dg_q, dg_k, scratch, dqk, qkv, qk_rstd, g_q, g_k, rope_cos, rope_sin, N, T, H, Hkv,
+                                  D, normalise, s);
+    else
+        qk_norm_rope_backward_simple(dqkv, dg_q, dg_k, scratch, dqk, qkv, qk_rstd, g_q, g_k, rope_cos, rope_sin, N, T, H,
+                                     Hkv, D, normalise, s);
 }

@@ -116,22 +116,6 @@ inline void rmsnorm_backward_rows(bf16* dx, float* dg, float* scratch, const bf1
 // rows. The sums run in a fixed order, as above: the same inputs give the same bits.
 static const int kNormVecRowsPerBlock = 16;
 
-// The 8 bf16 of a 16-byte vector as floats, and back.
-__device__ __forceinline__ void bf16x8_to_float(uint4 v, float* out) {
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-    for (int j = 0; j < 4; j++) {
-        float2 f = __bfloat1622float2(h[j]);
-        out[2 * j] = f.x;
-        out[2 * j + 1] = f.y;
-    }
-}
-__device__ __forceinline__ uint4 float_to_bf16x8(const float* in) {
-    uint4 v;
-    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
-    for (int j = 0; j < 4; j++) h[j] = __floats2bfloat162_rn(in[2 * j], in[2 * j + 1]);
-    return v;
-}
-
 template <int K>
 __global__ void rmsnorm_backward_vec_kernel(bf16* dx, float* dg_partial, const bf16* dy, const bf16* x, const float* rstd,
                                             const bf16* g, int N) {
@@ -177,7 +161,7 @@ __global__ void rmsnorm_backward_vec_kernel(bf16* dx, float* dg_partial, const b
 // bf16 arrays 16-byte aligned (the rows are then too, C * 2 bytes being a multiple of 16).
 inline bool rmsnorm_backward_vec_supports(int C, const void* dx, const void* dy, const void* x, const void* g) {
     bool aligned = true;
-    for (const void* p : {dx, dy, x, g}) aligned &= (uintptr_t)p % 16 == 0;
+    for (const void* p : {dx, dy, x, g}) aligned &= aligned_16(p);
     return aligned && C % 256 == 0 && C / 256 >= 1 && C / 256 <= 4;
 }
 

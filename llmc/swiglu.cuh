@@ -1,6 +1,7 @@
 // SwiGLU: swi = silu(gate) * up, where each row of fc13 [N, 2F] holds the gate (first F values)
 // and the up projection (last F). Element-wise, with the formulas of math.h.
 #pragma once
+#include <initializer_list>
 #include "cuda_common.cuh"
 #include "math.h"
 
@@ -23,12 +24,76 @@ __global__ void swiglu_backward_kernel(bf16* dfc13, const bf16* dswi, const bf16
     dfc13[n * 2 * F + F + i] = __float2bfloat16(db);
 }
 
-inline void swiglu_forward(bf16* swi, const bf16* fc13, int N, int F, cudaStream_t s) {
+inline void swiglu_forward_simple(bf16* swi, const bf16* fc13, int N, int F, cudaStream_t s) {
     swiglu_forward_kernel<<<ceil_div((long long)N * F, 256), 256, 0, s>>>(swi, fc13, N, F);
     cuda_check_launch();
 }
 
-inline void swiglu_backward(bf16* dfc13, const bf16* dswi, const bf16* fc13, int N, int F, cudaStream_t s) {
+inline void swiglu_backward_simple(bf16* dfc13, const bf16* dswi, const bf16* fc13, int N, int F, cudaStream_t s) {
     swiglu_backward_kernel<<<ceil_div((long long)N * F, 256), 256, 0, s>>>(dfc13, dswi, fc13, N, F);
     cuda_check_launch();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Candidate (checked and timed by dev/cuda/elementwise.cu; ./train uses it only when built with
+// kCandidateKernels, cuda_common.cuh): the same math
+// laid out for bandwidth. The kernels above read and write 2 bytes per thread and divide a 64-bit
+// index for every element; at d22 (16,384 x 1,536) they run at 4-5x their memory floor. Here a
+// thread takes 8 neighbouring columns of a row, each of its loads and stores 16 bytes, which needs
+// F % 8 == 0 and 16-byte aligned arrays (swiglu_vec_supports).
+
+inline bool swiglu_vec_supports(int F, std::initializer_list<const void*> arrays) {
+    bool aligned = F % 8 == 0;
+    for (const void* p : arrays) aligned &= aligned_16(p);
+    return aligned;
+}
+
+__global__ void swiglu_forward_vec_kernel(bf16* swi, const bf16* fc13, int N, int F) {
+    long long item = (long long)blockIdx.x * blockDim.x + threadIdx.x, per_row = F / 8;
+    if (item >= N * per_row) return;
+    long long n = item / per_row, i = item % per_row * 8;
+    const bf16* row = fc13 + n * 2 * F;
+    float gate[8], up[8], out[8];
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(row + i), gate);
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(row + F + i), up);
+    for (int j = 0; j < 8; j++) out[j] = swiglu_forward(gate[j], up[j]);
+    *reinterpret_cast<uint4*>(swi + n * F + i) = float_to_bf16x8(out);
+}
+
+__global__ void swiglu_backward_vec_kernel(bf16* dfc13, const bf16* dswi, const bf16* fc13, int N, int F) {
+    long long item = (long long)blockIdx.x * blockDim.x + threadIdx.x, per_row = F / 8;
+    if (item >= N * per_row) return;
+    long long n = item / per_row, i = item % per_row * 8;
+    const bf16* row = fc13 + n * 2 * F;
+    float gate[8], up[8], dy[8], dgate[8], dup[8];
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(row + i), gate);
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(row + F + i), up);
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(dswi + n * F + i), dy);
+    for (int j = 0; j < 8; j++) swiglu_backward(gate[j], up[j], dy[j], &dgate[j], &dup[j]);
+    *reinterpret_cast<uint4*>(dfc13 + n * 2 * F + i) = float_to_bf16x8(dgate);
+    *reinterpret_cast<uint4*>(dfc13 + n * 2 * F + F + i) = float_to_bf16x8(dup);
+}
+
+inline void swiglu_forward_vec(bf16* swi, const bf16* fc13, int N, int F, cudaStream_t s) {
+    if (!swiglu_vec_supports(F, {swi, fc13})) fail("swiglu_forward_vec: F = %d or an array not 16-byte aligned", F);
+    swiglu_forward_vec_kernel<<<ceil_div((long long)N * F / 8, 256), 256, 0, s>>>(swi, fc13, N, F);
+    cuda_check_launch();
+}
+
+inline void swiglu_backward_vec(bf16* dfc13, const bf16* dswi, const bf16* fc13, int N, int F, cudaStream_t s) {
+    if (!swiglu_vec_supports(F, {dfc13, dswi, fc13})) fail("swiglu_backward_vec: F = %d or an array not 16-byte aligned", F);
+    swiglu_backward_vec_kernel<<<ceil_div((long long)N * F / 8, 256), 256, 0, s>>>(dfc13, dswi, fc13, N, F);
+    cuda_check_launch();
+}
+
+// What the model calls: the candidate where it applies in a build with kCandidateKernels, else the
+// simple kernels.
+inline void swiglu_forward(bf16* swi, const bf16* fc13, int N, int F, cudaStream_t s) {
+    if (kCandidateKernels && swiglu_vec_supports(F, {swi, fc13})) swiglu_forward_vec(swi, fc13, N, F, s);
+    else swiglu_forward_simple(swi, fc13, N, F, s);
+}
+
+inline void swiglu_backward(bf16* dfc13, const bf16* dswi, const bf16* fc13, int N, int F, cudaStream_t s) {
+    if (kCandidateKernels && swiglu_vec_supports(F, {dfc13, dswi, fc13})) swiglu_backward_vec(dfc13, dswi, fc13, N, F, s);
+    else swiglu_backward_simple(dfc13, dswi, fc13, N, F, s);
 }

@@ -6,6 +6,7 @@
 // atomics), so a stats step gives the same bits every run. The augmented Gram matrices
 // [K 1]^T [K 1] are accumulated in float64 from float64 copies of the float32 keys.
 #pragma once
+#include <algorithm>
 #include "config.h"
 #include "cuda_common.cuh"
 #include "math.h"
@@ -127,10 +128,6 @@ __global__ void telemetry_sums_clear_kernel(double* sums, TelemetrySums lay) {
         sums[i] = i >= lay.maxima && i < lay.gains ? -INFINITY : 0.0;
 }
 
-inline int telemetry_partial_floats(int N, const ModelConfig& c) {
-    return (c.n_head + c.n_kv_head) * ceil_div(N, kStatRowsPerBlock) * head_record_size(c.head_dim);
-}
-
 // The key heads' keys as float64 rows with a trailing 1, keys_f64 [Hkv][N][D+1]: the augmented
 // matrices whose Gram products give K^T K and the key sums in one float64 product.
 __global__ void keys_to_f64_kernel(double* keys_f64, const float* qk_normed, int N, int H, int Hkv, int D) {
@@ -151,7 +148,7 @@ inline void gram_products(double* gram_sums, const double* keys_f64, Matmul& mm,
                                           keys_f64, W, (long long)N * W, &one, gram_sums, W, (long long)W * W, Hkv));
 }
 
-// Candidate, not yet the default (a GPU has not timed it): the same products split over the rows.
+// Candidate (kCandidateKernels builds use it; a GPU has not timed it): the same products split over the rows.
 // One product of a head's N rows has a W x W result, a few blocks of output that each walk all N
 // rows while most of the GPU idles; here each head's rows are kGramSlices slices (fewer when N is
 // not a multiple), each slice's Gram matrix its own product (Hkv x slices of them), and the slices'
@@ -176,6 +173,13 @@ __global__ void gram_slices_sum_kernel(double* gram_sums, const double* partial,
         for (int s = 0; s < slices; s++) acc += partial[((size_t)h * slices + s) * WW + i];
         gram_sums[(size_t)h * WW + i] += acc;
     }
+}
+
+// Scratch of the telemetry, in floats: the per-chunk records of the head statistics, and later in
+// the same layer, once those are summed, the split Gram products' matrices (gram_split_doubles).
+inline size_t telemetry_partial_floats(int N, const ModelConfig& c) {
+    size_t records = (size_t)(c.n_head + c.n_kv_head) * ceil_div(N, kStatRowsPerBlock) * head_record_size(c.head_dim);
+    return std::max(records, 2 * gram_split_doubles(c.n_kv_head, c.head_dim + 1));
 }
 
 // As gram_products; partial: gram_split_doubles(Hkv, W) doubles. The slices of every head follow
@@ -211,7 +215,10 @@ inline void telemetry_layer(double* sums, const TelemetrySums& lay, float* parti
     // Augmented Gram matrices, one per key head, added to.
     keys_to_f64_kernel<<<std::min(ceil_div((long long)Hkv * N * W, 256), 4096), 256, 0, s>>>(keys_f64, qk_normed, N, H, Hkv, D);
     cuda_check_launch();
-    gram_products(sums + lay.gram(layer, 0), keys_f64, mm, N, Hkv, W, s);
+    if (kCandidateKernels)  // the head statistics' records are summed: their scratch takes the slices' matrices
+        gram_products_split(sums + lay.gram(layer, 0), reinterpret_cast<double*>(partial), keys_f64, mm, N, Hkv, W, s);
+    else
+        gram_products(sums + lay.gram(layer, 0), keys_f64, mm, N, Hkv, W, s);
     gains_to_sums_kernel<<<1, 128, 0, s>>>(sums, lay, g_q, g_k, D, layer);
     cuda_check_launch();
 }

@@ -2,7 +2,8 @@
 // and times them. Needs a CUDA GPU (sm_80 or newer).
 //
 // For several shapes (GQA and not, T = 1, partial tiles, T = 2048, head widths the simple kernels
-// alone cover) it feeds both implementations and the CPU the same bf16-rounded random inputs and
+// alone cover) it feeds every implementation (simple, mma, and mma_wide: the candidate forward pass with
+// query tiles of 128) and the CPU the same bf16-rounded random inputs and
 // compares, per tensor, with |gpu - cpu| <= atol + rtol |cpu| per element (test/testing.h prints the
 // worst element of each) and the relative RMS error of the whole tensor:
 //   forward:  out, lse and the row statistics (the mass on document starts of random ones among them);
@@ -36,7 +37,9 @@ static std::string shape_name(const Shape& s) {
     return buf;
 }
 
-static const char* impl_name(AttentionImpl impl) { return impl == ATTENTION_MMA ? "mma" : "simple"; }
+static const char* impl_name(AttentionImpl impl) {
+    return impl == ATTENTION_MMA ? "mma" : impl == ATTENTION_MMA_WIDE ? "mma_wide" : "simple";
+}
 
 // ---------------------------------------------------------------------------------------------
 // Host-side helpers
@@ -301,9 +304,9 @@ static void benchmark(const Shape& s) {
     printf("\ntiming %s (forward %.1f GFLOP, backward %.1f GFLOP)\n", shape_name(s).c_str(), fwd_flops * 1e-9,
            bwd_flops * 1e-9);
     printf("%-8s %-24s %10s %10s\n", "impl", "pass", "ms", "TFLOP/s");
-    for (AttentionImpl impl : {ATTENTION_MMA, ATTENTION_SIMPLE}) {
-        if (impl == ATTENTION_MMA && !attention_mma_supports(s.D)) continue;
-        int reps = impl == ATTENTION_MMA ? 20 : 3;
+    for (AttentionImpl impl : {ATTENTION_MMA, ATTENTION_MMA_WIDE, ATTENTION_SIMPLE}) {
+        if (attention_is_mma(impl) && !attention_mma_supports(s.D)) continue;
+        int reps = attention_is_mma(impl) ? 20 : 3;
         float fwd = time_ms([&] { attention_forward(p.d_out, p.d_lse, nullptr, nullptr, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0, impl); }, reps);
         float fwd_stats = time_ms([&] {
             attention_forward(p.d_out, p.d_lse, p.d_stats, p.d_doc_bits, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0, impl);
@@ -353,9 +356,9 @@ int main(int argc, char** argv) {
         printf("\n%s\n", shape_name(s).c_str());
         Problem p = make_problem(s, seed++);
         CpuForward ref = cpu_forward_reference(p);
-        for (AttentionImpl impl : {ATTENTION_SIMPLE, ATTENTION_MMA}) {
-            if (impl == ATTENTION_MMA && !attention_mma_supports(s.D)) {
-                printf("(mma does not take D = %d: simple only)\n", s.D);
+        for (AttentionImpl impl : {ATTENTION_SIMPLE, ATTENTION_MMA, ATTENTION_MMA_WIDE}) {
+            if (attention_is_mma(impl) && !attention_mma_supports(s.D)) {
+                if (impl == ATTENTION_MMA) printf("(mma does not take D = %d: simple only)\n", s.D);
                 continue;
             }
             validate(p, ref, impl);

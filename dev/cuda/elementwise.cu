@@ -49,13 +49,29 @@ static void check_swiglu(int N, int F) {
     bf16 *d_fc13 = upload_bf16(fc13), *d_dswi = upload_bf16(dswi), *d_swi, *d_dfc13;
     cudaCheck(cudaMalloc(&d_swi, swi.size() * sizeof(bf16)));
     cudaCheck(cudaMalloc(&d_dfc13, dfc13.size() * sizeof(bf16)));
-    swiglu_forward(d_swi, d_fc13, N, F, 0);
-    swiglu_backward(d_dfc13, d_dswi, d_fc13, N, F, 0);
+    swiglu_forward_simple(d_swi, d_fc13, N, F, 0);
+    swiglu_backward_simple(d_dfc13, d_dswi, d_fc13, N, F, 0);
     compare_to_reference("swiglu forward", download_bf16(d_swi, swi.size()), swi);
     compare_to_reference("swiglu backward", download_bf16(d_dfc13, dfc13.size()), dfc13);
-    float fwd = time_ms([&] { swiglu_forward(d_swi, d_fc13, N, F, 0); });
-    float bwd = time_ms([&] { swiglu_backward(d_dfc13, d_dswi, d_fc13, N, F, 0); });
-    printf("   swiglu N%d F%d: forward %.3f ms (%.0f GB/s), backward %.3f ms\n", N, F, fwd, 6.0 * N * F / fwd / 1e6, bwd);
+    float fwd = time_ms([&] { swiglu_forward_simple(d_swi, d_fc13, N, F, 0); });
+    float bwd = time_ms([&] { swiglu_backward_simple(d_dfc13, d_dswi, d_fc13, N, F, 0); });
+    printf("   swiglu N%d F%d: forward %.3f ms (%.0f GB/s), backward %.3f ms (%.0f GB/s)\n", N, F, fwd,
+           6.0 * N * F / fwd / 1e6, bwd, 10.0 * N * F / bwd / 1e6);
+    if (swiglu_vec_supports(F, {d_swi, d_fc13, d_dfc13, d_dswi})) {
+        // The candidate: the same formula per element, so the same bits as the kernels above.
+        std::vector<float> swi_default = download_bf16(d_swi, swi.size()), dfc13_default = download_bf16(d_dfc13, dfc13.size());
+        cudaCheck(cudaMemset(d_swi, 0, swi.size() * sizeof(bf16)));
+        cudaCheck(cudaMemset(d_dfc13, 0, dfc13.size() * sizeof(bf16)));
+        swiglu_forward_vec(d_swi, d_fc13, N, F, 0);
+        swiglu_backward_vec(d_dfc13, d_dswi, d_fc13, N, F, 0);
+        std::vector<float> swi_vec = download_bf16(d_swi, swi.size()), dfc13_vec = download_bf16(d_dfc13, dfc13.size());
+        check_close("swiglu forward, vec: the default's bits", swi_vec.data(), swi_default.data(), swi.size(), 0.0, 0.0);
+        check_close("swiglu backward, vec: the default's bits", dfc13_vec.data(), dfc13_default.data(), dfc13.size(), 0.0, 0.0);
+        float fwd_vec = time_ms([&] { swiglu_forward_vec(d_swi, d_fc13, N, F, 0); });
+        float bwd_vec = time_ms([&] { swiglu_backward_vec(d_dfc13, d_dswi, d_fc13, N, F, 0); });
+        printf("   swiglu vec N%d F%d: forward %.3f ms (%.0f GB/s, %.2fx), backward %.3f ms (%.0f GB/s, %.2fx)\n", N, F,
+               fwd_vec, 6.0 * N * F / fwd_vec / 1e6, fwd / fwd_vec, bwd_vec, 10.0 * N * F / bwd_vec / 1e6, bwd / bwd_vec);
+    }
     for (void* p : {(void*)d_fc13, (void*)d_dswi, (void*)d_swi, (void*)d_dfc13}) cudaCheck(cudaFree(p));
 }
 
@@ -97,6 +113,7 @@ int main() {
     check_classifier(5, 300);
     check_classifier(4096, 8192);
     check_swiglu(3, 40);
+    check_swiglu(3, 44);  // F % 8 != 0: the simple kernels alone
     check_swiglu(8 * 2048, 1536);
     check_embedding(8 * 2048, 512, 8192);
     return test_exit_code();

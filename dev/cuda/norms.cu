@@ -96,21 +96,53 @@ static void check_qk_norm_rope(int B, int T, int H, int Hkv, int qk_norm = QK_NO
     cudaCheck(cudaMalloc(&d_normed, (size_t)N * NH * D * sizeof(float)));
     cudaCheck(cudaMalloc(&d_rstd, (size_t)N * NH * sizeof(float)));
     cudaCheck(cudaMalloc(&d_scratch, (size_t)qk_norm_rope_backward_blocks(N, NH) * 2 * D * sizeof(float)));
-    qk_norm_rope_forward(d_rope, d_normed, d_rstd, d_qkv, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 1e-5f, normalise, 0);
-    qk_norm_rope_backward(d_dqkv, d_dg, d_dg + D, d_scratch, d_dqk, d_qkv, d_rstd, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D,
-                          normalise, 0);
     std::string tag = " B" + std::to_string(B) + " T" + std::to_string(T) + " H" + std::to_string(H) + ":" + std::to_string(Hkv) +
                       " D" + std::to_string(D) + " qk-norm " + kQkNormNames[qk_norm];
-    compare_float32("qk norm forward, before RoPE (float32)" + tag, download(d_normed, normed.size()), normed);
-    compare_to_reference("qk norm forward, after RoPE" + tag, download_bf16(d_rope, rope.size()), rope);
-    compare_float32("qk norm rstd (float32)" + tag, download(d_rstd, rstd.size()), rstd);
-    compare_to_reference("qk norm backward dqkv (values untouched)" + tag, download_bf16(d_dqkv, dqkv.size()), dqkv);
     std::vector<float> dg_cpu(dg_q);
     dg_cpu.insert(dg_cpu.end(), dg_k.begin(), dg_k.end());
-    compare_to_reference("qk norm backward gains" + tag, download(d_dg, 2 * D), dg_cpu);
-    float fwd = time_ms([&] { qk_norm_rope_forward(d_rope, nullptr, d_rstd, d_qkv, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 1e-5f, normalise, 0); });
-    float bwd = time_ms([&] { qk_norm_rope_backward(d_dqkv, d_dg, d_dg + D, d_scratch, d_dqk, d_qkv, d_rstd, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, normalise, 0); });
+    // Runs one implementation's forward and backward from fresh outputs (the forward's poisoned with
+    // NaN, all bits set, so that an element a kernel leaves unwritten fails), compares them with the
+    // CPU backend, and times them (ms forward, ms backward).
+    auto check = [&](const std::string& impl, auto forward, auto backward) {
+        cudaCheck(cudaMemset(d_rope, 0xFF, (size_t)N * NH * D * sizeof(bf16)));
+        cudaCheck(cudaMemset(d_normed, 0xFF, (size_t)N * NH * D * sizeof(float)));
+        cudaCheck(cudaMemset(d_rstd, 0xFF, (size_t)N * NH * sizeof(float)));
+        cudaCheck(cudaMemcpy(d_dqkv, d_qkv, (size_t)N * QKV * sizeof(bf16), cudaMemcpyDeviceToDevice));
+        cudaCheck(cudaMemset(d_dg, 0, 2 * D * sizeof(float)));
+        forward(d_normed);
+        backward();
+        std::string name = impl + tag;
+        compare_float32("qk norm forward, before RoPE (float32)" + name, download(d_normed, normed.size()), normed);
+        compare_to_reference("qk norm forward, after RoPE" + name, download_bf16(d_rope, rope.size()), rope);
+        compare_float32("qk norm rstd (float32)" + name, download(d_rstd, rstd.size()), rstd);
+        compare_to_reference("qk norm backward dqkv (values untouched)" + name, download_bf16(d_dqkv, dqkv.size()), dqkv);
+        compare_to_reference("qk norm backward gains" + name, download(d_dg, 2 * D), dg_cpu);
+        return std::make_pair(time_ms([&] { forward(nullptr); }), time_ms(backward));
+    };
+    auto [fwd, bwd] = check(
+        "",
+        [&](float* normed_out) {
+            qk_norm_rope_forward_simple(d_rope, normed_out, d_rstd, d_qkv, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 1e-5f, normalise, 0);
+        },
+        [&] {
+            qk_norm_rope_backward_simple(d_dqkv, d_dg, d_dg + D, d_scratch, d_dqk, d_qkv, d_rstd, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv,
+                                  D, normalise, 0);
+        });
     printf("   qk norm + rope%s: forward %.3f ms, backward %.3f ms\n", tag.c_str(), fwd, bwd);
+    if (qk_norm_rope_vec_supports(D, {d_rope, d_normed, d_qkv, d_dqkv, d_dqk, d_gq, d_gk, d_cs, d_sn})) {
+        auto [fwd_vec, bwd_vec] = check(
+            ", vec",
+            [&](float* normed_out) {
+                qk_norm_rope_forward_vec(d_rope, normed_out, d_rstd, d_qkv, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 1e-5f,
+                                         normalise, 0);
+            },
+            [&] {
+                qk_norm_rope_backward_vec(d_dqkv, d_dg, d_dg + D, d_scratch, d_dqk, d_qkv, d_rstd, d_gq, d_gk, d_cs, d_sn, N, T,
+                                          H, Hkv, D, normalise, 0);
+            });
+        printf("   qk norm + rope, vec%s: forward %.3f ms (%.2fx), backward %.3f ms (%.2fx)\n", tag.c_str(), fwd_vec,
+               fwd / fwd_vec, bwd_vec, bwd / bwd_vec);
+    }
     for (void* p : {(void*)d_qkv, (void*)d_gq, (void*)d_gk, (void*)d_dqk, (void*)d_rope, (void*)d_normed, (void*)d_dqkv,
                     (void*)d_cs, (void*)d_sn, (void*)d_rstd, (void*)d_dg, (void*)d_scratch})
         cudaCheck(cudaFree(p));
@@ -125,6 +157,9 @@ int main() {
     check_rmsnorm(4 * 512, 1024);  // Qwen3-0.6B's
     check_qk_norm_rope(2, 17, 4, 2);
     check_qk_norm_rope(2, 17, 4, 2, QK_NORM_NONE);
+    check_qk_norm_rope(3, 100, 4, 2);  // 1,800 (token, head) items: a last block of 8 of 256
+    check_qk_norm_rope(2, 17, 4, 2, QK_NORM_GAIN, 16);   // the narrowest and widest heads of the candidate
+    check_qk_norm_rope(2, 17, 4, 2, QK_NORM_GAIN, 256);
     check_qk_norm_rope(8, 2048, 8, 8);
     check_qk_norm_rope(2, 17, 16, 8, QK_NORM_GAIN, 128);  // Qwen3's heads
     check_qk_norm_rope(2, 17, 4, 2, QK_NORM_NONE, 128);   // Llama's
