@@ -6,8 +6,11 @@ read back, and every kind of damage recognised and reported.
 import csv
 import io
 import json
+import lzma
 import os
 import re
+import resource
+import signal
 import struct
 import subprocess
 import sys
@@ -820,6 +823,12 @@ MALFORMED_HEADERS = [  # (what, edit of the header or its text, parts of the one
     ("measurement of a run with an odd id", setter("measurement", value={"checkpoint": "a", "step": 1, "run_id": "x1"}),
      ['measurement.run_id is "x1", not 16 hexadecimal digits']),
     ("records null", setter("records", value=None), ["its record table is malformed: records is null, not a list"]),
+    ("reduced a string", setter("reduced", value="yes"), ['reduced is "yes", not an object']),
+    ("reduced without its bits", setter("reduced", value={"from": "x"}), ["reduced has no 'significant_bits'"]),
+    ("reduced to 99 bits", setter("reduced", value={"from": "x", "significant_bits": 99}),
+     ["reduced.significant_bits is 99, not 2 to 24"]),
+    ("reduced leaving out a number", setter("reduced", value={"from": "x", "significant_bits": 8, "left_out": [1]}),
+     ["reduced.left_out.0 is 1, not a string"]),
     ("record type null", setter("records", 1, value=None), ["records[1] is null, not an object"]),
     ("type id as bool", setter("records", 1, "type", value=True), ["records[1].type is true, not an integer"]),
     ("type id too large", setter("records", 1, "type", value=70000), ["records[1].type is 70000, not a record type"]),
@@ -1024,10 +1033,13 @@ def with_noisy_telemetry(data, seed=0):
 
 def test_round_significant_rounds_to_nearest_even():
     one_ulp = 2.0**-15  # of 16 significant bits at 1
-    x = np.float32([1 + one_ulp / 2, 1 + 1.5 * one_ulp, -(1 + 0.5625 * one_ulp), 3.4028235e38, np.inf, -np.inf, 0.0])
+    x = np.float32([1 + one_ulp / 2, 1 + 1.5 * one_ulp, -(1 + 0.5625 * one_ulp), 2 - 2.0**-20, 3.4028235e38, np.inf,
+                    -np.inf, 0.0, 1e-45, -3e-42])
     got = reader.round_significant(x, 16)
-    expected = np.float32([1, 1 + 2 * one_ulp, -(1 + one_ulp), (2 - 2.0**-15) * 2.0**127, np.inf, -np.inf, 0.0])
-    np.testing.assert_array_equal(got, expected)  # ties to the even neighbour; the largest float cut, not made inf
+    expected = np.float32([1, 1 + 2 * one_ulp, -(1 + one_ulp), 2, (2 - 2.0**-15) * 2.0**127, np.inf, -np.inf, 0.0, 1e-45,
+                           -3e-42])
+    # ties to the even neighbour, a carry into the exponent, the largest float cut (not made inf), subnormals kept
+    np.testing.assert_array_equal(got, expected)
     assert np.isnan(reader.round_significant(np.float32([np.nan]), 8)[0])
     np.testing.assert_array_equal(reader.round_significant(x, 24).view(np.uint32), x.view(np.uint32))
 
@@ -1091,6 +1103,14 @@ def test_reduce_leaves_out_what_a_read_leaves_out(tmp_path, data):
     for name in SCALARS:
         np.testing.assert_array_equal(np.stack(small.scalars(name)), np.stack(full.scalars(name)))
     assert small.notes() == full.notes() and small.record_counts() == full.record_counts()
+    # the copy says what the source's reads left out, and a copy of the copy keeps the original's name
+    (start, count), = full.superseded
+    assert (start, count) == (6, 7)  # steps 6-9, the validation loss of 9, the telemetry of 6 and 9
+    assert small.reduced["left_out"] == full.problems + ["7 records superseded by the resume from step 6"]
+    assert "  left out of the copy: checksum mismatch" in run_cli("info", out).stdout
+    again = tmp_path / "again.attnlog"
+    assert run_cli("reduce", out, "-o", again, "--bits", "12").returncode == 0
+    assert attnlog.open_log(again).reduced == dict(small.reduced, significant_bits=12, left_out=small.reduced["left_out"])
 
 
 def test_reduce_refusals(tmp_path, data):
@@ -1109,8 +1129,46 @@ def test_reduce_refusals(tmp_path, data):
     assert run_cli("reduce", eight, "-o", tmp_path / "fewer.attnlog", "--bits", "6").returncode == 0
 
 
+def test_reduce_leaves_nothing_when_it_cannot_write(tmp_path, data):
+    """A file size limit (as a full disk) stops reduce with one line naming the output, and leaves
+    neither the output nor a staged file behind."""
+    source = saved(tmp_path, with_noisy_telemetry(data))
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+
+    def limited():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
+
+    for name in ("small.attnlog", "small.attnlog.xz"):
+        result = subprocess.run([sys.executable, str(SCRIPT), "reduce", str(source), "-o", str(out_dir / name)],
+                                capture_output=True, text=True, preexec_fn=limited)
+        assert_one_line_error(result, str(out_dir / name), "cannot write", "nothing written")
+    assert list(out_dir.iterdir()) == []
+
+
+def test_xz_streams_padding_and_damage(tmp_path, data):
+    """An xz file of several streams (as `xz` appends them) with stream padding reads as the log they
+    hold together; bytes after the last stream, or damage inside one, are problems, and what comes
+    before them still reads."""
+    cut = frames(data)[12][0]
+    two = lzma.compress(data[:cut], format=lzma.FORMAT_XZ) + bytes(8) + lzma.compress(data[cut:], format=lzma.FORMAT_XZ)
+    log = attnlog.open_log(saved(tmp_path, two, "two.attnlog.xz"))
+    assert log.problems == []
+    check_values(log, range(10))
+    log = attnlog.open_log(saved(tmp_path, two + b"garbage", "tail.attnlog.xz"))
+    assert log.problems == ["7 bytes after the xz stream ignored (no xz stream)"]
+    check_values(log, range(10))
+    damaged = bytearray(lzma.compress(data[:cut], format=lzma.FORMAT_XZ))
+    first = len(damaged)
+    damaged += lzma.compress(data[cut:], format=lzma.FORMAT_XZ)
+    damaged[first + len(damaged[first:]) // 2] ^= 0xFF
+    log = attnlog.open_log(saved(tmp_path, bytes(damaged), "damaged.attnlog.xz"))
+    assert log.problems[0].startswith("damaged xz compression near byte ")
+    assert log.scalars("loss")[0].tolist()[:5] == [0, 1, 2, 3, 4]  # the first stream's steps, at least
+
+
 def test_xz_cut_short_reads_its_intact_part(tmp_path, data):
-    import lzma
     packed = lzma.compress(data, format=lzma.FORMAT_XZ)
     log = attnlog.open_log(saved(tmp_path, packed[:len(packed) * 2 // 3], "cut.attnlog.xz"))
     assert log.problems[0].startswith("the xz file ends early: read the ")

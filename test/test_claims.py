@@ -512,3 +512,33 @@ def test_captions_read_the_numbers_only_when_the_guard_allows(drawn):
     s = summary.summarise(short, [(n, c) for n, (_, c) in out.items()], {}, {"layer": None})
     text = to_markdown(run_blocks(s, [(n, c) for n, (_, c) in out.items()], {}))
     assert "The captions state the numbers only" in text and "semantic convergence" not in text
+
+
+def claim_row(claim_id, outcome, values=(), step=None, why=""):
+    return {"id": claim_id, "claim": f"claim {claim_id}", "at": "step 1000", "step": step, "observed": "",
+            "rule": "within +-10% of 5.3", "values": list(values), "outcome": outcome, "why": why, "quotes": []}
+
+
+def test_claims_over_replicates():
+    """Each claim over three runs: the values of the runs where it was decided, by label; mean, sd and
+    range of the finite ones per measure; reproduces in all, none, or some (mixed) of those runs."""
+    tables = [{"notes": [{"rows": rows}]} for rows in (
+        [claim_row("a", "reproduces", [5.0, 1.0], 1000), claim_row("b", "not reached", why="the log's stats steps are 0-11")],
+        [claim_row("a", "does not reproduce", [8.0, float("nan")], 1000), claim_row("b", "not reached", why="x")],
+        [claim_row("a", "not reached", why="y"), claim_row("b", "not reached", why="z")])]
+    a, b = claims.replicate_claims(tables, ["s1", "s2", "s3"])
+    assert a["values"] == {"s1": [5.0, 1.0], "s2": [8.0, a["values"]["s2"][1]]} and math.isnan(a["values"]["s2"][1])
+    assert a["outcomes"] == {"s1": "reproduces", "s2": "does not reproduce", "s3": "not reached"}
+    assert (a["decided"], a["reproduced"], a["outcome"]) == (2, 1, "mixed")
+    assert a["why"] == "in 1 of 2 runs where it was decided; 1 not reached"
+    assert a["mean"] == [6.5, 1.0] and a["sd"] == [close(math.sqrt(4.5), **SAME_F64), None]
+    assert (a["low"], a["high"], a["steps"]) == ([5.0, 1.0], [8.0, 1.0], [1000])
+    assert (b["outcome"], b["why"], b["decided"], b["values"], b["mean"]) == \
+        ("not reached", "the log's stats steps are 0-11", 0, {}, [])
+    one = claims.replicate_claims(tables[:1], ["s1"])[0]
+    assert (one["outcome"], one["why"], one["sd"]) == ("reproduces", "in 1 of 1 runs", [None, None])
+    text = to_markdown(claims.replicate_claim_blocks([a, b]))
+    assert "| claim a | step 1000; logged step 1000 | s1: 5.00; 1.00, s2: 8.00; nan | 6.50; 1.00 \u00b1 2.12; n/a " \
+           "(5.00; 1.00 to 8.00; 1.00) | within +-10% of 5.3 | **mixed**: in 1 of 2 runs where it was decided; " \
+           "1 not reached |" in text
+    assert "| claim b | step 1000 | none | n/a |" not in text and "| claim b | step 1000 | none |  |" in text

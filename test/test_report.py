@@ -916,6 +916,7 @@ def test_replicates(trained_paths, trained, tmp_path):
     text = (tmp_path / "both" / "report.md").read_text()
     (rep,) = both["comparison"]["replicates"]
     assert rep["runs"] == ["seed 1337", "seed 7"] and rep["seeds"] == ["1337", "7"] and rep["left_out"] == {}
+    assert rep["counted"] == rep["runs"]
     for key, h in rep["hypotheses"].items():
         for j, t in enumerate(h["tests"]):
             effects = [s["hypotheses"][key]["tests"][j]["effect"] for s in summaries]
@@ -943,13 +944,16 @@ def test_replicates(trained_paths, trained, tmp_path):
             continue
         decided_somewhere += 1
         values = np.array([row["values"] for _, row in decided])
+        assert np.isfinite(values).all()
         assert claim["mean"] == close(values.mean(axis=0).tolist(), **LOGGED)
-        assert claim["sd"] == (close(values.std(axis=0, ddof=1).tolist(), **LOGGED) if len(decided) > 1 else [])
+        assert claim["sd"] == (close(values.std(axis=0, ddof=1).tolist(), **LOGGED) if len(decided) > 1
+                               else [None] * values.shape[1])
         reproduced = sum(row["outcome"] == "reproduces" for _, row in decided)
-        assert claim["reproduced"] == reproduced and claim["why"] == f"in {reproduced} of {len(decided)} runs"
+        assert claim["reproduced"] == reproduced and claim["why"].startswith(f"in {reproduced} of {len(decided)} runs")
         assert claim["outcome"] == ("reproduces" if reproduced == len(decided) else
                                     "does not reproduce" if reproduced == 0 else "mixed")
         assert f"| {claim['claim']} |" in text and f"**{claim['outcome']}**: {claim['why']} |" in text
+        assert f"{decided[0][0]}: {decided[0][1]['values'][0]:#.3g}" in text  # each value beside its run's label
     assert decided_somewhere >= 5
     assert "| claim | at | each run | mean \u00b1 sd (range) | reproduces when | over the runs |" in text
 
@@ -1799,6 +1803,7 @@ def test_reduced_log_reports_as_the_full_one(trained_paths, trained, tmp_path):
     assert summary["reduced"] == {"from": "run.attnlog", "significant_bits": 16} and full["reduced"] is None
     for key, h in summary["hypotheses"].items():
         assert h["verdict"] == full["hypotheses"][key]["verdict"]
+        assert len(h["tests"]) == len(full["hypotheses"][key]["tests"])
         for t, f in zip(h["tests"], full["hypotheses"][key]["tests"]):
             assert t["effect"] == pytest.approx(f["effect"], rel=1e-3, abs=1e-4)
     assert ([row["outcome"] for note in summary["claims"]["notes"] for row in note["rows"]]

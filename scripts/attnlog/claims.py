@@ -357,12 +357,13 @@ MIXED = "mixed"  # over replicates: reproduces in some runs and not in others
 
 def replicate_claims(tables, labels):
     """Every claim over replicate runs, from their claim_tables (labels: the runs' names, in the same
-    order): [{"id", "claim", "at", "rule", "steps", "values" {label: [value of each measure]},
-    "outcomes" {label: outcome}, "mean", "sd", "low", "high" (per measure, over the runs where the
-    claim was decided), "reproduced", "decided", "outcome", "why"}], in the order of claims.json. The
-    claim reproduces over the seeds when it does in every run where it was decided (reproduces or
-    not), does not when it does in none, and is mixed otherwise; where it was decided in no run, the
-    first run's outcome and reason stand."""
+    order): [{"id", "claim", "at", "rule", "steps", "values" {label: [value of each measure]} of the
+    runs where it was decided (reproduces or not), "outcomes" {label: outcome} of every run, "mean",
+    "sd", "low", "high" (per measure, over the finite values of those runs; null where there are
+    none, sd where there are fewer than 2), "reproduced", "decided", "outcome", "why"}], in the order
+    the notes cite them. The claim reproduces over the seeds when it does in every run where it was
+    decided, does not when it does in none, and is mixed otherwise; where it was decided in no run,
+    the first run's outcome and reason stand."""
     rows = {}
     for label, table in zip(labels, tables):
         for note in table["notes"]:
@@ -372,23 +373,26 @@ def replicate_claims(tables, labels):
     for claim_id, runs in rows.items():
         first = next(iter(runs.values()))
         decided = {label: row for label, row in runs.items() if row["outcome"] in (REPRODUCES, FAILS)}
-        values = np.array([row["values"] for row in decided.values()] or [[]], np.float64)
         reproduced = sum(row["outcome"] == REPRODUCES for row in decided.values())
         if not decided:
             outcome, why = first["outcome"], first["why"]
         else:
             outcome = REPRODUCES if reproduced == len(decided) else FAILS if reproduced == 0 else MIXED
-            why = f"in {reproduced} of {len(decided)} runs"
-        spread = len(decided) > 1
-        out.append({"id": claim_id, "claim": first["claim"], "at": first["at"], "rule": first["rule"],
-                    "steps": sorted({row["step"] for row in decided.values()}),
-                    "values": {label: row["values"] for label, row in decided.items()},
-                    "outcomes": {label: row["outcome"] for label, row in runs.items()},
-                    "mean": values.mean(axis=0).tolist() if decided else [],
-                    "sd": values.std(axis=0, ddof=1).tolist() if spread else [],
-                    "low": values.min(axis=0).tolist() if decided else [],
-                    "high": values.max(axis=0).tolist() if decided else [],
-                    "reproduced": reproduced, "decided": len(decided), "outcome": outcome, "why": why})
+            rest = Counter(row["outcome"] for row in runs.values() if row["outcome"] not in (REPRODUCES, FAILS))
+            why = f"in {reproduced} of {len(decided)} runs" + (
+                " where it was decided; " + ", ".join(f"{n} {what}" for what, n in rest.items()) if rest else "")
+        spread = {key: [] for key in ("mean", "sd", "low", "high")}
+        for values in zip(*(row["values"] for row in decided.values())):  # one measure over the runs
+            finite = np.array([v for v in values if math.isfinite(v)], np.float64)
+            spread["mean"].append(float(finite.mean()) if len(finite) else None)
+            spread["sd"].append(float(finite.std(ddof=1)) if len(finite) > 1 else None)
+            spread["low"].append(float(finite.min()) if len(finite) else None)
+            spread["high"].append(float(finite.max()) if len(finite) else None)
+        out.append(dict({"id": claim_id, "claim": first["claim"], "at": first["at"], "rule": first["rule"],
+                         "steps": sorted({row["step"] for row in decided.values()}),
+                         "values": {label: row["values"] for label, row in decided.items()},
+                         "outcomes": {label: row["outcome"] for label, row in runs.items()}},
+                        **spread, reproduced=reproduced, decided=len(decided), outcome=outcome, why=why))
     return out
 
 
@@ -419,22 +423,23 @@ def claim_blocks(table):
 
 def replicate_claim_blocks(rows):
     """The report's table of replicate_claims' result."""
-    def measures(row, key):
-        return "; ".join(f"{v:#.3g}" for v in row[key])
+    def measures(values):
+        return "; ".join("n/a" if v is None else f"{v:#.3g}" for v in values)
 
     table = []
     for row in rows:
-        spread = (f"{measures(row, 'mean')} \u00b1 {measures(row, 'sd')} ({measures(row, 'low')} to "
-                  f"{measures(row, 'high')})") if row["sd"] else measures(row, "mean")
-        each = ", ".join(f"{measures({'v': v}, 'v')}" for v in row["values"].values())
+        spread = measures(row["mean"])
+        if any(v is not None for v in row["sd"]):
+            spread += f" \u00b1 {measures(row['sd'])} ({measures(row['low'])} to {measures(row['high'])})"
+        each = ", ".join(f"{label}: {measures(values)}" for label, values in row["values"].items())
         shown = f"**{row['outcome']}**" if row["outcome"] in (REPRODUCES, FAILS, MIXED) else row["outcome"]
         table.append([row["claim"], (row["at"] or "") + (f"; logged step {', '.join(map(str, row['steps']))}"
                                                          if row["steps"] else ""),
                       each or "none", spread, row["rule"], shown + (f": {row['why']}" if row["why"] else "")])
-    return [("p", "The research notes' claims over these runs: each claim's value in every run where it was decided "
-                  "(in the order of the runs above), their mean \u00b1 standard deviation across the runs (range), "
-                  "and in how many runs the claim reproduces: in all of them, it reproduces; in none, it does not; "
-                  "otherwise it is mixed. Several values are the claim's measures, in order."),
+    return [("p", "The research notes' claims over these runs: the claim's value in each run where it was decided, "
+                  "their mean \u00b1 standard deviation across those runs (range; values that are not finite left "
+                  "out), and in how many runs the claim reproduces: in all of them, it reproduces; in none, it "
+                  "does not; otherwise it is mixed. Several values are the claim's measures, in order."),
             ("table", ["claim", "at", "each run", "mean \u00b1 sd (range)", "reproduces when", "over the runs"],
              table)]
 

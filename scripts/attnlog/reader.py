@@ -32,6 +32,7 @@ import os
 import re
 import struct
 import sys
+import tempfile
 import zlib
 from pathlib import Path
 
@@ -170,10 +171,10 @@ def _check_header(header):
     """Raises Malformed when a member of the header that this reader uses is not what the format
     says: config an object of numbers, options an object of strings, created, backend and device
     strings, seed an unsigned 64-bit integer, num_processes a positive integer, train_tokens an
-    integer of at least 0, measurement (a measurement's log) the checkpoint measured. The record
-    table is checked by RecordType."""
+    integer of at least 0, measurement (a measurement's log) the checkpoint measured, reduced (a
+    reduced copy) what it was made from. The record table is checked by RecordType."""
     for key in ("created", "config", "options", "seed", "backend", "device", "num_processes", "train_tokens",
-                "measurement"):
+                "measurement", "reduced"):
         if key in header:
             CHECKS[key](header[key], key)
 
@@ -225,12 +226,14 @@ def _measurement(value, where):
 
 
 def _reduced(value, where):
-    """What `attnlog reduce` made of the log: the file it came from and the significant bits its
-    telemetry was rounded to."""
+    """What `attnlog reduce` made of the log: the file it came from, the significant bits its
+    telemetry was rounded to, and (when there was any) what a read of the source left out."""
     _expect(value, dict, where)
     _member(value, "from", str, where)
     if not 2 <= _member(value, "significant_bits", int, where) <= FLOAT32_BITS:
         raise Malformed(f"{where}.significant_bits is {value['significant_bits']}, not 2 to {FLOAT32_BITS}")
+    if "left_out" in value:
+        _strings(dict(enumerate(_member(value, "left_out", list, where))), f"{where}.left_out")
 
 
 CHECKS = {"format": _string, "version": lambda value, where: _expect(value, int, where), "created": _string,
@@ -285,16 +288,35 @@ class RunLog:
     # -- reading the file ------------------------------------------------------------------------
 
     def _decompressed(self):
-        """The log an xz file holds. A file cut short gives the bytes its intact part holds, the
-        records among them readable as in a log whose writing stopped there (a torn tail at most)."""
-        inflate = lzma.LZMADecompressor(lzma.FORMAT_XZ)
-        try:
-            data = inflate.decompress(self._buf)
-        except lzma.LZMAError as e:
-            raise LogError(f"{self.path}: damaged xz compression ({e}); nothing can be read") from None
-        if not inflate.eof:
-            self.problems.append(f"the xz file ends early: read the {len(data)} bytes of the log its intact "
-                                 "part holds")
+        """The log an xz file holds: its streams one after another, as `xz -d` reads them,
+        decompressed piece by piece, so that damage or a cut keeps what comes before it (the
+        records there read as in a log whose writing stopped at that point: a torn tail at most).
+        Damage, a cut, and bytes after the last stream that are neither stream padding nor another
+        stream are problems; a file that gives not even a preamble cannot be read."""
+        buf, pieces, pos, piece = self._buf, [], 0, 1 << 14
+        while pos < len(buf):
+            inflate, at = lzma.LZMADecompressor(lzma.FORMAT_XZ), pos
+            try:
+                while at < len(buf) and not inflate.eof:
+                    pieces.append(inflate.decompress(buf[at:at + piece]))
+                    at += piece
+            except lzma.LZMAError as e:
+                self.problems.append(f"damaged xz compression near byte {at} of the file ({e}): read the "
+                                     f"{sum(map(len, pieces))} bytes of the log before it")
+                break
+            if not inflate.eof:
+                self.problems.append(f"the xz file ends early: read the {sum(map(len, pieces))} bytes of the log "
+                                     "its intact part holds")
+                break
+            pos = min(at, len(buf)) - len(inflate.unused_data)
+            while pos < len(buf) and buf[pos] == 0:  # stream padding
+                pos += 1
+            if pos < len(buf) and buf[pos:pos + len(XZ_MAGIC)] != XZ_MAGIC:
+                self.problems.append(f"{len(buf) - pos} bytes after the xz stream ignored (no xz stream)")
+                break
+        data = b"".join(pieces)
+        if len(data) < PREAMBLE.size and self.problems:
+            raise LogError(f"{self.path}: {self.problems[-1]}; nothing can be read")
         return data
 
     def _read_header(self):
@@ -941,13 +963,15 @@ def _rows(table, dims):
 def round_significant(values, bits):
     """float32 values rounded to the nearest number of `bits` significant bits, ties to even (the
     rounding of IEEE arithmetic): a relative change of at most 2^-bits. A finite value that would
-    round up past the largest float32 is cut to `bits` bits instead; infinities and NaN stay."""
+    round up past the largest float32 is cut to `bits` bits instead; infinities, NaN and the
+    subnormal numbers (below 2^-126, which hold fewer significant bits) stay as they are."""
     drop = FLOAT32_BITS - bits
     if drop <= 0:
         return values.copy()
     word = values.view(np.uint32).astype(np.uint64)
     kept = (word + (1 << (drop - 1)) - 1 + ((word >> drop) & 1)) >> drop << drop
-    special = (word & 0x7F800000) == 0x7F800000
+    exponent = word & 0x7F800000
+    special = (exponent == 0x7F800000) | (exponent == 0)
     overflow = ~special & ((kept & 0x7F800000) == 0x7F800000)
     kept[overflow] = word[overflow] >> drop << drop
     kept[special] = word[special]
@@ -963,38 +987,64 @@ def frame_record(type_id, step, payload):
 def reduced_log(log, bits):
     """The bytes of a copy of log whose telemetry records hold their float32 fields rounded to `bits`
     significant bits (round_significant), every other record as it was, and whose header says so
-    (its "reduced" member). The copy holds what a read of log sees: damaged bytes and superseded
-    records are left out. Rounded values keep their low bits zero, which compression then takes
-    almost for free: xz makes 1.35 MB of the 1.9 MB log of a d22 run of 1000 steps (statistics every
-    10 steps), 0.82 MB of its copy at 16 bits."""
-    header = dict(log.header, reduced={"from": os.path.basename(log.path), "significant_bits": bits})
+    (its "reduced" member: the original file, the bits, and what reads of the original and of
+    every copy between left out). The
+    copy holds what a read of log sees: damaged bytes and superseded records are left out. Rounded
+    values keep their low bits zero, which compression then takes almost for free: xz makes 1.35 MB
+    of the 1.9 MB log of a d22 run of 1000 steps (statistics every 10 steps), 0.82 MB of its copy at
+    16 bits."""
+    left_out = (log.reduced or {}).get("left_out", []) + log.problems + [
+        f"{count} records superseded by the resume from step {start}" for start, count in log.superseded]
+    source = log.reduced["from"] if log.reduced else os.path.basename(log.path)
+    header = dict(log.header, reduced=dict({"from": source, "significant_bits": bits},
+                                           **({"left_out": left_out} if left_out else {})))
     text = json.dumps(header, ensure_ascii=False).encode("utf-8")
-    out = [PREAMBLE.pack(MAGIC, VERSION, len(text), zlib.crc32(text)), text]
+    records = log.records()
     telemetry = log.record_types.get("telemetry")
-    rounded = [spec for spec in telemetry.fields.values() if spec["dtype"] == "float32"] if telemetry else []
-    for type_id, step, payload in log.records():
-        if telemetry and type_id == telemetry.id:
-            payload = bytearray(payload)
-            for spec in rounded:
-                count = int(np.prod(spec["shape"], dtype=np.int64))
-                place = np.frombuffer(payload, "<f4", count, spec["offset"])
-                payload[spec["offset"]:spec["offset"] + 4 * count] = round_significant(place, bits).tobytes()
-        out.append(frame_record(type_id, step, payload))
-    return b"".join(out)
+    mine = [i for i, (type_id, _, _) in enumerate(records) if telemetry and type_id == telemetry.id]
+    if mine:  # every telemetry payload has the table's length: round each float32 field of all at once
+        payloads = np.frombuffer(b"".join(records[i][2] for i in mine), np.uint8).reshape(len(mine), -1).copy()
+        for spec in telemetry.fields.values():
+            if spec["dtype"] == "float32":
+                columns = slice(spec["offset"], spec["offset"] + 4 * int(np.prod(spec["shape"], dtype=np.int64)))
+                field = np.ascontiguousarray(payloads[:, columns]).view("<f4")
+                payloads[:, columns] = round_significant(field, bits).view(np.uint8)
+        for row, i in enumerate(mine):
+            records[i] = records[i][:2] + (payloads[row].tobytes(),)
+    return b"".join([PREAMBLE.pack(MAGIC, VERSION, len(text), zlib.crc32(text)), text]
+                    + [frame_record(type_id, step, payload) for type_id, step, payload in records])
+
+
+def xz_compressed(data):
+    """data compressed as one xz stream, with a dictionary no larger than the data needs (what a
+    reader must then hold in memory too)."""
+    dictionary = max(1 << 16, min(1 << 26, 1 << max(len(data) - 1, 1).bit_length()))
+    return lzma.compress(data, format=lzma.FORMAT_XZ,
+                         filters=[{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME, "dict_size": dictionary}])
 
 
 def write_new(path, data):
-    """Writes data to a file that must not exist yet (a log is never overwritten), whole or not at all."""
+    """Writes data to a file that must not exist yet (a log is never overwritten), whole or not at
+    all: into a staged file beside it, flushed to the disk, then linked to path, which fails when
+    path exists; the staged file is removed in every case."""
+    if os.path.lexists(path):
+        raise LogError(f"{path}: exists already; a log is never overwritten (choose another name)")
+    fd, staged = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".attnlog-")
     try:
-        with open(path, "xb") as f:
-            try:
-                f.write(data)
-            except BaseException:
-                f.close()
-                os.unlink(path)
-                raise
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staged, 0o666 & ~umask)  # as open() would make it, not mkstemp's 0600
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(staged, path)
     except FileExistsError:
         raise LogError(f"{path}: exists already; a log is never overwritten (choose another name)") from None
+    except OSError as e:
+        raise LogError(f"{path}: cannot write ({e.strerror or e}); nothing written") from None
+    finally:
+        os.unlink(staged)
 
 
 # -- command line ----------------------------------------------------------------------------------
@@ -1011,6 +1061,8 @@ def command_info(log, args):
     if log.reduced:
         print(f"reduced: a copy of {log.reduced['from']} whose telemetry is rounded to "
               f"{log.reduced['significant_bits']} significant bits")
+        for what in log.reduced.get("left_out", []):
+            print(f"  left out of the copy: {what}")
     options = h.get("options") or {}
     print(f"options ({len(options)}):")
     for name, value in options.items():
@@ -1116,10 +1168,10 @@ def command_reduce(log, args):
     if log.reduced and log.reduced["significant_bits"] < args.bits:
         raise LogError(f"{log.path}: already reduced to {log.reduced['significant_bits']} significant bits; "
                        f"--bits {args.bits} would only pretend to more")
+    if os.path.lexists(args.output):
+        raise LogError(f"{args.output}: exists already; a log is never overwritten (choose another name)")
     data = reduced_log(log, args.bits)
-    if args.output.endswith(".xz"):
-        data = lzma.compress(data, format=lzma.FORMAT_XZ, preset=9 | lzma.PRESET_EXTREME)
-    write_new(args.output, data)
+    write_new(args.output, xz_compressed(data) if args.output.endswith(".xz") else data)
     left = f"; left out, as every read does: {'; '.join(log.problems)}" if log.problems else ""
     print(f"{args.output}: {len(data)} bytes, the telemetry of {log.path} at {args.bits} significant bits{left}")
 
@@ -1166,7 +1218,7 @@ def command_line():
 
 
 def significant_bits(text):
-    if not text.isdigit() or not 2 <= int(text) <= FLOAT32_BITS:
+    if not (text.isascii() and text.isdigit()) or not 2 <= int(text) <= FLOAT32_BITS:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 2 to {FLOAT32_BITS}")
     return int(text)
 

@@ -77,9 +77,12 @@ def run_blocks(summary, made, skipped):
                            + (f" ({s['stats_steps']['first']}..{s['stats_steps']['last']})"
                               if s['stats_steps']['count'] else "")) + "."))
     if s["reduced"]:
+        left = s["reduced"].get("left_out", [])
         blocks.append(("p", f"The log is a reduced copy of {code(s['reduced']['from'])} (`attnlog reduce`): its "
                             f"statistics are rounded to {s['reduced']['significant_bits']} significant bits, a "
-                            f"relative change of at most 2^-{s['reduced']['significant_bits']}."))
+                            f"relative change of at most 2^-{s['reduced']['significant_bits']}."
+                            + (" Left out of the copy, as every read of the original leaves them out: "
+                               + "; ".join(left) + "." if left else "")))
     if s["init"]:
         blocks.append(("p", started_text(s["init"])))
     overlap = len({layer for layers in s["groups"].values() for layer in layers}) < 6
