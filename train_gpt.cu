@@ -52,6 +52,43 @@
 #include "llmc/swiglu.cuh"
 #include "llmc/telemetry.cuh"
 
+// --profile 2: the device's time per kind of work. Before each kind of work the model marks its
+// stream (mark(label): an event recorded there), so the time from one mark to the next is what the
+// device spent on that work, or waiting for the host to queue more, which then counts as that
+// work's. The model_wait at the end of each phase marks "idle: the host between phases". An event
+// costs the host a few microseconds and the device nothing it can measure.
+struct KernelClock {
+    bool on = false;
+    std::vector<cudaEvent_t> events;   // a pool, reused every step
+    std::vector<const char*> labels;   // the label of each mark of the step so far
+    std::vector<std::pair<std::string, double>> ms[2];  // summed per label, in the order first seen
+    int steps[2] = {0, 0};
+
+    void mark(const char* label, cudaStream_t s) {
+        if (!on) return;
+        if (labels.size() == events.size()) {
+            events.emplace_back();
+            cudaCheck(cudaEventCreate(&events.back()));
+        }
+        cudaCheck(cudaEventRecord(events[labels.size()], s));
+        labels.push_back(label);
+    }
+    // After the step's work, the stream idle: its marks' times into ms[slot] (slot -1: dropped).
+    void end_step(int slot, cudaStream_t s) {
+        mark("", s);  // the end of the last kind of work
+        cudaCheck(cudaEventSynchronize(events[labels.size() - 1]));
+        for (size_t i = 0; slot >= 0 && i + 1 < labels.size(); i++) {
+            float t;
+            cudaCheck(cudaEventElapsedTime(&t, events[i], events[i + 1]));
+            auto it = std::find_if(ms[slot].begin(), ms[slot].end(), [&](const auto& e) { return e.first == labels[i]; });
+            if (it == ms[slot].end()) ms[slot].push_back({labels[i], t});
+            else it->second += t;
+        }
+        if (slot >= 0) steps[slot]++;
+        labels.clear();
+    }
+};
+
 struct GpuModel : ModelShape {  // and backend.h's ModelShape
     int Vp = 0;  // the vocabulary rounded up to 128, the logits' row stride
     size_t P = 0;
@@ -78,6 +115,7 @@ struct GpuModel : ModelShape {  // and backend.h's ModelShape
     int *tokens, *targets, *buckets;
     double *norm_partial, *grad_sq;
     float* grad_norm;
+    KernelClock clock;  // --profile 2
     ParamSegment* segments;
     int max_segments = 0, num_segments = 0;  // room carved; in use (frozen kinds and other shards have none)
     // On the host: pinned buffers the device copies into, and the host copy of the weights and
@@ -275,6 +313,8 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
     int A = c.attn_dim(), QKV = c.qkv_dim();
     Activations<bf16>& a = g.acts;
     cudaStream_t s = g.stream;
+    auto mark = [&](const char* work) { g.clock.mark(work, s); };  // --profile 2
+    mark("inputs to the device");
     cudaCheck(cudaMemcpyAsync(g.tokens, tokens, N * sizeof(int), cudaMemcpyHostToDevice, s));
     if (targets) cudaCheck(cudaMemcpyAsync(g.targets, targets, N * sizeof(int), cudaMemcpyHostToDevice, s));
     if (tm) {  // the document starts: counted on the host, their bits for the attention kernels
@@ -283,32 +323,46 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
         cudaCheck(cudaMemcpyAsync(g.doc_bits, g.host_doc_bits.data(), g.host_doc_bits.size() * sizeof(uint32_t),
                                   cudaMemcpyHostToDevice, s));
     }
+    mark("embedding");
     embedding_forward(a.emb, g.tokens, gpu_param(g, P_WTE), N, C, s);
     ActivationDims dims = activation_dims(c, B, T, g.Vp);
     for (int l = 0; l < L; l++) {
         Activations<bf16> la = layer_activations(a, dims, l);  // this layer's part of each buffer
         const bf16* x = l == 0 ? a.emb : layer_activations(a, dims, l - 1).res_mlp;
+        mark("RMSNorm forward");
         rmsnorm_forward(la.ln1, la.ln1_rstd, x, gpu_param(g, P_ATTN_NORM, l), N, C, c.norm_eps, s);
+        mark("matrix products of the layers, forward");
         matmul_forward(g.mm, la.qkv, la.ln1, gpu_param(g, P_WQ, l), nullptr, N, C, QKV, s);  // [Wq; Wk; Wv] in one product
+        mark("QK-norm + RoPE forward");
         qk_norm_rope_forward(la.qk_rope, tm ? la.qk_normed : nullptr, la.qk_rstd, la.qkv, gpu_param(g, P_Q_GAIN, l),
                              gpu_param(g, P_K_GAIN, l), g.rope_cos, g.rope_sin, N, T, H, Hkv, D, c.norm_eps,
                              qk_norm_normalises(c.qk_norm), s);
+        mark("attention forward");
         attention_forward(la.atty, la.att_lse, tm ? la.row_stats : nullptr, g.doc_bits, la.qk_rope, la.qkv, B, T, H, Hkv, D, s);
+        mark("statistics");
         if (tm)
             telemetry_layer(g.stat_sums, g.stats_layout, g.stats_partial, a.keys_f64, g.mm, la.qk_normed, la.row_stats,
                             gpu_param_f32(g, P_Q_GAIN, l), gpu_param_f32(g, P_K_GAIN, l), B, T, c, l, s);
+        mark("matrix products of the layers, forward");
         matmul_forward(g.mm, la.res_attn, la.atty, gpu_param(g, P_WO, l), x, N, A, C, s);  // + residual
+        mark("RMSNorm forward");
         rmsnorm_forward(la.ln2, la.ln2_rstd, la.res_attn, gpu_param(g, P_MLP_NORM, l), N, C, c.norm_eps, s);
+        mark("matrix products of the layers, forward");
         matmul_forward(g.mm, la.fc13, la.ln2, gpu_param(g, P_W1, l), nullptr, N, C, 2 * F, s);  // [W1; W3]
+        mark("SwiGLU forward");
         swiglu_forward(la.swi, la.fc13, N, F, s);
+        mark("matrix products of the layers, forward");
         matmul_forward(g.mm, la.res_mlp, la.swi, gpu_param(g, P_W2, l), la.res_attn, N, F, C, s);  // + residual
     }
+    mark("RMSNorm forward");
     rmsnorm_forward(a.lnf, a.lnf_rstd, layer_activations(a, dims, L - 1).res_mlp, gpu_param(g, P_FINAL_NORM), N, C,
                     c.norm_eps, s);
+    mark("classifier: matrix products and softmax");
     matmul_forward(g.mm, a.logits, a.lnf, gpu_param(g, output_projection(c)), nullptr, N, C, c.vocab_size, s, g.Vp);
     float mean = 0.0f;
     if (targets) {
         classifier(a.logits, a.losses, g.targets, N, c.vocab_size, g.Vp, 0.0f, s);
+        mark("losses to the host");
         cudaCheck(cudaMemcpyAsync(g.losses_host, a.losses, N * sizeof(float), cudaMemcpyDeviceToHost, s));
     }
     cudaCheck(cudaStreamSynchronize(s));
@@ -330,8 +384,11 @@ static void model_backward(GpuModel& g, const int* tokens, const int* targets, f
     Activations<bf16>& a = g.acts;
     ActivationDims dims = activation_dims(c, B, T, g.Vp);
     cudaStream_t s = g.stream;
+    auto mark = [&](const char* work) { g.clock.mark(work, s); };  // --profile 2
+    mark("classifier: matrix products and softmax");
     classifier(a.logits, a.losses, g.targets, N, V, g.Vp, loss_scale / N, s);  // logits -> dlogits
     matmul_backward(g.mm, a.dln, gpu_grad(g, out), a.logits, a.lnf, gpu_param(g, out), N, C, V, s, g.Vp);
+    mark("RMSNorm backward");
     cudaCheck(cudaMemsetAsync(a.dres, 0, (size_t)N * C * sizeof(bf16), s));
     rmsnorm_backward(a.dres, gpu_grad(g, P_FINAL_NORM), g.dgain_scratch, a.dln, layer_activations(a, dims, L - 1).res_mlp,
                      a.lnf_rstd, gpu_param(g, P_FINAL_NORM), N, C, s);
@@ -339,21 +396,31 @@ static void model_backward(GpuModel& g, const int* tokens, const int* targets, f
         Activations<bf16> la = layer_activations(a, dims, l);
         const bf16* x = l == 0 ? a.emb : layer_activations(a, dims, l - 1).res_mlp;
         // MLP block (dres: gradient of the block's output, and, through the residual, of res_attn).
+        mark("matrix products of the layers, backward");
         matmul_backward(g.mm, a.dswi, gpu_grad(g, P_W2, l), a.dres, la.swi, gpu_param(g, P_W2, l), N, F, C, s);
+        mark("SwiGLU backward");
         swiglu_backward(a.dfc13, a.dswi, la.fc13, N, F, s);
+        mark("matrix products of the layers, backward");
         matmul_backward(g.mm, a.dln, gpu_grad(g, P_W1, l), a.dfc13, la.ln2, gpu_param(g, P_W1, l), N, C, 2 * F, s);
+        mark("RMSNorm backward");
         rmsnorm_backward(a.dres, gpu_grad(g, P_MLP_NORM, l), g.dgain_scratch, a.dln, la.res_attn, la.ln2_rstd,
                          gpu_param(g, P_MLP_NORM, l), N, C, s);
         // Attention block.
+        mark("matrix products of the layers, backward");
         matmul_backward(g.mm, a.datty, gpu_grad(g, P_WO, l), a.dres, la.atty, gpu_param(g, P_WO, l), N, A, C, s);
+        mark("attention backward");
         attention_backward(a.dqk, a.dqkv, a.att_delta, a.datty, la.atty, la.att_lse, la.qk_rope, la.qkv, B, T, H, Hkv, D, s);
+        mark("QK-norm + RoPE backward");
         qk_norm_rope_backward(a.dqkv, gpu_grad(g, P_Q_GAIN, l), gpu_grad(g, P_K_GAIN, l), g.dgain_scratch, a.dqk, la.qkv,
                               la.qk_rstd, gpu_param(g, P_Q_GAIN, l), gpu_param(g, P_K_GAIN, l), g.rope_cos, g.rope_sin, N,
                               T, H, Hkv, D, qk_norm_normalises(c.qk_norm), s);
+        mark("matrix products of the layers, backward");
         matmul_backward(g.mm, a.dln, gpu_grad(g, P_WQ, l), a.dqkv, la.ln1, gpu_param(g, P_WQ, l), N, C, QKV, s);
+        mark("RMSNorm backward");
         rmsnorm_backward(a.dres, gpu_grad(g, P_ATTN_NORM, l), g.dgain_scratch, a.dln, x, la.ln1_rstd,
                          gpu_param(g, P_ATTN_NORM, l), N, C, s);
     }
+    mark("embedding backward");
     group_positions_by_token(g.host_buckets, tokens, N, V);
     embedding_backward(gpu_grad(g, P_WTE), a.dres, g.host_buckets, g.buckets, N, C, s);
     // Frozen parameters have no gradient: they stay out of the gradient norm.
@@ -364,13 +431,28 @@ static void model_backward(GpuModel& g, const int* tokens, const int* targets, f
 }
 
 // Returns once the device has finished the work queued so far (timing).
-static void model_wait(GpuModel& g) { cudaCheck(cudaStreamSynchronize(g.stream)); }
+static void model_wait(GpuModel& g) {
+    g.clock.mark("idle: the host between phases", g.stream);
+    cudaCheck(cudaStreamSynchronize(g.stream));
+}
 
-static void model_zero_grad(GpuModel& g) { cudaCheck(cudaMemsetAsync(g.grads, 0, g.P * sizeof(float), g.stream)); }
+// --profile 2: the clock runs from the first call on; each call ends what it timed since the last.
+static void model_profile_step(GpuModel& g, int slot) {
+    if (g.clock.on) g.clock.end_step(slot, g.stream);
+    g.clock.on = true;
+}
+
+static WorkTimes model_profile_times(GpuModel& g, int slot) { return {g.clock.ms[slot], g.clock.steps[slot]}; }
+
+static void model_zero_grad(GpuModel& g) {
+    g.clock.mark("optimiser: gradients zeroed, summed, their norm, AdamW", g.stream);
+    cudaCheck(cudaMemsetAsync(g.grads, 0, g.P * sizeof(float), g.stream));
+}
 
 // The gradients summed over the processes, into each one's shard (one process without NCCL:
 // nothing to do).
 static void model_grad_sync(GpuModel& g) {
+    g.clock.mark("optimiser: gradients zeroed, summed, their norm, AdamW", g.stream);
     if (g.use_nccl) nccl_reduce_scatter(g.nccl, g.grads, g.shard.size, g.dist.rank, g.stream);
 }
 
@@ -399,6 +481,7 @@ static void model_adamw_step(GpuModel& g, const AdamWSettings& o, int t, float g
 // (one process without NCCL: AdamW already wrote it).
 static void model_param_sync(GpuModel& g) {
     if (!g.use_nccl) return;
+    g.clock.mark("parameters gathered (NCCL)", g.stream);
     nccl_all_gather(g.nccl, g.params, g.shard.size, g.dist.rank, g.stream);
     float_to_bf16(g.params_bf16, g.params, (long long)g.P, g.stream);
 }
@@ -703,13 +786,16 @@ static void print_run_summary(const Run& r) {
 }
 
 // --profile: seconds per phase of a step, summed over the steps after the first (which warms
-// up), split by whether the step measured statistics.
+// up), split by whether the step measured statistics; with --profile 2 also the device's time per
+// kind of work, where the backend can time it (the GPU's).
 struct Profile {
     enum Phase { FORWARD, BACKWARD, OPTIMIZER, STEP, NUM_PHASES };
-    bool on = false, counting = false, stats_step = false;
+    bool on = false, kernels = false, counting = false, stats_step = false;
     double sum[2][NUM_PHASES] = {}, steps[2] = {}, mark = 0;
 
-    void begin_step(bool count, bool stats, double now) {
+    template <typename Model>
+    void begin_step(Model& m, bool count, bool stats, double now) {
+        if (kernels) model_profile_step(m, -1);  // work queued between steps (validation, samples) is no step's
         counting = on && count;
         stats_step = stats;
         mark = now;
@@ -723,19 +809,38 @@ struct Profile {
         if (counting) sum[stats_step][p] += now - mark;
         mark = now;
     }
-    void end_step(double seconds) {
+    template <typename Model>
+    void end_step(Model& m, double seconds) {
+        if (kernels) model_profile_step(m, counting ? (int)stats_step : -1);
         if (!counting) return;
         sum[stats_step][STEP] += seconds;
         steps[stats_step]++;
     }
-    void print() const {
+    template <typename Model>
+    void print(Model& m) const {
         for (int k = 0; k < 2; k++) {
             if (!steps[k]) continue;
             double n = steps[k];
+            const char* which = k ? "steps with statistics" : "steps without statistics";
             printf("profile, %s (%.0f steps): forward %.2f ms, backward %.2f ms, optimiser %.2f ms, step %.2f ms\n",
-                   k ? "steps with statistics" : "steps without statistics", n, 1e3 * sum[k][FORWARD] / n,
-                   1e3 * sum[k][BACKWARD] / n, 1e3 * sum[k][OPTIMIZER] / n, 1e3 * sum[k][STEP] / n);
+                   which, n, 1e3 * sum[k][FORWARD] / n, 1e3 * sum[k][BACKWARD] / n, 1e3 * sum[k][OPTIMIZER] / n,
+                   1e3 * sum[k][STEP] / n);
+            if (kernels) print_work(model_profile_times(m, k), which);
         }
+    }
+    // The device's time per kind of work, the largest first, ms per step and share of their sum.
+    static void print_work(WorkTimes w, const char* which) {
+        if (w.ms.empty() || !w.steps) {
+            printf("profile 2: this backend does not time its work by kind (the GPU's does)\n");
+            return;
+        }
+        std::sort(w.ms.begin(), w.ms.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+        double total = 0;
+        for (const auto& e : w.ms) total += e.second;
+        printf("profile, %s, the device's time per step by kind of work (%d steps, CUDA events):\n", which, w.steps);
+        for (const auto& e : w.ms)
+            printf("  %-56s %8.3f ms %5.1f%%\n", e.first.c_str(), e.second / w.steps, 100.0 * e.second / total);
+        printf("  %-56s %8.3f ms\n", "sum", total / w.steps);
     }
 };
 
@@ -948,7 +1053,7 @@ static void checkpoint_after(Model& m, Run& r, RunLog& log, int step, long long 
 template <typename Model>
 static int finish(Model& m, Run& r, RunLog& log, const Profile& prof, const std::string& done) {
     if (r.writes()) runlog_close(log);
-    prof.print();
+    prof.print(m);
     printf("%s\n", done.c_str());
     if (r.on_gpu) printf("peak host memory: %.2f GB\n", peak_resident_bytes() / 1e9);
     else printf("peak memory: %.2f GB (estimated before allocating: %.2f GB)\n", peak_resident_bytes() / 1e9, r.need.total / 1e9);
@@ -978,6 +1083,7 @@ static int train(Model& m, Run& r) {
     Telemetry stats;
     Profile prof;
     prof.on = o.profile;
+    prof.kernels = o.profile == 2;
     // Under mpirun only SIGUSR1 stops gracefully: mpirun sends SIGTERM to every process when it
     // aborts the job (and kills them a second later), which must not read as a request to stop.
     for (int sig : {SIGINT, SIGTERM, SIGUSR1})
@@ -989,7 +1095,7 @@ static int train(Model& m, Run& r) {
         bool last = step == o.steps - 1;
         bool stats_step = o.stats_every > 0 && (step % o.stats_every == 0 || last);
         double t0 = now_seconds();
-        prof.begin_step(step > start_step, stats_step, t0);
+        prof.begin_step(m, step > start_step, stats_step, t0);
         float loss = forward_backward(m, r, &data_position, stats_step ? &stats : nullptr, prof);
         model_grad_sync(m);  // the gradients summed over the processes, each its own shard
         float norm = model_grad_norm(m);
@@ -1001,7 +1107,7 @@ static int train(Model& m, Run& r) {
         if (stats_step) wait_stats(r);  // and the statistics
         prof.end_phase(m, Profile::OPTIMIZER);
         double dt = now_seconds() - t0;
-        prof.end_step(dt);
+        prof.end_step(m, dt);
         step_seconds_avg = step == start_step ? dt : 0.9 * step_seconds_avg + 0.1 * dt;
         float tok_s = (float)(o.total_batch / dt);
         if (r.writes()) {
@@ -1040,16 +1146,17 @@ static int measure(Model& m, Run& r) {
     Telemetry stats;
     Profile prof;
     prof.on = o.profile;
+    prof.kernels = o.profile == 2;
     double start = now_seconds(), batch_seconds_avg = 0, loss_sum = 0;
     int width = (int)std::to_string(o.measure).size();
     for (int step = 0; step < o.measure; step++) {
         double t0 = now_seconds();
-        prof.begin_step(step > 0, true, t0);
+        prof.begin_step(m, step > 0, true, t0);
         float loss = forward_backward(m, r, &data_position, &stats, prof);
         model_wait(m);
         wait_stats(r);
         double dt = now_seconds() - t0;
-        prof.end_step(dt);
+        prof.end_step(m, dt);
         batch_seconds_avg = step == 0 ? dt : 0.9 * batch_seconds_avg + 0.1 * dt;
         loss_sum += loss;
         float tok_s = (float)(o.total_batch / dt);

@@ -6,7 +6,8 @@
 # after the first two, from the run's log, and the final loss), each followed by the same run of
 # train_candidates (the candidate kernels in place of the defaults) when the bundle has it; then, while SPEED_SECONDS (default 150) last, PyTorch's
 # torch.compile recipe of scripts/bench.py at 8 x 2048 with the reports' statistics never and every
-# 10 steps (each compiles first: a minute or more); then the phases of one run (--profile). scripts/bench.py gpu is the full
+# 10 steps (each compiles first: a minute or more); then the phases of one run of each build and the
+# device's time per kind of work in it (--profile 2). scripts/bench.py gpu is the full
 # benchmark; this is its part that fits what is left of a device call.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
@@ -51,5 +52,9 @@ print(f"  PyTorch {torch.__version__} torch.compile 8 x 2048, statistics every {
       ("needs PyTorch >= 2.5 with CUDA" if ms is None else f"{ms:.2f} ms"))' "$every" "$runs/d22_b8_s0_train/run.attnlog" 2>&1 | tail -1
     [ "${PIPESTATUS[0]}" -ne 124 ] || echo "  torch.compile 8 x 2048, statistics every $every: not done within ${left} s"
 done
-timeout 60 "$g/bin/train" "${data[@]}" -m d22 -b 8 -t 2048 -x 30 -s 0 --profile 1 --device cuda -o "$runs/profile" 2>&1 |
-    grep '^profile' | sed 's/^/  /'
+for binary in train train_candidates; do
+    [ "$binary" = train ] || [ -x "$g/bin/$binary" ] || continue
+    echo "  ./$binary, d22 8 x 2048, --profile 2:"
+    timeout 60 "$g/bin/$binary" "${data[@]}" -m d22 -b 8 -t 2048 -x 30 -s 0 --profile 2 --device cuda \
+        -o "$runs/profile_$binary" 2>&1 | sed -n '/^profile/,/^  sum/p' | sed 's/^/  /'
+done

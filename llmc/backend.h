@@ -10,7 +10,10 @@
 // repeats itself bit for bit on the same backend and machine.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 #include "config.h"
 #include "distributed.h"
 #include "memory.h"
@@ -49,6 +52,13 @@ struct HostState {
     float *params, *adam_m, *adam_v;
 };
 
+// --profile 2: the device's time per kind of work (a label and its milliseconds, summed over
+// `steps` steps), from a backend that can time its work; empty from one that cannot.
+struct WorkTimes {
+    std::vector<std::pair<std::string, double>> ms;
+    int steps = 0;
+};
+
 // One AdamW step's settings (the learning rate changes every step).
 struct AdamWSettings {
     float lr, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
@@ -56,7 +66,7 @@ struct AdamWSettings {
 
 // The functions, one line each: the result, the call, and what it must do. In the calls, m is the
 // model (cm when it is const), c a ModelConfig, dist a Dist, opt an AdamWSettings; B, T, row, step
-// and kinds (a mask of parameter kinds) are integers, scale, norm and clip floats, stats and trains bools;
+// kinds (a mask of parameter kinds) and slot are integers, scale, norm and clip floats, stats and trains bools;
 // tokens and targets are B x T token ids, out a float array. BackendCheck below gives each its type.
 #define BACKEND_CONTRACT(X)                                                                                           \
     /* before anything is allocated */                                                                               \
@@ -85,6 +95,9 @@ struct AdamWSettings {
       "AdamW step `step` (from 1) of this process's shard, the gradients clipped to norm clip (0: not)")             \
     X(void, model_param_sync(m), "every process's updated shard to every process")                                \
     X(void, model_wait(m), "return once the work queued so far is done (timing)")                                 \
+    X(void, model_profile_step(m, slot),                                                                             \
+      "--profile 2, before and after a step: add the times per kind of work since the last call into slot 0 or 1, or drop them (-1)") \
+    X(WorkTimes, model_profile_times(m, slot), "--profile 2: the times per kind of work added into a slot")          \
     /* statistics */                                                                                                 \
     X(void, model_stats_begin(m), "clear the sums before a stats step's first forward pass")                        \
     X(double*, model_stats_sums(m), "the sums of the forward passes since, on the host, in stats_layout")           \
@@ -101,7 +114,7 @@ struct BackendCheck {
     static const ModelConfig& c;
     static const Dist& dist;
     static const AdamWSettings& opt;
-    static int B, T, row, step;
+    static int B, T, row, step, slot;
     static uint32_t kinds;
     static const int *tokens, *targets;
     static bool stats, trains;

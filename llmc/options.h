@@ -97,7 +97,7 @@ static constexpr OptSpec kOptions[] = {
     OPT("", "--samples", OPT_INT, samples, "lines of text sampled at the end"),
     OPT("", "--device", OPT_STR, device, "auto (GPU when there is one), cpu or cuda"),
     OPT("", "--threads", OPT_INT, threads, "CPU threads (default: all)"),
-    OPT("", "--profile", OPT_INT, profile, "1: time the phases of each step (forward, backward, optimiser) and print the means at the end"),
+    OPT("", "--profile", OPT_INT, profile, "1: time the phases of each step (forward, backward, optimiser) and print the means at the end; 2: also the device's time per kind of work (the GPU's kernels, from CUDA events)"),
 };
 #undef OPT
 
@@ -304,7 +304,7 @@ inline Options parse_options(int argc, char** argv, std::set<std::string>& given
     need(o.threads >= 0, OPTION_LABEL("--threads"), "must not be negative");
     need(o.shuffle == 0 || o.shuffle == 1, OPTION_LABEL("--shuffle"), "must be 0 or 1");
     need(o.eot >= -1, OPTION_LABEL("--eot"), "must be a token id, or -1 (the tokenizer's BOS)");
-    need(o.profile == 0 || o.profile == 1, OPTION_LABEL("--profile"), "must be 0 or 1");
+    need(o.profile >= 0 && o.profile <= 2, OPTION_LABEL("--profile"), "must be 0, 1 or 2");
     need(o.tied_embeddings == 0 || o.tied_embeddings == 1, OPTION_LABEL("--tied-embeddings"), "must be 0 or 1");
     need(o.allow_changes == 0 || o.allow_changes == 1, OPTION_LABEL("--allow-changes"), "must be 0 or 1");
     need(o.device == "auto" || o.device == "cpu" || o.device == "cuda", OPTION_LABEL("--device"), "must be auto, cpu or cuda");

@@ -311,6 +311,7 @@ def test_unfinished_dataset(data, tmp_path):
     (["--decay", "gains,"], ["--decay", "an empty name is not a parameter kind"]),
     (["--decay", "none,wq"], ["--decay", "'none' is not a parameter kind or a group", "or none alone"]),
     (["--tied-embeddings", "2"], ["--tied-embeddings", "must be 0 or 1"]),
+    (["--profile", "3"], ["--profile", "must be 0, 1 or 2"]),
     (["--d-model", "0"], ["--d-model must be at least 1"]),
     (["--eot", "-2"], ["--eot", "must be a token id, or -1"]),
     (["--eot", "100000"], ["--eot 100000", "not a token of the vocabulary"]),
@@ -319,6 +320,22 @@ def test_impossible_options(data, tmp_path, args, parts):
     out = tmp_path / "out"
     assert_one_line_error(train(data, out, "-x", "2", *args), *parts)
     assert not (out / "run.attnlog").exists()
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_profile_prints_the_phases(data, tmp_path, level):
+    """--profile 1: the mean time of each phase over the steps after the first, which add up to about
+    the step; --profile 2 also the time per kind of work where the backend can time it, which the
+    CPU backend cannot, and says so."""
+    result = train(data, tmp_path / "out", "-x", "3", "-s", "0", "--profile", str(level))
+    assert result.returncode == 0, result.stderr
+    phases = re.search(r"^profile, steps without statistics \(2 steps\): forward ([\d.]+) ms, backward ([\d.]+) ms, "
+                       r"optimiser ([\d.]+) ms, step ([\d.]+) ms$", result.stdout, re.M)
+    assert phases, result.stdout
+    forward, backward, optimiser, step = map(float, phases.groups())
+    assert min(forward, backward, optimiser) > 0 and forward + backward + optimiser <= step * 1.01
+    said = "profile 2: this backend does not time its work by kind (the GPU's does)"
+    assert (said in result.stdout) == (level == 2)
 
 
 def test_missing_and_malformed_shards(data, tmp_path):
