@@ -73,9 +73,16 @@ struct KernelClock {
         cudaCheck(cudaEventRecord(events[labels.size()], s));
         labels.push_back(label);
     }
-    // After the step's work, the stream idle: its marks' times into ms[slot] (slot -1: dropped).
+    void begin_step() {
+        labels.clear();
+        on = true;
+    }
+    // After the step's work: the marks' times into ms[slot] (slot -1: dropped); no more marks until
+    // the next step begins.
     void end_step(int slot, cudaStream_t s) {
+        if (!on) return;
         mark("", s);  // the end of the last kind of work
+        on = false;
         cudaCheck(cudaEventSynchronize(events[labels.size() - 1]));
         for (size_t i = 0; slot >= 0 && i + 1 < labels.size(); i++) {
             float t;
@@ -265,6 +272,8 @@ static void model_free(GpuModel& g) {
     cudaCheck(cudaFreeHost(g.losses_host));
     matmul_free(g.mm);
     nccl_free(g.nccl);
+    for (cudaEvent_t e : g.clock.events) cudaCheck(cudaEventDestroy(e));
+    g.clock = KernelClock();
     cudaCheck(cudaStreamDestroy(g.stream));
     g.memory = nullptr;
     g.losses_host = nullptr;
@@ -339,10 +348,11 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
                              qk_norm_normalises(c.qk_norm), s);
         mark("attention forward");
         attention_forward(la.atty, la.att_lse, tm ? la.row_stats : nullptr, g.doc_bits, la.qk_rope, la.qkv, B, T, H, Hkv, D, s);
-        mark("statistics");
-        if (tm)
+        if (tm) {
+            mark("statistics");
             telemetry_layer(g.stat_sums, g.stats_layout, g.stats_partial, a.keys_f64, g.mm, la.qk_normed, la.row_stats,
                             gpu_param_f32(g, P_Q_GAIN, l), gpu_param_f32(g, P_K_GAIN, l), B, T, c, l, s);
+        }
         mark("matrix products of the layers, forward");
         matmul_forward(g.mm, la.res_attn, la.atty, gpu_param(g, P_WO, l), x, N, A, C, s);  // + residual
         mark("RMSNorm forward");
@@ -357,7 +367,7 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
     mark("RMSNorm forward");
     rmsnorm_forward(a.lnf, a.lnf_rstd, layer_activations(a, dims, L - 1).res_mlp, gpu_param(g, P_FINAL_NORM), N, C,
                     c.norm_eps, s);
-    mark("classifier: matrix products and softmax");
+    mark("classifier forward: matrix product, softmax and loss");
     matmul_forward(g.mm, a.logits, a.lnf, gpu_param(g, output_projection(c)), nullptr, N, C, c.vocab_size, s, g.Vp);
     float mean = 0.0f;
     if (targets) {
@@ -385,7 +395,7 @@ static void model_backward(GpuModel& g, const int* tokens, const int* targets, f
     ActivationDims dims = activation_dims(c, B, T, g.Vp);
     cudaStream_t s = g.stream;
     auto mark = [&](const char* work) { g.clock.mark(work, s); };  // --profile 2
-    mark("classifier: matrix products and softmax");
+    mark("classifier backward: softmax gradient, matrix products");
     classifier(a.logits, a.losses, g.targets, N, V, g.Vp, loss_scale / N, s);  // logits -> dlogits
     matmul_backward(g.mm, a.dln, gpu_grad(g, out), a.logits, a.lnf, gpu_param(g, out), N, C, V, s, g.Vp);
     mark("RMSNorm backward");
@@ -436,17 +446,16 @@ static void model_wait(GpuModel& g) {
     cudaCheck(cudaStreamSynchronize(g.stream));
 }
 
-// --profile 2: the clock runs from the first call on; each call ends what it timed since the last.
-static void model_profile_step(GpuModel& g, int slot) {
-    if (g.clock.on) g.clock.end_step(slot, g.stream);
-    g.clock.on = true;
-}
+// --profile 2: the clock records the marks of a step, from its beginning to its end.
+static void model_profile_begin(GpuModel& g) { g.clock.begin_step(); }
+static void model_profile_end(GpuModel& g, int slot) { g.clock.end_step(slot, g.stream); }
 
 static WorkTimes model_profile_times(GpuModel& g, int slot) { return {g.clock.ms[slot], g.clock.steps[slot]}; }
 
 static void model_zero_grad(GpuModel& g) {
     g.clock.mark("optimiser: gradients zeroed, summed, their norm, AdamW", g.stream);
     cudaCheck(cudaMemsetAsync(g.grads, 0, g.P * sizeof(float), g.stream));
+    g.clock.mark("idle: the host between phases", g.stream);  // it loads the first micro-batch
 }
 
 // The gradients summed over the processes, into each one's shard (one process without NCCL:
@@ -795,7 +804,7 @@ struct Profile {
 
     template <typename Model>
     void begin_step(Model& m, bool count, bool stats, double now) {
-        if (kernels) model_profile_step(m, -1);  // work queued between steps (validation, samples) is no step's
+        if (kernels) model_profile_begin(m);
         counting = on && count;
         stats_step = stats;
         mark = now;
@@ -811,13 +820,14 @@ struct Profile {
     }
     template <typename Model>
     void end_step(Model& m, double seconds) {
-        if (kernels) model_profile_step(m, counting ? (int)stats_step : -1);
+        if (kernels) model_profile_end(m, counting ? (int)stats_step : -1);
         if (!counting) return;
         sum[stats_step][STEP] += seconds;
         steps[stats_step]++;
     }
     template <typename Model>
     void print(Model& m) const {
+        bool untimed = false;
         for (int k = 0; k < 2; k++) {
             if (!steps[k]) continue;
             double n = steps[k];
@@ -825,19 +835,18 @@ struct Profile {
             printf("profile, %s (%.0f steps): forward %.2f ms, backward %.2f ms, optimiser %.2f ms, step %.2f ms\n",
                    which, n, 1e3 * sum[k][FORWARD] / n, 1e3 * sum[k][BACKWARD] / n, 1e3 * sum[k][OPTIMIZER] / n,
                    1e3 * sum[k][STEP] / n);
-            if (kernels) print_work(model_profile_times(m, k), which);
+            WorkTimes w = kernels ? model_profile_times(m, k) : WorkTimes{};
+            if (!w.ms.empty()) print_work(w, which);
+            untimed |= kernels && w.ms.empty();
         }
+        if (untimed) printf("profile 2: this backend does not time its work by kind (the GPU's does)\n");
     }
     // The device's time per kind of work, the largest first, ms per step and share of their sum.
     static void print_work(WorkTimes w, const char* which) {
-        if (w.ms.empty() || !w.steps) {
-            printf("profile 2: this backend does not time its work by kind (the GPU's does)\n");
-            return;
-        }
         std::sort(w.ms.begin(), w.ms.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
         double total = 0;
         for (const auto& e : w.ms) total += e.second;
-        printf("profile, %s, the device's time per step by kind of work (%d steps, CUDA events):\n", which, w.steps);
+        printf("profile, %s, the device's time per step by kind of work (CUDA events):\n", which);
         for (const auto& e : w.ms)
             printf("  %-56s %8.3f ms %5.1f%%\n", e.first.c_str(), e.second / w.steps, 100.0 * e.second / total);
         printf("  %-56s %8.3f ms\n", "sum", total / w.steps);

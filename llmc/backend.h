@@ -95,8 +95,9 @@ struct AdamWSettings {
       "AdamW step `step` (from 1) of this process's shard, the gradients clipped to norm clip (0: not)")             \
     X(void, model_param_sync(m), "every process's updated shard to every process")                                \
     X(void, model_wait(m), "return once the work queued so far is done (timing)")                                 \
-    X(void, model_profile_step(m, slot),                                                                             \
-      "--profile 2, before and after a step: add the times per kind of work since the last call into slot 0 or 1, or drop them (-1)") \
+    X(void, model_profile_begin(m), "--profile 2: a step begins; time its work by kind from now on")                \
+    X(void, model_profile_end(m, slot),                                                                              \
+      "--profile 2: the step's work is done: add its times by kind into slot 0 or 1, or drop them (-1)")            \
     X(WorkTimes, model_profile_times(m, slot), "--profile 2: the times per kind of work added into a slot")          \
     /* statistics */                                                                                                 \
     X(void, model_stats_begin(m), "clear the sums before a stats step's first forward pass")                        \

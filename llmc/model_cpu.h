@@ -653,7 +653,8 @@ inline void model_free(CpuModel& m) { m = CpuModel(); }
 inline void model_upload(CpuModel&) {}
 inline void model_download(CpuModel&) {}
 inline void model_wait(CpuModel&) {}
-inline void model_profile_step(CpuModel&, int) {}  // the CPU's work is not timed by kind
+inline void model_profile_begin(CpuModel&) {}  // the CPU's work is not timed by kind
+inline void model_profile_end(CpuModel&, int) {}
 inline WorkTimes model_profile_times(CpuModel&, int) { return {}; }
 
 inline void model_logits_row(CpuModel& m, int row, float* out) {
