@@ -61,8 +61,7 @@ struct KernelClock {
     bool on = false;
     std::vector<cudaEvent_t> events;   // a pool, reused every step
     std::vector<const char*> labels;   // the label of each mark of the step so far
-    std::vector<std::pair<std::string, double>> ms[2];  // summed per label, in the order first seen
-    int steps[2] = {0, 0};
+    WorkTimes ms[2];  // summed per label, in the order first seen
 
     void mark(const char* label, cudaStream_t s) {
         if (!on) return;
@@ -91,7 +90,6 @@ struct KernelClock {
             if (it == ms[slot].end()) ms[slot].push_back({labels[i], t});
             else it->second += t;
         }
-        if (slot >= 0) steps[slot]++;
         labels.clear();
     }
 };
@@ -450,7 +448,7 @@ static void model_wait(GpuModel& g) {
 static void model_profile_begin(GpuModel& g) { g.clock.begin_step(); }
 static void model_profile_end(GpuModel& g, int slot) { g.clock.end_step(slot, g.stream); }
 
-static WorkTimes model_profile_times(GpuModel& g, int slot) { return {g.clock.ms[slot], g.clock.steps[slot]}; }
+static WorkTimes model_profile_times(GpuModel& g, int slot) { return g.clock.ms[slot]; }
 
 static void model_zero_grad(GpuModel& g) {
     g.clock.mark("optimiser: gradients zeroed, summed, their norm, AdamW", g.stream);
@@ -836,20 +834,20 @@ struct Profile {
                    which, n, 1e3 * sum[k][FORWARD] / n, 1e3 * sum[k][BACKWARD] / n, 1e3 * sum[k][OPTIMIZER] / n,
                    1e3 * sum[k][STEP] / n);
             WorkTimes w = kernels ? model_profile_times(m, k) : WorkTimes{};
-            if (!w.ms.empty()) print_work(w, which);
-            untimed |= kernels && w.ms.empty();
+            if (!w.empty()) print_work(w, which, n);
+            untimed |= kernels && w.empty();
         }
         if (untimed) printf("profile 2: this backend does not time its work by kind (the GPU's does)\n");
     }
     // The device's time per kind of work, the largest first, ms per step and share of their sum.
-    static void print_work(WorkTimes w, const char* which) {
-        std::sort(w.ms.begin(), w.ms.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+    static void print_work(WorkTimes w, const char* which, double steps) {
+        std::sort(w.begin(), w.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
         double total = 0;
-        for (const auto& e : w.ms) total += e.second;
+        for (const auto& e : w) total += e.second;
         printf("profile, %s, the device's time per step by kind of work (CUDA events):\n", which);
-        for (const auto& e : w.ms)
-            printf("  %-56s %8.3f ms %5.1f%%\n", e.first.c_str(), e.second / w.steps, 100.0 * e.second / total);
-        printf("  %-56s %8.3f ms\n", "sum", total / w.steps);
+        for (const auto& e : w)
+            printf("  %-56s %8.3f ms %5.1f%%\n", e.first.c_str(), e.second / steps, 100.0 * e.second / total);
+        printf("  %-56s %8.3f ms\n", "sum", total / steps);
     }
 };
 

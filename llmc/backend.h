@@ -52,12 +52,9 @@ struct HostState {
     float *params, *adam_m, *adam_v;
 };
 
-// --profile 2: the device's time per kind of work (a label and its milliseconds, summed over
-// `steps` steps), from a backend that can time its work; empty from one that cannot.
-struct WorkTimes {
-    std::vector<std::pair<std::string, double>> ms;
-    int steps = 0;
-};
+// --profile 2: the device's time per kind of work, a label and its milliseconds summed over the
+// profiled steps, from a backend that can time its work; empty from one that cannot.
+using WorkTimes = std::vector<std::pair<std::string, double>>;
 
 // One AdamW step's settings (the learning rate changes every step).
 struct AdamWSettings {

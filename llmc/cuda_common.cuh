@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <cstdint>
+#include <initializer_list>
 #include <cstdio>
 #include <cstdlib>
 #include "utils.h"
@@ -31,7 +32,12 @@ inline void cuda_check(cudaError_t err, const char* file, int line) {
 
 inline int ceil_div(long long a, long long b) { return (int)((a + b - 1) / b); }
 
-inline bool aligned_16(const void* p) { return (uintptr_t)p % 16 == 0; }
+// Whether every array starts at a 16-byte boundary (a null one does), as 16-byte loads need.
+inline bool aligned_16(std::initializer_list<const void*> arrays) {
+    for (const void* p : arrays)
+        if ((uintptr_t)p % 16) return false;
+    return true;
+}
 
 // The 8 bf16 of a 16-byte vector (one load or store of a thread at full width) as floats, and back.
 __device__ __forceinline__ void bf16x8_to_float(uint4 v, float* out) {

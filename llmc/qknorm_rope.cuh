@@ -4,7 +4,6 @@
 // On stats steps the forward pass also writes the normalised vectors before RoPE, in float32: the
 // keys at the point the telemetry of telemetry.md measures, without a bf16 rounding.
 #pragma once
-#include <initializer_list>
 #include <type_traits>
 #include "cuda_common.cuh"
 #include "math.h"
@@ -130,9 +129,7 @@ inline void qk_norm_rope_backward_simple(bf16* dqkv, float* dg_q, float* dg_k, f
 // and the arrays 16-byte aligned (qk_norm_rope_vec_supports).
 
 inline bool qk_norm_rope_vec_supports(int D, std::initializer_list<const void*> arrays) {
-    bool ok = D == 16 || D == 32 || D == 64 || D == 128 || D == 256;
-    for (const void* p : arrays) ok &= p == nullptr || aligned_16(p);
-    return ok;
+    return (D == 16 || D == 32 || D == 64 || D == 128 || D == 256) && aligned_16(arrays);
 }
 
 // Sum over the G lanes of a group (G a power of two; the groups are aligned blocks of G lanes).

@@ -160,9 +160,7 @@ __global__ void rmsnorm_backward_vec_kernel(bf16* dx, float* dg_partial, const b
 // Qwen3-0.6B's widths; wider rows would spill the registers that hold a lane's 4 x 8 K values), the
 // bf16 arrays 16-byte aligned (the rows are then too, C * 2 bytes being a multiple of 16).
 inline bool rmsnorm_backward_vec_supports(int C, const void* dx, const void* dy, const void* x, const void* g) {
-    bool aligned = true;
-    for (const void* p : {dx, dy, x, g}) aligned &= aligned_16(p);
-    return aligned && C % 256 == 0 && C / 256 >= 1 && C / 256 <= 4;
+    return aligned_16({dx, dy, x, g}) && C % 256 == 0 && C / 256 >= 1 && C / 256 <= 4;
 }
 
 inline int rmsnorm_backward_vec_blocks(int N) { return ceil_div(N, kNormVecRowsPerBlock); }

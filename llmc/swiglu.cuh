@@ -1,7 +1,6 @@
 // SwiGLU: swi = silu(gate) * up, where each row of fc13 [N, 2F] holds the gate (first F values)
 // and the up projection (last F). Element-wise, with the formulas of math.h.
 #pragma once
-#include <initializer_list>
 #include "cuda_common.cuh"
 #include "math.h"
 
@@ -43,9 +42,7 @@ inline void swiglu_backward_simple(bf16* dfc13, const bf16* dswi, const bf16* fc
 // F % 8 == 0 and 16-byte aligned arrays (swiglu_vec_supports).
 
 inline bool swiglu_vec_supports(int F, std::initializer_list<const void*> arrays) {
-    bool aligned = F % 8 == 0;
-    for (const void* p : arrays) aligned &= aligned_16(p);
-    return aligned;
+    return F % 8 == 0 && aligned_16(arrays);
 }
 
 __global__ void swiglu_forward_vec_kernel(bf16* swi, const bf16* fc13, int N, int F) {

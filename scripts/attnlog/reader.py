@@ -280,7 +280,8 @@ class RunLog:
         # all of one model state. None for a training run's log.
         self.measurement = self.header.get("measurement")
         # A copy made by `attnlog reduce`: {"from": the file it was made from, "significant_bits": the
-        # precision of its telemetry's float32 values}. None for a log as the trainer wrote it.
+        # precision of its telemetry's float32 values, "left_out": what reads of that file left out,
+        # when anything}. None for a log as the trainer wrote it.
         self.reduced = self.header.get("reduced")
         self.record_types = {t.name: t for t in self._record_table(records_start)}
         self._scan(records_start)
@@ -988,8 +989,8 @@ def reduced_log(log, bits):
     """The bytes of a copy of log whose telemetry records hold their float32 fields rounded to `bits`
     significant bits (round_significant), every other record as it was, and whose header says so
     (its "reduced" member: the original file, the bits, and what reads of the original and of
-    every copy between left out). The
-    copy holds what a read of log sees: damaged bytes and superseded records are left out. Rounded
+    every copy between left out). The copy holds what a read of log sees: damaged bytes and
+    superseded records are left out. Rounded
     values keep their low bits zero, which compression then takes almost for free: xz makes 1.35 MB
     of the 1.9 MB log of a d22 run of 1000 steps (statistics every 10 steps), 0.82 MB of its copy at
     16 bits."""
@@ -1023,12 +1024,16 @@ def xz_compressed(data):
                          filters=[{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME, "dict_size": dictionary}])
 
 
+def exists_already(path):
+    return LogError(f"{path}: exists already; a log is never overwritten (choose another name)")
+
+
 def write_new(path, data):
     """Writes data to a file that must not exist yet (a log is never overwritten), whole or not at
     all: into a staged file beside it, flushed to the disk, then linked to path, which fails when
     path exists; the staged file is removed in every case."""
     if os.path.lexists(path):
-        raise LogError(f"{path}: exists already; a log is never overwritten (choose another name)")
+        raise exists_already(path)
     fd, staged = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".attnlog-")
     try:
         umask = os.umask(0)
@@ -1040,7 +1045,7 @@ def write_new(path, data):
             os.fsync(f.fileno())
         os.link(staged, path)
     except FileExistsError:
-        raise LogError(f"{path}: exists already; a log is never overwritten (choose another name)") from None
+        raise exists_already(path) from None
     except OSError as e:
         raise LogError(f"{path}: cannot write ({e.strerror or e}); nothing written") from None
     finally:
@@ -1169,7 +1174,7 @@ def command_reduce(log, args):
         raise LogError(f"{log.path}: already reduced to {log.reduced['significant_bits']} significant bits; "
                        f"--bits {args.bits} would only pretend to more")
     if os.path.lexists(args.output):
-        raise LogError(f"{args.output}: exists already; a log is never overwritten (choose another name)")
+        raise exists_already(args.output)
     data = reduced_log(log, args.bits)
     write_new(args.output, xz_compressed(data) if args.output.endswith(".xz") else data)
     left = f"; left out, as every read does: {'; '.join(log.problems)}" if log.problems else ""
