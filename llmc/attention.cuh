@@ -7,7 +7,8 @@
 //   simple: one warp per row, plain float FMAs, any even D up to 256. Short enough to check line by
 //           line; the fallback for head widths the fast path does not cover.
 //   mma:    64 x 64 tiles of queries and keys through the tensor cores (mma.sync m16n8k16, bf16
-//           operands, float32 accumulators), D = 64.
+//           operands, float32 accumulators), D = 64; mma_wide, the candidate, takes 128 rows a
+//           block on the side each kernel keeps (two blocks of 16 rows a warp).
 // attention_forward / attention_backward pick mma where it applies. Both backward passes are
 // deterministic: each output element is summed by one thread in a fixed order, with no atomics.
 //
@@ -249,8 +250,8 @@ __global__ void __launch_bounds__(128) attention_backward_dq_simple_kernel(bf16*
 }
 
 // ---------------------------------------------------------------------------------------------
-// Tensor-core implementation. A block of 4 warps takes a tile of 64 rows (queries, or keys in the
-// dK/dV kernel), 16 rows per warp, and walks tiles of 64 of the other side through shared memory.
+// Tensor-core implementation. A block of 4 warps takes a tile of 64 MB rows (queries, or keys in the
+// dK/dV kernel), 16 MB rows per warp, and walks tiles of 64 of the other side through shared memory.
 //
 // mma.sync.m16n8k16 (PTX ISA, "Matrix fragments for mma.m16n8k16"), with g = lane / 4 and
 // c = lane % 4; each 32-bit register holds two bf16, the lower column (or row, for B) in the low half:
@@ -268,7 +269,7 @@ __global__ void __launch_bounds__(128) attention_backward_dq_simple_kernel(bf16*
 // fragment register of the layout above.
 
 constexpr int kMmaTile = 64;      // rows per tile, on both sides
-constexpr int kMmaThreads = 128;  // 4 warps x 16 rows
+constexpr int kMmaThreads = 128;  // 4 warps x 16 MB rows
 
 // Shared tiles are [64][D + 8] bf16: the 16 bytes of padding keep rows 16-byte aligned and move
 // each row 4 banks along, so that the 8 rows an ldmatrix phase reads fall in different banks.
@@ -397,16 +398,16 @@ __device__ __forceinline__ void load_row_values_async(float* dst, const float* x
     }
 }
 
-// C (16 x 64, 8 blocks) += A (16 x D, the A fragments of a warp's rows) tile^T, tile 64 x D: a
-// product over the head dimension with the tile's rows as C's columns (S = Q K^T, dP = dO V^T);
-// for MB blocks of 16 rows at once, each B fragment loaded once for all of them (a warp of MB
-// blocks reads shared memory 1/MB as often per product).
-template <int D, int LD, int MB>
-__device__ __forceinline__ void mma_blocks_times_tile_transposed(float (&acc)[MB][kMmaTile / 8][4],
+// C (MB blocks of 16 rows x N) += A tile^T, A the warp's MB blocks of 16 x D as A fragments in
+// registers, tile N x D: a product over the head dimension with the tile's rows as C's columns
+// (S = Q K^T, dP = dO V^T). Each B fragment is loaded once for all MB blocks (a warp of MB blocks
+// reads shared memory 1/MB as often per product).
+template <int D, int LD, int MB, int N>
+__device__ __forceinline__ void mma_blocks_times_tile_transposed(float (&acc)[MB][N / 8][4],
                                                                  const uint32_t (&a)[MB][D / 16][4], const bf16* tile,
                                                                  int lane) {
 #pragma unroll
-    for (int nb = 0; nb < kMmaTile / 8; nb++) {
+    for (int nb = 0; nb < N / 8; nb++) {
 #pragma unroll
         for (int kc = 0; kc < D / 16; kc += 2) {
             uint32_t b[4];
@@ -420,22 +421,42 @@ __device__ __forceinline__ void mma_blocks_times_tile_transposed(float (&acc)[MB
     }
 }
 
-template <int D, int LD>
-__device__ __forceinline__ void mma_rows_times_tile_transposed(float (&acc)[kMmaTile / 8][4], const uint32_t (&a)[D / 16][4],
-                                                               const bf16* tile, int lane) {
-    mma_blocks_times_tile_transposed<D, LD, 1>(reinterpret_cast<float(&)[1][kMmaTile / 8][4]>(acc),
-                                               reinterpret_cast<const uint32_t(&)[1][D / 16][4]>(a), tile, lane);
+// The same product with A read from shared memory, 32 columns at a time, as it is used: MB blocks
+// of 16 rows of a_tile from row a_row0 (S^T = K Q^T, dP^T = V dO^T, whose left operands, the
+// block's keys and values, would not fit in registers beside the dK and dV sums). Each sum takes
+// its terms in the same order as above.
+template <int D, int LD, int MB, int N>
+__device__ __forceinline__ void mma_shared_blocks_times_tile_transposed(float (&acc)[MB][N / 8][4], const bf16* a_tile,
+                                                                        int a_row0, const bf16* tile, int lane) {
+#pragma unroll
+    for (int kc = 0; kc < D / 16; kc += 2) {
+        uint32_t a[MB][2][4];
+#pragma unroll
+        for (int mb = 0; mb < MB; mb++) {
+            load_a_fragment<LD>(a[mb][0], a_tile, a_row0 + 16 * mb, kc * 16, lane);
+            load_a_fragment<LD>(a[mb][1], a_tile, a_row0 + 16 * mb, (kc + 1) * 16, lane);
+        }
+#pragma unroll
+        for (int nb = 0; nb < N / 8; nb++) {
+            uint32_t b[4];
+            load_b_fragments_rows_n<LD>(b, tile, nb * 8, kc * 16, lane);
+#pragma unroll
+            for (int mb = 0; mb < MB; mb++) {
+                mma_bf16_16x8x16(acc[mb][nb], a[mb][0], b[0], b[1]);
+                mma_bf16_16x8x16(acc[mb][nb], a[mb][1], b[2], b[3]);
+            }
+        }
+    }
 }
 
-// C (16 x D) += A (16 x 64, from the accumulators `left` of a product above) tile, tile 64 x D: a
-// product over the tile's rows (O += P V, dQ += dS K, dV += P^T dO, dK += dS^T Q); for MB blocks
-// of 16 rows at once, as above.
-template <int D, int LD, int MB>
-__device__ __forceinline__ void mma_block_scores_times_tile(float (&acc)[MB][D / 8][4],
-                                                            const float (&left)[MB][kMmaTile / 8][4], const bf16* tile,
-                                                            int lane) {
+// C (MB blocks of 16 x D) += A tile, A (16 x K per block) from the accumulators `left` of a
+// product above, tile K x D: a product over the tile's rows (O += P V, dQ += dS K, dV += P^T dO,
+// dK += dS^T Q), each B fragment loaded once for all MB blocks as above.
+template <int D, int LD, int MB, int K>
+__device__ __forceinline__ void mma_block_scores_times_tile(float (&acc)[MB][D / 8][4], const float (&left)[MB][K / 8][4],
+                                                            const bf16* tile, int lane) {
 #pragma unroll
-    for (int kk = 0; kk < kMmaTile / 16; kk++) {
+    for (int kk = 0; kk < K / 16; kk++) {
         uint32_t a[MB][4];
 #pragma unroll
         for (int mb = 0; mb < MB; mb++) accumulators_to_a_fragment(a[mb], left[mb][2 * kk], left[mb][2 * kk + 1]);
@@ -450,13 +471,6 @@ __device__ __forceinline__ void mma_block_scores_times_tile(float (&acc)[MB][D /
             }
         }
     }
-}
-
-template <int D, int LD>
-__device__ __forceinline__ void mma_scores_times_tile(float (&acc)[D / 8][4], const float (&left)[kMmaTile / 8][4],
-                                                      const bf16* tile, int lane) {
-    mma_block_scores_times_tile<D, LD, 1>(reinterpret_cast<float(&)[1][D / 8][4]>(acc),
-                                          reinterpret_cast<const float(&)[1][kMmaTile / 8][4]>(left), tile, lane);
 }
 
 // The document starts among the keys j0 .. j0 + 63 of a tile, bit j - j0 for key j, from the
@@ -626,7 +640,7 @@ __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(bf16
         // (with MB = 2 the last tile for the first half of the query tile's warps).
         if (j0 <= warp_q0 + 16 * MB - 1) {
             float s[MB][kMmaTile / 8][4] = {};  // scores: 16 rows x 64 keys as 16 x 8 blocks, per block of rows
-            mma_blocks_times_tile_transposed<D, LD, MB>(s, q_frag, k_tiles[buffer], lane);
+            mma_blocks_times_tile_transposed<D, LD, MB, kMmaTile>(s, q_frag, k_tiles[buffer], lane);
             // Only the tiles from the query tile's first query on hold keys after a row's query or
             // beyond T: an earlier tile ends before that query, which is < T.
             const bool diagonal = j0 + kMmaTile - 1 >= q0;
@@ -634,7 +648,7 @@ __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(bf16
 #pragma unroll
             for (int mb = 0; mb < MB; mb++)
                 online_softmax_tile<D, WITH_STATS>(rb[mb], s[mb], o[mb], j0, T, diagonal, tile_bits, scale, c);
-            mma_block_scores_times_tile<D, LD, MB>(o, s, v_tiles[buffer], lane);
+            mma_block_scores_times_tile<D, LD, MB, kMmaTile>(o, s, v_tiles[buffer], lane);
         }
         __syncthreads();  // every warp is done with this buffer before the next iteration refills it
     }
@@ -642,58 +656,73 @@ __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(bf16
     for (int mb = 0; mb < MB; mb++) store_row_block<D, WITH_STATS>(out, lse, row_stats, rb[mb], o[mb], b, h, B, T, H, c);
 }
 
-// Shared memory of the dK/dV kernel, in bytes: the block's key and value tiles, two buffers of
-// query and dout tiles, two buffers of lse and Delta values.
-template <int D>
+// Shared memory of the dK/dV kernel, in bytes: the block's MB * 64 keys and values, two buffers
+// of query and dout tiles, two buffers of lse and Delta values.
+template <int D, int MB>
 constexpr int attention_dkdv_mma_smem_bytes() {
-    return 6 * kMmaTile * (D + kMmaTilePad) * (int)sizeof(bf16) + 4 * kMmaTile * (int)sizeof(float);
+    return (2 * MB + 4) * kMmaTile * (D + kMmaTilePad) * (int)sizeof(bf16) + 4 * kMmaTile * (int)sizeof(float);
 }
 
-// Backward, keys and values: block (key tile, key/value head g, b). The block's keys and values
-// stay in shared memory; each warp keeps its 16 x D sums dK, dV in registers and walks, in order,
-// the query heads of the group and, for each, the query tiles from the diagonal one to the last
-// ("steps"; the next step's tiles are copied in while the current ones are in use):
+// Backward, keys and values: block (key tile, key/value head g, b), a key tile of MB * 64 keys:
+// each warp holds MB blocks of 16 keys. The block's keys and values stay in shared memory; each
+// warp keeps its MB x 16 x D sums dK, dV in registers and walks, in order, the query heads of the
+// group and, for each, the 64-query tiles from the one holding the key tile's first key to the last
+// ("steps"; the next step's tiles are copied in while the current ones are in use). A step's
+// queries are taken in chunks of 64 / MB, so that the scores of the warp's MB blocks take the
+// registers of one block of 64:
 //   S^T = K Q^T, P^T = e^(S^T / sqrt(D) - lse) (0 where the query is before the key or beyond T),
 //   dP^T = V dO^T, dS^T = P^T (dP^T - Delta), dV += P^T dO, dK += dS^T Q.
-template <int D>
+// MB = 1 is the default; MB = 2 (each B fragment serves two blocks of keys) the candidate.
+template <int D, int MB>
 __global__ void __launch_bounds__(kMmaThreads) attention_backward_dkdv_mma_kernel(bf16* dqk, bf16* dqkv, const bf16* dout,
                                                                                  const float* lse, const float* delta,
                                                                                  const bf16* qk, const bf16* qkv,
                                                                                  int T, int H, int Hkv) {
     static_assert(D % 32 == 0, "D must be a multiple of 32");
+    static_assert(MB == 1 || MB == 2, "a key tile of 64 or 128");
     constexpr int LD = D + kMmaTilePad, kTileElements = kMmaTile * LD;
-    extern __shared__ __align__(16) unsigned char dkdv_shared[];  // attention_dkdv_mma_smem_bytes<D>()
-    bf16* k_tile = reinterpret_cast<bf16*>(dkdv_shared);
-    bf16* v_tile = k_tile + kTileElements;
-    bf16* q_tiles = v_tile + kTileElements;        // 2 buffers
-    bf16* dout_tiles = q_tiles + 2 * kTileElements;  // 2 buffers
+    constexpr int kKeyTile = MB * kMmaTile, kChunk = kMmaTile / MB;  // keys per block; queries per product
+    extern __shared__ __align__(16) unsigned char dkdv_shared[];  // attention_dkdv_mma_smem_bytes<D, MB>()
+    bf16* k_tile = reinterpret_cast<bf16*>(dkdv_shared);            // kKeyTile rows
+    bf16* v_tile = k_tile + MB * kTileElements;                      // kKeyTile rows
+    bf16* q_tiles = v_tile + MB * kTileElements;                     // 2 buffers
+    bf16* dout_tiles = q_tiles + 2 * kTileElements;                  // 2 buffers
     float* lse_tiles = reinterpret_cast<float*>(dout_tiles + 2 * kTileElements);  // 2 buffers of 64
     float* delta_tiles = lse_tiles + 2 * kMmaTile;                                // 2 buffers of 64
-    const int k_tile_index = blockIdx.x, tiles = gridDim.x;
     const int kv_head = blockIdx.y, b = blockIdx.z, group = H / Hkv;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
     const size_t qk_stride = (size_t)(H + Hkv) * D, qkv_stride = (size_t)(H + 2 * Hkv) * D, out_stride = (size_t)H * D;
     const bf16* keys = qk + (size_t)b * T * qk_stride + (size_t)(H + kv_head) * D;
     const bf16* values = qkv + (size_t)b * T * qkv_stride + (size_t)(H + Hkv + kv_head) * D;
     const float scale = 1.0f / sqrtf((float)D);
+    const int k0 = blockIdx.x * kKeyTile, warp_k0 = k0 + warp * 16 * MB;  // the block's and the warp's first key
 
-    // Step i: query head h_first + i / q_tiles_per_head, query tile k_tile_index + i % q_tiles_per_head.
-    const int q_tiles_per_head = tiles - k_tile_index, steps = group * q_tiles_per_head, h_first = kv_head * group;
+    // Step i: query head h_first + i / q_tiles_per_head, query tile first_q_tile + i % q_tiles_per_head.
+    const int first_q_tile = blockIdx.x * MB, q_tiles_per_head = (T + kMmaTile - 1) / kMmaTile - first_q_tile;
+    const int steps = group * q_tiles_per_head, h_first = kv_head * group;
     auto load_step_async = [&](int step, int buffer) {
-        const int h = h_first + step / q_tiles_per_head, t0 = (k_tile_index + step % q_tiles_per_head) * kMmaTile;
+        const int h = h_first + step / q_tiles_per_head, t0 = (first_q_tile + step % q_tiles_per_head) * kMmaTile;
         load_tile_async<D, LD>(q_tiles + buffer * kTileElements, qk + (size_t)b * T * qk_stride + (size_t)h * D, qk_stride, t0, T);
         load_tile_async<D, LD>(dout_tiles + buffer * kTileElements, dout + (size_t)b * T * out_stride + (size_t)h * D,
                                out_stride, t0, T);
         load_row_values_async(lse_tiles + buffer * kMmaTile, lse + ((size_t)b * H + h) * T, t0, T);
         load_row_values_async(delta_tiles + buffer * kMmaTile, delta + ((size_t)b * H + h) * T, t0, T);
     };
-    load_tile_async<D, LD>(k_tile, keys, qk_stride, k_tile_index * kMmaTile, T);
-    load_tile_async<D, LD>(v_tile, values, qkv_stride, k_tile_index * kMmaTile, T);
+#pragma unroll
+    for (int i = 0; i < MB; i++) {
+        load_tile_async<D, LD>(k_tile + i * kTileElements, keys, qk_stride, k0 + i * kMmaTile, T);
+        load_tile_async<D, LD>(v_tile + i * kTileElements, values, qkv_stride, k0 + i * kMmaTile, T);
+    }
     load_step_async(0, 0);
     cp_async_commit();
 
-    const int j_row[2] = {k_tile_index * kMmaTile + warp * 16 + g, k_tile_index * kMmaTile + warp * 16 + g + 8};
-    float dk[D / 8][4] = {}, dv[D / 8][4] = {};
+    int j_row[MB][2];  // the keys of this lane's two rows in each block
+#pragma unroll
+    for (int mb = 0; mb < MB; mb++) {
+        j_row[mb][0] = warp_k0 + 16 * mb + g;
+        j_row[mb][1] = warp_k0 + 16 * mb + g + 8;
+    }
+    float dk[MB][D / 8][4] = {}, dv[MB][D / 8][4] = {};
     for (int step = 0; step < steps; step++) {
         const int buffer = step % 2;
         if (step + 1 < steps) {  // prefetch the next step's tiles into the other buffer
@@ -704,71 +733,83 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_dkdv_mma_kerne
             cp_async_wait<0>();
         }
         __syncthreads();
-        const int t0 = (k_tile_index + step % q_tiles_per_head) * kMmaTile;
-        const bf16* q_tile = q_tiles + buffer * kTileElements;
-        const bf16* dout_tile = dout_tiles + buffer * kTileElements;
-        const float* lse_tile = lse_tiles + buffer * kMmaTile;
-        const float* delta_tile = delta_tiles + buffer * kMmaTile;
+        const int t0 = (first_q_tile + step % q_tiles_per_head) * kMmaTile;
+#pragma unroll
+        for (int chunk = 0; chunk < MB; chunk++) {
+            const int i0 = chunk * kChunk, tc = t0 + i0;  // the chunk's first query: its index in the tile and position
+            // With MB = 2 a chunk can end before the warp's first key: then P is 0 there, nothing to add.
+            if (MB > 1 && tc + kChunk - 1 < warp_k0) continue;
+            const bf16* q_chunk = q_tiles + buffer * kTileElements + i0 * LD;
+            const bf16* dout_chunk = dout_tiles + buffer * kTileElements + i0 * LD;
+            const float* lse_chunk = lse_tiles + buffer * kMmaTile + i0;
+            const float* delta_chunk = delta_tiles + buffer * kMmaTile + i0;
 
-        // S^T, dP^T: 16 keys x 64 queries. The warp's keys and values as A operands, loaded here
-        // so that they hold registers only for their product.
-        float st[kMmaTile / 8][4] = {}, dpt[kMmaTile / 8][4] = {};
-        uint32_t kv_frag[D / 16][4];
+            // S^T, dP^T: MB blocks of 16 keys x kChunk queries.
+            float st[MB][kChunk / 8][4] = {}, dpt[MB][kChunk / 8][4] = {};
+            mma_shared_blocks_times_tile_transposed<D, LD, MB, kChunk>(st, k_tile, warp_k0 - k0, q_chunk, lane);
+            mma_shared_blocks_times_tile_transposed<D, LD, MB, kChunk>(dpt, v_tile, warp_k0 - k0, dout_chunk, lane);
+            // P^T into st, dS^T (still without the 1/sqrt(D)) into dpt. Only a chunk that starts
+            // before the key tile's last key has queries before a key, and only a last, partial
+            // tile has queries beyond T.
+            const bool boundary = tc < k0 + kKeyTile - 1 || tc + kChunk > T;
 #pragma unroll
-        for (int kc = 0; kc < D / 16; kc++) load_a_fragment<LD>(kv_frag[kc], k_tile, warp * 16, kc * 16, lane);
-        mma_rows_times_tile_transposed<D, LD>(st, kv_frag, q_tile, lane);
+            for (int mb = 0; mb < MB; mb++) {
 #pragma unroll
-        for (int kc = 0; kc < D / 16; kc++) load_a_fragment<LD>(kv_frag[kc], v_tile, warp * 16, kc * 16, lane);
-        mma_rows_times_tile_transposed<D, LD>(dpt, kv_frag, dout_tile, lane);
-        // P^T into st, dS^T (still without the 1/sqrt(D)) into dpt. Only the diagonal tile has
-        // queries before a key, and only a last, partial tile has queries beyond T.
-        const bool boundary = t0 == k_tile_index * kMmaTile || t0 + kMmaTile > T;
+                for (int nb = 0; nb < kChunk / 8; nb++) {
 #pragma unroll
-        for (int nb = 0; nb < kMmaTile / 8; nb++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int i = nb * 8 + 2 * c + e % 2, t = t0 + i, r = e / 2;
-                float p = __expf(st[nb][e] * scale - lse_tile[i]);
-                if (boundary && (t < j_row[r] || t >= T)) p = 0.0f;
-                st[nb][e] = p;
-                dpt[nb][e] = p * (dpt[nb][e] - delta_tile[i]);
+                    for (int e = 0; e < 4; e++) {
+                        int i = nb * 8 + 2 * c + e % 2, t = tc + i, r = e / 2;
+                        float p = __expf(st[mb][nb][e] * scale - lse_chunk[i]);
+                        if (boundary && (t < j_row[mb][r] || t >= T)) p = 0.0f;
+                        st[mb][nb][e] = p;
+                        dpt[mb][nb][e] = p * (dpt[mb][nb][e] - delta_chunk[i]);
+                    }
+                }
             }
+            mma_block_scores_times_tile<D, LD, MB, kChunk>(dv, st, dout_chunk, lane);
+            mma_block_scores_times_tile<D, LD, MB, kChunk>(dk, dpt, q_chunk, lane);
         }
-        mma_scores_times_tile<D, LD>(dv, st, dout_tile, lane);
-        mma_scores_times_tile<D, LD>(dk, dpt, q_tile, lane);
         __syncthreads();  // every warp is done with this buffer before the next step refills it
     }
 
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int j = j_row[r];
-        if (j < T) {
-            bf16* dk_row = dqk + ((size_t)b * T + j) * qk_stride + (size_t)(H + kv_head) * D + 2 * c;
-            bf16* dv_row = dqkv + ((size_t)b * T + j) * qkv_stride + (size_t)(H + Hkv + kv_head) * D + 2 * c;
+    for (int mb = 0; mb < MB; mb++) {
 #pragma unroll
-            for (int nd = 0; nd < D / 8; nd++) {
-                *reinterpret_cast<__nv_bfloat162*>(dk_row + nd * 8) =
-                    __floats2bfloat162_rn(dk[nd][2 * r] * scale, dk[nd][2 * r + 1] * scale);
-                *reinterpret_cast<__nv_bfloat162*>(dv_row + nd * 8) = __floats2bfloat162_rn(dv[nd][2 * r], dv[nd][2 * r + 1]);
+        for (int r = 0; r < 2; r++) {
+            const int j = j_row[mb][r];
+            if (j < T) {
+                bf16* dk_row = dqk + ((size_t)b * T + j) * qk_stride + (size_t)(H + kv_head) * D + 2 * c;
+                bf16* dv_row = dqkv + ((size_t)b * T + j) * qkv_stride + (size_t)(H + Hkv + kv_head) * D + 2 * c;
+#pragma unroll
+                for (int nd = 0; nd < D / 8; nd++) {
+                    *reinterpret_cast<__nv_bfloat162*>(dk_row + nd * 8) =
+                        __floats2bfloat162_rn(dk[mb][nd][2 * r] * scale, dk[mb][nd][2 * r + 1] * scale);
+                    *reinterpret_cast<__nv_bfloat162*>(dv_row + nd * 8) =
+                        __floats2bfloat162_rn(dv[mb][nd][2 * r], dv[mb][nd][2 * r + 1]);
+                }
             }
         }
     }
 }
 
-// Backward, queries: block (query tile, h, b), tiles taken last first. Each warp keeps its 16
-// queries and their dout as A fragments and its 16 x D sum dQ in registers, and over key tiles
-// 0 .. the diagonal: S = Q K^T, P = e^(S / sqrt(D) - lse) (0 for future keys and keys beyond T),
-// dP = dO V^T, dS = P (dP - Delta), dQ += dS K. Key/value tiles are double-buffered as in the
-// forward pass.
-template <int D>
+// Backward, queries: block (query tile, h, b), a query tile of MB * 64 queries, tiles taken last
+// first. Each warp keeps its MB blocks of 16 queries and their dout as A fragments and its
+// MB x 16 x D sums dQ in registers, and over key tiles 0 .. the last one its tile's queries see,
+// in chunks of keys (64 with MB = 1; 16 with MB = 2, which leaves the scores few registers beside
+// the fragments, and costs no extra shared-memory reads: only the B operands come from there):
+// S = Q K^T, P = e^(S / sqrt(D) - lse) (0 for future keys and keys beyond T), dP = dO V^T,
+// dS = P (dP - Delta), dQ += dS K. Key/value tiles are double-buffered as in the forward pass.
+// MB = 1 is the default; MB = 2 (each B fragment serves two blocks of queries) the candidate.
+template <int D, int MB>
 __global__ void __launch_bounds__(kMmaThreads) attention_backward_dq_mma_kernel(bf16* dqk, const bf16* dout, const float* lse,
                                                                                const float* delta, const bf16* qk,
                                                                                const bf16* qkv, int T, int H, int Hkv) {
     static_assert(D % 32 == 0, "D must be a multiple of 32");
-    constexpr int LD = D + kMmaTilePad;
+    static_assert(MB == 1 || MB == 2, "a query tile stages in one or both of the key/value buffers");
+    constexpr int LD = D + kMmaTilePad, kQueryTile = MB * kMmaTile, kChunk = MB == 1 ? kMmaTile : 16;
     __shared__ __align__(16) bf16 k_tiles[2][kMmaTile * LD];
     __shared__ __align__(16) bf16 v_tiles[2][kMmaTile * LD];
-    const int q_tile_index = (int)gridDim.x - 1 - (int)blockIdx.x;
+    const int q_tile = (int)gridDim.x - 1 - (int)blockIdx.x;
     const int h = blockIdx.y, b = blockIdx.z, kv_head = h / (H / Hkv);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
     const size_t qk_stride = (size_t)(H + Hkv) * D, qkv_stride = (size_t)(H + 2 * Hkv) * D, out_stride = (size_t)H * D;
@@ -777,70 +818,108 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_dq_mma_kernel(
     const bf16* keys = qk + (size_t)b * T * qk_stride + (size_t)(H + kv_head) * D;
     const bf16* values = qkv + (size_t)b * T * qkv_stride + (size_t)(H + Hkv + kv_head) * D;
     const float scale = 1.0f / sqrtf((float)D);
+    const int q0 = q_tile * kQueryTile, warp_q0 = q0 + warp * 16 * MB;  // the tile's and the warp's first query
+    const int warp_q_last = warp_q0 + 16 * MB - 1;
+    const int last_k_tile = min(q0 + kQueryTile - 1, T - 1) / kMmaTile;
 
-    // Copy groups: the queries and output gradients (through the second buffers, free until the
-    // loop prefetches into them), then key/value tile 0.
-    load_tile_async<D, LD>(k_tiles[1], queries, qk_stride, q_tile_index * kMmaTile, T);
-    load_tile_async<D, LD>(v_tiles[1], douts, out_stride, q_tile_index * kMmaTile, T);
-    cp_async_commit();
-    load_tile_async<D, LD>(k_tiles[0], keys, qk_stride, 0, T);
-    load_tile_async<D, LD>(v_tiles[0], values, qkv_stride, 0, T);
-    cp_async_commit();
-    // The warp's queries and output gradients as A operands.
-    cp_async_wait<1>();
-    __syncthreads();
-    uint32_t q_frag[D / 16][4], dout_frag[D / 16][4];
+    // Copy groups: the queries and output gradients, rows 64 i .. 64 i + 63 of the query tile
+    // through buffers 1 - i (free until the loop fills them); key/value tile 0 at once with
+    // MB = 1, and with MB = 2 once the fragments have been read out of buffer 0.
 #pragma unroll
-    for (int kc = 0; kc < D / 16; kc++) {
-        load_a_fragment<LD>(q_frag[kc], k_tiles[1], warp * 16, kc * 16, lane);
-        load_a_fragment<LD>(dout_frag[kc], v_tiles[1], warp * 16, kc * 16, lane);
+    for (int i = 0; i < MB; i++) {
+        load_tile_async<D, LD>(k_tiles[1 - i], queries, qk_stride, q0 + i * kMmaTile, T);
+        load_tile_async<D, LD>(v_tiles[1 - i], douts, out_stride, q0 + i * kMmaTile, T);
+    }
+    cp_async_commit();
+    if (MB == 1) {
+        load_tile_async<D, LD>(k_tiles[0], keys, qk_stride, 0, T);
+        load_tile_async<D, LD>(v_tiles[0], values, qkv_stride, 0, T);
+        cp_async_commit();
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
     }
     __syncthreads();
-
-    const int t_row[2] = {q_tile_index * kMmaTile + warp * 16 + g, q_tile_index * kMmaTile + warp * 16 + g + 8};
-    float row_lse[2], row_delta[2];
+    // The warp's queries and output gradients as A operands: block mb is the tile's rows
+    // 16 (MB warp + mb) .. + 15.
+    uint32_t q_frag[MB][D / 16][4], dout_frag[MB][D / 16][4];
+    int t_row[MB][2];  // the positions of this lane's two rows in each block
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        size_t row = ((size_t)b * H + h) * T + t_row[r];
-        row_lse[r] = t_row[r] < T ? lse[row] : 0.0f;
-        row_delta[r] = t_row[r] < T ? delta[row] : 0.0f;
-    }
-    float dq[D / 8][4] = {};
-    for (int k_tile_index = 0; k_tile_index <= q_tile_index; k_tile_index++) {
-        const int j0 = k_tile_index * kMmaTile, buffer = k_tile_index % 2;
-        next_kv_tiles<D, LD>(k_tiles, v_tiles, keys, values, qk_stride, qkv_stride, k_tile_index, q_tile_index, T);
-        const bf16* k_tile = k_tiles[buffer];
-        const bf16* v_tile = v_tiles[buffer];
-
-        float s[kMmaTile / 8][4] = {}, dp[kMmaTile / 8][4] = {};  // S, dP: 16 queries x 64 keys
-        mma_rows_times_tile_transposed<D, LD>(s, q_frag, k_tile, lane);
-        mma_rows_times_tile_transposed<D, LD>(dp, dout_frag, v_tile, lane);
-        // dS (still without the 1/sqrt(D)) in place of the scores. As in the forward pass, only
-        // the diagonal tile has future keys or keys beyond T.
-        const bool diagonal = k_tile_index == q_tile_index;
+    for (int mb = 0; mb < MB; mb++) {
+        const int row = (MB * warp + mb) * 16, buffer = 1 - row / kMmaTile;
 #pragma unroll
-        for (int nb = 0; nb < kMmaTile / 8; nb++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int j = j0 + nb * 8 + 2 * c + e % 2, r = e / 2;
-                float p = __expf(s[nb][e] * scale - row_lse[r]);
-                if (diagonal && (j > t_row[r] || j >= T)) p = 0.0f;
-                s[nb][e] = p * (dp[nb][e] - row_delta[r]);
-            }
+        for (int kc = 0; kc < D / 16; kc++) {
+            load_a_fragment<LD>(q_frag[mb][kc], k_tiles[buffer], row % kMmaTile, kc * 16, lane);
+            load_a_fragment<LD>(dout_frag[mb][kc], v_tiles[buffer], row % kMmaTile, kc * 16, lane);
         }
-        mma_scores_times_tile<D, LD>(dq, s, k_tile, lane);
+        t_row[mb][0] = q0 + row + g;
+        t_row[mb][1] = q0 + row + g + 8;
+    }
+    __syncthreads();
+    if (MB > 1) {
+        load_tile_async<D, LD>(k_tiles[0], keys, qk_stride, 0, T);
+        load_tile_async<D, LD>(v_tiles[0], values, qkv_stride, 0, T);
+        cp_async_commit();
+    }
+
+    float row_lse[MB][2], row_delta[MB][2];
+#pragma unroll
+    for (int mb = 0; mb < MB; mb++) {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            size_t row = ((size_t)b * H + h) * T + t_row[mb][r];
+            row_lse[mb][r] = t_row[mb][r] < T ? lse[row] : 0.0f;
+            row_delta[mb][r] = t_row[mb][r] < T ? delta[row] : 0.0f;
+        }
+    }
+    float dq[MB][D / 8][4] = {};
+    for (int k_tile_index = 0; k_tile_index <= last_k_tile; k_tile_index++) {
+        const int j0 = k_tile_index * kMmaTile, buffer = k_tile_index % 2;
+        next_kv_tiles<D, LD>(k_tiles, v_tiles, keys, values, qk_stride, qkv_stride, k_tile_index, last_k_tile, T);
+#pragma unroll
+        for (int chunk = 0; chunk < kMmaTile / kChunk; chunk++) {
+            const int jc = j0 + chunk * kChunk;  // the chunk's first key
+            // With MB = 2 a chunk can start after the warp's last query: then P is 0 there, nothing to add.
+            if (MB > 1 && jc > warp_q_last) continue;
+            const bf16* k_chunk = k_tiles[buffer] + chunk * kChunk * LD;
+            const bf16* v_chunk = v_tiles[buffer] + chunk * kChunk * LD;
+
+            float s[MB][kChunk / 8][4] = {}, dp[MB][kChunk / 8][4] = {};  // S, dP: MB blocks of 16 queries x kChunk keys
+            mma_blocks_times_tile_transposed<D, LD, MB, kChunk>(s, q_frag, k_chunk, lane);
+            mma_blocks_times_tile_transposed<D, LD, MB, kChunk>(dp, dout_frag, v_chunk, lane);
+            // dS (still without the 1/sqrt(D)) in place of the scores. As in the forward pass, only
+            // a chunk that reaches the query tile's first query has future keys or keys beyond T.
+            const bool diagonal = jc + kChunk - 1 >= q0;
+#pragma unroll
+            for (int mb = 0; mb < MB; mb++) {
+#pragma unroll
+                for (int nb = 0; nb < kChunk / 8; nb++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int j = jc + nb * 8 + 2 * c + e % 2, r = e / 2;
+                        float p = __expf(s[mb][nb][e] * scale - row_lse[mb][r]);
+                        if (diagonal && (j > t_row[mb][r] || j >= T)) p = 0.0f;
+                        s[mb][nb][e] = p * (dp[mb][nb][e] - row_delta[mb][r]);
+                    }
+                }
+            }
+            mma_block_scores_times_tile<D, LD, MB, kChunk>(dq, s, k_chunk, lane);
+        }
         __syncthreads();  // every warp is done with this buffer before the next iteration refills it
     }
 
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int t = t_row[r];
-        if (t < T) {
-            bf16* dq_row = dqk + ((size_t)b * T + t) * qk_stride + (size_t)h * D + 2 * c;
+    for (int mb = 0; mb < MB; mb++) {
 #pragma unroll
-            for (int nd = 0; nd < D / 8; nd++)
-                *reinterpret_cast<__nv_bfloat162*>(dq_row + nd * 8) =
-                    __floats2bfloat162_rn(dq[nd][2 * r] * scale, dq[nd][2 * r + 1] * scale);
+        for (int r = 0; r < 2; r++) {
+            const int t = t_row[mb][r];
+            if (t < T) {
+                bf16* dq_row = dqk + ((size_t)b * T + t) * qk_stride + (size_t)h * D + 2 * c;
+#pragma unroll
+                for (int nd = 0; nd < D / 8; nd++)
+                    *reinterpret_cast<__nv_bfloat162*>(dq_row + nd * 8) =
+                        __floats2bfloat162_rn(dq[mb][nd][2 * r] * scale, dq[mb][nd][2 * r + 1] * scale);
+            }
         }
     }
 }
@@ -853,7 +932,7 @@ enum AttentionImpl {
     ATTENTION_AUTO,      // mma where it applies (D = 64), simple otherwise; mma_wide in kCandidateKernels builds
     ATTENTION_SIMPLE,    // any even D up to 256
     ATTENTION_MMA,       // D = 64 only
-    ATTENTION_MMA_WIDE,  // mma with the forward pass's query tiles of 128 (MB = 2): the candidate
+    ATTENTION_MMA_WIDE,  // mma with tiles of 128 (MB = 2: the forward's and dQ's queries, dK/dV's keys): the candidate
 };
 
 inline bool attention_mma_supports(int D) { return D == 64; }
@@ -925,6 +1004,23 @@ inline void attention_forward_mma(bf16* out, float* lse, float* row_stats, const
     cuda_check_launch();
 }
 
+// The tensor-core backward of D = 64, from Delta (computed first): key tiles of MB * 64 for dK and
+// dV, query tiles of MB * 64 for dQ.
+template <int MB>
+inline void attention_backward_mma(bf16* dqk, bf16* dqkv, const float* delta, const bf16* dout, const float* lse,
+                                   const bf16* qk, const bf16* qkv, int B, int T, int H, int Hkv, cudaStream_t stream) {
+    constexpr int dkdv_smem = attention_dkdv_mma_smem_bytes<64, MB>();  // above the 48 KiB default: opt in
+    cudaCheck(cudaFuncSetAttribute(attention_backward_dkdv_mma_kernel<64, MB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   dkdv_smem));
+    const int tiles = ceil_div(T, MB * kMmaTile);
+    attention_backward_dkdv_mma_kernel<64, MB><<<dim3(tiles, Hkv, B), kMmaThreads, dkdv_smem, stream>>>(
+        dqk, dqkv, dout, lse, delta, qk, qkv, T, H, Hkv);
+    cuda_check_launch();
+    attention_backward_dq_mma_kernel<64, MB><<<dim3(tiles, H, B), kMmaThreads, 0, stream>>>(dqk, dout, lse, delta, qk,
+                                                                                            qkv, T, H, Hkv);
+    cuda_check_launch();
+}
+
 // out, lse (and row_stats when non-null, else no statistics are computed) from qk and qkv; the
 // statistics' document starts from doc_bits (null: none).
 inline void attention_forward(bf16* out, float* lse, float* row_stats, const uint32_t* doc_bits, const bf16* qk,
@@ -953,16 +1049,10 @@ inline void attention_backward(bf16* dqk, bf16* dqkv, float* delta_scratch, cons
     attention_delta_kernel<<<attention_simple_blocks((long long)B * H * T), 128, 0, stream>>>(delta_scratch, dout, out,
                                                                                              B, T, H, D);
     cuda_check_launch();
-    if (attention_is_mma(impl)) {  // the two share the backward kernels
-        constexpr int dkdv_smem = attention_dkdv_mma_smem_bytes<64>();  // above the 48 KiB default: opt in
-        cudaCheck(cudaFuncSetAttribute(attention_backward_dkdv_mma_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       dkdv_smem));
-        attention_backward_dkdv_mma_kernel<64><<<dim3(ceil_div(T, kMmaTile), Hkv, B), kMmaThreads, dkdv_smem, stream>>>(
-            dqk, dqkv, dout, lse, delta_scratch, qk, qkv, T, H, Hkv);
-        cuda_check_launch();
-        attention_backward_dq_mma_kernel<64><<<dim3(ceil_div(T, kMmaTile), H, B), kMmaThreads, 0, stream>>>(
-            dqk, dout, lse, delta_scratch, qk, qkv, T, H, Hkv);
-        cuda_check_launch();
+    if (impl == ATTENTION_MMA) {
+        attention_backward_mma<1>(dqk, dqkv, delta_scratch, dout, lse, qk, qkv, B, T, H, Hkv, stream);
+    } else if (impl == ATTENTION_MMA_WIDE) {
+        attention_backward_mma<2>(dqk, dqkv, delta_scratch, dout, lse, qk, qkv, B, T, H, Hkv, stream);
     } else if (D <= 64) {
         attention_backward_simple<1>(dqk, dqkv, delta_scratch, dout, lse, qk, qkv, B, T, H, Hkv, D, stream);
     } else if (D <= 128) {

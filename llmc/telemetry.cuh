@@ -138,6 +138,31 @@ __global__ void keys_to_f64_kernel(double* keys_f64, const float* qk_normed, int
     }
 }
 
+// Candidate (kCandidateKernels builds use it; a GPU has not timed it): the same copy, a block per
+// 64 rows of one key head (blockIdx.y), its indices in 32-bit arithmetic. The default's four 64-bit
+// divisions per element (a few dozen instructions each) outweigh the copy's memory traffic.
+static const int kF64Rows = 64;
+__global__ void keys_to_f64_rows_kernel(double* keys_f64, const float* qk_normed, int N, int H, int Hkv, int D) {
+    const int h = blockIdx.y, W = D + 1, n0 = blockIdx.x * kF64Rows, rows = min(kF64Rows, N - n0);
+    double* out = keys_f64 + ((size_t)h * N + n0) * W;  // the block's rows, W doubles each, back to back
+    for (int i = threadIdx.x; i < rows * W; i += blockDim.x) {
+        const int r = i / W, col = i % W;
+        out[i] = col < D ? (double)qk_normed[((size_t)(n0 + r) * (H + Hkv) + H + h) * D + col] : 1.0;
+    }
+}
+
+// keys_f64 from the float32 keys in qk_normed: keys_to_f64_kernel, or with `by_rows` (the default in
+// kCandidateKernels builds) the candidate.
+inline void keys_to_f64(double* keys_f64, const float* qk_normed, int N, int H, int Hkv, int D, cudaStream_t s,
+                        bool by_rows = kCandidateKernels) {
+    if (by_rows)
+        keys_to_f64_rows_kernel<<<dim3(ceil_div(N, kF64Rows), Hkv), 256, 0, s>>>(keys_f64, qk_normed, N, H, Hkv, D);
+    else
+        keys_to_f64_kernel<<<std::min(ceil_div((long long)Hkv * N * (D + 1), 256), 4096), 256, 0, s>>>(keys_f64, qk_normed,
+                                                                                                      N, H, Hkv, D);
+    cuda_check_launch();
+}
+
 // The Gram products of the key heads' augmented keys (keys_f64 [Hkv][N][W], W = D + 1) added into
 // gram_sums (Hkv W x W matrices): head h's rows [N][W] seen column-major are a W x N matrix A
 // (leading dimension W), and G += A A^T, one batched float64 product.
@@ -196,29 +221,51 @@ inline void gram_products_split(double* gram_sums, double* partial, const double
     cuda_check_launch();
 }
 
-// The sums of one layer's statistics added into `sums` (device). qk_normed [N, NH, D] (post-norm,
-// pre-RoPE, float32), row_stats from the attention forward pass, g_q and g_k the layer's float
-// gains; partial and keys_f64 are scratch (telemetry_partial_floats, Hkv * N * (D+1) doubles).
-inline void telemetry_layer(double* sums, const TelemetrySums& lay, float* partial, double* keys_f64,
-                            Matmul& mm, const float* qk_normed, const float* row_stats, const float* g_q,
-                            const float* g_k, int B, int T, const ModelConfig& c, int layer, cudaStream_t s) {
-    int N = B * T, H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, NH = H + Hkv, W = D + 1;
-    int chunks = ceil_div(N, kStatRowsPerBlock);
+// The three parts of a layer's statistics (telemetry_layer runs them in this order; dev/cuda/telemetry.cu
+// times each). qk_normed [N, NH, D] is post-norm, pre-RoPE, float32.
+//
+// The per-head records (norms; for keys largest component, participation ratio, unit-vector sums):
+// partial takes the blocks' records.
+inline void head_statistics(double* sums, const TelemetrySums& lay, float* partial, const float* qk_normed, int N,
+                            const ModelConfig& c, int layer, cudaStream_t s) {
+    int H = c.n_head, NH = H + c.n_kv_head, D = c.head_dim, chunks = ceil_div(N, kStatRowsPerBlock);
     if (N > kStatMaxTokens) fail("internal: %d tokens in a micro-batch is more than the statistics take", N);
     size_t smem = (size_t)kStatWarps * head_record_size(D) * sizeof(float);
     head_row_stats_kernel<<<dim3(NH, chunks), kStatWarps * 32, smem, s>>>(partial, qk_normed, N, H, NH, D);
     cuda_check_launch();
     head_stats_finish_kernel<<<NH, 32, 0, s>>>(sums, lay, partial, chunks, H, D, layer);
     cuda_check_launch();
-    attention_stats_finish_kernel<<<H, 256, 0, s>>>(sums, lay, row_stats, B, T, H, layer);
+}
+
+// The attention's row statistics (row_stats from the forward pass) summed per query head.
+inline void attention_statistics(double* sums, const TelemetrySums& lay, const float* row_stats, int B, int T,
+                                 const ModelConfig& c, int layer, cudaStream_t s) {
+    attention_stats_finish_kernel<<<c.n_head, 256, 0, s>>>(sums, lay, row_stats, B, T, c.n_head, layer);
     cuda_check_launch();
-    // Augmented Gram matrices, one per key head, added to.
-    keys_to_f64_kernel<<<std::min(ceil_div((long long)Hkv * N * W, 256), 4096), 256, 0, s>>>(keys_f64, qk_normed, N, H, Hkv, D);
-    cuda_check_launch();
-    if (kCandidateKernels)  // the head statistics' records are summed: their scratch takes the slices' matrices
+}
+
+// The augmented Gram matrices, one per key head, added to; keys_f64 (Hkv * N * (D+1) doubles) and,
+// in kCandidateKernels builds, partial (once head_statistics is done with it) are scratch.
+inline void key_gram(double* sums, const TelemetrySums& lay, float* partial, double* keys_f64, Matmul& mm,
+                     const float* qk_normed, int N, const ModelConfig& c, int layer, cudaStream_t s) {
+    int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, W = D + 1;
+    keys_to_f64(keys_f64, qk_normed, N, H, Hkv, D, s);
+    if (kCandidateKernels)
         gram_products_split(sums + lay.gram(layer, 0), reinterpret_cast<double*>(partial), keys_f64, mm, N, Hkv, W, s);
     else
         gram_products(sums + lay.gram(layer, 0), keys_f64, mm, N, Hkv, W, s);
-    gains_to_sums_kernel<<<1, 128, 0, s>>>(sums, lay, g_q, g_k, D, layer);
+}
+
+// The sums of one layer's statistics added into `sums` (device). qk_normed [N, NH, D] (post-norm,
+// pre-RoPE, float32), row_stats from the attention forward pass, g_q and g_k the layer's float
+// gains; partial and keys_f64 are scratch (telemetry_partial_floats, Hkv * N * (D+1) doubles).
+inline void telemetry_layer(double* sums, const TelemetrySums& lay, float* partial, double* keys_f64,
+                            Matmul& mm, const float* qk_normed, const float* row_stats, const float* g_q,
+                            const float* g_k, int B, int T, const ModelConfig& c, int layer, cudaStream_t s) {
+    int N = B * T;
+    head_statistics(sums, lay, partial, qk_normed, N, c, layer, s);
+    attention_statistics(sums, lay, row_stats, B, T, c, layer, s);
+    key_gram(sums, lay, partial, keys_f64, mm, qk_normed, N, c, layer, s);
+    gains_to_sums_kernel<<<1, 128, 0, s>>>(sums, lay, g_q, g_k, c.head_dim, layer);
     cuda_check_launch();
 }

@@ -2,14 +2,15 @@
 // and times them. Needs a CUDA GPU (sm_80 or newer).
 //
 // For several shapes (GQA and not, T = 1, partial tiles, T = 2048, head widths the simple kernels
-// alone cover) it feeds every implementation (simple, mma, and mma_wide: the candidate forward pass with
-// query tiles of 128) and the CPU the same bf16-rounded random inputs and
+// alone cover) it feeds every implementation (simple, mma, and mma_wide: the candidate kernels with
+// tiles of 128 rows, forward and backward) and the CPU the same bf16-rounded random inputs and
 // compares, per tensor, with |gpu - cpu| <= atol + rtol |cpu| per element (test/testing.h prints the
 // worst element of each) and the relative RMS error of the whole tensor:
 //   forward:  out, lse and the row statistics (the mass on document starts of random ones among them);
 //   backward: dq, dk, dv (the CPU backward gets the out and lse the GPU backward reads, so that
 //             the check sees the backward kernels alone), the untouched query/key part of dqkv,
-//             and the same bits on a second run.
+//             and the same bits on a second run;
+//   mma_wide against mma: the same bits, forward and backward.
 // Then times the forward (with and without statistics) and the backward at T = 2048.
 // Prints PASS/FAIL lines; exit status 1 if any check fails.
 //
@@ -19,6 +20,7 @@
 // Run: ./build/dev_attention [--check-only]   (--check-only skips the timings, e.g. under compute-sanitizer)
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 #include "llmc/model_cpu.h"
 #include "llmc/attention.cuh"
@@ -295,6 +297,41 @@ static void validate(const Problem& p, const CpuForward& ref, AttentionImpl impl
            touched ? std::to_string(touched) + " elements written" : "");
 }
 
+// The candidate against the default on the same inputs, bit for bit: with MB = 2 every sum takes its
+// terms in the order MB = 1 takes them (a chunk it skips is one whose products MB = 1 adds as
+// zeros), so a difference points at a tiling error rather than at rounding. Both backward passes
+// read the default forward pass's out and lse.
+static void check_wide_matches_mma(const Problem& p) {
+    const Shape& s = p.s;
+    const std::string prefix = "mma_wide " + shape_name(s) + " ";
+    auto forward = [&](AttentionImpl impl) {
+        poison(p.d_out, p.out_size);
+        poison(p.d_lse, p.rows);
+        poison(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
+        attention_forward(p.d_out, p.d_lse, p.d_stats, p.d_doc_bits, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0, impl);
+        cudaCheck(cudaDeviceSynchronize());
+        return std::make_tuple(host_copy(p.d_out, p.out_size), host_copy(p.d_lse, p.rows),
+                               host_copy(p.d_stats, ATTN_NUM_ROW_STATS * p.rows));
+    };
+    auto backward = [&](AttentionImpl impl) {
+        poison(p.d_dqk, p.qk_size);
+        poison(p.d_dqkv, p.qkv_size);
+        attention_backward(p.d_dqk, p.d_dqkv, p.d_delta, p.d_dout, p.d_out, p.d_lse, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv,
+                           s.D, 0, impl);
+        cudaCheck(cudaDeviceSynchronize());
+        return std::make_pair(host_copy(p.d_dqk, p.qk_size), host_copy(p.d_dqkv, p.qkv_size));
+    };
+    auto fwd_mma = forward(ATTENTION_MMA);
+    auto bwd_mma = backward(ATTENTION_MMA);
+    auto bwd_wide = backward(ATTENTION_MMA_WIDE);
+    auto fwd_wide = forward(ATTENTION_MMA_WIDE);
+    bool same = same_bits(std::get<0>(fwd_mma), std::get<0>(fwd_wide)) && same_bits(std::get<1>(fwd_mma), std::get<1>(fwd_wide)) &&
+                same_bits(std::get<2>(fwd_mma), std::get<2>(fwd_wide));
+    report(same, prefix + "forward gives mma's bits (out, lse, statistics)", same ? "" : "they differ");
+    same = same_bits(bwd_mma.first, bwd_wide.first) && same_bits(bwd_mma.second, bwd_wide.second);
+    report(same, prefix + "backward gives mma's bits (dq, dk, dv)", same ? "" : "they differ");
+}
+
 
 // Causal attention FLOPs: the forward is two products of T x T x D halved by the mask; the
 // backward is counted as five such products (S and dP recomputed, dV, dK, dQ), its usual count.
@@ -343,6 +380,7 @@ int main(int argc, char** argv) {
         {2, 1, 4, 2, 64, 1.0f},     // a single position
         {2, 17, 8, 2, 64, 1.0f},    // GQA 8:2, one partial tile
         {1, 200, 4, 4, 64, 1.0f},   // H == Hkv, partial last tile
+        {2, 130, 4, 2, 64, 1.0f},   // two rows past a 128-row tile
         {3, 64, 2, 1, 64, 1.0f},    // exactly one tile
         {1, 333, 4, 1, 64, 4.0f},   // all query heads on one key head, sharp attention
         {1, 2048, 8, 8, 64, 1.0f},  // the d22 layer at its full length
@@ -363,6 +401,7 @@ int main(int argc, char** argv) {
             }
             validate(p, ref, impl);
         }
+        if (attention_mma_supports(s.D)) check_wide_matches_mma(p);
         free_problem(p);
     }
 

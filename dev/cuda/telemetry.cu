@@ -1,8 +1,11 @@
 // Checks and times the telemetry kernels (llmc/telemetry.cuh) against the CPU backend's key_sums
 // and query_attention_sums: every statistic of one layer (through telemetry_from_sums) from the
 // same post-norm queries and keys (float32) and the same per-row attention accumulators, the
-// effective ranks and mean share via the float64 Gram matrices, and the same bits on a second run.
+// effective ranks and mean share via the float64 Gram matrices, and the same bits on a second run;
+// the candidates (the Gram products split over the rows, the keys copied to float64 by rows) against
+// the defaults. Times one layer's telemetry, its parts, and each candidate beside its default.
 // Build: make build/dev_telemetry.
+#include <cstring>
 #include "dev/cuda/common.h"
 #include "llmc/model_cpu.h"
 #include "llmc/telemetry.cuh"
@@ -38,6 +41,28 @@ static void check_gram_split(Matmul& mm, const double* d_keys_f64, int N, int Hk
     printf("   gram products%s: default %.3f ms, candidate split %.3f ms (%.2fx)\n", tag.c_str(), ms_default, ms_split,
            ms_default / ms_split);
     for (void* p : {(void*)d_default, (void*)d_split, (void*)d_partial}) cudaCheck(cudaFree(p));
+}
+
+// The candidate copy of the keys into float64 rows (keys_to_f64_rows_kernel) against the default's:
+// the same doubles, bit for bit. Then both times.
+static void check_keys_to_f64(const float* d_qk, int N, int H, int Hkv, int D, const std::string& tag) {
+    size_t n = (size_t)Hkv * N * (D + 1);
+    double *d_default, *d_rows;
+    cudaCheck(cudaMalloc(&d_default, n * sizeof(double)));
+    cudaCheck(cudaMalloc(&d_rows, n * sizeof(double)));
+    cudaCheck(cudaMemset(d_rows, 0xFF, n * sizeof(double)));  // NaN: an element the candidate skips shows
+    auto run_default = [&] { keys_to_f64(d_default, d_qk, N, H, Hkv, D, 0, false); };
+    auto run_rows = [&] { keys_to_f64(d_rows, d_qk, N, H, Hkv, D, 0, true); };
+    run_default();
+    run_rows();
+    std::vector<double> want = download(d_default, n), got = download(d_rows, n);
+    bool same = memcmp(want.data(), got.data(), n * sizeof(double)) == 0;
+    report(same, "keys to float64 by rows: the default's bits" + tag);
+    float ms_default = time_ms(run_default), ms_rows = time_ms(run_rows);
+    printf("   keys to float64%s: default %.3f ms, candidate by rows %.3f ms (%.2fx)\n", tag.c_str(), ms_default, ms_rows,
+           ms_default / ms_rows);
+    cudaCheck(cudaFree(d_default));
+    cudaCheck(cudaFree(d_rows));
 }
 
 static void check_layer(int B, int T, int H, int Hkv, int layer, int D = 64) {
@@ -117,6 +142,11 @@ static void check_layer(int B, int T, int H, int Hkv, int layer, int D = 64) {
     telemetry_from_sums(got, host.data(), lay, c);
     printf("   telemetry of one layer%s: %.3f ms on the GPU, %.3f ms for all layers' statistics on the host\n", tag.c_str(),
            ms, (omp_get_wtime() - t0) * 1e3);
+    printf("   its parts: head statistics %.3f ms, attention statistics %.3f ms, key Gram matrices %.3f ms\n",
+           time_ms([&] { head_statistics(d_sums, lay, d_partial, d_qk, N, c, layer, 0); }),
+           time_ms([&] { attention_statistics(d_sums, lay, d_rows, B, T, c, layer, 0); }),
+           time_ms([&] { key_gram(d_sums, lay, d_partial, d_keys_f64, mm, d_qk, N, c, layer, 0); }));
+    check_keys_to_f64(d_qk, N, H, Hkv, D, tag);
     check_gram_split(mm, d_keys_f64, N, Hkv, D + 1, tag);  // d_keys_f64 holds the last run's keys
     for (void* p : {(void*)d_qk, (void*)d_rows, (void*)d_gq, (void*)d_gk, (void*)d_sums, (void*)d_keys_f64, (void*)d_partial})
         cudaCheck(cudaFree(p));
