@@ -7,9 +7,11 @@
 //   simple: one warp per row, plain float FMAs, any even D up to 256. Short enough to check line by
 //           line; the fallback for head widths the fast path does not cover.
 //   mma:    64 x 64 tiles of queries and keys through the tensor cores (mma.sync m16n8k16, bf16
-//           operands, float32 accumulators), D = 64; mma_wide, the candidate, takes 128 rows a
+//           operands, float32 accumulators), D = 64 or 128; mma_wide (D = 64) takes 128 rows a
 //           block on the side each kernel keeps (two blocks of 16 rows a warp).
-// attention_forward / attention_backward pick mma where it applies. Both backward passes are
+// attention_forward / attention_backward pick what attention_auto says: mma at D = 64, simple
+// otherwise; the candidates (mma_wide at D = 64, mma at D = 128) in kCandidateKernels builds,
+// until a GPU has measured them. Both backward passes are
 // deterministic: each output element is summed by one thread in a fixed order, with no atomics.
 //
 // Layouts, row-major; B batch, T sequence, H query heads, Hkv key/value heads (H % Hkv == 0, query
@@ -360,7 +362,7 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // Starts copying rows row0 .. row0 + 63 of a sequence (row r of D bf16 at src + r * stride) into a
 // shared tile with row pitch LD, zeros for rows at or beyond T. 16-byte copies: src and stride are
-// multiples of 8 elements (D = 64, 16-byte aligned base pointers, checked on the host).
+// multiples of 8 elements (D a multiple of 8, 16-byte aligned base pointers, checked on the host).
 template <int D, int LD>
 __device__ __forceinline__ void load_tile_async(bf16* tile, const bf16* src, size_t stride, int row0, int T) {
     constexpr int kChunks = D / 8;  // 16-byte pieces per row
@@ -369,6 +371,13 @@ __device__ __forceinline__ void load_tile_async(bf16* tile, const bf16* src, siz
         bool valid = row0 + r < T;
         cp_async_16(tile + r * LD + chunk * 8, src + (size_t)(valid ? row0 + r : 0) * stride + chunk * 8, valid);
     }
+}
+
+// The forward and dQ kernels' shared memory, in bytes: two buffers each of key and value tiles
+// (dynamic: above the 48 KiB default for D = 128, whose launches opt in).
+template <int D>
+constexpr int attention_kv_buffers_smem_bytes() {
+    return 4 * kMmaTile * (D + kMmaTilePad) * (int)sizeof(bf16);
 }
 
 // Double buffering over the key/value tiles of a sequence: starts copying tile `index + 1` into
@@ -592,8 +601,9 @@ __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(bf16
     static_assert(D % 32 == 0, "D must be a multiple of 32");
     static_assert(MB == 1 || MB == 2, "a query tile stages in one or two of the shared tiles");
     constexpr int LD = D + kMmaTilePad, kQueryTile = MB * kMmaTile;
-    __shared__ __align__(16) bf16 k_tiles[2][kMmaTile * LD];
-    __shared__ __align__(16) bf16 v_tiles[2][kMmaTile * LD];
+    extern __shared__ __align__(16) unsigned char kv_shared[];  // attention_kv_buffers_smem_bytes<D>()
+    bf16 (*k_tiles)[kMmaTile * LD] = reinterpret_cast<bf16 (*)[kMmaTile * LD]>(kv_shared);  // 2 buffers
+    bf16 (*v_tiles)[kMmaTile * LD] = k_tiles + 2;                                            // 2 buffers
     const int q_tile = (int)gridDim.x - 1 - (int)blockIdx.x;
     const int h = blockIdx.y, b = blockIdx.z, kv_head = h / (H / Hkv);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
@@ -668,8 +678,8 @@ constexpr int attention_dkdv_mma_smem_bytes() {
 // warp keeps its MB x 16 x D sums dK, dV in registers and walks, in order, the query heads of the
 // group and, for each, the 64-query tiles from the one holding the key tile's first key to the last
 // ("steps"; the next step's tiles are copied in while the current ones are in use). A step's
-// queries are taken in chunks of 64 / MB, so that the scores of the warp's MB blocks take the
-// registers of one block of 64:
+// queries are taken in chunks of 64 (D = 64, MB = 1), 32 (MB = 2, or D = 128), so that the scores
+// of the warp's MB blocks take no more registers than one block of 64 at D = 64:
 //   S^T = K Q^T, P^T = e^(S^T / sqrt(D) - lse) (0 where the query is before the key or beyond T),
 //   dP^T = V dO^T, dS^T = P^T (dP^T - Delta), dV += P^T dO, dK += dS^T Q.
 // MB = 1 is the default; MB = 2 (each B fragment serves two blocks of keys) the candidate.
@@ -681,7 +691,10 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_dkdv_mma_kerne
     static_assert(D % 32 == 0, "D must be a multiple of 32");
     static_assert(MB == 1 || MB == 2, "a key tile of 64 or 128");
     constexpr int LD = D + kMmaTilePad, kTileElements = kMmaTile * LD;
-    constexpr int kKeyTile = MB * kMmaTile, kChunk = kMmaTile / MB;  // keys per block; queries per product
+    // Keys per block; queries per product: the scores of a warp's blocks in no more registers than
+    // one 16 x 64 block's at D = 64 (beside dK and dV, which take MB D registers a lane).
+    constexpr int kKeyTile = MB * kMmaTile, kChunk = kMmaTile * 64 / (MB * D);
+    static_assert(kChunk % 16 == 0 && kMmaTile % kChunk == 0, "chunks of whole 16-query steps that fill the tile");
     extern __shared__ __align__(16) unsigned char dkdv_shared[];  // attention_dkdv_mma_smem_bytes<D, MB>()
     bf16* k_tile = reinterpret_cast<bf16*>(dkdv_shared);            // kKeyTile rows
     bf16* v_tile = k_tile + MB * kTileElements;                      // kKeyTile rows
@@ -735,10 +748,11 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_dkdv_mma_kerne
         __syncthreads();
         const int t0 = (first_q_tile + step % q_tiles_per_head) * kMmaTile;
 #pragma unroll
-        for (int chunk = 0; chunk < MB; chunk++) {
+        for (int chunk = 0; chunk < kMmaTile / kChunk; chunk++) {
             const int i0 = chunk * kChunk, tc = t0 + i0;  // the chunk's first query: its index in the tile and position
-            // With MB = 2 a chunk can end before the warp's first key: then P is 0 there, nothing to add.
-            if (MB > 1 && tc + kChunk - 1 < warp_k0) continue;
+            // A chunk narrower than the tile can end before the warp's first key: then P is 0 there,
+            // nothing to add.
+            if (kChunk < kMmaTile && tc + kChunk - 1 < warp_k0) continue;
             const bf16* q_chunk = q_tiles + buffer * kTileElements + i0 * LD;
             const bf16* dout_chunk = dout_tiles + buffer * kTileElements + i0 * LD;
             const float* lse_chunk = lse_tiles + buffer * kMmaTile + i0;
@@ -795,8 +809,8 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_dkdv_mma_kerne
 // Backward, queries: block (query tile, h, b), a query tile of MB * 64 queries, tiles taken last
 // first. Each warp keeps its MB blocks of 16 queries and their dout as A fragments and its
 // MB x 16 x D sums dQ in registers, and over key tiles 0 .. the last one its tile's queries see,
-// in chunks of keys (64 with MB = 1; 16 with MB = 2, which leaves the scores few registers beside
-// the fragments, and costs no extra shared-memory reads: only the B operands come from there):
+// in chunks of keys (64 with MB = 1 and D = 64; else 16, which leaves the scores few registers
+// beside the fragments, and costs no extra shared-memory reads: only the B operands come from there):
 // S = Q K^T, P = e^(S / sqrt(D) - lse) (0 for future keys and keys beyond T), dP = dO V^T,
 // dS = P (dP - Delta), dQ += dS K. Key/value tiles are double-buffered as in the forward pass.
 // MB = 1 is the default; MB = 2 (each B fragment serves two blocks of queries) the candidate.
@@ -806,9 +820,11 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_dq_mma_kernel(
                                                                                const bf16* qkv, int T, int H, int Hkv) {
     static_assert(D % 32 == 0, "D must be a multiple of 32");
     static_assert(MB == 1 || MB == 2, "a query tile stages in one or both of the key/value buffers");
-    constexpr int LD = D + kMmaTilePad, kQueryTile = MB * kMmaTile, kChunk = MB == 1 ? kMmaTile : 16;
-    __shared__ __align__(16) bf16 k_tiles[2][kMmaTile * LD];
-    __shared__ __align__(16) bf16 v_tiles[2][kMmaTile * LD];
+    constexpr int LD = D + kMmaTilePad, kQueryTile = MB * kMmaTile, kChunk = MB == 1 && D == 64 ? kMmaTile : 16;
+    static_assert(D == 64 || D == 128, "the chunks' widths are chosen for these");
+    extern __shared__ __align__(16) unsigned char kv_shared[];  // attention_kv_buffers_smem_bytes<D>()
+    bf16 (*k_tiles)[kMmaTile * LD] = reinterpret_cast<bf16 (*)[kMmaTile * LD]>(kv_shared);  // 2 buffers
+    bf16 (*v_tiles)[kMmaTile * LD] = k_tiles + 2;                                            // 2 buffers
     const int q_tile = (int)gridDim.x - 1 - (int)blockIdx.x;
     const int h = blockIdx.y, b = blockIdx.z, kv_head = h / (H / Hkv);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
@@ -879,8 +895,9 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_dq_mma_kernel(
 #pragma unroll
         for (int chunk = 0; chunk < kMmaTile / kChunk; chunk++) {
             const int jc = j0 + chunk * kChunk;  // the chunk's first key
-            // With MB = 2 a chunk can start after the warp's last query: then P is 0 there, nothing to add.
-            if (MB > 1 && jc > warp_q_last) continue;
+            // A chunk narrower than the tile can start after the warp's last query: then P is 0 there,
+            // nothing to add.
+            if (kChunk < kMmaTile && jc > warp_q_last) continue;
             const bf16* k_chunk = k_tiles[buffer] + chunk * kChunk * LD;
             const bf16* v_chunk = v_tiles[buffer] + chunk * kChunk * LD;
 
@@ -929,14 +946,49 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_dq_mma_kernel(
 // "error: ..." line, exit status 1); so is any CUDA error (cuda_common.cuh).
 
 enum AttentionImpl {
-    ATTENTION_AUTO,      // mma where it applies (D = 64), simple otherwise; mma_wide in kCandidateKernels builds
+    ATTENTION_AUTO,      // the fastest that applies (attention_auto)
     ATTENTION_SIMPLE,    // any even D up to 256
-    ATTENTION_MMA,       // D = 64 only
-    ATTENTION_MMA_WIDE,  // mma with tiles of 128 (MB = 2: the forward's and dQ's queries, dK/dV's keys): the candidate
+    ATTENTION_MMA,       // D = 64 or 128
+    ATTENTION_MMA_WIDE,  // D = 64: mma with tiles of 128 (MB = 2: the forward's and dQ's queries, dK/dV's keys)
 };
 
-inline bool attention_mma_supports(int D) { return D == 64; }
 inline bool attention_is_mma(AttentionImpl impl) { return impl == ATTENTION_MMA || impl == ATTENTION_MMA_WIDE; }
+inline bool attention_takes_head_dim(AttentionImpl impl, int D) {
+    return impl == ATTENTION_MMA ? D == 64 || D == 128 : impl == ATTENTION_MMA_WIDE ? D == 64 : true;
+}
+
+// The shared memory a block of the mma kernels of impl at head width D takes: the dK/dV kernel's,
+// the largest.
+inline int attention_mma_smem_bytes(AttentionImpl impl, int D) {
+    return impl == ATTENTION_MMA_WIDE ? attention_dkdv_mma_smem_bytes<64, 2>()
+           : D == 64                  ? attention_dkdv_mma_smem_bytes<64, 1>()
+                                      : attention_dkdv_mma_smem_bytes<128, 1>();
+}
+
+// The most shared memory a block may take on the current device (what a kernel can opt in to):
+// 227 KiB on an H100, 163 KiB on an A100, 99 KiB on the sm_86/89 cards, where the D = 128 dK/dV
+// kernel's 103 KiB does not fit.
+inline int device_shared_memory_per_block() {
+    int device = 0, bytes = 0;
+    cudaCheck(cudaGetDevice(&device));
+    cudaCheck(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    return bytes;
+}
+
+// Whether impl can run at head width D on the current device.
+inline bool attention_supports(AttentionImpl impl, int D) {
+    if (!attention_takes_head_dim(impl, D)) return false;
+    return !attention_is_mma(impl) || attention_mma_smem_bytes(impl, D) <= device_shared_memory_per_block();
+}
+
+// What ATTENTION_AUTO runs: mma at D = 64, simple otherwise; kCandidateKernels builds
+// (cuda_common.cuh) take the candidates, mma_wide at D = 64 and mma at D = 128, where the device has
+// the shared memory for them.
+inline AttentionImpl attention_auto(int D) {
+    if (D == 64) return kCandidateKernels && attention_supports(ATTENTION_MMA_WIDE, D) ? ATTENTION_MMA_WIDE : ATTENTION_MMA;
+    if (D == 128 && kCandidateKernels && attention_supports(ATTENTION_MMA, D)) return ATTENTION_MMA;
+    return ATTENTION_SIMPLE;
+}
 
 inline bool attention_aligned(const void* p, size_t bytes) { return p && (uintptr_t)p % bytes == 0; }
 
@@ -951,10 +1003,13 @@ inline AttentionImpl attention_prepare(AttentionImpl impl, int B, int T, int H, 
     if (D < 2 || D > 256 || D % 2 != 0) fail("attention: head_dim %d not supported (even, 2 to 256)", D);
     if ((long long)B * H * T > (1LL << 26)) fail("attention: B*H*T = %lld rows is more than 2^26", (long long)B * H * T);
     if (B > 65535 || H > 65535) fail("attention: B=%d or H=%d above 65535 (grid limit)", B, H);
-    if (impl == ATTENTION_AUTO)
-        impl = !attention_mma_supports(D) ? ATTENTION_SIMPLE : kCandidateKernels ? ATTENTION_MMA_WIDE : ATTENTION_MMA;
-    if (attention_is_mma(impl) && !attention_mma_supports(D))
-        fail("attention: the mma kernels need head_dim 64, got %d", D);
+    if (impl == ATTENTION_AUTO) impl = attention_auto(D);
+    const char* name = impl == ATTENTION_MMA ? "mma" : "mma_wide";
+    if (!attention_takes_head_dim(impl, D))
+        fail("attention: the %s kernels take head_dim %s, not %d", name, impl == ATTENTION_MMA ? "64 or 128" : "64", D);
+    if (!attention_supports(impl, D))
+        fail("attention: the %s kernels at head_dim %d need %d bytes of shared memory a block; this GPU allows %d", name,
+             D, attention_mma_smem_bytes(impl, D), device_shared_memory_per_block());
     size_t alignment = attention_is_mma(impl) ? 16 : 4;
     for (const bf16* p : bf16_tensors)
         if (!attention_aligned(p, alignment)) fail("attention: a bf16 tensor is null or not %zu-byte aligned", alignment);
@@ -991,33 +1046,43 @@ inline void attention_backward_simple(bf16* dqk, bf16* dqkv, const float* delta,
     cuda_check_launch();
 }
 
-template <int MB>
+// Lets `kernel` take `bytes` of dynamic shared memory where that is above the 48 KiB default.
+template <typename Kernel>
+inline void allow_shared_memory(Kernel kernel, int bytes) {
+    if (bytes > 48 * 1024) cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
+template <int D, int MB>
 inline void attention_forward_mma(bf16* out, float* lse, float* row_stats, const uint32_t* doc_bits, const bf16* qk,
                                   const bf16* qkv, int B, int T, int H, int Hkv, cudaStream_t stream) {
+    constexpr int smem = attention_kv_buffers_smem_bytes<D>();
     dim3 grid(ceil_div(T, MB * kMmaTile), H, B);
-    if (row_stats)
-        attention_forward_mma_kernel<64, MB, true>
-            <<<grid, kMmaThreads, 0, stream>>>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv);
-    else
-        attention_forward_mma_kernel<64, MB, false>
-            <<<grid, kMmaThreads, 0, stream>>>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv);
+    if (row_stats) {
+        allow_shared_memory(attention_forward_mma_kernel<D, MB, true>, smem);
+        attention_forward_mma_kernel<D, MB, true>
+            <<<grid, kMmaThreads, smem, stream>>>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv);
+    } else {
+        allow_shared_memory(attention_forward_mma_kernel<D, MB, false>, smem);
+        attention_forward_mma_kernel<D, MB, false>
+            <<<grid, kMmaThreads, smem, stream>>>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv);
+    }
     cuda_check_launch();
 }
 
-// The tensor-core backward of D = 64, from Delta (computed first): key tiles of MB * 64 for dK and
-// dV, query tiles of MB * 64 for dQ.
-template <int MB>
+// The tensor-core backward, from Delta (computed first): key tiles of MB * 64 for dK and dV, query
+// tiles of MB * 64 for dQ.
+template <int D, int MB>
 inline void attention_backward_mma(bf16* dqk, bf16* dqkv, const float* delta, const bf16* dout, const float* lse,
                                    const bf16* qk, const bf16* qkv, int B, int T, int H, int Hkv, cudaStream_t stream) {
-    constexpr int dkdv_smem = attention_dkdv_mma_smem_bytes<64, MB>();  // above the 48 KiB default: opt in
-    cudaCheck(cudaFuncSetAttribute(attention_backward_dkdv_mma_kernel<64, MB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   dkdv_smem));
+    constexpr int dkdv_smem = attention_dkdv_mma_smem_bytes<D, MB>(), dq_smem = attention_kv_buffers_smem_bytes<D>();
+    allow_shared_memory(attention_backward_dkdv_mma_kernel<D, MB>, dkdv_smem);
+    allow_shared_memory(attention_backward_dq_mma_kernel<D, MB>, dq_smem);
     const int tiles = ceil_div(T, MB * kMmaTile);
-    attention_backward_dkdv_mma_kernel<64, MB><<<dim3(tiles, Hkv, B), kMmaThreads, dkdv_smem, stream>>>(
+    attention_backward_dkdv_mma_kernel<D, MB><<<dim3(tiles, Hkv, B), kMmaThreads, dkdv_smem, stream>>>(
         dqk, dqkv, dout, lse, delta, qk, qkv, T, H, Hkv);
     cuda_check_launch();
-    attention_backward_dq_mma_kernel<64, MB><<<dim3(tiles, H, B), kMmaThreads, 0, stream>>>(dqk, dout, lse, delta, qk,
-                                                                                            qkv, T, H, Hkv);
+    attention_backward_dq_mma_kernel<D, MB><<<dim3(tiles, H, B), kMmaThreads, dq_smem, stream>>>(dqk, dout, lse, delta,
+                                                                                                 qk, qkv, T, H, Hkv);
     cuda_check_launch();
 }
 
@@ -1027,10 +1092,14 @@ inline void attention_forward(bf16* out, float* lse, float* row_stats, const uin
                               const bf16* qkv, int B, int T, int H, int Hkv, int D, cudaStream_t stream,
                               AttentionImpl impl = ATTENTION_AUTO) {
     impl = attention_prepare(impl, B, T, H, Hkv, D, {out, qk, qkv}, {lse});
-    if (impl == ATTENTION_MMA) {
-        attention_forward_mma<1>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, stream);
-    } else if (impl == ATTENTION_MMA_WIDE) {
-        attention_forward_mma<2>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, stream);
+    if (impl == ATTENTION_MMA && D == 64) {
+        attention_forward_mma<64, 1>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, stream);
+    } else if (impl == ATTENTION_MMA && D == 128) {
+        attention_forward_mma<128, 1>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, stream);
+    } else if (impl == ATTENTION_MMA_WIDE && D == 64) {
+        attention_forward_mma<64, 2>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, stream);
+    } else if (impl != ATTENTION_SIMPLE) {
+        fail("internal: attention implementation %d at head_dim %d", (int)impl, D);
     } else if (D <= 64) {
         attention_forward_simple<1>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, D, stream);
     } else if (D <= 128) {
@@ -1049,10 +1118,14 @@ inline void attention_backward(bf16* dqk, bf16* dqkv, float* delta_scratch, cons
     attention_delta_kernel<<<attention_simple_blocks((long long)B * H * T), 128, 0, stream>>>(delta_scratch, dout, out,
                                                                                              B, T, H, D);
     cuda_check_launch();
-    if (impl == ATTENTION_MMA) {
-        attention_backward_mma<1>(dqk, dqkv, delta_scratch, dout, lse, qk, qkv, B, T, H, Hkv, stream);
-    } else if (impl == ATTENTION_MMA_WIDE) {
-        attention_backward_mma<2>(dqk, dqkv, delta_scratch, dout, lse, qk, qkv, B, T, H, Hkv, stream);
+    if (impl == ATTENTION_MMA && D == 64) {
+        attention_backward_mma<64, 1>(dqk, dqkv, delta_scratch, dout, lse, qk, qkv, B, T, H, Hkv, stream);
+    } else if (impl == ATTENTION_MMA && D == 128) {
+        attention_backward_mma<128, 1>(dqk, dqkv, delta_scratch, dout, lse, qk, qkv, B, T, H, Hkv, stream);
+    } else if (impl == ATTENTION_MMA_WIDE && D == 64) {
+        attention_backward_mma<64, 2>(dqk, dqkv, delta_scratch, dout, lse, qk, qkv, B, T, H, Hkv, stream);
+    } else if (impl != ATTENTION_SIMPLE) {
+        fail("internal: attention implementation %d at head_dim %d", (int)impl, D);
     } else if (D <= 64) {
         attention_backward_simple<1>(dqk, dqkv, delta_scratch, dout, lse, qk, qkv, B, T, H, Hkv, D, stream);
     } else if (D <= 128) {

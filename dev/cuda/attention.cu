@@ -342,7 +342,7 @@ static void benchmark(const Shape& s) {
            bwd_flops * 1e-9);
     printf("%-8s %-24s %10s %10s\n", "impl", "pass", "ms", "TFLOP/s");
     for (AttentionImpl impl : {ATTENTION_MMA, ATTENTION_MMA_WIDE, ATTENTION_SIMPLE}) {
-        if (attention_is_mma(impl) && !attention_mma_supports(s.D)) continue;
+        if (!attention_supports(impl, s.D)) continue;
         int reps = attention_is_mma(impl) ? 20 : 3;
         float fwd = time_ms([&] { attention_forward(p.d_out, p.d_lse, nullptr, nullptr, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0, impl); }, reps);
         float fwd_stats = time_ms([&] {
@@ -384,7 +384,8 @@ int main(int argc, char** argv) {
         {3, 64, 2, 1, 64, 1.0f},    // exactly one tile
         {1, 333, 4, 1, 64, 4.0f},   // all query heads on one key head, sharp attention
         {1, 2048, 8, 8, 64, 1.0f},  // the d22 layer at its full length
-        {2, 100, 4, 2, 128, 1.0f},  // simple only from here: D = 128
+        {2, 100, 4, 2, 128, 1.0f},  // D = 128 (Qwen3's and Llama's heads): simple and mma
+        {1, 300, 4, 1, 128, 4.0f},  // the same, all query heads on one key head, sharp, partial last tile
         {1, 50, 2, 1, 32, 1.0f},    // D = 32
         {1, 40, 2, 2, 34, 1.0f},    // D = 34: lanes with no pair, and a partial 64-wide group
         {1, 70, 2, 1, 192, 1.0f},   // D = 192: the widest lane layout
@@ -395,19 +396,20 @@ int main(int argc, char** argv) {
         Problem p = make_problem(s, seed++);
         CpuForward ref = cpu_forward_reference(p);
         for (AttentionImpl impl : {ATTENTION_SIMPLE, ATTENTION_MMA, ATTENTION_MMA_WIDE}) {
-            if (attention_is_mma(impl) && !attention_mma_supports(s.D)) {
-                if (impl == ATTENTION_MMA) printf("(mma does not take D = %d: simple only)\n", s.D);
+            if (!attention_supports(impl, s.D)) {
+                printf("(%s does not take D = %d)\n", impl_name(impl), s.D);
                 continue;
             }
             validate(p, ref, impl);
         }
-        if (attention_mma_supports(s.D)) check_wide_matches_mma(p);
+        if (attention_supports(ATTENTION_MMA_WIDE, s.D)) check_wide_matches_mma(p);
         free_problem(p);
     }
 
     if (timing) {
         benchmark({4, 2048, 8, 8, 64, 1.0f});  // the d22 model's attention layer
         benchmark({4, 2048, 8, 2, 64, 1.0f});  // the same with GQA 8:2
+        benchmark({4, 2048, 16, 8, 128, 1.0f});  // Qwen3-0.6B's attention layer
     }
 
     printf("\n%d passed, %d failed\n", g_passed, g_failed);
