@@ -138,7 +138,7 @@ __global__ void keys_to_f64_kernel(double* keys_f64, const float* qk_normed, int
     }
 }
 
-// Candidate (kCandidateKernels builds use it; a GPU has not timed it): the same copy, a block per
+// Candidate (dev_telemetry checks and times it; a GPU has not run it): the same copy, a block per
 // 64 rows of one key head (blockIdx.y), its indices in 32-bit arithmetic. The default's four 64-bit
 // divisions per element (a few dozen instructions each) outweigh the copy's memory traffic.
 static const int kF64Rows = 64;
@@ -151,10 +151,9 @@ __global__ void keys_to_f64_rows_kernel(double* keys_f64, const float* qk_normed
     }
 }
 
-// keys_f64 from the float32 keys in qk_normed: keys_to_f64_kernel, or with `by_rows` (the default in
-// kCandidateKernels builds) the candidate.
+// keys_f64 from the float32 keys in qk_normed: keys_to_f64_kernel, or with `by_rows` the candidate.
 inline void keys_to_f64(double* keys_f64, const float* qk_normed, int N, int H, int Hkv, int D, cudaStream_t s,
-                        bool by_rows = kCandidateKernels) {
+                        bool by_rows = false) {
     if (by_rows)
         keys_to_f64_rows_kernel<<<dim3(ceil_div(N, kF64Rows), Hkv), 256, 0, s>>>(keys_f64, qk_normed, N, H, Hkv, D);
     else
@@ -173,21 +172,22 @@ inline void gram_products(double* gram_sums, const double* keys_f64, Matmul& mm,
                                           keys_f64, W, (long long)N * W, &one, gram_sums, W, (long long)W * W, Hkv));
 }
 
-// Candidate (kCandidateKernels builds use it; a GPU has not timed it): the same products split over the rows.
+// Candidate (dev_telemetry checks and times it; a GPU has not run it): the same products split over the rows.
 // One product of a head's N rows has a W x W result, a few blocks of output that each walk all N
 // rows while most of the GPU idles; here each head's rows are kGramSlices slices (fewer when N is
 // not a multiple), each slice's Gram matrix its own product (Hkv x slices of them), and the slices'
 // matrices are added in a fixed order, so the same keys give the same bits.
 static const int kGramSlices = 16;
 
-inline int gram_slices(int N) {
-    int slices = kGramSlices;
+// The slices of N rows: `most`, halved until they divide N.
+inline int gram_slices(int N, int most = kGramSlices) {
+    int slices = most;
     while (N % slices) slices /= 2;
     return slices;
 }
 
-// Scratch of the split products: Hkv x kGramSlices W x W matrices, in doubles.
-inline size_t gram_split_doubles(int Hkv, int W) { return (size_t)Hkv * kGramSlices * W * W; }
+// Scratch of the split products: Hkv x `slices` W x W matrices, in doubles.
+inline size_t gram_split_doubles(int Hkv, int W, int slices = kGramSlices) { return (size_t)Hkv * slices * W * W; }
 
 // One block per key head: its slices' matrices (partial [Hkv][slices][W * W]) added in slice order
 // into gram_sums.
@@ -200,11 +200,98 @@ __global__ void gram_slices_sum_kernel(double* gram_sums, const double* partial,
     }
 }
 
-// Scratch of the telemetry, in floats: the per-chunk records of the head statistics, and later in
-// the same layer, once those are summed, the split Gram products' matrices (gram_split_doubles).
+// Candidate (a GPU has not run it): the Gram products straight from the float32 keys, through the
+// float64 tensor cores (mma.sync m8n8k4 .f64), with no float64 copy of the keys: block (slice, key
+// head), D / 8 warps. Warp w accumulates rows 8w .. 8w + 7 of K^T K, D / 8 tiles of 8 x 8. A k-step
+// is 4 keys: lane l takes x[c][8t + g] (key c = l % 4 of the step, g = l / 4) for every tile column
+// t, which is the B operand of tile (w, t) (PTX ISA, "Matrix Fragments for mma.m8n8k4 with .f64":
+// B[k][n] at lane k + 4n) and, for t = w, its A operand (A[m][k] at lane 4m + k), since
+// (K^T)[i][k] = K[k][i]. The block stages 32 keys at a time in shared memory as doubles (products of
+// floats are exact in float64); the next 32 are read into registers while the current ones are in
+// use. The appended column of ones gives K^T 1 (each warp sums its own 8 columns) and the count.
+// Every sum runs in a fixed order: the same keys give the same bits.
+static const int kGramMmaSlices = 64;  // 16,384 rows: 64 slices of 256, 512 blocks for 8 key heads
+static const int kGramMmaRows = 32;    // keys staged at a time
+
+__device__ __forceinline__ void mma_f64_8x8x4(double (&d)[2], double a, double b) {
+    asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};\n"
+                 : "+d"(d[0]), "+d"(d[1])
+                 : "d"(a), "d"(b));
+}
+
+template <int D>
+__global__ void __launch_bounds__(D * 4) gram_products_mma_kernel(double* partial, const float* qk_normed, int N, int H,
+                                                                  int Hkv, int slices) {
+    constexpr int kTiles = D / 8, kThreads = 32 * kTiles, kPerThread = kGramMmaRows * D / kThreads;
+    constexpr int LD = D + 4;  // the 16 lanes of a half-warp read 4 keys x 4 columns: 16 different bank pairs
+    __shared__ double keys[kGramMmaRows][LD];
+    const int h = blockIdx.y, slice = blockIdx.x, rows = N / slices, first = slice * rows, end = first + rows;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4, W = D + 1;
+    const float* head_keys = qk_normed + (size_t)(H + h) * D;  // key n at n * (H + Hkv) * D
+    const size_t stride = (size_t)(H + Hkv) * D;
+
+    float staged[kPerThread];  // element threadIdx.x + i kThreads of the next 32 keys (0 beyond the slice)
+    auto fetch = [&](int n0) {
+#pragma unroll
+        for (int i = 0; i < kPerThread; i++) {
+            const int e = threadIdx.x + i * kThreads, n = n0 + e / D;
+            staged[i] = n < end ? head_keys[(size_t)n * stride + e % D] : 0.0f;
+        }
+    };
+    double acc[kTiles][2] = {};  // tile (w, t): row 8w + g, columns 8t + 2c and 8t + 2c + 1
+    double column_sum = 0.0;     // column 8w + g over this lane's keys (c, c + 4, ...)
+    fetch(first);
+    for (int n0 = first; n0 < end; n0 += kGramMmaRows) {
+        __syncthreads();  // every warp is done with the keys staged before
+#pragma unroll
+        for (int i = 0; i < kPerThread; i++) {
+            const int e = threadIdx.x + i * kThreads;
+            keys[e / D][e % D] = (double)staged[i];
+        }
+        __syncthreads();
+        if (n0 + kGramMmaRows < end) fetch(n0 + kGramMmaRows);
+#pragma unroll
+        for (int k0 = 0; k0 < kGramMmaRows; k0 += 4) {
+            const double a = keys[k0 + c][8 * warp + g];
+            column_sum += a;
+#pragma unroll
+            for (int t = 0; t < kTiles; t++) mma_f64_8x8x4(acc[t], a, keys[k0 + c][8 * t + g]);
+        }
+    }
+    column_sum += __shfl_xor_sync(0xffffffffu, column_sum, 1);
+    column_sum += __shfl_xor_sync(0xffffffffu, column_sum, 2);
+
+    double* out = partial + ((size_t)h * slices + slice) * W * W;  // row-major W x W (symmetric)
+    const int i = 8 * warp + g;
+#pragma unroll
+    for (int t = 0; t < kTiles; t++) {
+        out[(size_t)i * W + 8 * t + 2 * c] = acc[t][0];
+        out[(size_t)i * W + 8 * t + 2 * c + 1] = acc[t][1];
+    }
+    if (c == 0) out[(size_t)i * W + D] = out[(size_t)D * W + i] = column_sum;
+    if (threadIdx.x == 0) out[(size_t)D * W + D] = (double)rows;
+}
+
+// Scratch of the telemetry, in floats: the per-chunk records of the head statistics, and in
+// kCandidateKernels builds, later in the same layer once those are summed, the slices' Gram
+// matrices of gram_products_mma.
 inline size_t telemetry_partial_floats(int N, const ModelConfig& c) {
     size_t records = (size_t)(c.n_head + c.n_kv_head) * ceil_div(N, kStatRowsPerBlock) * head_record_size(c.head_dim);
-    return std::max(records, 2 * gram_split_doubles(c.n_kv_head, c.head_dim + 1));
+    size_t slices = kCandidateKernels ? 2 * gram_split_doubles(c.n_kv_head, c.head_dim + 1, kGramMmaSlices) : 0;
+    return std::max(records, slices);
+}
+
+// As gram_products, from the float32 keys qk_normed [N, NH, D] (D = 64: at 128 a block's 16 warps
+// would have 128 registers a lane for 64 of accumulators); partial: gram_split_doubles(Hkv, D + 1,
+// kGramMmaSlices) doubles.
+inline void gram_products_mma(double* gram_sums, double* partial, const float* qk_normed, int N, int H, int Hkv, int D,
+                              cudaStream_t s) {
+    const int slices = gram_slices(N, kGramMmaSlices), W = D + 1;
+    if (D != 64) fail("internal: the float64 tensor-core Gram products take head_dim 64, not %d", D);
+    gram_products_mma_kernel<64><<<dim3(slices, Hkv), 64 * 4, 0, s>>>(partial, qk_normed, N, H, Hkv, slices);
+    cuda_check_launch();
+    gram_slices_sum_kernel<<<Hkv, 256, 0, s>>>(gram_sums, partial, slices, W * W);
+    cuda_check_launch();
 }
 
 // As gram_products; partial: gram_split_doubles(Hkv, W) doubles. The slices of every head follow
@@ -244,16 +331,19 @@ inline void attention_statistics(double* sums, const TelemetrySums& lay, const f
     cuda_check_launch();
 }
 
-// The augmented Gram matrices, one per key head, added to; keys_f64 (Hkv * N * (D+1) doubles) and,
-// in kCandidateKernels builds, partial (once head_statistics is done with it) are scratch.
+// The augmented Gram matrices, one per key head, added to; keys_f64 (Hkv * N * (D+1) doubles) is
+// scratch. kCandidateKernels builds take the float64 tensor-core products from the float32 keys
+// instead at D = 64, with partial (once head_statistics is done with it) as their scratch; dev_telemetry
+// checks and times the other candidates (the keys copied by rows, the products split) beside them.
 inline void key_gram(double* sums, const TelemetrySums& lay, float* partial, double* keys_f64, Matmul& mm,
                      const float* qk_normed, int N, const ModelConfig& c, int layer, cudaStream_t s) {
     int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, W = D + 1;
+    if (kCandidateKernels && D == 64) {
+        gram_products_mma(sums + lay.gram(layer, 0), reinterpret_cast<double*>(partial), qk_normed, N, H, Hkv, D, s);
+        return;
+    }
     keys_to_f64(keys_f64, qk_normed, N, H, Hkv, D, s);
-    if (kCandidateKernels)
-        gram_products_split(sums + lay.gram(layer, 0), reinterpret_cast<double*>(partial), keys_f64, mm, N, Hkv, W, s);
-    else
-        gram_products(sums + lay.gram(layer, 0), keys_f64, mm, N, Hkv, W, s);
+    gram_products(sums + lay.gram(layer, 0), keys_f64, mm, N, Hkv, W, s);
 }
 
 // The sums of one layer's statistics added into `sums` (device). qk_normed [N, NH, D] (post-norm,

@@ -2,8 +2,9 @@
 // and query_attention_sums: every statistic of one layer (through telemetry_from_sums) from the
 // same post-norm queries and keys (float32) and the same per-row attention accumulators, the
 // effective ranks and mean share via the float64 Gram matrices, and the same bits on a second run;
-// the candidates (the Gram products split over the rows, the keys copied to float64 by rows) against
-// the defaults. Times one layer's telemetry, its parts, and each candidate beside its default.
+// the candidates (the Gram products split over the rows, the keys copied to float64 by rows, the
+// products on the float64 tensor cores from the float32 keys, D = 64) against the defaults. Times
+// one layer's telemetry, its parts, and each candidate beside its default.
 // Build: make build/dev_telemetry.
 #include <cstring>
 #include "dev/cuda/common.h"
@@ -41,6 +42,42 @@ static void check_gram_split(Matmul& mm, const double* d_keys_f64, int N, int Hk
     printf("   gram products%s: default %.3f ms, candidate split %.3f ms (%.2fx)\n", tag.c_str(), ms_default, ms_split,
            ms_default / ms_split);
     for (void* p : {(void*)d_default, (void*)d_split, (void*)d_partial}) cudaCheck(cudaFree(p));
+}
+
+// The candidate float64 tensor-core products from the float32 keys (gram_products_mma) against the
+// default's copy and product: as for the split products, the two differ only by the order of the
+// sums. Then the same bits twice, and both times (the default's with its copy).
+static void check_gram_mma(Matmul& mm, const float* d_qk, int N, int H, int Hkv, int D, const std::string& tag) {
+    const int W = D + 1;
+    size_t n = (size_t)Hkv * W * W;
+    double *d_default, *d_mma, *d_partial, *d_keys_f64;
+    cudaCheck(cudaMalloc(&d_default, n * sizeof(double)));
+    cudaCheck(cudaMalloc(&d_mma, n * sizeof(double)));
+    cudaCheck(cudaMalloc(&d_partial, gram_split_doubles(Hkv, W, kGramMmaSlices) * sizeof(double)));
+    cudaCheck(cudaMalloc(&d_keys_f64, (size_t)Hkv * N * W * sizeof(double)));
+    auto run_default = [&] {
+        cudaCheck(cudaMemset(d_default, 0, n * sizeof(double)));
+        keys_to_f64(d_keys_f64, d_qk, N, H, Hkv, D, 0);
+        gram_products(d_default, d_keys_f64, mm, N, Hkv, W, 0);
+    };
+    auto run_mma = [&] {
+        cudaCheck(cudaMemset(d_mma, 0, n * sizeof(double)));
+        gram_products_mma(d_mma, d_partial, d_qk, N, H, Hkv, D, 0);
+    };
+    run_default();
+    cudaCheck(cudaMemset(d_partial, 0xFF, gram_split_doubles(Hkv, W, kGramMmaSlices) * sizeof(double)));  // NaN
+    run_mma();
+    std::vector<double> want = download(d_default, n), got = download(d_mma, n);
+    double largest = 0;
+    for (double w : want) largest = std::fmax(largest, std::fabs(w));
+    check_close("gram products on the float64 tensor cores over " + std::to_string(gram_slices(N, kGramMmaSlices)) +
+                    " slices" + tag, got.data(), want.data(), n, 1e-11, 1e-11 * largest);
+    run_mma();
+    report(download(d_mma, n) == got, "gram products on the float64 tensor cores: the same bits twice" + tag);
+    float ms_default = time_ms(run_default), ms_mma = time_ms(run_mma);
+    printf("   keys to float64 + gram products%s: default %.3f ms, candidate on the float64 tensor cores %.3f ms (%.2fx)\n",
+           tag.c_str(), ms_default, ms_mma, ms_default / ms_mma);
+    for (void* p : {(void*)d_default, (void*)d_mma, (void*)d_partial, (void*)d_keys_f64}) cudaCheck(cudaFree(p));
 }
 
 // The candidate copy of the keys into float64 rows (keys_to_f64_rows_kernel) against the default's:
@@ -147,6 +184,7 @@ static void check_layer(int B, int T, int H, int Hkv, int layer, int D = 64) {
            time_ms([&] { attention_statistics(d_sums, lay, d_rows, B, T, c, layer, 0); }),
            time_ms([&] { key_gram(d_sums, lay, d_partial, d_keys_f64, mm, d_qk, N, c, layer, 0); }));
     check_keys_to_f64(d_qk, N, H, Hkv, D, tag);
+    if (D == 64) check_gram_mma(mm, d_qk, N, H, Hkv, D, tag);
     check_gram_split(mm, d_keys_f64, N, Hkv, D + 1, tag);  // d_keys_f64 holds the last run's keys
     for (void* p : {(void*)d_qk, (void*)d_rows, (void*)d_gq, (void*)d_gk, (void*)d_sums, (void*)d_keys_f64, (void*)d_partial})
         cudaCheck(cudaFree(p));
