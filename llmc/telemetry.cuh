@@ -4,7 +4,8 @@
 // (telemetry_sums.h's TelemetrySums, in float64 on the device) that the host turns into statistics once
 // the step's every micro-batch (on every process) is in. Every reduction runs in a fixed order (no
 // atomics), so a stats step gives the same bits every run. The augmented Gram matrices
-// [K 1]^T [K 1] are accumulated in float64 from float64 copies of the float32 keys.
+// [K 1]^T [K 1] are accumulated in float64 from float64 copies of the float32 keys (the candidate:
+// from the float32 keys on the float64 tensor cores).
 #pragma once
 #include <algorithm>
 #include "config.h"
@@ -189,20 +190,24 @@ inline int gram_slices(int N, int most = kGramSlices) {
 // Scratch of the split products: Hkv x `slices` W x W matrices, in doubles.
 inline size_t gram_split_doubles(int Hkv, int W, int slices = kGramSlices) { return (size_t)Hkv * slices * W * W; }
 
-// One block per key head: its slices' matrices (partial [Hkv][slices][W * W]) added in slice order
-// into gram_sums.
+// The slices' matrices (partial [Hkv][slices][W * W]) added in slice order into gram_sums: a thread
+// per entry, blockIdx.y the key head (gram_slices_sum).
 __global__ void gram_slices_sum_kernel(double* gram_sums, const double* partial, int slices, int WW) {
-    int h = blockIdx.x;
-    for (int i = threadIdx.x; i < WW; i += blockDim.x) {
-        double acc = 0.0;
-        for (int s = 0; s < slices; s++) acc += partial[((size_t)h * slices + s) * WW + i];
-        gram_sums[(size_t)h * WW + i] += acc;
-    }
+    int h = blockIdx.y, i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= WW) return;
+    double acc = 0.0;
+    for (int s = 0; s < slices; s++) acc += partial[((size_t)h * slices + s) * WW + i];
+    gram_sums[(size_t)h * WW + i] += acc;
+}
+
+inline void gram_slices_sum(double* gram_sums, const double* partial, int Hkv, int slices, int WW, cudaStream_t s) {
+    gram_slices_sum_kernel<<<dim3(ceil_div(WW, 256), Hkv), 256, 0, s>>>(gram_sums, partial, slices, WW);
+    cuda_check_launch();
 }
 
 // Candidate (a GPU has not run it): the Gram products straight from the float32 keys, through the
 // float64 tensor cores (mma.sync m8n8k4 .f64), with no float64 copy of the keys: block (slice, key
-// head), D / 8 warps. Warp w accumulates rows 8w .. 8w + 7 of K^T K, D / 8 tiles of 8 x 8. A k-step
+// head), D / 8 warps; gram_mma_slices(N) slices of ceil(N / slices) keys (the last may be shorter). Warp w accumulates rows 8w .. 8w + 7 of K^T K, D / 8 tiles of 8 x 8. A k-step
 // is 4 keys: lane l takes x[c][8t + g] (key c = l % 4 of the step, g = l / 4) for every tile column
 // t, which is the B operand of tile (w, t) (PTX ISA, "Matrix Fragments for mma.m8n8k4 with .f64":
 // B[k][n] at lane k + 4n) and, for t = w, its A operand (A[m][k] at lane 4m + k), since
@@ -212,6 +217,9 @@ __global__ void gram_slices_sum_kernel(double* gram_sums, const double* partial,
 // Every sum runs in a fixed order: the same keys give the same bits.
 static const int kGramMmaSlices = 64;  // 16,384 rows: 64 slices of 256, 512 blocks for 8 key heads
 static const int kGramMmaRows = 32;    // keys staged at a time
+
+// Up to kGramMmaSlices slices, each of at least kGramMmaRows keys where N allows.
+inline int gram_mma_slices(int N) { return std::max(1, std::min(kGramMmaSlices, N / kGramMmaRows)); }
 
 __device__ __forceinline__ void mma_f64_8x8x4(double (&d)[2], double a, double b) {
     asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};\n"
@@ -225,7 +233,8 @@ __global__ void __launch_bounds__(D * 4) gram_products_mma_kernel(double* partia
     constexpr int kTiles = D / 8, kThreads = 32 * kTiles, kPerThread = kGramMmaRows * D / kThreads;
     constexpr int LD = D + 4;  // the 16 lanes of a half-warp read 4 keys x 4 columns: 16 different bank pairs
     __shared__ double keys[kGramMmaRows][LD];
-    const int h = blockIdx.y, slice = blockIdx.x, rows = N / slices, first = slice * rows, end = first + rows;
+    const int h = blockIdx.y, slice = blockIdx.x, rows = (N + slices - 1) / slices;
+    const int first = min(N, slice * rows), end = min(N, first + rows);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4, W = D + 1;
     const float* head_keys = qk_normed + (size_t)(H + h) * D;  // key n at n * (H + Hkv) * D
     const size_t stride = (size_t)(H + Hkv) * D;
@@ -269,7 +278,7 @@ __global__ void __launch_bounds__(D * 4) gram_products_mma_kernel(double* partia
         out[(size_t)i * W + 8 * t + 2 * c + 1] = acc[t][1];
     }
     if (c == 0) out[(size_t)i * W + D] = out[(size_t)D * W + i] = column_sum;
-    if (threadIdx.x == 0) out[(size_t)D * W + D] = (double)rows;
+    if (threadIdx.x == 0) out[(size_t)D * W + D] = (double)(end - first);
 }
 
 // Scratch of the telemetry, in floats: the per-chunk records of the head statistics, and in
@@ -286,12 +295,11 @@ inline size_t telemetry_partial_floats(int N, const ModelConfig& c) {
 // kGramMmaSlices) doubles.
 inline void gram_products_mma(double* gram_sums, double* partial, const float* qk_normed, int N, int H, int Hkv, int D,
                               cudaStream_t s) {
-    const int slices = gram_slices(N, kGramMmaSlices), W = D + 1;
+    const int slices = gram_mma_slices(N), W = D + 1;
     if (D != 64) fail("internal: the float64 tensor-core Gram products take head_dim 64, not %d", D);
     gram_products_mma_kernel<64><<<dim3(slices, Hkv), 64 * 4, 0, s>>>(partial, qk_normed, N, H, Hkv, slices);
     cuda_check_launch();
-    gram_slices_sum_kernel<<<Hkv, 256, 0, s>>>(gram_sums, partial, slices, W * W);
-    cuda_check_launch();
+    gram_slices_sum(gram_sums, partial, Hkv, slices, W * W, s);
 }
 
 // As gram_products; partial: gram_split_doubles(Hkv, W) doubles. The slices of every head follow
@@ -304,8 +312,7 @@ inline void gram_products_split(double* gram_sums, double* partial, const double
     cublasCheck(cublasDgemmStridedBatched(mm.blas, CUBLAS_OP_N, CUBLAS_OP_T, W, W, rows, &one, keys_f64, W,
                                           (long long)rows * W, keys_f64, W, (long long)rows * W, &zero, partial, W,
                                           (long long)W * W, Hkv * slices));
-    gram_slices_sum_kernel<<<Hkv, 256, 0, s>>>(gram_sums, partial, slices, W * W);
-    cuda_check_launch();
+    gram_slices_sum(gram_sums, partial, Hkv, slices, W * W, s);
 }
 
 // The three parts of a layer's statistics (telemetry_layer runs them in this order; dev/cuda/telemetry.cu

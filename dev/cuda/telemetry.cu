@@ -70,7 +70,7 @@ static void check_gram_mma(Matmul& mm, const float* d_qk, int N, int H, int Hkv,
     std::vector<double> want = download(d_default, n), got = download(d_mma, n);
     double largest = 0;
     for (double w : want) largest = std::fmax(largest, std::fabs(w));
-    check_close("gram products on the float64 tensor cores over " + std::to_string(gram_slices(N, kGramMmaSlices)) +
+    check_close("gram products on the float64 tensor cores over " + std::to_string(gram_mma_slices(N)) +
                     " slices" + tag, got.data(), want.data(), n, 1e-11, 1e-11 * largest);
     run_mma();
     report(download(d_mma, n) == got, "gram products on the float64 tensor cores: the same bits twice" + tag);
