@@ -207,14 +207,15 @@ inline void gram_slices_sum(double* gram_sums, const double* partial, int Hkv, i
 
 // Candidate (a GPU has not run it): the Gram products straight from the float32 keys, through the
 // float64 tensor cores (mma.sync m8n8k4 .f64), with no float64 copy of the keys: block (slice, key
-// head), D / 8 warps; gram_mma_slices(N) slices of ceil(N / slices) keys (the last may be shorter). Warp w accumulates rows 8w .. 8w + 7 of K^T K, D / 8 tiles of 8 x 8. A k-step
-// is 4 keys: lane l takes x[c][8t + g] (key c = l % 4 of the step, g = l / 4) for every tile column
-// t, which is the B operand of tile (w, t) (PTX ISA, "Matrix Fragments for mma.m8n8k4 with .f64":
-// B[k][n] at lane k + 4n) and, for t = w, its A operand (A[m][k] at lane 4m + k), since
-// (K^T)[i][k] = K[k][i]. The block stages 32 keys at a time in shared memory as doubles (products of
-// floats are exact in float64); the next 32 are read into registers while the current ones are in
-// use. The appended column of ones gives K^T 1 (each warp sums its own 8 columns) and the count.
-// Every sum runs in a fixed order: the same keys give the same bits.
+// head), D / 8 warps; gram_mma_slices(N) slices of ceil(N / slices) keys (the last may be shorter).
+// Warp w accumulates rows 8w .. 8w + 7 of K^T K, D / 8 tiles of 8 x 8. A k-step is 4 keys: lane l
+// takes x[c][8t + g] (key c = l % 4 of the step, g = l / 4) for every tile column t, which is the
+// B operand of tile (w, t) (PTX ISA, "Matrix Fragments for mma.m8n8k4 with .f64": B[k][n] at lane
+// k + 4n) and, for t = w, its A operand (A[m][k] at lane 4m + k), since (K^T)[i][k] = K[k][i]. The
+// block stages 32 keys at a time in shared memory as doubles (products of floats are exact in
+// float64); the next 32 are read into registers while the current ones are in use. The appended
+// column of ones gives K^T 1 (each warp sums its own 8 columns) and the count. Every sum runs in a
+// fixed order: the same keys give the same bits.
 static const int kGramMmaSlices = 64;  // 16,384 rows: 64 slices of 256, 512 blocks for 8 key heads
 static const int kGramMmaRows = 32;    // keys staged at a time
 

@@ -325,8 +325,8 @@ static void check_wide_matches_mma(const Problem& p) {
     auto bwd_mma = backward(ATTENTION_MMA);
     auto bwd_wide = backward(ATTENTION_MMA_WIDE);
     auto fwd_wide = forward(ATTENTION_MMA_WIDE);
-    bool same = same_bits(std::get<0>(fwd_mma), std::get<0>(fwd_wide)) && same_bits(std::get<1>(fwd_mma), std::get<1>(fwd_wide)) &&
-                same_bits(std::get<2>(fwd_mma), std::get<2>(fwd_wide));
+    bool same = same_bits(std::get<0>(fwd_mma), std::get<0>(fwd_wide)) &&
+                same_bits(std::get<1>(fwd_mma), std::get<1>(fwd_wide)) && same_bits(std::get<2>(fwd_mma), std::get<2>(fwd_wide));
     report(same, prefix + "forward gives mma's bits (out, lse, statistics)", same ? "" : "they differ");
     same = same_bits(bwd_mma.first, bwd_wide.first) && same_bits(bwd_mma.second, bwd_wide.second);
     report(same, prefix + "backward gives mma's bits (dq, dk, dv)", same ? "" : "they differ");
