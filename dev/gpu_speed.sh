@@ -4,11 +4,12 @@
 # Prints one line per run: ./train on the reports' model (d22) at 8 x 2048 and 4 x 2048
 # (SPEED_BATCHES) with the statistics never, every 10 steps and every step (mean ms of the steps
 # after the first two, from the run's log, and the final loss), each followed by the same run of
-# train_candidates (the candidate kernels in place of the defaults) when the bundle has it; then, while SPEED_SECONDS (default 150) last, PyTorch's
-# torch.compile recipe of scripts/bench.py at 8 x 2048 with the reports' statistics never and every
-# 10 steps (each compiles first: a minute or more); then the phases of one run of each build and the
-# device's time per kind of work in it (--profile 2). scripts/bench.py gpu is the full
-# benchmark; this is its part that fits what is left of a device call.
+# train_candidates (the candidate kernels in place of the defaults) when the bundle has it; then,
+# while SPEED_SECONDS (default 150) last, PyTorch's torch.compile recipe of scripts/bench.py at
+# 8 x 2048 with the reports' statistics never and every 10 steps (each compiles first: a minute or
+# more); then the phases of one run of each build, statistics every 10 steps, and the device's time
+# per kind of work in its steps with and without statistics (--profile 2). scripts/bench.py gpu is
+# the full benchmark; this is its part that fits what is left of a device call.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 deadline=$((SECONDS + ${SPEED_SECONDS:-150}))
@@ -54,7 +55,7 @@ print(f"  PyTorch {torch.__version__} torch.compile 8 x 2048, statistics every {
 done
 for binary in train train_candidates; do
     [ "$binary" = train ] || [ -x "$g/bin/$binary" ] || continue
-    echo "  ./$binary, d22 8 x 2048, --profile 2:"
-    timeout 60 "$g/bin/$binary" "${data[@]}" -m d22 -b 8 -t 2048 -x 30 -s 0 --profile 2 --device cuda \
+    echo "  ./$binary, d22 8 x 2048, statistics every 10 steps, --profile 2:"
+    timeout 60 "$g/bin/$binary" "${data[@]}" -m d22 -b 8 -t 2048 -x 30 -s 10 --profile 2 --device cuda \
         -o "$runs/profile_$binary" 2>&1 | sed -n '/^profile/,/^  sum/p' | sed 's/^/  /'
 done
