@@ -25,8 +25,11 @@
 // Gradients: dqk like qk (post-RoPE queries and keys); the value gradients go into the value
 // heads of dqkv, whose query and key heads are left untouched; dout like out.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <utility>
+#include <vector>
 #include <cuda_bf16.h>
 #include "cuda_common.cuh"
 #include "math.h"
@@ -967,12 +970,16 @@ inline int attention_mma_smem_bytes(AttentionImpl impl, int D) {
 
 // The most shared memory a block may take on the current device (what a kernel can opt in to):
 // 227 KiB on an H100, 163 KiB on an A100, 99 KiB on the sm_86/89 cards, where the D = 128 dK/dV
-// kernel's 103 KiB does not fit.
+// kernel's 103 KiB does not fit. Asked of the driver once per device: every attention call asks.
 inline int device_shared_memory_per_block() {
-    int device = 0, bytes = 0;
+    static int known_device = -1, known_bytes = 0;
+    int device = 0;
     cudaCheck(cudaGetDevice(&device));
-    cudaCheck(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    return bytes;
+    if (device != known_device) {
+        cudaCheck(cudaDeviceGetAttribute(&known_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+        known_device = device;
+    }
+    return known_bytes;
 }
 
 // Whether impl can run at head width D on the current device.
@@ -1046,10 +1053,18 @@ inline void attention_backward_simple(bf16* dqk, bf16* dqkv, const float* delta,
     cuda_check_launch();
 }
 
-// Lets `kernel` take `bytes` of dynamic shared memory where that is above the 48 KiB default.
+// Lets `kernel` take `bytes` of dynamic shared memory where that is above the 48 KiB default: once
+// per kernel and device (a kernel's sizes are constants), not at every launch.
 template <typename Kernel>
 inline void allow_shared_memory(Kernel kernel, int bytes) {
-    if (bytes > 48 * 1024) cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    if (bytes <= 48 * 1024) return;
+    static std::vector<std::pair<const void*, int>> allowed;  // (kernel, device)
+    int device = 0;
+    cudaCheck(cudaGetDevice(&device));
+    const std::pair<const void*, int> key((const void*)kernel, device);
+    if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) return;
+    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    allowed.push_back(key);
 }
 
 template <int D, int MB>
