@@ -180,9 +180,9 @@ inline void gram_products(double* gram_sums, const double* keys_f64, Matmul& mm,
 // matrices are added in a fixed order, so the same keys give the same bits.
 static const int kGramSlices = 16;
 
-// The slices of N rows: `most`, halved until they divide N.
-inline int gram_slices(int N, int most = kGramSlices) {
-    int slices = most;
+// The slices of N rows: kGramSlices, halved until they divide N.
+inline int gram_slices(int N) {
+    int slices = kGramSlices;
     while (N % slices) slices /= 2;
     return slices;
 }
