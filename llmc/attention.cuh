@@ -8,10 +8,10 @@
 //           line; the fallback for head widths the fast path does not cover.
 //   mma:    64 x 64 tiles of queries and keys through the tensor cores (mma.sync m16n8k16, bf16
 //           operands, float32 accumulators), D = 64 or 128; mma_wide (D = 64) takes 128 rows a
-//           block on the side each kernel keeps (two blocks of 16 rows a warp).
-// attention_forward / attention_backward pick what attention_auto says: mma at D = 64, simple
-// otherwise; the candidates (mma_wide at D = 64, mma at D = 128) in kCandidateKernels builds,
-// until a GPU has measured them. Both backward passes are
+//           block on the side each kernel keeps (two blocks of 16 rows a warp): the same bits, no
+//           faster on an H100 (dev_attention measures it; nothing else asks for it).
+// attention_forward / attention_backward pick what attention_auto says: mma at D = 64 and 128
+// where the device has the shared memory for it, simple otherwise. Both backward passes are
 // deterministic: each output element is summed by one thread in a fixed order, with no atomics.
 //
 // Layouts, row-major; B batch, T sequence, H query heads, Hkv key/value heads (H % Hkv == 0, query
@@ -594,8 +594,8 @@ __device__ __forceinline__ void store_row_block(bf16* out, float* lse, float* ro
 // fragments and, over key tiles 0 .. the last one its tile's queries see, computes S = Q K^T (16 x 64
 // per block) and goes on with each block's online softmax (online_softmax_tile), adding P V into
 // its 16 x D output sums. Key/value tiles are double-buffered: tile i + 1 is copied in while tile i
-// is in use. MB = 1 is the default; MB = 2 (a warp's 32 rows share each B fragment it loads from
-// shared memory) the candidate that kCandidateKernels builds use (cuda_common.cuh).
+// is in use. MB = 1 is what ./train runs; MB = 2 (a warp's 32 rows share each B fragment it loads
+// from shared memory: ATTENTION_MMA_WIDE) measured no faster, and slower with the statistics.
 template <int D, int MB, bool WITH_STATS>
 __global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(bf16* out, float* lse, float* row_stats,
                                                                            const uint32_t* doc_bits, const bf16* qk,
@@ -685,7 +685,7 @@ constexpr int attention_dkdv_mma_smem_bytes() {
 // of the warp's MB blocks take no more registers than one block of 64 at D = 64:
 //   S^T = K Q^T, P^T = e^(S^T / sqrt(D) - lse) (0 where the query is before the key or beyond T),
 //   dP^T = V dO^T, dS^T = P^T (dP^T - Delta), dV += P^T dO, dK += dS^T Q.
-// MB = 1 is the default; MB = 2 (each B fragment serves two blocks of keys) the candidate.
+// MB = 1 is what ./train runs; MB = 2 (each B fragment serves two blocks of keys) is mma_wide.
 template <int D, int MB>
 __global__ void __launch_bounds__(kMmaThreads) attention_backward_dkdv_mma_kernel(bf16* dqk, bf16* dqkv, const bf16* dout,
                                                                                  const float* lse, const float* delta,
@@ -816,7 +816,7 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_dkdv_mma_kerne
 // beside the fragments, and costs no extra shared-memory reads: only the B operands come from there):
 // S = Q K^T, P = e^(S / sqrt(D) - lse) (0 for future keys and keys beyond T), dP = dO V^T,
 // dS = P (dP - Delta), dQ += dS K. Key/value tiles are double-buffered as in the forward pass.
-// MB = 1 is the default; MB = 2 (each B fragment serves two blocks of queries) the candidate.
+// MB = 1 is what ./train runs; MB = 2 (each B fragment serves two blocks of queries) is mma_wide.
 template <int D, int MB>
 __global__ void __launch_bounds__(kMmaThreads) attention_backward_dq_mma_kernel(bf16* dqk, const bf16* dout, const float* lse,
                                                                                const float* delta, const bf16* qk,
@@ -988,13 +988,11 @@ inline bool attention_supports(AttentionImpl impl, int D) {
     return !attention_is_mma(impl) || attention_mma_smem_bytes(impl, D) <= device_shared_memory_per_block();
 }
 
-// What ATTENTION_AUTO runs: mma at D = 64, simple otherwise; kCandidateKernels builds
-// (cuda_common.cuh) take the candidates, mma_wide at D = 64 and mma at D = 128, where the device has
-// the shared memory for them.
+// What ATTENTION_AUTO runs: mma where it takes D and the device has the shared memory for it (D = 64
+// everywhere; D = 128 where a block may have 103 KiB, as on sm_80 and sm_90), simple otherwise. On an
+// H100, Qwen3-0.6B's layer (4 x 2048, 16:8 heads, D = 128): mma 146-162 TFLOP/s, simple 4-5.5.
 inline AttentionImpl attention_auto(int D) {
-    if (D == 64) return kCandidateKernels && attention_supports(ATTENTION_MMA_WIDE, D) ? ATTENTION_MMA_WIDE : ATTENTION_MMA;
-    if (D == 128 && kCandidateKernels && attention_supports(ATTENTION_MMA, D)) return ATTENTION_MMA;
-    return ATTENTION_SIMPLE;
+    return attention_supports(ATTENTION_MMA, D) ? ATTENTION_MMA : ATTENTION_SIMPLE;
 }
 
 inline bool attention_aligned(const void* p, size_t bytes) { return p && (uintptr_t)p % bytes == 0; }

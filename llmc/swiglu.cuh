@@ -34,12 +34,12 @@ inline void swiglu_backward_simple(bf16* dfc13, const bf16* dswi, const bf16* fc
 }
 
 // ---------------------------------------------------------------------------------------------
-// Candidate (checked and timed by dev/cuda/elementwise.cu; ./train uses it only when built with
-// kCandidateKernels, cuda_common.cuh): the same math
-// laid out for bandwidth. The kernels above read and write 2 bytes per thread and divide a 64-bit
+// The same math laid out for bandwidth (checked and timed against the kernels above by
+// dev/cuda/elementwise.cu). The kernels above read and write 2 bytes per thread and divide a 64-bit
 // index for every element; at d22 (16,384 x 1,536) they run at 4-5x their memory floor. Here a
 // thread takes 8 neighbouring columns of a row, each of its loads and stores 16 bytes, which needs
-// F % 8 == 0 and 16-byte aligned arrays (swiglu_vec_supports).
+// F % 8 == 0 and 16-byte aligned arrays (swiglu_vec_supports). On an H100 at d22: forward 0.101 ->
+// 0.053 ms, backward 0.117 -> 0.087 ms (2,839 and 2,904 GB/s).
 
 inline bool swiglu_vec_supports(int F, std::initializer_list<const void*> arrays) {
     return F % 8 == 0 && aligned_16(arrays);
@@ -83,14 +83,13 @@ inline void swiglu_backward_vec(bf16* dfc13, const bf16* dswi, const bf16* fc13,
     cuda_check_launch();
 }
 
-// What the model calls: the candidate where it applies in a build with kCandidateKernels, else the
-// simple kernels.
+// What the model calls: the vectorised kernels where they apply, else the simple ones.
 inline void swiglu_forward(bf16* swi, const bf16* fc13, int N, int F, cudaStream_t s) {
-    if (kCandidateKernels && swiglu_vec_supports(F, {swi, fc13})) swiglu_forward_vec(swi, fc13, N, F, s);
+    if (swiglu_vec_supports(F, {swi, fc13})) swiglu_forward_vec(swi, fc13, N, F, s);
     else swiglu_forward_simple(swi, fc13, N, F, s);
 }
 
 inline void swiglu_backward(bf16* dfc13, const bf16* dswi, const bf16* fc13, int N, int F, cudaStream_t s) {
-    if (kCandidateKernels && swiglu_vec_supports(F, {dfc13, dswi, fc13})) swiglu_backward_vec(dfc13, dswi, fc13, N, F, s);
+    if (swiglu_vec_supports(F, {dfc13, dswi, fc13})) swiglu_backward_vec(dfc13, dswi, fc13, N, F, s);
     else swiglu_backward_simple(dfc13, dswi, fc13, N, F, s);
 }

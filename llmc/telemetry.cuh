@@ -4,8 +4,8 @@
 // (telemetry_sums.h's TelemetrySums, in float64 on the device) that the host turns into statistics once
 // the step's every micro-batch (on every process) is in. Every reduction runs in a fixed order (no
 // atomics), so a stats step gives the same bits every run. The augmented Gram matrices
-// [K 1]^T [K 1] are accumulated in float64 from float64 copies of the float32 keys (the candidate:
-// from the float32 keys on the float64 tensor cores).
+// [K 1]^T [K 1] are accumulated in float64: at head_dim 64 from the float32 keys on the float64
+// tensor cores, at other widths from float64 copies of the keys by cuBLAS.
 #pragma once
 #include <algorithm>
 #include "config.h"
@@ -139,27 +139,10 @@ __global__ void keys_to_f64_kernel(double* keys_f64, const float* qk_normed, int
     }
 }
 
-// Candidate (dev_telemetry checks and times it; a GPU has not run it): the same copy, a block per
-// 64 rows of one key head (blockIdx.y), its indices in 32-bit arithmetic. The default's four 64-bit
-// divisions per element (a few dozen instructions each) outweigh the copy's memory traffic.
-static const int kF64Rows = 64;
-__global__ void keys_to_f64_rows_kernel(double* keys_f64, const float* qk_normed, int N, int H, int Hkv, int D) {
-    const int h = blockIdx.y, W = D + 1, n0 = blockIdx.x * kF64Rows, rows = min(kF64Rows, N - n0);
-    double* out = keys_f64 + ((size_t)h * N + n0) * W;  // the block's rows, W doubles each, back to back
-    for (int i = threadIdx.x; i < rows * W; i += blockDim.x) {
-        const int r = i / W, col = i % W;
-        out[i] = col < D ? (double)qk_normed[((size_t)(n0 + r) * (H + Hkv) + H + h) * D + col] : 1.0;
-    }
-}
-
-// keys_f64 from the float32 keys in qk_normed: keys_to_f64_kernel, or with `by_rows` the candidate.
-inline void keys_to_f64(double* keys_f64, const float* qk_normed, int N, int H, int Hkv, int D, cudaStream_t s,
-                        bool by_rows = false) {
-    if (by_rows)
-        keys_to_f64_rows_kernel<<<dim3(ceil_div(N, kF64Rows), Hkv), 256, 0, s>>>(keys_f64, qk_normed, N, H, Hkv, D);
-    else
-        keys_to_f64_kernel<<<std::min(ceil_div((long long)Hkv * N * (D + 1), 256), 4096), 256, 0, s>>>(keys_f64, qk_normed,
-                                                                                                      N, H, Hkv, D);
+// keys_f64 from the float32 keys in qk_normed.
+inline void keys_to_f64(double* keys_f64, const float* qk_normed, int N, int H, int Hkv, int D, cudaStream_t s) {
+    keys_to_f64_kernel<<<std::min(ceil_div((long long)Hkv * N * (D + 1), 256), 4096), 256, 0, s>>>(keys_f64, qk_normed, N,
+                                                                                                  H, Hkv, D);
     cuda_check_launch();
 }
 
@@ -173,7 +156,9 @@ inline void gram_products(double* gram_sums, const double* keys_f64, Matmul& mm,
                                           keys_f64, W, (long long)N * W, &one, gram_sums, W, (long long)W * W, Hkv));
 }
 
-// Candidate (dev_telemetry checks and times it; a GPU has not run it): the same products split over the rows.
+// An alternative that dev_telemetry checks and times (./train does not use it): the same products
+// split over the rows, 1.7x faster than the single DGEMM on an H100 at d22, slower than the
+// tensor-core products below.
 // One product of a head's N rows has a W x W result, a few blocks of output that each walk all N
 // rows while most of the GPU idles; here each head's rows are kGramSlices slices (fewer when N is
 // not a multiple), each slice's Gram matrix its own product (Hkv x slices of them), and the slices'
@@ -205,7 +190,7 @@ inline void gram_slices_sum(double* gram_sums, const double* partial, int Hkv, i
     cuda_check_launch();
 }
 
-// Candidate (a GPU has not run it): the Gram products straight from the float32 keys, through the
+// The Gram products straight from the float32 keys at D = 64, through the
 // float64 tensor cores (mma.sync m8n8k4 .f64), with no float64 copy of the keys: block (slice, key
 // head), D / 8 warps; gram_mma_slices(N) slices of ceil(N / slices) keys (the last may be shorter).
 // Warp w accumulates rows 8w .. 8w + 7 of K^T K, D / 8 tiles of 8 x 8. A k-step is 4 keys: lane l
@@ -282,12 +267,12 @@ __global__ void __launch_bounds__(D * 4) gram_products_mma_kernel(double* partia
     if (threadIdx.x == 0) out[(size_t)D * W + D] = (double)(end - first);
 }
 
-// Scratch of the telemetry, in floats: the per-chunk records of the head statistics, and in
-// kCandidateKernels builds, later in the same layer once those are summed, the slices' Gram
-// matrices of gram_products_mma.
+// Scratch of the telemetry, in floats: the per-chunk records of the head statistics, and at
+// head_dim 64, later in the same layer once those are summed, the slices' Gram matrices of
+// gram_products_mma.
 inline size_t telemetry_partial_floats(int N, const ModelConfig& c) {
     size_t records = (size_t)(c.n_head + c.n_kv_head) * ceil_div(N, kStatRowsPerBlock) * head_record_size(c.head_dim);
-    size_t slices = kCandidateKernels ? 2 * gram_split_doubles(c.n_kv_head, c.head_dim + 1, kGramMmaSlices) : 0;
+    size_t slices = c.head_dim == 64 ? 2 * gram_split_doubles(c.n_kv_head, c.head_dim + 1, kGramMmaSlices) : 0;
     return std::max(records, slices);
 }
 
@@ -339,14 +324,15 @@ inline void attention_statistics(double* sums, const TelemetrySums& lay, const f
     cuda_check_launch();
 }
 
-// The augmented Gram matrices, one per key head, added to; keys_f64 (Hkv * N * (D+1) doubles) is
-// scratch. kCandidateKernels builds take the float64 tensor-core products from the float32 keys
-// instead at D = 64, with partial (once head_statistics is done with it) as their scratch; dev_telemetry
-// checks and times the other candidates (the keys copied by rows, the products split) beside them.
+// The augmented Gram matrices, one per key head, added to. At D = 64 the float64 tensor-core
+// products straight from the float32 keys, with partial (once head_statistics is done with it) as
+// their scratch: 3.0x faster than the copy and DGEMM on an H100 at d22 (0.066 against 0.200 ms a
+// layer). Other widths copy the keys into keys_f64 (Hkv * N * (D+1) doubles) for cuBLAS's DGEMM;
+// dev_telemetry checks and times the products split over slices beside it.
 inline void key_gram(double* sums, const TelemetrySums& lay, float* partial, double* keys_f64, Matmul& mm,
                      const float* qk_normed, int N, const ModelConfig& c, int layer, cudaStream_t s) {
     int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, W = D + 1;
-    if (kCandidateKernels && D == 64) {
+    if (D == 64) {
         gram_products_mma(sums + lay.gram(layer, 0), reinterpret_cast<double*>(partial), qk_normed, N, H, Hkv, D, s);
         return;
     }

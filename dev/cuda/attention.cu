@@ -2,8 +2,8 @@
 // and times them. Needs a CUDA GPU (sm_80 or newer).
 //
 // For several shapes (GQA and not, T = 1, partial tiles, T = 2048, head widths the simple kernels
-// alone cover) it feeds every implementation (simple, mma, and mma_wide: the candidate kernels with
-// tiles of 128 rows, forward and backward) and the CPU the same bf16-rounded random inputs and
+// alone cover) it feeds every implementation (simple, mma, and mma_wide: the mma kernels with tiles
+// of 128 rows, forward and backward, measured no faster) and the CPU the same bf16-rounded random inputs and
 // compares, per tensor, with |gpu - cpu| <= atol + rtol |cpu| per element (test/testing.h prints the
 // worst element of each) and the relative RMS error of the whole tensor:
 //   forward:  out, lse and the row statistics (the mass on document starts of random ones among them);

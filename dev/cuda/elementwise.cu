@@ -58,15 +58,15 @@ static void check_swiglu(int N, int F) {
     printf("   swiglu N%d F%d: forward %.3f ms (%.0f GB/s), backward %.3f ms (%.0f GB/s)\n", N, F, fwd,
            6.0 * N * F / fwd / 1e6, bwd, 10.0 * N * F / bwd / 1e6);
     if (swiglu_vec_supports(F, {d_swi, d_fc13, d_dfc13, d_dswi})) {
-        // The candidate: the same formula per element, so the same bits as the kernels above.
-        std::vector<float> swi_default = download_bf16(d_swi, swi.size()), dfc13_default = download_bf16(d_dfc13, dfc13.size());
+        // The vectorised kernels: the same formula per element, so the same bits as the kernels above.
+        std::vector<float> swi_simple = download_bf16(d_swi, swi.size()), dfc13_simple = download_bf16(d_dfc13, dfc13.size());
         cudaCheck(cudaMemset(d_swi, 0, swi.size() * sizeof(bf16)));
         cudaCheck(cudaMemset(d_dfc13, 0, dfc13.size() * sizeof(bf16)));
         swiglu_forward_vec(d_swi, d_fc13, N, F, 0);
         swiglu_backward_vec(d_dfc13, d_dswi, d_fc13, N, F, 0);
         std::vector<float> swi_vec = download_bf16(d_swi, swi.size()), dfc13_vec = download_bf16(d_dfc13, dfc13.size());
-        check_close("swiglu forward, vec: the default's bits", swi_vec.data(), swi_default.data(), swi.size(), 0.0, 0.0);
-        check_close("swiglu backward, vec: the default's bits", dfc13_vec.data(), dfc13_default.data(), dfc13.size(), 0.0, 0.0);
+        check_close("swiglu forward, vec: the simple kernels' bits", swi_vec.data(), swi_simple.data(), swi.size(), 0.0, 0.0);
+        check_close("swiglu backward, vec: the simple kernels' bits", dfc13_vec.data(), dfc13_simple.data(), dfc13.size(), 0.0, 0.0);
         float fwd_vec = time_ms([&] { swiglu_forward_vec(d_swi, d_fc13, N, F, 0); });
         float bwd_vec = time_ms([&] { swiglu_backward_vec(d_dfc13, d_dswi, d_fc13, N, F, 0); });
         printf("   swiglu vec N%d F%d: forward %.3f ms (%.0f GB/s, %.2fx), backward %.3f ms (%.0f GB/s, %.2fx)\n", N, F,

@@ -158,7 +158,7 @@ int main() {
     check_qk_norm_rope(2, 17, 4, 2);
     check_qk_norm_rope(2, 17, 4, 2, QK_NORM_NONE);
     check_qk_norm_rope(3, 100, 4, 2);  // 1,800 (token, head) items: a last block of 8 of 256
-    check_qk_norm_rope(2, 17, 4, 2, QK_NORM_GAIN, 16);   // the narrowest and widest heads of the candidate
+    check_qk_norm_rope(2, 17, 4, 2, QK_NORM_GAIN, 16);   // the narrowest and widest heads of the vectorised kernels
     check_qk_norm_rope(2, 17, 4, 2, QK_NORM_GAIN, 256);
     check_qk_norm_rope(8, 2048, 8, 8);
     check_qk_norm_rope(2, 17, 16, 8, QK_NORM_GAIN, 128);  // Qwen3's heads

@@ -2,104 +2,85 @@
 // and query_attention_sums: every statistic of one layer (through telemetry_from_sums) from the
 // same post-norm queries and keys (float32) and the same per-row attention accumulators, the
 // effective ranks and mean share via the float64 Gram matrices, and the same bits on a second run;
-// the candidates (the Gram products split over the rows, the keys copied to float64 by rows, the
-// products on the float64 tensor cores from the float32 keys, D = 64) against the defaults. Times
-// one layer's telemetry, its parts, and each candidate beside its default.
+// the Gram products on the float64 tensor cores from the float32 keys (D = 64, what ./train takes
+// there) and split over the rows (an alternative) against the copy to float64 and one DGEMM. Times
+// one layer's telemetry, its parts, and each way of the Gram products.
 // Build: make build/dev_telemetry.
 #include <cstring>
 #include "dev/cuda/common.h"
 #include "llmc/model_cpu.h"
 #include "llmc/telemetry.cuh"
 
-// The candidate split Gram products (telemetry.cuh) against the default's, on the same float64 keys:
-// products of float32 values are exact in float64, so the two differ only by the order of the sums,
-// N u64 relative at most (4e-12 for N = 16,384); 1e-11 of the largest entry. Then the same bits
-// twice, and both times.
-static void check_gram_split(Matmul& mm, const double* d_keys_f64, int N, int Hkv, int W, const std::string& tag) {
+// The split Gram products (telemetry.cuh) against one DGEMM's, on the same float64 keys: products
+// of float32 values are exact in float64, so the two differ only by the order of the sums, N u64
+// relative at most (4e-12 for N = 16,384); 1e-11 of the largest entry. Then the same bits twice,
+// and both times.
+static void check_gram_split(Matmul& mm, const float* d_qk, int N, int H, int Hkv, int D, const std::string& tag) {
+    const int W = D + 1;
     size_t n = (size_t)Hkv * W * W;
-    double *d_default, *d_split, *d_partial;
-    cudaCheck(cudaMalloc(&d_default, n * sizeof(double)));
+    double *d_dgemm, *d_split, *d_partial, *d_keys_f64;
+    cudaCheck(cudaMalloc(&d_keys_f64, (size_t)Hkv * N * W * sizeof(double)));
+    keys_to_f64(d_keys_f64, d_qk, N, H, Hkv, D, 0);
+    cudaCheck(cudaMalloc(&d_dgemm, n * sizeof(double)));
     cudaCheck(cudaMalloc(&d_split, n * sizeof(double)));
     cudaCheck(cudaMalloc(&d_partial, gram_split_doubles(Hkv, W) * sizeof(double)));
-    auto run_default = [&] {
-        cudaCheck(cudaMemset(d_default, 0, n * sizeof(double)));
-        gram_products(d_default, d_keys_f64, mm, N, Hkv, W, 0);
+    auto run_dgemm = [&] {
+        cudaCheck(cudaMemset(d_dgemm, 0, n * sizeof(double)));
+        gram_products(d_dgemm, d_keys_f64, mm, N, Hkv, W, 0);
     };
     auto run_split = [&] {
         cudaCheck(cudaMemset(d_split, 0, n * sizeof(double)));
         gram_products_split(d_split, d_partial, d_keys_f64, mm, N, Hkv, W, 0);
     };
-    run_default();
+    run_dgemm();
     run_split();
-    std::vector<double> want = download(d_default, n), got = download(d_split, n);
+    std::vector<double> want = download(d_dgemm, n), got = download(d_split, n);
     double largest = 0;
     for (double w : want) largest = std::fmax(largest, std::fabs(w));
     check_close("gram products split over " + std::to_string(gram_slices(N)) + " slices" + tag, got.data(), want.data(), n,
                 1e-11, 1e-11 * largest);
     run_split();
     report(download(d_split, n) == got, "gram products split: the same bits twice" + tag);
-    float ms_default = time_ms(run_default), ms_split = time_ms(run_split);
-    printf("   gram products%s: default %.3f ms, candidate split %.3f ms (%.2fx)\n", tag.c_str(), ms_default, ms_split,
-           ms_default / ms_split);
-    for (void* p : {(void*)d_default, (void*)d_split, (void*)d_partial}) cudaCheck(cudaFree(p));
+    float ms_dgemm = time_ms(run_dgemm), ms_split = time_ms(run_split);
+    printf("   gram products%s: one DGEMM %.3f ms, split %.3f ms (%.2fx)\n", tag.c_str(), ms_dgemm, ms_split,
+           ms_dgemm / ms_split);
+    for (void* p : {(void*)d_dgemm, (void*)d_split, (void*)d_partial, (void*)d_keys_f64}) cudaCheck(cudaFree(p));
 }
 
-// The candidate float64 tensor-core products from the float32 keys (gram_products_mma) against the
-// default's copy and product: as for the split products, the two differ only by the order of the
-// sums. Then the same bits twice, and both times (the default's with its copy).
+// The float64 tensor-core products from the float32 keys (gram_products_mma, ./train's at D = 64)
+// against the copy to float64 and one DGEMM (./train's at other widths): as for the split products, the two differ only by the order of the
+// sums. Then the same bits twice, and both times (the DGEMM with its copy).
 static void check_gram_mma(Matmul& mm, const float* d_qk, int N, int H, int Hkv, int D, const std::string& tag) {
     const int W = D + 1;
     size_t n = (size_t)Hkv * W * W;
-    double *d_default, *d_mma, *d_partial, *d_keys_f64;
-    cudaCheck(cudaMalloc(&d_default, n * sizeof(double)));
+    double *d_dgemm, *d_mma, *d_partial, *d_keys_f64;
+    cudaCheck(cudaMalloc(&d_dgemm, n * sizeof(double)));
     cudaCheck(cudaMalloc(&d_mma, n * sizeof(double)));
     cudaCheck(cudaMalloc(&d_partial, gram_split_doubles(Hkv, W, kGramMmaSlices) * sizeof(double)));
     cudaCheck(cudaMalloc(&d_keys_f64, (size_t)Hkv * N * W * sizeof(double)));
-    auto run_default = [&] {
-        cudaCheck(cudaMemset(d_default, 0, n * sizeof(double)));
+    auto run_dgemm = [&] {
+        cudaCheck(cudaMemset(d_dgemm, 0, n * sizeof(double)));
         keys_to_f64(d_keys_f64, d_qk, N, H, Hkv, D, 0);
-        gram_products(d_default, d_keys_f64, mm, N, Hkv, W, 0);
+        gram_products(d_dgemm, d_keys_f64, mm, N, Hkv, W, 0);
     };
     auto run_mma = [&] {
         cudaCheck(cudaMemset(d_mma, 0, n * sizeof(double)));
         gram_products_mma(d_mma, d_partial, d_qk, N, H, Hkv, D, 0);
     };
-    run_default();
+    run_dgemm();
     cudaCheck(cudaMemset(d_partial, 0xFF, gram_split_doubles(Hkv, W, kGramMmaSlices) * sizeof(double)));  // NaN
     run_mma();
-    std::vector<double> want = download(d_default, n), got = download(d_mma, n);
+    std::vector<double> want = download(d_dgemm, n), got = download(d_mma, n);
     double largest = 0;
     for (double w : want) largest = std::fmax(largest, std::fabs(w));
     check_close("gram products on the float64 tensor cores over " + std::to_string(gram_mma_slices(N)) +
                     " slices" + tag, got.data(), want.data(), n, 1e-11, 1e-11 * largest);
     run_mma();
     report(download(d_mma, n) == got, "gram products on the float64 tensor cores: the same bits twice" + tag);
-    float ms_default = time_ms(run_default), ms_mma = time_ms(run_mma);
-    printf("   keys to float64 + gram products%s: default %.3f ms, candidate on the float64 tensor cores %.3f ms (%.2fx)\n",
-           tag.c_str(), ms_default, ms_mma, ms_default / ms_mma);
-    for (void* p : {(void*)d_default, (void*)d_mma, (void*)d_partial, (void*)d_keys_f64}) cudaCheck(cudaFree(p));
-}
-
-// The candidate copy of the keys into float64 rows (keys_to_f64_rows_kernel) against the default's:
-// the same doubles, bit for bit. Then both times.
-static void check_keys_to_f64(const float* d_qk, int N, int H, int Hkv, int D, const std::string& tag) {
-    size_t n = (size_t)Hkv * N * (D + 1);
-    double *d_default, *d_rows;
-    cudaCheck(cudaMalloc(&d_default, n * sizeof(double)));
-    cudaCheck(cudaMalloc(&d_rows, n * sizeof(double)));
-    cudaCheck(cudaMemset(d_rows, 0xFF, n * sizeof(double)));  // NaN: an element the candidate skips shows
-    auto run_default = [&] { keys_to_f64(d_default, d_qk, N, H, Hkv, D, 0, false); };
-    auto run_rows = [&] { keys_to_f64(d_rows, d_qk, N, H, Hkv, D, 0, true); };
-    run_default();
-    run_rows();
-    std::vector<double> want = download(d_default, n), got = download(d_rows, n);
-    bool same = memcmp(want.data(), got.data(), n * sizeof(double)) == 0;
-    report(same, "keys to float64 by rows: the default's bits" + tag);
-    float ms_default = time_ms(run_default), ms_rows = time_ms(run_rows);
-    printf("   keys to float64%s: default %.3f ms, candidate by rows %.3f ms (%.2fx)\n", tag.c_str(), ms_default, ms_rows,
-           ms_default / ms_rows);
-    cudaCheck(cudaFree(d_default));
-    cudaCheck(cudaFree(d_rows));
+    float ms_dgemm = time_ms(run_dgemm), ms_mma = time_ms(run_mma);
+    printf("   keys to float64 + gram products%s: DGEMM %.3f ms, on the float64 tensor cores %.3f ms (%.2fx)\n",
+           tag.c_str(), ms_dgemm, ms_mma, ms_dgemm / ms_mma);
+    for (void* p : {(void*)d_dgemm, (void*)d_mma, (void*)d_partial, (void*)d_keys_f64}) cudaCheck(cudaFree(p));
 }
 
 static void check_layer(int B, int T, int H, int Hkv, int layer, int D = 64) {
@@ -183,9 +164,8 @@ static void check_layer(int B, int T, int H, int Hkv, int layer, int D = 64) {
            time_ms([&] { head_statistics(d_sums, lay, d_partial, d_qk, N, c, layer, 0); }),
            time_ms([&] { attention_statistics(d_sums, lay, d_rows, B, T, c, layer, 0); }),
            time_ms([&] { key_gram(d_sums, lay, d_partial, d_keys_f64, mm, d_qk, N, c, layer, 0); }));
-    check_keys_to_f64(d_qk, N, H, Hkv, D, tag);
     if (D == 64) check_gram_mma(mm, d_qk, N, H, Hkv, D, tag);
-    check_gram_split(mm, d_keys_f64, N, Hkv, D + 1, tag);  // d_keys_f64 holds the last run's keys
+    check_gram_split(mm, d_qk, N, H, Hkv, D, tag);
     for (void* p : {(void*)d_qk, (void*)d_rows, (void*)d_gq, (void*)d_gk, (void*)d_sums, (void*)d_keys_f64, (void*)d_partial})
         cudaCheck(cudaFree(p));
     matmul_free(mm);
