@@ -18,7 +18,8 @@
 #                 same losses bit for bit, a run from the final weights (-e), a measurement of
 #                 them, the QK-norm variants, 4 micro-batches against the CPU, the NCCL path
 #   python        transformers and tokenizers against the import, the export and the BPE
-#                 tokenizer (pytest: test_hf_import, test_export_hf, test_bpe)
+#                 tokenizer (pytest: test_hf_import, test_export_hf, test_bpe); host code only,
+#                 left out with CHECK_SKIP_PYTHON=1
 #   d22           50 steps of the reports' model at 4 x 2048 with a resume from step 25, and a
 #                 measurement of its final weights on the GPU and on the CPU: statistics within 1%
 set -uo pipefail

@@ -596,11 +596,9 @@ __device__ __forceinline__ void store_row_block(bf16* out, float* lse, float* ro
 // its 16 x D output sums. Key/value tiles are double-buffered: tile i + 1 is copied in while tile i
 // is in use. MB = 1 is what ./train runs; MB = 2 (a warp's 32 rows share each B fragment it loads
 // from shared memory: ATTENTION_MMA_WIDE) measured no faster, and slower with the statistics.
-template <int D, int MB, bool WITH_STATS>
-__global__ void __launch_bounds__(kMmaThreads) attention_forward_mma_kernel(bf16* out, float* lse, float* row_stats,
-                                                                           const uint32_t* doc_bits, const bf16* qk,
-                                                                           const bf16* qkv, int B, int T, int H,
-                                                                           int Hkv) {
+template <int D, int MB, bool WITH_STATS, int MIN_BLOCKS = 0>
+__global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_forward_mma_kernel(bf16* out, float* lse,
+        float* row_stats, const uint32_t* doc_bits, const bf16* qk, const bf16* qkv, int B, int T, int H, int Hkv) {
     static_assert(D % 32 == 0, "D must be a multiple of 32");
     static_assert(MB == 1 || MB == 2, "a query tile stages in one or two of the shared tiles");
     constexpr int LD = D + kMmaTilePad, kQueryTile = MB * kMmaTile;
@@ -686,11 +684,9 @@ constexpr int attention_dkdv_mma_smem_bytes() {
 //   S^T = K Q^T, P^T = e^(S^T / sqrt(D) - lse) (0 where the query is before the key or beyond T),
 //   dP^T = V dO^T, dS^T = P^T (dP^T - Delta), dV += P^T dO, dK += dS^T Q.
 // MB = 1 is what ./train runs; MB = 2 (each B fragment serves two blocks of keys) is mma_wide.
-template <int D, int MB>
-__global__ void __launch_bounds__(kMmaThreads) attention_backward_dkdv_mma_kernel(bf16* dqk, bf16* dqkv, const bf16* dout,
-                                                                                 const float* lse, const float* delta,
-                                                                                 const bf16* qk, const bf16* qkv,
-                                                                                 int T, int H, int Hkv) {
+template <int D, int MB, int MIN_BLOCKS = 0>
+__global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_backward_dkdv_mma_kernel(bf16* dqk, bf16* dqkv,
+        const bf16* dout, const float* lse, const float* delta, const bf16* qk, const bf16* qkv, int T, int H, int Hkv) {
     static_assert(D % 32 == 0, "D must be a multiple of 32");
     static_assert(MB == 1 || MB == 2, "a key tile of 64 or 128");
     constexpr int LD = D + kMmaTilePad, kTileElements = kMmaTile * LD;
@@ -817,10 +813,9 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_dkdv_mma_kerne
 // S = Q K^T, P = e^(S / sqrt(D) - lse) (0 for future keys and keys beyond T), dP = dO V^T,
 // dS = P (dP - Delta), dQ += dS K. Key/value tiles are double-buffered as in the forward pass.
 // MB = 1 is what ./train runs; MB = 2 (each B fragment serves two blocks of queries) is mma_wide.
-template <int D, int MB>
-__global__ void __launch_bounds__(kMmaThreads) attention_backward_dq_mma_kernel(bf16* dqk, const bf16* dout, const float* lse,
-                                                                               const float* delta, const bf16* qk,
-                                                                               const bf16* qkv, int T, int H, int Hkv) {
+template <int D, int MB, int MIN_BLOCKS = 0>
+__global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_backward_dq_mma_kernel(bf16* dqk,
+        const bf16* dout, const float* lse, const float* delta, const bf16* qk, const bf16* qkv, int T, int H, int Hkv) {
     static_assert(D % 32 == 0, "D must be a multiple of 32");
     static_assert(MB == 1 || MB == 2, "a query tile stages in one or both of the key/value buffers");
     constexpr int LD = D + kMmaTilePad, kQueryTile = MB * kMmaTile, kChunk = MB == 1 && D == 64 ? kMmaTile : 16;
@@ -1065,20 +1060,45 @@ inline void allow_shared_memory(Kernel kernel, int bytes) {
     allowed.push_back(key);
 }
 
-template <int D, int MB>
+// The mma kernels' MIN_BLOCKS, __launch_bounds__'s second argument: the blocks an SM must be able
+// to hold at once, which caps each thread's registers. ./train's is 0, none given: ptxas then
+// allocates on its own (dK/dV 177 registers, dQ 174, the forward 135 at D = 64 on sm_90), and a 1
+// lets it take up to 255. dev_attention measures what other values do.
+template <int D, int MB, int MIN_BLOCKS = 0>
 inline void attention_forward_mma(bf16* out, float* lse, float* row_stats, const uint32_t* doc_bits, const bf16* qk,
                                   const bf16* qkv, int B, int T, int H, int Hkv, cudaStream_t stream) {
     constexpr int smem = attention_kv_buffers_smem_bytes<D>();
     dim3 grid(ceil_div(T, MB * kMmaTile), H, B);
     if (row_stats) {
-        allow_shared_memory(attention_forward_mma_kernel<D, MB, true>, smem);
-        attention_forward_mma_kernel<D, MB, true>
+        allow_shared_memory(attention_forward_mma_kernel<D, MB, true, MIN_BLOCKS>, smem);
+        attention_forward_mma_kernel<D, MB, true, MIN_BLOCKS>
             <<<grid, kMmaThreads, smem, stream>>>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv);
     } else {
-        allow_shared_memory(attention_forward_mma_kernel<D, MB, false>, smem);
-        attention_forward_mma_kernel<D, MB, false>
+        allow_shared_memory(attention_forward_mma_kernel<D, MB, false, MIN_BLOCKS>, smem);
+        attention_forward_mma_kernel<D, MB, false, MIN_BLOCKS>
             <<<grid, kMmaThreads, smem, stream>>>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv);
     }
+    cuda_check_launch();
+}
+
+template <int D, int MB, int MIN_BLOCKS = 0>
+inline void attention_backward_dkdv_mma(bf16* dqk, bf16* dqkv, const float* delta, const bf16* dout, const float* lse,
+                                        const bf16* qk, const bf16* qkv, int B, int T, int H, int Hkv,
+                                        cudaStream_t stream) {
+    constexpr int smem = attention_dkdv_mma_smem_bytes<D, MB>();
+    allow_shared_memory(attention_backward_dkdv_mma_kernel<D, MB, MIN_BLOCKS>, smem);
+    attention_backward_dkdv_mma_kernel<D, MB, MIN_BLOCKS><<<dim3(ceil_div(T, MB * kMmaTile), Hkv, B), kMmaThreads, smem,
+                                                            stream>>>(dqk, dqkv, dout, lse, delta, qk, qkv, T, H, Hkv);
+    cuda_check_launch();
+}
+
+template <int D, int MB, int MIN_BLOCKS = 0>
+inline void attention_backward_dq_mma(bf16* dqk, const float* delta, const bf16* dout, const float* lse, const bf16* qk,
+                                      const bf16* qkv, int B, int T, int H, int Hkv, cudaStream_t stream) {
+    constexpr int smem = attention_kv_buffers_smem_bytes<D>();
+    allow_shared_memory(attention_backward_dq_mma_kernel<D, MB, MIN_BLOCKS>, smem);
+    attention_backward_dq_mma_kernel<D, MB, MIN_BLOCKS><<<dim3(ceil_div(T, MB * kMmaTile), H, B), kMmaThreads, smem,
+                                                          stream>>>(dqk, dout, lse, delta, qk, qkv, T, H, Hkv);
     cuda_check_launch();
 }
 
@@ -1087,16 +1107,8 @@ inline void attention_forward_mma(bf16* out, float* lse, float* row_stats, const
 template <int D, int MB>
 inline void attention_backward_mma(bf16* dqk, bf16* dqkv, const float* delta, const bf16* dout, const float* lse,
                                    const bf16* qk, const bf16* qkv, int B, int T, int H, int Hkv, cudaStream_t stream) {
-    constexpr int dkdv_smem = attention_dkdv_mma_smem_bytes<D, MB>(), dq_smem = attention_kv_buffers_smem_bytes<D>();
-    allow_shared_memory(attention_backward_dkdv_mma_kernel<D, MB>, dkdv_smem);
-    allow_shared_memory(attention_backward_dq_mma_kernel<D, MB>, dq_smem);
-    const int tiles = ceil_div(T, MB * kMmaTile);
-    attention_backward_dkdv_mma_kernel<D, MB><<<dim3(tiles, Hkv, B), kMmaThreads, dkdv_smem, stream>>>(
-        dqk, dqkv, dout, lse, delta, qk, qkv, T, H, Hkv);
-    cuda_check_launch();
-    attention_backward_dq_mma_kernel<D, MB><<<dim3(tiles, H, B), kMmaThreads, dq_smem, stream>>>(dqk, dout, lse, delta,
-                                                                                                 qk, qkv, T, H, Hkv);
-    cuda_check_launch();
+    attention_backward_dkdv_mma<D, MB>(dqk, dqkv, delta, dout, lse, qk, qkv, B, T, H, Hkv, stream);
+    attention_backward_dq_mma<D, MB>(dqk, delta, dout, lse, qk, qkv, B, T, H, Hkv, stream);
 }
 
 // out, lse (and row_stats when non-null, else no statistics are computed) from qk and qkv; the

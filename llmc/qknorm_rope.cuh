@@ -133,13 +133,6 @@ inline bool qk_norm_rope_vec_supports(int D, std::initializer_list<const void*> 
     return (D == 16 || D == 32 || D == 64 || D == 128 || D == 256) && aligned_16(arrays);
 }
 
-// Sum over the G lanes of a group (G a power of two; the groups are aligned blocks of G lanes).
-template <int G>
-__device__ __forceinline__ float group_sum(float v) {
-    for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 // A lane's 8 elements after the rotation by (c, s), from its own values and its partner's (the
 // same 8 places in the other half): a lane of the first half holds the pairs' first elements, one
 // of the second half their second elements. All lanes must call it (it shuffles).

@@ -61,6 +61,72 @@ __global__ void head_row_stats_kernel(float* partial, const float* qk_normed, in
     }
 }
 
+// Candidate (dev_telemetry checks and times it; ./train uses it only when built with
+// kCandidateKernels, cuda_common.cuh): the same records laid out for bandwidth. The kernel above
+// gives each row a warp whose lanes read 4 bytes each, twice, and reduces every row's sums over 32
+// lanes: at d22 (16,384 tokens, 16 heads, D = 64) 0.101 ms a layer on an H100, about 4x the time
+// its 67 MB of keys take to read. Here a group of G = D / 4 lanes takes a row, lane j holding
+// elements 4j .. 4j + 3 from one 16-byte load, so a warp reads 32 / G rows at once, each row's
+// sums reduce over G lanes, and each lane keeps its 4 columns' unit-vector sums in registers across
+// its rows. The groups' records are added in group order at the end, so the same keys give the same
+// bits. D must be 64 or 128 (the widths the CUDA backend runs) and qk_normed 16-byte aligned.
+inline bool head_row_stats_vec_supports(int D, const float* qk_normed) {
+    return (D == 64 || D == 128) && aligned_16({qk_normed});
+}
+
+template <int D>
+__global__ void head_row_stats_vec_kernel(float* partial, const float* qk_normed, int N, int H, int NH) {
+    constexpr int G = D / 4, record = KS_UNIT + D;
+    extern __shared__ float group_records[];  // [groups][record]
+    const int h = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
+    const int j = threadIdx.x % G, group = threadIdx.x / G, groups = blockDim.x / G;
+    const bool is_key = h >= H;
+    const int first = chunk * kStatRowsPerBlock, last = min(N, first + kStatRowsPerBlock);
+    float norm_sum = 0.0f, maxabs_sum = 0.0f, pr_sum = 0.0f, unit[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    // Rounds in which every group takes one row, so that all lanes of a warp reach each shuffle.
+    for (int base = first; base < last; base += groups) {
+        const int n = base + group;
+        const bool valid = n < last;
+        float4 v = valid ? *reinterpret_cast<const float4*>(qk_normed + ((size_t)n * NH + h) * D + 4 * j)
+                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float x[4] = {v.x, v.y, v.z, v.w};
+        float sq = 0.0f, quad = 0.0f, mx = 0.0f;
+        for (int i = 0; i < 4; i++) {
+            const float x2 = x[i] * x[i];
+            sq += x2;
+            quad += x2 * x2;
+            mx = fmaxf(mx, fabsf(x[i]));
+        }
+        sq = group_sum<G>(sq);
+        const float norm = sqrtf(sq);
+        if (!is_key) {
+            if (valid) norm_sum += norm;
+            continue;
+        }
+        quad = group_sum<G>(quad);
+        mx = group_max<G>(mx);
+        if (!valid) continue;
+        norm_sum += norm;
+        maxabs_sum += mx;
+        pr_sum += (float)participation_ratio(sq, quad);
+        if (norm > 0.0f)
+            for (int i = 0; i < 4; i++) unit[i] += x[i] / norm;
+    }
+    float* mine = group_records + (size_t)group * record;
+    if (j == 0) {
+        mine[KS_NORM] = norm_sum;
+        mine[KS_MAXABS] = maxabs_sum;
+        mine[KS_PR] = pr_sum;
+    }
+    for (int i = 0; i < 4; i++) mine[KS_UNIT + 4 * j + i] = unit[i];
+    __syncthreads();
+    for (int i = threadIdx.x; i < record; i += blockDim.x) {
+        float acc = 0.0f;
+        for (int g = 0; g < groups; g++) acc += group_records[(size_t)g * record + i];
+        partial[((size_t)h * chunks + chunk) * record + i] = acc;
+    }
+}
+
 // One warp per head: adds its blocks' records in order (double) into the sums of `layer`: the whole
 // record for key heads, ||q|| for query heads.
 __global__ void head_stats_finish_kernel(double* sums, TelemetrySums lay, const float* partial, int chunks, int H,
@@ -305,13 +371,23 @@ inline void gram_products_split(double* gram_sums, double* partial, const double
 // times each). qk_normed [N, NH, D] is post-norm, pre-RoPE, float32.
 //
 // The per-head records (norms; for keys largest component, participation ratio, unit-vector sums):
-// partial takes the blocks' records.
+// partial takes the blocks' records. `vec` takes the candidate kernel where it applies.
 inline void head_statistics(double* sums, const TelemetrySums& lay, float* partial, const float* qk_normed, int N,
-                            const ModelConfig& c, int layer, cudaStream_t s) {
+                            const ModelConfig& c, int layer, cudaStream_t s, bool vec = kCandidateKernels) {
     int H = c.n_head, NH = H + c.n_kv_head, D = c.head_dim, chunks = ceil_div(N, kStatRowsPerBlock);
     if (N > kStatMaxTokens) fail("internal: %d tokens in a micro-batch is more than the statistics take", N);
-    size_t smem = (size_t)kStatWarps * head_record_size(D) * sizeof(float);
-    head_row_stats_kernel<<<dim3(NH, chunks), kStatWarps * 32, smem, s>>>(partial, qk_normed, N, H, NH, D);
+    const int threads = kStatWarps * 32;
+    if (vec && head_row_stats_vec_supports(D, qk_normed)) {
+        size_t smem = (size_t)(threads / (D / 4)) * head_record_size(D) * sizeof(float);
+        auto launch = [&](auto kernel) {
+            kernel<<<dim3(NH, chunks), threads, smem, s>>>(partial, qk_normed, N, H, NH);
+        };
+        if (D == 64) launch(head_row_stats_vec_kernel<64>);
+        else launch(head_row_stats_vec_kernel<128>);
+    } else {
+        size_t smem = (size_t)kStatWarps * head_record_size(D) * sizeof(float);
+        head_row_stats_kernel<<<dim3(NH, chunks), threads, smem, s>>>(partial, qk_normed, N, H, NH, D);
+    }
     cuda_check_launch();
     head_stats_finish_kernel<<<NH, 32, 0, s>>>(sums, lay, partial, chunks, H, D, layer);
     cuda_check_launch();

@@ -11,7 +11,8 @@
 //             the check sees the backward kernels alone), the untouched query/key part of dqkv,
 //             and the same bits on a second run;
 //   mma_wide against mma: the same bits, forward and backward.
-// Then times the forward (with and without statistics) and the backward at T = 2048.
+// Then times the forward (with and without statistics) and the backward at T = 2048, and the mma
+// kernels with their registers capped for more blocks an SM (min_blocks_experiment).
 // Prints PASS/FAIL lines; exit status 1 if any check fails.
 //
 // Build (from the repository root), all on one line:
@@ -333,6 +334,93 @@ static void check_wide_matches_mma(const Problem& p) {
 }
 
 
+// ---------------------------------------------------------------------------------------------
+// Registers against occupancy: the mma kernels' MIN_BLOCKS (attention.cuh: the blocks an SM must be
+// able to hold at once, which caps each thread's registers; ./train's is 0, ptxas's own choice) at
+// D = 64: 1 (up to 255 registers), 3 (168; the backward kernels spill a little) and 4 (128, with
+// spills). For each kernel and value: its registers, the bytes it spills to local memory, the blocks
+// an SM holds, and its time; and every value must give ./train's bits (the same floating-point and
+// tensor-core instructions in the same order; only the registers and integer arithmetic differ). dK/dV and
+// dQ are timed apart, so the table also says how the backward divides between them.
+
+struct AttentionOutputs {
+    std::vector<bf16> out, dqk, dqkv;
+    std::vector<float> lse, stats;
+};
+
+// The forward pass with statistics and the backward pass, from the same inputs, at MIN_BLOCKS = M;
+// every output poisoned first.
+template <int M>
+static AttentionOutputs run_min_blocks(const Problem& p) {
+    const Shape& s = p.s;
+    poison(p.d_out, p.out_size);
+    poison(p.d_lse, p.rows);
+    poison(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
+    attention_forward_mma<64, 1, M>(p.d_out, p.d_lse, p.d_stats, p.d_doc_bits, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, 0);
+    poison(p.d_dqk, p.qk_size);
+    poison(p.d_dqkv, p.qkv_size);
+    attention_backward_dkdv_mma<64, 1, M>(p.d_dqk, p.d_dqkv, p.d_delta, p.d_dout, p.d_lse, p.d_qk, p.d_qkv, s.B, s.T, s.H,
+                                          s.Hkv, 0);
+    attention_backward_dq_mma<64, 1, M>(p.d_dqk, p.d_delta, p.d_dout, p.d_lse, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, 0);
+    cudaCheck(cudaDeviceSynchronize());
+    return {host_copy(p.d_out, p.out_size), host_copy(p.d_dqk, p.qk_size), host_copy(p.d_dqkv, p.qkv_size),
+            host_copy(p.d_lse, p.rows), host_copy(p.d_stats, ATTN_NUM_ROW_STATS * p.rows)};
+}
+
+static void print_kernel_occupancy(const char* kernel, int min_blocks, const void* fn, int smem, float ms) {
+    cudaFuncAttributes a;
+    cudaCheck(cudaFuncGetAttributes(&a, fn));
+    int blocks = 0;
+    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, kMmaThreads, smem));
+    printf("%-22s %10d %9d %8zu %13d %9.3f\n", kernel, min_blocks, a.numRegs, (size_t)a.localSizeBytes, blocks, ms);
+}
+
+template <int M>
+static void min_blocks_variant(const Problem& p, const AttentionOutputs& want) {
+    const Shape& s = p.s;
+    AttentionOutputs got = run_min_blocks<M>(p);
+    bool same = same_bits(got.out, want.out) && same_bits(got.lse, want.lse) && same_bits(got.stats, want.stats) &&
+                same_bits(got.dqk, want.dqk) && same_bits(got.dqkv, want.dqkv);
+    report(same, "mma MIN_BLOCKS " + std::to_string(M) + " " + shape_name(s) + ": the bits of MIN_BLOCKS 0",
+           same ? "" : "they differ");
+    float fwd = time_ms([&] {
+        attention_forward_mma<64, 1, M>(p.d_out, p.d_lse, nullptr, nullptr, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, 0);
+    });
+    float fwd_stats = time_ms([&] {
+        attention_forward_mma<64, 1, M>(p.d_out, p.d_lse, p.d_stats, p.d_doc_bits, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, 0);
+    });
+    float dkdv = time_ms([&] {
+        attention_backward_dkdv_mma<64, 1, M>(p.d_dqk, p.d_dqkv, p.d_delta, p.d_dout, p.d_lse, p.d_qk, p.d_qkv, s.B, s.T,
+                                              s.H, s.Hkv, 0);
+    });
+    float dq = time_ms([&] {
+        attention_backward_dq_mma<64, 1, M>(p.d_dqk, p.d_delta, p.d_dout, p.d_lse, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, 0);
+    });
+    const int kv_smem = attention_kv_buffers_smem_bytes<64>(), dkdv_smem = attention_dkdv_mma_smem_bytes<64, 1>();
+    print_kernel_occupancy("forward", M, (const void*)attention_forward_mma_kernel<64, 1, false, M>, kv_smem, fwd);
+    print_kernel_occupancy("forward + statistics", M, (const void*)attention_forward_mma_kernel<64, 1, true, M>, kv_smem,
+                           fwd_stats);
+    print_kernel_occupancy("backward dK, dV", M, (const void*)attention_backward_dkdv_mma_kernel<64, 1, M>, dkdv_smem, dkdv);
+    print_kernel_occupancy("backward dQ", M, (const void*)attention_backward_dq_mma_kernel<64, 1, M>, kv_smem, dq);
+}
+
+static void min_blocks_experiment(const Shape& s) {
+    Problem p = make_problem(s, 11);
+    // ./train's entry points (MIN_BLOCKS = 0) leave Delta in p.d_delta for the variants.
+    attention_forward(p.d_out, p.d_lse, p.d_stats, p.d_doc_bits, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0,
+                      ATTENTION_MMA);
+    attention_backward(p.d_dqk, p.d_dqkv, p.d_delta, p.d_dout, p.d_out, p.d_lse, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D,
+                       0, ATTENTION_MMA);
+    AttentionOutputs want = run_min_blocks<0>(p);
+    printf("\nregisters against occupancy, %s\n", shape_name(s).c_str());
+    printf("%-22s %10s %9s %8s %13s %9s\n", "kernel", "MIN_BLOCKS", "registers", "spilled", "blocks per SM", "ms");
+    min_blocks_variant<0>(p, want);
+    min_blocks_variant<1>(p, want);
+    min_blocks_variant<3>(p, want);
+    min_blocks_variant<4>(p, want);
+    free_problem(p);
+}
+
 // Causal attention FLOPs: the forward is two products of T x T x D halved by the mask; the
 // backward is counted as five such products (S and dP recomputed, dV, dK, dQ), its usual count.
 static void benchmark(const Shape& s) {
@@ -410,6 +498,7 @@ int main(int argc, char** argv) {
         benchmark({4, 2048, 8, 8, 64, 1.0f});  // the d22 model's attention layer
         benchmark({4, 2048, 8, 2, 64, 1.0f});  // the same with GQA 8:2
         benchmark({4, 2048, 16, 8, 128, 1.0f});  // Qwen3-0.6B's attention layer
+        min_blocks_experiment({4, 2048, 8, 8, 64, 1.0f});
     }
 
     printf("\n%d passed, %d failed\n", g_passed, g_failed);

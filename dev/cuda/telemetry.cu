@@ -3,8 +3,9 @@
 // same post-norm queries and keys (float32) and the same per-row attention accumulators, the
 // effective ranks and mean share via the float64 Gram matrices, and the same bits on a second run;
 // the Gram products on the float64 tensor cores from the float32 keys (D = 64, what ./train takes
-// there) and split over the rows (an alternative) against the copy to float64 and one DGEMM. Times
-// one layer's telemetry, its parts, and each way of the Gram products.
+// there) and split over the rows (an alternative) against the copy to float64 and one DGEMM, and the
+// candidate head statistics against the default kernel. Times one layer's telemetry, its parts, each
+// way of the Gram products and both head statistics kernels.
 // Build: make build/dev_telemetry.
 #include <cstring>
 #include "dev/cuda/common.h"
@@ -81,6 +82,39 @@ static void check_gram_mma(Matmul& mm, const float* d_qk, int N, int H, int Hkv,
     printf("   keys to float64 + gram products%s: DGEMM %.3f ms, on the float64 tensor cores %.3f ms (%.2fx)\n",
            tag.c_str(), ms_dgemm, ms_mma, ms_dgemm / ms_mma);
     for (void* p : {(void*)d_dgemm, (void*)d_mma, (void*)d_partial, (void*)d_keys_f64}) cudaCheck(cudaFree(p));
+}
+
+// The candidate head statistics (head_row_stats_vec_kernel) against the default kernel's, on the same
+// keys: the same per-row terms up to the order of a row's float32 sum of squares, summed in float32
+// per block of 256 rows in another order, two levels deep in both kernels (about 40 additions each:
+// 72 u32 = 4.3e-6 apart at worst), so within 1e-5 relative and 1e-6 N absolute for the unit-vector
+// sums, whose signs cancel. The partial records are poisoned with
+// NaN first, so a record the candidate does not write shows. Then the same bits twice, and both times.
+static void check_head_stats_vec(const ModelConfig& c, const TelemetrySums& lay, const float* d_qk, int N, int layer,
+                                 const std::string& tag) {
+    if (!head_row_stats_vec_supports(c.head_dim, d_qk)) return;
+    double *d_default, *d_vec;
+    float* d_partial;
+    const size_t partial_floats = telemetry_partial_floats(N, c);
+    cudaCheck(cudaMalloc(&d_default, lay.total * sizeof(double)));
+    cudaCheck(cudaMalloc(&d_vec, lay.total * sizeof(double)));
+    cudaCheck(cudaMalloc(&d_partial, partial_floats * sizeof(float)));
+    auto run = [&](double* sums, bool vec) {
+        cudaCheck(cudaMemset(sums, 0, lay.total * sizeof(double)));
+        head_statistics(sums, lay, d_partial, d_qk, N, c, layer, 0, vec);
+    };
+    run(d_default, false);
+    cudaCheck(cudaMemset(d_partial, 0xFF, partial_floats * sizeof(float)));  // NaN
+    run(d_vec, true);
+    std::vector<double> want = download(d_default, lay.total), got = download(d_vec, lay.total);
+    check_close("head statistics, candidate against the default" + tag, got.data(), want.data(), lay.total, 1e-5, 1e-6 * N);
+    run(d_vec, true);
+    report(download(d_vec, lay.total) == got, "head statistics, candidate: the same bits twice" + tag);
+    float ms_default = time_ms([&] { head_statistics(d_default, lay, d_partial, d_qk, N, c, layer, 0, false); });
+    float ms_vec = time_ms([&] { head_statistics(d_vec, lay, d_partial, d_qk, N, c, layer, 0, true); });
+    printf("   head statistics%s: default %.3f ms, candidate %.3f ms (%.2fx)\n", tag.c_str(), ms_default, ms_vec,
+           ms_default / ms_vec);
+    for (void* p : {(void*)d_default, (void*)d_vec, (void*)d_partial}) cudaCheck(cudaFree(p));
 }
 
 static void check_layer(int B, int T, int H, int Hkv, int layer, int D = 64) {
@@ -164,6 +198,7 @@ static void check_layer(int B, int T, int H, int Hkv, int layer, int D = 64) {
            time_ms([&] { head_statistics(d_sums, lay, d_partial, d_qk, N, c, layer, 0); }),
            time_ms([&] { attention_statistics(d_sums, lay, d_rows, B, T, c, layer, 0); }),
            time_ms([&] { key_gram(d_sums, lay, d_partial, d_keys_f64, mm, d_qk, N, c, layer, 0); }));
+    check_head_stats_vec(c, lay, d_qk, N, layer, tag);
     if (D == 64) check_gram_mma(mm, d_qk, N, H, Hkv, D, tag);
     check_gram_split(mm, d_qk, N, H, Hkv, D, tag);
     for (void* p : {(void*)d_qk, (void*)d_rows, (void*)d_gq, (void*)d_gk, (void*)d_sums, (void*)d_keys_f64, (void*)d_partial})
@@ -174,6 +209,7 @@ static void check_layer(int B, int T, int H, int Hkv, int layer, int D = 64) {
 int main() {
     if (!require_gpu()) return 0;
     check_layer(2, 33, 4, 2, 1);
+    check_layer(1, 67, 4, 2, 0);  // an odd count of rows: the candidate's warps with one group idle
     check_layer(8, 2048, 8, 8, 0);
     check_layer(2, 300, 16, 8, 0, 128);  // Qwen3's and Llama's heads; more than one block of rows
     return test_exit_code();
