@@ -129,21 +129,24 @@ __global__ void rmsnorm_backward_vec_kernel(bf16* dx, float* dg_partial, const b
         const uint4* xr = reinterpret_cast<const uint4*>(x + (size_t)row * C);
         const uint4* dyr = reinterpret_cast<const uint4*>(dy + (size_t)row * C);
         uint4* dxr = reinterpret_cast<uint4*>(dx + (size_t)row * C);
-        float xv[K][8], dyv[K][8], r = rstd[row], dot = 0.0f;
+        float xv[K][8], dyv[K][8], acc[K][8], r = rstd[row], dot = 0.0f;
         for (int k = 0; k < K; k++) {
             bf16x8_to_float(xr[k * 32 + lane], xv[k]);
             bf16x8_to_float(dyr[k * 32 + lane], dyv[k]);
+            // Candidate (kCandidateKernels): the gradient dx adds to is read here, with x and dy, so
+            // that a row waits on one memory latency instead of two (the default reads it after the
+            // row's reduction). The same values in the same order: the same bits.
+            if (kCandidateKernels) bf16x8_to_float(dxr[k * 32 + lane], acc[k]);
             for (int j = 0; j < 8; j++) dot += rmsnorm_dot_term(gain[k][j], dyv[k][j], xv[k][j], r);
         }
         dot = warp_sum(dot) / C;
         for (int k = 0; k < K; k++) {
-            float acc[8];
-            bf16x8_to_float(dxr[k * 32 + lane], acc);
+            if (!kCandidateKernels) bf16x8_to_float(dxr[k * 32 + lane], acc[k]);
             for (int j = 0; j < 8; j++) {
-                acc[j] += rmsnorm_dx(gain[k][j], dyv[k][j], xv[k][j], r, dot);
+                acc[k][j] += rmsnorm_dx(gain[k][j], dyv[k][j], xv[k][j], r, dot);
                 dg[k][j] += rmsnorm_dgain(dyv[k][j], xv[k][j], r);
             }
-            dxr[k * 32 + lane] = float_to_bf16x8(acc);
+            dxr[k * 32 + lane] = float_to_bf16x8(acc[k]);
         }
     }
     for (int k = 0; k < K; k++)
