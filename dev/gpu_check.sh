@@ -13,7 +13,8 @@
 #                 the QK-norm variants, a frozen set, the Qwen3 and Llama shapes, determinism and
 #                 gradient accumulation (its PASS and FAIL lines counted)
 #   cuda_parity_candidates  the same with the candidate kernels (kCandidateKernels) in place of the defaults
-#   dev_*         every dev/cuda kernel check against its CPU reference (likewise)
+#   dev_*         every dev/cuda kernel check against its CPU reference (likewise), and cuDNN's fused
+#                 attention against ./train's (dev_cudnn_attention, cuDNN from PyTorch's wheels)
 #   d6 runs       training with statistics, validation, checkpoints and samples, a resume that must give the
 #                 same losses bit for bit, a run from the final weights (-e), a measurement of
 #                 them, the QK-norm variants, 4 micro-batches against the CPU, the NCCL path
@@ -100,7 +101,7 @@ limited 600 reference env PYTHONPATH=scripts "$py" test/reference.py --out build
 row reference $? "$(tail -1 "$logs/reference.log" | cut -c1-120)"
 checks 600 cuda_parity "$g/bin/test_gpt_cuda" build/ref
 checks 600 cuda_parity_candidates "$g/bin/test_gpt_cuda_candidates" build/ref
-for k in "$g"/bin/dev_*; do checks 300 "$(basename "$k")" "$k"; done
+for k in "$g"/bin/dev_*; do checks 300 "$(basename "$k")" env LD_LIBRARY_PATH="$LD_LIBRARY_PATH${wheel_libs:+:$wheel_libs}" "$k"; done
 
 # -- d6 training runs on the GPU --------------------------------------------------------------------
 data=(-i "$g/data/train_*.bin" -j "$g/data/val_*.bin" -k "$g/data/tokenizer.model")
