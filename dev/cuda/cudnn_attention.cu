@@ -179,19 +179,24 @@ struct Graph {
         ck(g_cudnn.finalize(op), "finalise a pointwise op");
         ops.push_back(op);
     }
+    // An operation whose attributes `ports` name the descriptors it reads and writes, finalised and added.
+    void operation(cudnnBackendDescriptorType_t type,
+                   std::initializer_list<std::pair<cudnnBackendAttributeName_t, Desc>> ports) {
+        Desc op = make(type);
+        for (const auto& port : ports) set_desc(op, port.first, port.second, "operation port");
+        ck(g_cudnn.finalize(op), "finalise an operation");
+        ops.push_back(op);
+    }
     // c = a b over the last two dimensions, batched over the first two (broadcast where b has fewer heads).
     void matmul(Desc a, Desc b, Desc c) {
         Desc mm = make(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
         cudnnDataType_t compute = CUDNN_DATA_FLOAT;
         set(mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute, "matmul compute type");
         ck(g_cudnn.finalize(mm), "finalise a matmul descriptor");
-        Desc op = make(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
-        set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, a, "matmul a");
-        set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, b, "matmul b");
-        set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, c, "matmul c");
-        set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, mm, "matmul op");
-        ck(g_cudnn.finalize(op), "finalise a matmul op");
-        ops.push_back(op);
+        operation(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, {{CUDNN_ATTR_OPERATION_MATMUL_ADESC, a},
+                                                              {CUDNN_ATTR_OPERATION_MATMUL_BDESC, b},
+                                                              {CUDNN_ATTR_OPERATION_MATMUL_CDESC, c},
+                                                              {CUDNN_ATTR_OPERATION_MATMUL_DESC, mm}});
     }
     // y = the sum or maximum of x over the dimensions where y has fewer elements.
     void reduction(cudnnReduceTensorOp_t mode, Desc x, Desc y) {
@@ -200,20 +205,14 @@ struct Graph {
         set(rd, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute, "reduction compute type");
         set(rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode, "reduction operator");
         ck(g_cudnn.finalize(rd), "finalise a reduction descriptor");
-        Desc op = make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
-        set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, rd, "reduction op");
-        set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x, "reduction x");
-        set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y, "reduction y");
-        ck(g_cudnn.finalize(op), "finalise a reduction op");
-        ops.push_back(op);
+        operation(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, {{CUDNN_ATTR_OPERATION_REDUCTION_DESC, rd},
+                                                                 {CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x},
+                                                                 {CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y}});
     }
     // y: x seen with other dimensions and strides (a transposed view).
     void reshape(Desc x, Desc y) {
-        Desc op = make(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
-        set_desc(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x, "reshape x");
-        set_desc(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y, "reshape y");
-        ck(g_cudnn.finalize(op), "finalise a reshape op");
-        ops.push_back(op);
+        operation(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR,
+                  {{CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x}, {CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y}});
     }
     // The causal mask on scores s [b, h, T, T]: where the row (query) index is below the column
     // (key) index, -inf.
