@@ -322,33 +322,24 @@ static void build_backward(Graph& g, const AttentionShape& s) {
     Desc masked = g.causal_mask(centred, neg_inf, l.square);
     Desc p = g.scratch(l.square);
     g.pointwise(CUDNN_POINTWISE_EXP, masked, nullptr, nullptr, p);
-    // dV = P^T dO (summed over each group's query heads with GQA).
-    Desc pt = g.tensor(transposed_square, transposed_square_strides, CUDNN_DATA_BFLOAT16, 0, true);
-    g.reshape(p, pt);
-    Dims4 full_kv{{s.B, s.H, s.T, s.D}};
-    if (gqa) {
-        Desc dv_full = g.scratch(full_kv, CUDNN_DATA_BFLOAT16);
-        g.matmul(pt, dout, dv_full);
-        g.reduction(CUDNN_REDUCE_TENSOR_ADD, dv_full, dv);
-    } else {
-        g.matmul(pt, dout, dv);
-    }
+    // A key-side gradient: square^T x, a [b, H, T, T] matrix seen transposed in bf16, summed over
+    // each group's query heads with GQA.
+    auto key_side_product = [&](Desc square, Desc x, Desc gradient) {
+        Desc square_t = g.tensor(transposed_square, transposed_square_strides, CUDNN_DATA_BFLOAT16, 0, true);
+        g.reshape(square, square_t);
+        if (!gqa) return g.matmul(square_t, x, gradient);
+        Desc full_heads = g.scratch({{s.B, s.H, s.T, s.D}}, CUDNN_DATA_BFLOAT16);
+        g.matmul(square_t, x, full_heads);
+        g.reduction(CUDNN_REDUCE_TENSOR_ADD, full_heads, gradient);
+    };
+    key_side_product(p, dout, dv);  // dV = P^T dO
     // dS = P (dO V^T - Delta) scale.
     Desc dp = g.scratch(l.square), dp_centred = g.scratch(l.square), dp_p = g.scratch(l.square), ds = g.scratch(l.square);
     g.matmul(dout, vt, dp);
     g.pointwise(CUDNN_POINTWISE_SUB, dp, delta, nullptr, dp_centred);
     g.pointwise(CUDNN_POINTWISE_MUL, dp_centred, p, nullptr, dp_p);
     g.pointwise(CUDNN_POINTWISE_MUL, dp_p, scale, nullptr, ds);
-    // dK = dS^T Q (summed over each group with GQA).
-    Desc dst = g.tensor(transposed_square, transposed_square_strides, CUDNN_DATA_BFLOAT16, 0, true);
-    g.reshape(ds, dst);
-    if (gqa) {
-        Desc dk_full = g.scratch(full_kv, CUDNN_DATA_BFLOAT16);
-        g.matmul(dst, q, dk_full);
-        g.reduction(CUDNN_REDUCE_TENSOR_ADD, dk_full, dk);
-    } else {
-        g.matmul(dst, q, dk);
-    }
+    key_side_product(ds, q, dk);  // dK = dS^T Q
     // dQ = dS K, straight into dQ.
     Desc k_view = g.tensor(l.k_dims, l.k_strides, CUDNN_DATA_FLOAT, 0, true);
     g.reshape(kt, k_view);
