@@ -22,18 +22,22 @@ OPENBLAS_DIR ?= /usr/lib/$(MULTIARCH)/openblas-openmp
 OPENBLAS_INC ?= /usr/include/$(MULTIARCH)/openblas-openmp
 LDLIBS = -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -lopenblas -lsentencepiece -lsentencepiece_train -lpthread
 NVCCFLAGS = -std=c++17 -O3 -I. -I$(OPENBLAS_INC) $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
-            -Xcompiler "-O3 -march=$(CPU_ARCH) -fopenmp -Wall -Wno-parentheses"
+            -Xcompiler "-O3 -march=$(CPU_ARCH) -fopenmp -Wall -Wno-parentheses" $(CUDNN_CFLAGS)
 NVLDLIBS = -L$(OPENBLAS_DIR) -Xlinker -rpath,$(OPENBLAS_DIR) -lopenblas -lsentencepiece -lsentencepiece_train -lpthread \
            -lcublas -lcublasLt -lgomp
 
-# MPI (data-parallel training over processes, llmc/distributed.h) and NCCL's header (its GPU
-# collectives, llmc/nccl.cuh: the library is opened at run time, when needed), each used when
-# found. Expanded when used, so after the build packages are installed.
+# MPI (data-parallel training over processes, llmc/distributed.h), NCCL's header (its GPU
+# collectives, llmc/nccl.cuh) and cuDNN's (its fused attention, llmc/cudnn_attention.cuh), each used
+# when found; the libraries are opened at run time, when needed. Expanded when used, so after the
+# build packages are installed.
 MPI_INC = $(shell mpicxx --showme:incdirs 2>/dev/null)
 MPI_CFLAGS = $(if $(MPI_INC),-DUSE_MPI $(addprefix -I,$(MPI_INC)))
 MPI_LDLIBS = $(if $(MPI_INC),$(addprefix -L,$(shell mpicxx --showme:libdirs)) -lmpi)
 NCCL_INC = $(firstword $(dir $(wildcard $(dir $(NVCC))../include/nccl.h /usr/include/nccl.h)))
 NCCL_CFLAGS = $(if $(NCCL_INC),-DUSE_NCCL -I$(NCCL_INC))
+CUDNN_INC = $(firstword $(dir $(wildcard $(dir $(NVCC))../include/cudnn_graph.h /usr/include/cudnn_graph.h \
+                                         /usr/include/$(MULTIARCH)/cudnn_graph.h)))
+CUDNN_CFLAGS = $(if $(CUDNN_INC),-DUSE_CUDNN -I$(CUDNN_INC))
 
 HEADERS = $(wildcard llmc/*.h llmc/*.cuh)
 DEPS_STAMP = build/.deps-build

@@ -43,6 +43,7 @@
 #include "llmc/adamw.cuh"
 #include "llmc/attention.cuh"
 #include "llmc/classifier.cuh"
+#include "llmc/cudnn_attention.cuh"
 #include "llmc/cuda_common.cuh"
 #include "llmc/encoder.cuh"
 #include "llmc/matmul.cuh"
@@ -102,6 +103,7 @@ struct GpuModel : ModelShape {  // and backend.h's ModelShape
     // train (trains false) has no grads, adam_m or adam_v.
     bool use_nccl = false;  // several processes (or TRAIN_NCCL=1): the collectives of nccl.cuh
     Nccl nccl;
+    CudnnAttention cudnn;   // the candidate build's attention on steps without statistics (cudnn_attention.cuh)
     // Everything on the device lives in one allocation, `memory`, carved by gpu_carve.
     void* memory = nullptr;
     float *params, *grads, *adam_m, *adam_v;  // float32, the layout of config.h
@@ -270,6 +272,7 @@ static void model_free(GpuModel& g) {
     cudaCheck(cudaFreeHost(g.losses_host));
     matmul_free(g.mm);
     nccl_free(g.nccl);
+    cudnn_attention_free(g.cudnn);
     for (cudaEvent_t e : g.clock.events) cudaCheck(cudaEventDestroy(e));
     g.clock = KernelClock();
     cudaCheck(cudaStreamDestroy(g.stream));
@@ -309,6 +312,28 @@ static bf16* gpu_param(GpuModel& g, int kind, int l = 0) { return g.params_bf16 
 static float* gpu_param_f32(GpuModel& g, int kind, int l = 0) { return g.params + param_offset(g.cfg, kind, l); }
 static float* gpu_grad(GpuModel& g, int kind, int l = 0) { return g.grads + param_offset(g.cfg, kind, l); }
 
+// A layer's attention. The candidate build hands it to cuDNN's fused kernels where cuDNN takes the
+// shape (`cudnn`, model_forward says when), and attention.cuh's kernels run it otherwise: they
+// compute the rows' statistics as they go. Either backward takes the out and lse of either forward.
+static void layer_attention_forward(GpuModel& g, Activations<bf16>& la, bool stats, bool cudnn, int B, int T) {
+    const ModelConfig& c = g.cfg;
+    if (cudnn && cudnn_attention_forward(g.cudnn, la.atty, la.att_lse, la.qk_rope, la.qkv, B, T, c.n_head, c.n_kv_head,
+                                         c.head_dim, g.stream))
+        return;
+    attention_forward(la.atty, la.att_lse, stats ? la.row_stats : nullptr, g.doc_bits, la.qk_rope, la.qkv, B, T,
+                      c.n_head, c.n_kv_head, c.head_dim, g.stream);
+}
+static void layer_attention_backward(GpuModel& g, Activations<bf16>& la, int B, int T) {
+    const ModelConfig& c = g.cfg;
+    Activations<bf16>& a = g.acts;
+    if (kCandidateKernels && cudnn_attention_backward(g.cudnn, a.dqk, a.dqkv, a.att_delta, a.datty, la.atty, la.att_lse,
+                                                      la.qk_rope, la.qkv, B, T, c.n_head, c.n_kv_head, c.head_dim,
+                                                      g.stream))
+        return;
+    attention_backward(a.dqk, a.dqkv, a.att_delta, a.datty, la.atty, la.att_lse, la.qk_rope, la.qkv, B, T, c.n_head,
+                       c.n_kv_head, c.head_dim, g.stream);
+}
+
 // Forward pass; same contract as the CPU's model_forward. Leaves the logits on the device (row
 // stride Vp).
 static float model_forward(GpuModel& g, const int* tokens, const int* targets, int B, int T, bool tm) {
@@ -333,6 +358,10 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
     mark("embedding");
     embedding_forward(a.emb, g.tokens, gpu_param(g, P_WTE), N, C, s);
     ActivationDims dims = activation_dims(c, B, T, g.Vp);
+    // cuDNN's attention (the candidate build) on the passes that train or evaluate, not a statistics
+    // step's (attention.cuh's kernels compute the statistics) nor a sample's (a new T every token,
+    // and cuDNN makes plans for each shape).
+    bool cudnn = kCandidateKernels && targets && !tm;
     for (int l = 0; l < L; l++) {
         Activations<bf16> la = layer_activations(a, dims, l);  // this layer's part of each buffer
         const bf16* x = l == 0 ? a.emb : layer_activations(a, dims, l - 1).res_mlp;
@@ -345,7 +374,7 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
                              gpu_param(g, P_K_GAIN, l), g.rope_cos, g.rope_sin, N, T, H, Hkv, D, c.norm_eps,
                              qk_norm_normalises(c.qk_norm), s);
         mark("attention forward");
-        attention_forward(la.atty, la.att_lse, tm ? la.row_stats : nullptr, g.doc_bits, la.qk_rope, la.qkv, B, T, H, Hkv, D, s);
+        layer_attention_forward(g, la, tm, cudnn, B, T);
         if (tm) {
             mark("statistics");
             telemetry_layer(g.stat_sums, g.stats_layout, g.stats_partial, a.keys_f64, g.mm, la.qk_normed, la.row_stats,
@@ -417,7 +446,7 @@ static void model_backward(GpuModel& g, const int* tokens, const int* targets, f
         mark("matrix products of the layers, backward");
         matmul_backward(g.mm, a.datty, gpu_grad(g, P_WO, l), a.dres, la.atty, gpu_param(g, P_WO, l), N, A, C, s);
         mark("attention backward");
-        attention_backward(a.dqk, a.dqkv, a.att_delta, a.datty, la.atty, la.att_lse, la.qk_rope, la.qkv, B, T, H, Hkv, D, s);
+        layer_attention_backward(g, la, B, T);
         mark("QK-norm + RoPE backward");
         qk_norm_rope_backward(a.dqkv, gpu_grad(g, P_Q_GAIN, l), gpu_grad(g, P_K_GAIN, l), g.dgain_scratch, a.dqk, la.qkv,
                               la.qk_rstd, gpu_param(g, P_Q_GAIN, l), gpu_param(g, P_K_GAIN, l), g.rope_cos, g.rope_sin, N,

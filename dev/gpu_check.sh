@@ -101,7 +101,7 @@ limited 600 reference env PYTHONPATH=scripts "$py" test/reference.py --out build
 row reference $? "$(tail -1 "$logs/reference.log" | cut -c1-120)"
 checks 600 cuda_parity "$g/bin/test_gpt_cuda" build/ref
 checks 600 cuda_parity_candidates "$g/bin/test_gpt_cuda_candidates" build/ref
-for k in "$g"/bin/dev_*; do checks 300 "$(basename "$k")" env LD_LIBRARY_PATH="$LD_LIBRARY_PATH${wheel_libs:+:$wheel_libs}" "$k"; done
+for k in "$g"/bin/dev_*; do checks 300 "$(basename "$k")" "$k"; done
 
 # -- d6 training runs on the GPU --------------------------------------------------------------------
 data=(-i "$g/data/train_*.bin" -j "$g/data/val_*.bin" -k "$g/data/tokenizer.model")

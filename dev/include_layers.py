@@ -23,6 +23,7 @@ LAYERS = [
      ["config.h", "telemetry_sums.h", "activations.h", "checkpoint.h", "hf_checkpoint.h", "dataprep.h"]),
     ("computing: the statistics, the backend contract, the CPU backend, the GPU kernels",
      ["telemetry.h", "backend.h", "model_cpu.h", "matmul.cuh", "rmsnorm.cuh", "qknorm_rope.cuh", "attention.cuh",
+      "cudnn_attention.cuh",
       "swiglu.cuh", "encoder.cuh", "classifier.cuh", "adamw.cuh", "nccl.cuh", "telemetry.cuh"]),
     ("the run: options, the log, resuming, the run folder",
      ["options.h", "runlog.h", "runlog_scan.h", "runlog_append.h", "resume.h", "run_dir.h"]),

@@ -1,0 +1,597 @@
+// cuDNN's fused causal attention: flash attention through cuDNN 9's graph API, on ./train's own
+// layouts (attention.cuh's qk, qkv, out and lse, no copies). The graphs are those cuDNN's fused
+// flash-attention engines take (cuDNN 9.0 and later, sm_80 and later):
+//   forward:  S = Q K^T, times the scale, the causal mask (the row index >= the column index, else
+//             -inf), softmax with its statistics Stats = max + ln(sum of exp) (./train's lse), O = P V;
+//   backward: Delta = rowsum(dO * O), P = exp(scale Q K^T - Stats) masked, dV = P^T dO,
+//             dS = P (dO V^T - Delta) scale, dK = dS^T Q, dQ = dS K, with dQ written by the
+//             product itself (no float accumulator that thread blocks add into: the deterministic
+//             form), and with GQA the full-head dK, dV summed over each group of query heads.
+// K and V enter as transposed views (dimensions and strides 2 and 3 swapped, the same memory).
+//
+// libcudnn.so.9 is loaded at run time (dlopen), as nccl.cuh loads NCCL: a GPU machine with PyTorch
+// has it in its wheels (nvidia/cudnn/lib). dev/cuda/cudnn_attention.cu checks these graphs against
+// attention.cuh's kernels and times them; the candidate build of ./train (kCandidateKernels) hands
+// its attention to them (CudnnAttention below). A failed cuDNN call throws std::runtime_error with
+// cuDNN's own account of it; CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr make cuDNN say more.
+//
+// Built with -DUSE_CUDNN (the Makefile sets it when cudnn_graph.h is found); without it, the
+// attention always runs on attention.cuh's kernels.
+#pragma once
+#include <cstdio>
+#include "cuda_common.cuh"
+#ifdef USE_CUDNN
+#include <cudnn_graph.h>
+#include <dlfcn.h>
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+// ---------------------------------------------------------------------------------------------
+// The library's functions, looked up once.
+
+struct CudnnApi {
+    decltype(&cudnnGetVersion) get_version;
+    decltype(&cudnnCreate) create;
+    decltype(&cudnnDestroy) destroy;
+    decltype(&cudnnSetStream) set_stream;
+    decltype(&cudnnBackendCreateDescriptor) create_descriptor;
+    decltype(&cudnnBackendDestroyDescriptor) destroy_descriptor;
+    decltype(&cudnnBackendSetAttribute) set_attribute;
+    decltype(&cudnnBackendGetAttribute) get_attribute;
+    decltype(&cudnnBackendFinalize) finalize;
+    decltype(&cudnnBackendExecute) execute;
+    decltype(&cudnnGetErrorString) error_string;
+    decltype(&cudnnGetLastErrorString) last_error;
+};
+
+inline CudnnApi g_cudnn;
+
+// Loads libcudnn.so.9; false (with the reason in *why) when it or a function is missing.
+inline bool cudnn_load(std::string* why) {
+    void* lib = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_GLOBAL);
+    if (!lib) {
+        *why = std::string("cannot load libcudnn.so.9: ") + dlerror();
+        return false;
+    }
+    bool ok = true;
+    auto find = [&](const char* name) {
+        void* f = dlsym(lib, name);
+        if (!f) {
+            *why = std::string("libcudnn.so.9 has no ") + name;
+            ok = false;
+        }
+        return f;
+    };
+    CudnnApi& a = g_cudnn;
+    a.get_version = (decltype(a.get_version))find("cudnnGetVersion");
+    a.create = (decltype(a.create))find("cudnnCreate");
+    a.destroy = (decltype(a.destroy))find("cudnnDestroy");
+    a.set_stream = (decltype(a.set_stream))find("cudnnSetStream");
+    a.create_descriptor = (decltype(a.create_descriptor))find("cudnnBackendCreateDescriptor");
+    a.destroy_descriptor = (decltype(a.destroy_descriptor))find("cudnnBackendDestroyDescriptor");
+    a.set_attribute = (decltype(a.set_attribute))find("cudnnBackendSetAttribute");
+    a.get_attribute = (decltype(a.get_attribute))find("cudnnBackendGetAttribute");
+    a.finalize = (decltype(a.finalize))find("cudnnBackendFinalize");
+    a.execute = (decltype(a.execute))find("cudnnBackendExecute");
+    a.error_string = (decltype(a.error_string))find("cudnnGetErrorString");
+    a.last_error = (decltype(a.last_error))find("cudnnGetLastErrorString");
+    return ok;
+}
+
+// A failed call throws, with cuDNN's own account of why.
+inline void cudnn_check(cudnnStatus_t status, const char* what) {
+    if (status == CUDNN_STATUS_SUCCESS) return;
+    char detail[1024] = "";
+    g_cudnn.last_error(detail, sizeof detail);
+    throw std::runtime_error(strprintf("%s: %s %s", what, g_cudnn.error_string(status), detail));
+}
+
+// ---------------------------------------------------------------------------------------------
+// A graph under construction: its descriptors (all destroyed with it), its operations in order,
+// and the unique ids of its real tensors.
+
+typedef cudnnBackendDescriptor_t CudnnDesc;
+
+struct CudnnDims {
+    int64_t d[4];
+};
+
+// [b, h, s, d] dimensions and element strides of a tensor whose rows of heads lie `row` elements
+// apart (./train's [B, T, heads, D] buffers), and the same with dimensions and strides 2 and 3
+// swapped: the transposed view that cuDNN's products take for K and V.
+inline void cudnn_bhsd(CudnnDims& dims, CudnnDims& strides, int B, int heads, int T, int D, int64_t row) {
+    dims = {{B, heads, T, D}};
+    strides = {{(int64_t)T * row, D, row, 1}};
+}
+inline void cudnn_transposed(CudnnDims& dims, CudnnDims& strides) {
+    std::swap(dims.d[2], dims.d[3]);
+    std::swap(strides.d[2], strides.d[3]);
+}
+
+struct CudnnGraph {
+    std::vector<CudnnDesc> owned, ops;
+    int64_t next_virtual_uid = 1000;
+
+    CudnnGraph() = default;
+    CudnnGraph(const CudnnGraph&) = delete;
+    CudnnGraph& operator=(const CudnnGraph&) = delete;
+    ~CudnnGraph() {
+        for (CudnnDesc d : owned) g_cudnn.destroy_descriptor(d);
+    }
+    CudnnDesc make(cudnnBackendDescriptorType_t type) {
+        CudnnDesc d;
+        cudnn_check(g_cudnn.create_descriptor(type, &d), "create a descriptor");
+        owned.push_back(d);
+        return d;
+    }
+    static void set(CudnnDesc d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t n,
+                    const void* value, const char* what) {
+        cudnn_check(g_cudnn.set_attribute(d, name, type, n, value), what);
+    }
+    static void set_desc(CudnnDesc d, cudnnBackendAttributeName_t name, CudnnDesc value, const char* what) {
+        set(d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &value, what);
+    }
+
+    // A tensor: real ones carry the uid the variant pack names them by; virtual ones (never in
+    // memory) get one of their own; by-value ones are float scalars read from the host.
+    CudnnDesc tensor(const CudnnDims& dims, const CudnnDims& strides, cudnnDataType_t type, int64_t uid, bool is_virtual = false,
+                bool by_value = false) {
+        CudnnDesc t = make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+        int64_t alignment = 16, id = is_virtual ? next_virtual_uid++ : uid;
+        set(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type, "tensor type");
+        set(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.d, "tensor dimensions");
+        set(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.d, "tensor strides");
+        set(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &id, "tensor id");
+        set(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment, "tensor alignment");
+        bool yes = true;
+        if (is_virtual) set(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &yes, "tensor virtual");
+        if (by_value) set(t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &yes, "tensor by value");
+        cudnn_check(g_cudnn.finalize(t), "finalise a tensor");
+        return t;
+    }
+    // A virtual tensor of the given shape, contiguous.
+    CudnnDesc scratch(const CudnnDims& dims, cudnnDataType_t type = CUDNN_DATA_FLOAT) {
+        CudnnDims strides{{dims.d[1] * dims.d[2] * dims.d[3], dims.d[2] * dims.d[3], dims.d[3], 1}};
+        return tensor(dims, strides, type, 0, true);
+    }
+    CudnnDesc scalar(int64_t uid) {
+        CudnnDims one{{1, 1, 1, 1}};
+        return tensor(one, one, CUDNN_DATA_FLOAT, uid, false, true);
+    }
+
+    // y = mode(x[, b[, t]]), math in float (a comparison's in booleans); GEN_INDEX takes an axis.
+    void pointwise(cudnnPointwiseMode_t mode, CudnnDesc x, CudnnDesc b, CudnnDesc t, CudnnDesc y, int64_t axis = -1,
+                   cudnnDataType_t precision = CUDNN_DATA_FLOAT) {
+        CudnnDesc pw = make(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+        set(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode, "pointwise mode");
+        set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &precision, "pointwise precision");
+        if (axis >= 0) set(pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis, "pointwise axis");
+        cudnn_check(g_cudnn.finalize(pw), "finalise a pointwise descriptor");
+        CudnnDesc op = make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+        set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw, "pointwise op");
+        set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x, "pointwise x");
+        if (b) set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b, "pointwise b");
+        if (t) set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t, "pointwise t");
+        set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y, "pointwise y");
+        float one = 1.0f;
+        set(op, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, CUDNN_TYPE_FLOAT, 1, &one, "pointwise alpha1");
+        set(op, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, 1, &one, "pointwise alpha2");
+        cudnn_check(g_cudnn.finalize(op), "finalise a pointwise op");
+        ops.push_back(op);
+    }
+    // An operation whose attributes `ports` name the descriptors it reads and writes, finalised and added.
+    void operation(cudnnBackendDescriptorType_t type,
+                   std::initializer_list<std::pair<cudnnBackendAttributeName_t, CudnnDesc>> ports) {
+        CudnnDesc op = make(type);
+        for (const auto& port : ports) set_desc(op, port.first, port.second, "operation port");
+        cudnn_check(g_cudnn.finalize(op), "finalise an operation");
+        ops.push_back(op);
+    }
+    // c = a b over the last two dimensions, batched over the first two (broadcast where b has fewer heads).
+    void matmul(CudnnDesc a, CudnnDesc b, CudnnDesc c) {
+        CudnnDesc mm = make(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+        cudnnDataType_t compute = CUDNN_DATA_FLOAT;
+        set(mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute, "matmul compute type");
+        cudnn_check(g_cudnn.finalize(mm), "finalise a matmul descriptor");
+        operation(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, {{CUDNN_ATTR_OPERATION_MATMUL_ADESC, a},
+                                                              {CUDNN_ATTR_OPERATION_MATMUL_BDESC, b},
+                                                              {CUDNN_ATTR_OPERATION_MATMUL_CDESC, c},
+                                                              {CUDNN_ATTR_OPERATION_MATMUL_DESC, mm}});
+    }
+    // y = the sum or maximum of x over the dimensions where y has fewer elements.
+    void reduction(cudnnReduceTensorOp_t mode, CudnnDesc x, CudnnDesc y) {
+        CudnnDesc rd = make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+        cudnnDataType_t compute = CUDNN_DATA_FLOAT;
+        set(rd, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute, "reduction compute type");
+        set(rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode, "reduction operator");
+        cudnn_check(g_cudnn.finalize(rd), "finalise a reduction descriptor");
+        operation(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, {{CUDNN_ATTR_OPERATION_REDUCTION_DESC, rd},
+                                                                 {CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x},
+                                                                 {CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y}});
+    }
+    // y: x seen with other dimensions and strides (a transposed view).
+    void reshape(CudnnDesc x, CudnnDesc y) {
+        operation(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR,
+                  {{CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x}, {CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y}});
+    }
+    // The causal mask on scores s [b, h, T, T]: where the row (query) index is below the column
+    // (key) index, -inf.
+    CudnnDesc causal_mask(CudnnDesc s, CudnnDesc neg_inf, const CudnnDims& square) {
+        CudnnDesc row = scratch(square, CUDNN_DATA_INT32), col = scratch(square, CUDNN_DATA_INT32);
+        CudnnDesc keep = scratch(square, CUDNN_DATA_BOOLEAN), masked = scratch(square);
+        pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, nullptr, row, 2);
+        pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, nullptr, col, 3);
+        pointwise(CUDNN_POINTWISE_CMP_GE, row, col, nullptr, keep, -1, CUDNN_DATA_BOOLEAN);
+        pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, neg_inf, keep, masked);
+        return masked;
+    }
+    // The operation graph of the ops added, finalised; with a handle (null: the graph alone, no GPU).
+    CudnnDesc finish(cudnnHandle_t handle) {
+        CudnnDesc g = make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+        set(g, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, (int64_t)ops.size(), ops.data(),
+            "operation graph ops");
+        if (handle) set(g, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "operation graph handle");
+        cudnn_check(g_cudnn.finalize(g), "finalise the operation graph");
+        return g;
+    }
+};
+
+// The unique ids of the real tensors and scalars.
+enum : int64_t { kUidQ = 1, kUidK, kUidV, kUidO, kUidStats, kUidDOut, kUidDQ, kUidDK, kUidDV, kUidDelta, kUidScale,
+                 kUidNegInf, kUidOne };
+
+struct CudnnShape {
+    int B, T, H, Hkv, D;
+};
+
+// The tensors of ./train's layouts: Q and K inside qk [B, T, H + Hkv, D], V inside qkv
+// [B, T, (H + 2 Hkv) D], O and dO [B, T, H D], Stats = lse [B, H, T]; the gradients like their inputs.
+struct CudnnLayouts {
+    CudnnDims q_dims, q_strides, k_dims, k_strides, v_dims, v_strides, o_dims, o_strides, stats_dims, stats_strides, square;
+    explicit CudnnLayouts(const CudnnShape& s) {
+        const int NH = s.H + s.Hkv;
+        cudnn_bhsd(q_dims, q_strides, s.B, s.H, s.T, s.D, (int64_t)NH * s.D);
+        cudnn_bhsd(k_dims, k_strides, s.B, s.Hkv, s.T, s.D, (int64_t)NH * s.D);
+        cudnn_bhsd(v_dims, v_strides, s.B, s.Hkv, s.T, s.D, (int64_t)(s.H + 2 * s.Hkv) * s.D);
+        cudnn_bhsd(o_dims, o_strides, s.B, s.H, s.T, s.D, (int64_t)s.H * s.D);
+        stats_dims = {{s.B, s.H, s.T, 1}};
+        stats_strides = {{(int64_t)s.H * s.T, s.T, 1, 1}};
+        square = {{s.B, s.H, s.T, s.T}};
+    }
+};
+
+inline void cudnn_attention_forward_graph(CudnnGraph& g, const CudnnShape& s) {
+    CudnnLayouts l(s);
+    CudnnDims kt_dims = l.k_dims, kt_strides = l.k_strides;
+    cudnn_transposed(kt_dims, kt_strides);
+    CudnnDesc q = g.tensor(l.q_dims, l.q_strides, CUDNN_DATA_BFLOAT16, kUidQ);
+    CudnnDesc kt = g.tensor(kt_dims, kt_strides, CUDNN_DATA_BFLOAT16, kUidK);
+    CudnnDesc v = g.tensor(l.v_dims, l.v_strides, CUDNN_DATA_BFLOAT16, kUidV);
+    CudnnDesc o = g.tensor(l.o_dims, l.o_strides, CUDNN_DATA_BFLOAT16, kUidO);
+    CudnnDesc stats = g.tensor(l.stats_dims, l.stats_strides, CUDNN_DATA_FLOAT, kUidStats);
+    CudnnDesc scale = g.scalar(kUidScale), neg_inf = g.scalar(kUidNegInf);
+    CudnnDims rows{{s.B, s.H, s.T, 1}};
+    CudnnDesc scores = g.scratch(l.square), scaled = g.scratch(l.square);
+    g.matmul(q, kt, scores);
+    g.pointwise(CUDNN_POINTWISE_MUL, scores, scale, nullptr, scaled);
+    CudnnDesc masked = g.causal_mask(scaled, neg_inf, l.square);
+    CudnnDesc row_max = g.scratch(rows), shifted = g.scratch(l.square), e = g.scratch(l.square);
+    CudnnDesc row_sum = g.scratch(rows), log_sum = g.scratch(rows), p = g.scratch(l.square, CUDNN_DATA_BFLOAT16);
+    g.reduction(CUDNN_REDUCE_TENSOR_MAX, masked, row_max);
+    g.pointwise(CUDNN_POINTWISE_SUB, masked, row_max, nullptr, shifted);
+    g.pointwise(CUDNN_POINTWISE_EXP, shifted, nullptr, nullptr, e);
+    g.reduction(CUDNN_REDUCE_TENSOR_ADD, e, row_sum);
+    g.pointwise(CUDNN_POINTWISE_LOG, row_sum, nullptr, nullptr, log_sum);
+    g.pointwise(CUDNN_POINTWISE_ADD, row_max, log_sum, nullptr, stats);
+    g.pointwise(CUDNN_POINTWISE_DIV, e, row_sum, nullptr, p);
+    g.matmul(p, v, o);
+}
+
+inline void cudnn_attention_backward_graph(CudnnGraph& g, const CudnnShape& s) {
+    CudnnLayouts l(s);
+    const bool gqa = s.H != s.Hkv;
+    CudnnDims kt_dims = l.k_dims, kt_strides = l.k_strides, vt_dims = l.v_dims, vt_strides = l.v_strides;
+    cudnn_transposed(kt_dims, kt_strides);
+    cudnn_transposed(vt_dims, vt_strides);
+    CudnnDesc q = g.tensor(l.q_dims, l.q_strides, CUDNN_DATA_BFLOAT16, kUidQ);
+    CudnnDesc kt = g.tensor(kt_dims, kt_strides, CUDNN_DATA_BFLOAT16, kUidK);
+    CudnnDesc vt = g.tensor(vt_dims, vt_strides, CUDNN_DATA_BFLOAT16, kUidV);
+    CudnnDesc o = g.tensor(l.o_dims, l.o_strides, CUDNN_DATA_BFLOAT16, kUidO);
+    CudnnDesc dout = g.tensor(l.o_dims, l.o_strides, CUDNN_DATA_BFLOAT16, kUidDOut);
+    CudnnDesc stats = g.tensor(l.stats_dims, l.stats_strides, CUDNN_DATA_FLOAT, kUidStats);
+    CudnnDesc dq = g.tensor(l.q_dims, l.q_strides, CUDNN_DATA_BFLOAT16, kUidDQ);
+    CudnnDesc dk = g.tensor(l.k_dims, l.k_strides, CUDNN_DATA_BFLOAT16, kUidDK);
+    CudnnDesc dv = g.tensor(l.v_dims, l.v_strides, CUDNN_DATA_BFLOAT16, kUidDV);
+    CudnnDesc delta = g.tensor(l.stats_dims, l.stats_strides, CUDNN_DATA_FLOAT, kUidDelta);
+    CudnnDesc scale = g.scalar(kUidScale), neg_inf = g.scalar(kUidNegInf), one = g.scalar(kUidOne);
+    CudnnDims rows{{s.B, s.H, s.T, 1}}, transposed_square{{s.B, s.H, s.T, s.T}};
+    CudnnDims transposed_square_strides{{(int64_t)s.H * s.T * s.T, (int64_t)s.T * s.T, 1, s.T}};
+    // Delta = rowsum(dO * O), kept (non-virtual) for the products below.
+    CudnnDesc prod = g.scratch(l.o_dims), prod_sum = g.scratch(rows);
+    g.pointwise(CUDNN_POINTWISE_MUL, dout, o, nullptr, prod);
+    g.reduction(CUDNN_REDUCE_TENSOR_ADD, prod, prod_sum);
+    g.pointwise(CUDNN_POINTWISE_MUL, prod_sum, one, nullptr, delta);
+    // P from the forward pass's statistics.
+    CudnnDesc scores = g.scratch(l.square), scaled = g.scratch(l.square), centred = g.scratch(l.square);
+    g.matmul(q, kt, scores);
+    g.pointwise(CUDNN_POINTWISE_MUL, scores, scale, nullptr, scaled);
+    g.pointwise(CUDNN_POINTWISE_SUB, scaled, stats, nullptr, centred);
+    CudnnDesc masked = g.causal_mask(centred, neg_inf, l.square);
+    CudnnDesc p = g.scratch(l.square);
+    g.pointwise(CUDNN_POINTWISE_EXP, masked, nullptr, nullptr, p);
+    // A key-side gradient: square^T x, a [b, H, T, T] matrix seen transposed in bf16, summed over
+    // each group's query heads with GQA.
+    auto key_side_product = [&](CudnnDesc square, CudnnDesc x, CudnnDesc gradient) {
+        CudnnDesc square_t = g.tensor(transposed_square, transposed_square_strides, CUDNN_DATA_BFLOAT16, 0, true);
+        g.reshape(square, square_t);
+        if (!gqa) return g.matmul(square_t, x, gradient);
+        CudnnDesc full_heads = g.scratch({{s.B, s.H, s.T, s.D}}, CUDNN_DATA_BFLOAT16);
+        g.matmul(square_t, x, full_heads);
+        g.reduction(CUDNN_REDUCE_TENSOR_ADD, full_heads, gradient);
+    };
+    key_side_product(p, dout, dv);  // dV = P^T dO
+    // dS = P (dO V^T - Delta) scale.
+    CudnnDesc dp = g.scratch(l.square), dp_centred = g.scratch(l.square), dp_p = g.scratch(l.square), ds = g.scratch(l.square);
+    g.matmul(dout, vt, dp);
+    g.pointwise(CUDNN_POINTWISE_SUB, dp, delta, nullptr, dp_centred);
+    g.pointwise(CUDNN_POINTWISE_MUL, dp_centred, p, nullptr, dp_p);
+    g.pointwise(CUDNN_POINTWISE_MUL, dp_p, scale, nullptr, ds);
+    key_side_product(ds, q, dk);  // dK = dS^T Q
+    // dQ = dS K, straight into dQ.
+    CudnnDesc k_view = g.tensor(l.k_dims, l.k_strides, CUDNN_DATA_FLOAT, 0, true);
+    g.reshape(kt, k_view);
+    g.matmul(ds, k_view, dq);
+}
+
+// ---------------------------------------------------------------------------------------------
+// A graph made runnable: the first engine configuration cuDNN's heuristics offer that finalises as
+// an execution plan, and the workspace it needs.
+
+struct CudnnPlan {
+    CudnnGraph graph;
+    CudnnDesc plan = nullptr;
+    int64_t workspace_bytes = 0;
+    std::string engine;
+};
+
+inline void cudnn_make_plan(CudnnPlan& p, cudnnHandle_t handle) {
+    CudnnDesc op_graph = p.graph.finish(handle);
+    CudnnDesc heur = p.graph.make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    CudnnGraph::set_desc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, op_graph, "heuristics graph");
+    cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
+    CudnnGraph::set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics mode");
+    cudnn_check(g_cudnn.finalize(heur), "finalise the heuristics");
+    int64_t count = 0;
+    cudnn_check(g_cudnn.get_attribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr),
+       "count the engine configurations");
+    if (count == 0) throw std::runtime_error("the heuristics offer no engine for this graph");
+    std::vector<CudnnDesc> configs(count);
+    for (CudnnDesc& c : configs) c = p.graph.make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+    cudnn_check(g_cudnn.get_attribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &count,
+                             configs.data()),
+       "read the engine configurations");
+    std::string refusals;
+    for (int64_t i = 0; i < count; i++) {
+        CudnnDesc plan = p.graph.make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+        // The handle again on the plan: cuDNN 9.19 takes it from the graph, versions before 9.11 want it here.
+        CudnnGraph::set(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "plan handle");
+        CudnnGraph::set_desc(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, configs[i], "plan engine configuration");
+        cudnnStatus_t status = g_cudnn.finalize(plan);
+        if (status != CUDNN_STATUS_SUCCESS) {
+            char detail[512] = "";
+            g_cudnn.last_error(detail, sizeof detail);
+            refusals += strprintf(" [%lld: %s %s]", (long long)i, g_cudnn.error_string(status), detail);
+            continue;
+        }
+        cudnn_check(g_cudnn.get_attribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, nullptr,
+                                 &p.workspace_bytes),
+           "read the plan's workspace");
+        p.plan = plan;
+        p.engine = strprintf("configuration %lld of %lld", (long long)i, (long long)count);
+        return;
+    }
+    throw std::runtime_error("no engine configuration finalises:" + refusals);
+}
+
+// Runs a plan with the given (uid, pointer) pairs; the workspace is the caller's.
+inline void cudnn_execute(cudnnHandle_t handle, CudnnPlan& p, const std::vector<std::pair<int64_t, void*>>& tensors, void* workspace) {
+    std::vector<int64_t> uids;
+    std::vector<void*> pointers;
+    for (auto& t : tensors) {
+        uids.push_back(t.first);
+        pointers.push_back(t.second);
+    }
+    CudnnDesc pack;
+    cudnn_check(g_cudnn.create_descriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack), "create the variant pack");
+    try {
+        CudnnGraph::set(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, (int64_t)uids.size(), uids.data(), "pack ids");
+        CudnnGraph::set(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, (int64_t)pointers.size(),
+                   pointers.data(), "pack pointers");
+        CudnnGraph::set(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace, "pack workspace");
+        cudnn_check(g_cudnn.finalize(pack), "finalise the variant pack");
+        cudnn_check(g_cudnn.execute(handle, p.plan, pack), "execute");
+    } catch (...) {
+        g_cudnn.destroy_descriptor(pack);
+        throw;
+    }
+    g_cudnn.destroy_descriptor(pack);
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// What each cuDNN version needs.
+
+// cuDNN's version as text ("9.15.0").
+inline std::string cudnn_version_text(size_t version) {
+    return strprintf("%zu.%zu.%zu", version / 10000, version / 100 % 100, version % 100);
+}
+
+// Why this cuDNN must not take shape s ("" when it may): the versions whose release notes say they
+// compute this attention wrongly.
+inline std::string cudnn_attention_unfit(size_t version, const CudnnShape& s) {
+    if (version >= 91000 && version < 91002) return "cuDNN 9.10.0 and 9.10.1 compute this attention wrongly";
+    if (version <= 91500 && s.T % 128 != 0)
+        return strprintf("cuDNN %s's backward needs T a multiple of 128 (it gives NaN otherwise)",
+                         cudnn_version_text(version).c_str());
+    return "";
+}
+
+// The masked scores' fill: -inf, but finite before cuDNN 9.10, which would form -inf - -inf.
+inline float cudnn_mask_fill(size_t version) { return version < 91000 ? -FLT_MAX : -INFINITY; }
+
+// ---------------------------------------------------------------------------------------------
+// ./train's attention through cuDNN (the candidate build). The library, a handle on the model's
+// stream and each shape's two plans are made when first needed; a shape cuDNN cannot take (the
+// library missing, a version above, no plan) keeps attention.cuh's kernels, and one line says
+// which it is. A statistics step's forward stays with attention.cuh, whose kernels compute the
+// rows' statistics as they go; the backward takes the out and lse of either forward.
+
+struct CudnnAttention {
+    struct Plans {
+        CudnnShape shape;
+        std::unique_ptr<CudnnPlan> forward, backward;  // null: this shape runs on attention.cuh's kernels
+    };
+    bool started = false;
+    std::string unavailable;         // why cuDNN is not used at all ("": it is)
+    cudnnHandle_t handle = nullptr;
+    std::vector<Plans> shapes;       // every shape met
+    void* workspace = nullptr;       // the largest any plan needs
+    int64_t workspace_bytes = 0;
+};
+
+inline bool operator==(const CudnnShape& a, const CudnnShape& b) {
+    return a.B == b.B && a.T == b.T && a.H == b.H && a.Hkv == b.Hkv && a.D == b.D;
+}
+
+// The library and a handle on `stream`; c.unavailable says why not.
+inline void cudnn_attention_start(CudnnAttention& c, cudaStream_t stream) {
+    c.started = true;
+    if (!cudnn_load(&c.unavailable)) return;
+    try {
+        cudnn_check(g_cudnn.create(&c.handle), "create a handle");
+        cudnn_check(g_cudnn.set_stream(c.handle, stream), "set the stream");
+    } catch (const std::exception& e) {
+        c.unavailable = e.what();
+        if (c.handle) g_cudnn.destroy(c.handle);
+        c.handle = nullptr;
+    }
+}
+
+// The plans of shape s, made the first time it is met (with one line saying what runs it); null
+// where attention.cuh's kernels run it.
+inline const CudnnAttention::Plans* cudnn_attention_plans(CudnnAttention& c, const CudnnShape& s, cudaStream_t stream) {
+    for (const CudnnAttention::Plans& p : c.shapes)
+        if (p.shape == s) return p.backward ? &p : nullptr;
+    if (!c.started) cudnn_attention_start(c, stream);
+    CudnnAttention::Plans p{s};
+    std::string why = c.unavailable.empty() ? cudnn_attention_unfit(g_cudnn.get_version(), s) : c.unavailable;
+    if (why.empty()) {
+        try {
+            p.forward.reset(new CudnnPlan);
+            cudnn_attention_forward_graph(p.forward->graph, s);
+            cudnn_make_plan(*p.forward, c.handle);
+            p.backward.reset(new CudnnPlan);
+            cudnn_attention_backward_graph(p.backward->graph, s);
+            cudnn_make_plan(*p.backward, c.handle);
+        } catch (const std::exception& e) {
+            why = e.what();
+            p.forward.reset();
+            p.backward.reset();
+        }
+    }
+    if (p.backward) {
+        int64_t need = std::max(p.forward->workspace_bytes, p.backward->workspace_bytes);
+        if (need > c.workspace_bytes) {  // the old one may still be in use by queued work
+            cudaCheck(cudaStreamSynchronize(stream));
+            cudaCheck(cudaFree(c.workspace));
+            cudaCheck(cudaMalloc(&c.workspace, need));
+            c.workspace_bytes = need;
+        }
+    }
+    if (g_fail_rank <= 0) {
+        std::string shape = strprintf("attention at %d x %d:", s.B, s.T);
+        if (p.backward)
+            printf("%s cuDNN %s's fused kernels (%.1f MiB of workspace; a statistics step's forward: ./train's)\n",
+                   shape.c_str(), cudnn_version_text(g_cudnn.get_version()).c_str(), c.workspace_bytes / 1048576.0);
+        else
+            printf("%s ./train's kernels (not cuDNN's: %s)\n", shape.c_str(), why.c_str());
+    }
+    c.shapes.push_back(std::move(p));
+    return c.shapes.back().backward ? &c.shapes.back() : nullptr;
+}
+
+// out and lse (attention.cuh's layouts) through cuDNN; false, with nothing done, where this shape
+// keeps attention.cuh's kernels.
+inline bool cudnn_attention_forward(CudnnAttention& c, bf16* out, float* lse, const bf16* qk, const bf16* qkv, int B,
+                                    int T, int H, int Hkv, int D, cudaStream_t stream) {
+    const CudnnAttention::Plans* p = cudnn_attention_plans(c, {B, T, H, Hkv, D}, stream);
+    if (!p) return false;
+    float scale = 1.0f / sqrtf((float)D), fill = cudnn_mask_fill(g_cudnn.get_version());
+    bf16* q = const_cast<bf16*>(qk);
+    bf16* v = const_cast<bf16*>(qkv) + (size_t)(H + Hkv) * D;
+    try {
+        cudnn_execute(c.handle, *p->forward, {{kUidQ, q}, {kUidK, q + (size_t)H * D}, {kUidV, v}, {kUidO, out},
+                                             {kUidStats, lse}, {kUidScale, &scale}, {kUidNegInf, &fill}},
+                      c.workspace);
+    } catch (const std::exception& e) {
+        fail("cuDNN attention forward at %d x %d: %s", B, T, e.what());
+    }
+    return true;
+}
+
+// dqk and dqkv's value heads (as attention_backward writes them; delta: B * H * T floats of
+// workspace) through cuDNN; false, with nothing done, where this shape keeps attention.cuh's kernels.
+inline bool cudnn_attention_backward(CudnnAttention& c, bf16* dqk, bf16* dqkv, float* delta, const bf16* dout,
+                                     const bf16* out, const float* lse, const bf16* qk, const bf16* qkv, int B, int T,
+                                     int H, int Hkv, int D, cudaStream_t stream) {
+    const CudnnAttention::Plans* p = cudnn_attention_plans(c, {B, T, H, Hkv, D}, stream);
+    if (!p) return false;
+    float scale = 1.0f / sqrtf((float)D), fill = cudnn_mask_fill(g_cudnn.get_version()), one = 1.0f;
+    const size_t k_offset = (size_t)H * D, v_offset = (size_t)(H + Hkv) * D;
+    bf16* q = const_cast<bf16*>(qk);
+    try {
+        cudnn_execute(c.handle, *p->backward,
+                      {{kUidQ, q}, {kUidK, q + k_offset}, {kUidV, const_cast<bf16*>(qkv) + v_offset},
+                       {kUidO, const_cast<bf16*>(out)}, {kUidDOut, const_cast<bf16*>(dout)},
+                       {kUidStats, const_cast<float*>(lse)}, {kUidDQ, dqk}, {kUidDK, dqk + k_offset},
+                       {kUidDV, dqkv + v_offset}, {kUidDelta, delta}, {kUidScale, &scale}, {kUidNegInf, &fill},
+                       {kUidOne, &one}},
+                      c.workspace);
+    } catch (const std::exception& e) {
+        fail("cuDNN attention backward at %d x %d: %s", B, T, e.what());
+    }
+    return true;
+}
+
+inline void cudnn_attention_free(CudnnAttention& c) {
+    c.shapes.clear();  // the plans' descriptors before the handle
+    if (c.handle) g_cudnn.destroy(c.handle);
+    cudaCheck(cudaFree(c.workspace));
+    c = CudnnAttention();
+}
+#else
+// Built without cuDNN's headers: nothing is handed to cuDNN (said once, in the candidate build).
+struct CudnnAttention {
+    bool said = false;
+};
+inline bool cudnn_attention_said_missing(CudnnAttention& c) {
+    if (!c.said && g_fail_rank <= 0) printf("attention: ./train's kernels (this build has no cuDNN: no cudnn_graph.h)\n");
+    c.said = true;
+    return false;
+}
+inline bool cudnn_attention_forward(CudnnAttention& c, bf16*, float*, const bf16*, const bf16*, int, int, int, int, int,
+                                    cudaStream_t) {
+    return cudnn_attention_said_missing(c);
+}
+inline bool cudnn_attention_backward(CudnnAttention& c, bf16*, bf16*, float*, const bf16*, const bf16*, const float*,
+                                     const bf16*, const bf16*, int, int, int, int, int, cudaStream_t) {
+    return cudnn_attention_said_missing(c);
+}
+inline void cudnn_attention_free(CudnnAttention&) {}
+#endif
