@@ -103,7 +103,7 @@ struct GpuModel : ModelShape {  // and backend.h's ModelShape
     // train (trains false) has no grads, adam_m or adam_v.
     bool use_nccl = false;  // several processes (or TRAIN_NCCL=1): the collectives of nccl.cuh
     Nccl nccl;
-    CudnnAttention cudnn;   // the candidate build's attention on steps without statistics (cudnn_attention.cuh)
+    CudnnAttention cudnn;   // the candidate build's attention (cudnn_attention.cuh)
     // Everything on the device lives in one allocation, `memory`, carved by gpu_carve.
     void* memory = nullptr;
     float *params, *grads, *adam_m, *adam_v;  // float32, the layout of config.h
@@ -313,15 +313,19 @@ static float* gpu_param_f32(GpuModel& g, int kind, int l = 0) { return g.params 
 static float* gpu_grad(GpuModel& g, int kind, int l = 0) { return g.grads + param_offset(g.cfg, kind, l); }
 
 // A layer's attention. The candidate build hands it to cuDNN's fused kernels where cuDNN takes the
-// shape (`cudnn`, model_forward says when), and attention.cuh's kernels run it otherwise: they
-// compute the rows' statistics as they go. Either backward takes the out and lse of either forward.
+// shape (`cudnn`: model_forward says when), attention.cuh's kernels run it otherwise. On a
+// statistics step cuDNN's out and lse still go on: attention.cuh's kernel runs beside it for the
+// rows' statistics alone, its own out and lse into buffers free until the backward (datty,
+// att_delta), so that taking statistics never changes what the model computes. Either backward
+// takes the out and lse of either forward.
 static void layer_attention_forward(GpuModel& g, Activations<bf16>& la, bool stats, bool cudnn, int B, int T) {
     const ModelConfig& c = g.cfg;
-    if (cudnn && cudnn_attention_forward(g.cudnn, la.atty, la.att_lse, la.qk_rope, la.qkv, B, T, c.n_head, c.n_kv_head,
-                                         c.head_dim, g.stream))
-        return;
-    attention_forward(la.atty, la.att_lse, stats ? la.row_stats : nullptr, g.doc_bits, la.qk_rope, la.qkv, B, T,
-                      c.n_head, c.n_kv_head, c.head_dim, g.stream);
+    Activations<bf16>& a = g.acts;
+    bool fused = cudnn && cudnn_attention_forward(g.cudnn, la.atty, la.att_lse, la.qk_rope, la.qkv, B, T, c.n_head,
+                                                  c.n_kv_head, c.head_dim, g.stream);
+    if (fused && !stats) return;
+    attention_forward(fused ? a.datty : la.atty, fused ? a.att_delta : la.att_lse, stats ? la.row_stats : nullptr,
+                      g.doc_bits, la.qk_rope, la.qkv, B, T, c.n_head, c.n_kv_head, c.head_dim, g.stream);
 }
 static void layer_attention_backward(GpuModel& g, Activations<bf16>& la, int B, int T) {
     const ModelConfig& c = g.cfg;
@@ -358,10 +362,9 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
     mark("embedding");
     embedding_forward(a.emb, g.tokens, gpu_param(g, P_WTE), N, C, s);
     ActivationDims dims = activation_dims(c, B, T, g.Vp);
-    // cuDNN's attention (the candidate build) on the passes that train or evaluate, not a statistics
-    // step's (attention.cuh's kernels compute the statistics) nor a sample's (a new T every token,
-    // and cuDNN makes plans for each shape).
-    bool cudnn = kCandidateKernels && targets && !tm;
+    // cuDNN's attention (the candidate build) on the passes that train or evaluate, not a sample's (a
+    // new T every token, and cuDNN makes plans for each shape).
+    bool cudnn = kCandidateKernels && targets;
     for (int l = 0; l < L; l++) {
         Activations<bf16> la = layer_activations(a, dims, l);  // this layer's part of each buffer
         const bf16* x = l == 0 ? a.emb : layer_activations(a, dims, l - 1).res_mlp;

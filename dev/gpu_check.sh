@@ -100,8 +100,8 @@ row device 0 "$(head -1 <<<"$gpus" | cut -c1-80); $(cat "$g/COMMIT" 2>/dev/null 
 limited 600 reference env PYTHONPATH=scripts "$py" test/reference.py --out build/ref
 row reference $? "$(tail -1 "$logs/reference.log" | cut -c1-120)"
 checks 600 cuda_parity "$g/bin/test_gpt_cuda" build/ref
-checks 600 cuda_parity_candidates "$g/bin/test_gpt_cuda_candidates" build/ref
-for k in "$g"/bin/dev_*; do checks 300 "$(basename "$k")" "$k"; done
+checks 600 cuda_parity_candidates "${with_cudnn[@]}" "$g/bin/test_gpt_cuda_candidates" build/ref
+for k in "$g"/bin/dev_*; do checks 300 "$(basename "$k")" "${with_cudnn[@]}" "$k"; done
 
 # -- d6 training runs on the GPU --------------------------------------------------------------------
 data=(-i "$g/data/train_*.bin" -j "$g/data/val_*.bin" -k "$g/data/tokenizer.model")

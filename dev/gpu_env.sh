@@ -8,7 +8,9 @@ g=build/gpu
 py=${PYTHON:-python3}
 export LD_LIBRARY_PATH="$g/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # The library folders of PyTorch's CUDA wheels (cuDNN, NVRTC, ...), for the programs that load
-# cuDNN at run time (dev_cudnn_attention, train_candidates): after the rest of the path, so that
-# they add what the machine lacks rather than replace what it has.
+# cuDNN at run time (dev_cudnn_attention, train_candidates, test_gpt_cuda_candidates): a command
+# prefixed with "${with_cudnn[@]}" runs with them after the rest of the path. Only those: a folder
+# on LD_LIBRARY_PATH comes before the system's own libraries (ld.so.cache), so a wheel's cuBLAS
+# would replace the machine's for every program.
 wheel_libs=$("$py" -c 'import glob, site; print(":".join(sorted(glob.glob(site.getsitepackages()[0] + "/nvidia/*/lib"))))' 2>/dev/null)
-export LD_LIBRARY_PATH="$LD_LIBRARY_PATH${wheel_libs:+:$wheel_libs}"
+with_cudnn=(env "LD_LIBRARY_PATH=$LD_LIBRARY_PATH${wheel_libs:+:$wheel_libs}")

@@ -8,8 +8,11 @@
 # while SPEED_SECONDS (default 150) last, PyTorch's torch.compile recipe of scripts/bench.py at
 # 8 x 2048 with the reports' statistics never and every 10 steps (each compiles first: a minute or
 # more); then the phases of one run of each build, statistics every 10 steps, and the device's time
-# per kind of work in its steps with and without statistics (--profile 2). scripts/bench.py gpu is
-# the full benchmark; this is its part that fits what is left of a device call.
+# per kind of work in its steps with and without statistics (--profile 2). Both builds run with
+# the wheels' libraries on the path (gpu_env.sh's with_cudnn: train_candidates loads cuDNN from
+# there), so that they use the same ones. Each train_candidates run's line of what runs its
+# attention (cuDNN's kernels, or why not) is printed once. scripts/bench.py gpu is the full
+# benchmark; this is its part that fits what is left of a device call.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 deadline=$((SECONDS + ${SPEED_SECONDS:-150}))
@@ -31,13 +34,17 @@ for B in ${SPEED_BATCHES:-8 4}; do
         for binary in train train_candidates; do
             [ "$binary" = train ] || [ -x "$g/bin/$binary" ] || continue
             name=d22_b${B}_s${every}_$binary
-            if timeout 60 "$g/bin/$binary" "${data[@]}" -m d22 -b "$B" -t 2048 -x 30 -s "$every" --device cuda \
+            if timeout 60 "${with_cudnn[@]}" "$g/bin/$binary" "${data[@]}" -m d22 -b "$B" -t 2048 -x 30 -s "$every" --device cuda \
                 -o "$runs/$name" >"$runs/$name.log" 2>&1; then
                 printf '  %-18s %d x 2048, statistics every %-2s %s ms, final loss %s\n' "./$binary" "$B" "$every" \
                     "$(mean_ms "$runs/$name/run.attnlog")" "$(final_loss "$runs/$name/run.attnlog")"
             else
                 printf '  %-18s %d x 2048, statistics every %-2s FAILED: %s\n' "./$binary" "$B" "$every" \
                     "$(tail -1 "$runs/$name.log" | cut -c1-150)"
+            fi
+            if [ "$binary" = train_candidates ] && [ -z "${attention_said:-}" ]; then
+                grep '^attention' "$runs/$name.log" | cut -c1-200 | sed 's/^/    /'
+                attention_said=1
             fi
         done
     done
@@ -56,6 +63,6 @@ done
 for binary in train train_candidates; do
     [ "$binary" = train ] || [ -x "$g/bin/$binary" ] || continue
     echo "  ./$binary, d22 8 x 2048, statistics every 10 steps, --profile 2:"
-    timeout 60 "$g/bin/$binary" "${data[@]}" -m d22 -b 8 -t 2048 -x 30 -s 10 --profile 2 --device cuda \
+    timeout 60 "${with_cudnn[@]}" "$g/bin/$binary" "${data[@]}" -m d22 -b 8 -t 2048 -x 30 -s 10 --profile 2 --device cuda \
         -o "$runs/profile_$binary" 2>&1 | sed -n '/^profile/,/^  sum/p' | sed 's/^/  /'
 done

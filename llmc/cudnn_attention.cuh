@@ -433,10 +433,13 @@ inline std::string cudnn_version_text(size_t version) {
 }
 
 // Why this cuDNN must not take shape s ("" when it may): the versions whose release notes say they
-// compute this attention wrongly.
+// compute this attention wrongly, and the shapes whose tensors cannot all be 16-byte aligned (each
+// layer's lse starts B H T floats after the last).
 inline std::string cudnn_attention_unfit(size_t version, const CudnnShape& s) {
+    if (s.D % 8 != 0 || (int64_t)s.B * s.H * s.T % 4 != 0)
+        return "its tensors are not all 16-byte aligned (head_dim a multiple of 8 and B H T of 4 are)";
     if (version >= 91000 && version < 91002) return "cuDNN 9.10.0 and 9.10.1 compute this attention wrongly";
-    if (version <= 91500 && s.T % 128 != 0)
+    if (version < 91600 && s.T % 128 != 0)
         return strprintf("cuDNN %s's backward needs T a multiple of 128 (it gives NaN otherwise)",
                          cudnn_version_text(version).c_str());
     return "";
@@ -446,11 +449,11 @@ inline std::string cudnn_attention_unfit(size_t version, const CudnnShape& s) {
 inline float cudnn_mask_fill(size_t version) { return version < 91000 ? -FLT_MAX : -INFINITY; }
 
 // ---------------------------------------------------------------------------------------------
-// ./train's attention through cuDNN (the candidate build). The library, a handle on the model's
-// stream and each shape's two plans are made when first needed; a shape cuDNN cannot take (the
-// library missing, a version above, no plan) keeps attention.cuh's kernels, and one line says
-// which it is. A statistics step's forward stays with attention.cuh, whose kernels compute the
-// rows' statistics as they go; the backward takes the out and lse of either forward.
+// ./train's attention through cuDNN (the candidate build). The library, a handle and each shape's
+// two plans are made when first needed; a shape cuDNN cannot take (the library missing, a version
+// or shape above, no plan, no memory for the workspace) keeps attention.cuh's kernels, and one line
+// says which it is. The rows' statistics stay with attention.cuh's forward kernel (train_gpt.cu's
+// layer_attention_forward); the backward takes the out and lse of either forward.
 
 struct CudnnAttention {
     struct Plans {
@@ -505,13 +508,19 @@ inline const CudnnAttention::Plans* cudnn_attention_plans(CudnnAttention& c, con
             p.backward.reset();
         }
     }
-    if (p.backward) {
-        int64_t need = std::max(p.forward->workspace_bytes, p.backward->workspace_bytes);
-        if (need > c.workspace_bytes) {  // the old one may still be in use by queued work
-            cudaCheck(cudaStreamSynchronize(stream));
-            cudaCheck(cudaFree(c.workspace));
-            cudaCheck(cudaMalloc(&c.workspace, need));
+    int64_t need = p.backward ? std::max(p.forward->workspace_bytes, p.backward->workspace_bytes) : 0;
+    if (need > c.workspace_bytes) {  // the old workspace may still be in use by queued work
+        cudaCheck(cudaStreamSynchronize(stream));
+        cudaCheck(cudaFree(c.workspace));
+        c.workspace_bytes = 0;
+        if (cudaMalloc(&c.workspace, need) == cudaSuccess) {
             c.workspace_bytes = need;
+        } else {
+            cudaGetLastError();  // not a sticky error: clear it, and leave this shape to attention.cuh
+            c.workspace = nullptr;
+            why = strprintf("no device memory for its %.1f MiB of workspace", need / 1048576.0);
+            p.forward.reset();
+            p.backward.reset();
         }
     }
     if (g_fail_rank <= 0) {
@@ -527,15 +536,17 @@ inline const CudnnAttention::Plans* cudnn_attention_plans(CudnnAttention& c, con
 }
 
 // out and lse (attention.cuh's layouts) through cuDNN; false, with nothing done, where this shape
-// keeps attention.cuh's kernels.
+// keeps attention.cuh's kernels (or an array is not 16-byte aligned, which the shape's check rules
+// out for ./train's buffers).
 inline bool cudnn_attention_forward(CudnnAttention& c, bf16* out, float* lse, const bf16* qk, const bf16* qkv, int B,
                                     int T, int H, int Hkv, int D, cudaStream_t stream) {
     const CudnnAttention::Plans* p = cudnn_attention_plans(c, {B, T, H, Hkv, D}, stream);
-    if (!p) return false;
+    if (!p || !aligned_16({out, lse, qk, qkv})) return false;
     float scale = 1.0f / sqrtf((float)D), fill = cudnn_mask_fill(g_cudnn.get_version());
     bf16* q = const_cast<bf16*>(qk);
     bf16* v = const_cast<bf16*>(qkv) + (size_t)(H + Hkv) * D;
     try {
+        cudnn_check(g_cudnn.set_stream(c.handle, stream), "set the stream");
         cudnn_execute(c.handle, *p->forward, {{kUidQ, q}, {kUidK, q + (size_t)H * D}, {kUidV, v}, {kUidO, out},
                                              {kUidStats, lse}, {kUidScale, &scale}, {kUidNegInf, &fill}},
                       c.workspace);
@@ -551,11 +562,12 @@ inline bool cudnn_attention_backward(CudnnAttention& c, bf16* dqk, bf16* dqkv, f
                                      const bf16* out, const float* lse, const bf16* qk, const bf16* qkv, int B, int T,
                                      int H, int Hkv, int D, cudaStream_t stream) {
     const CudnnAttention::Plans* p = cudnn_attention_plans(c, {B, T, H, Hkv, D}, stream);
-    if (!p) return false;
+    if (!p || !aligned_16({dqk, dqkv, delta, dout, out, lse, qk, qkv})) return false;
     float scale = 1.0f / sqrtf((float)D), fill = cudnn_mask_fill(g_cudnn.get_version()), one = 1.0f;
     const size_t k_offset = (size_t)H * D, v_offset = (size_t)(H + Hkv) * D;
     bf16* q = const_cast<bf16*>(qk);
     try {
+        cudnn_check(g_cudnn.set_stream(c.handle, stream), "set the stream");
         cudnn_execute(c.handle, *p->backward,
                       {{kUidQ, q}, {kUidK, q + k_offset}, {kUidV, const_cast<bf16*>(qkv) + v_offset},
                        {kUidO, const_cast<bf16*>(out)}, {kUidDOut, const_cast<bf16*>(dout)},
