@@ -314,18 +314,22 @@ static float* gpu_grad(GpuModel& g, int kind, int l = 0) { return g.grads + para
 
 // A layer's attention. The candidate build hands it to cuDNN's fused kernels where cuDNN takes the
 // shape (`cudnn`: model_forward says when), attention.cuh's kernels run it otherwise. On a
-// statistics step cuDNN's out and lse still go on: attention.cuh's kernel runs beside it for the
-// rows' statistics alone, its own out and lse into buffers free until the backward (datty,
-// att_delta), so that taking statistics never changes what the model computes. Either backward
-// takes the out and lse of either forward.
+// statistics step cuDNN's out and lse still go on, and attention.cuh's kernel computes the rows'
+// statistics beside it (its lse, and where it must its output too, into buffers free until the
+// backward: att_delta, datty), so that taking statistics never changes what the model computes.
+// Either backward takes the out and lse of either forward.
 static void layer_attention_forward(GpuModel& g, Activations<bf16>& la, bool stats, bool cudnn, int B, int T) {
     const ModelConfig& c = g.cfg;
     Activations<bf16>& a = g.acts;
-    bool fused = cudnn && cudnn_attention_forward(g.cudnn, la.atty, la.att_lse, la.qk_rope, la.qkv, B, T, c.n_head,
-                                                  c.n_kv_head, c.head_dim, g.stream);
-    if (fused && !stats) return;
-    attention_forward(fused ? a.datty : la.atty, fused ? a.att_delta : la.att_lse, stats ? la.row_stats : nullptr,
-                      g.doc_bits, la.qk_rope, la.qkv, B, T, c.n_head, c.n_kv_head, c.head_dim, g.stream);
+    const int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim;
+    bool fused = cudnn && cudnn_attention_forward(g.cudnn, la.atty, la.att_lse, la.qk_rope, la.qkv, B, T, H, Hkv, D,
+                                                  g.stream);
+    if (!fused)
+        attention_forward(la.atty, la.att_lse, stats ? la.row_stats : nullptr, g.doc_bits, la.qk_rope, la.qkv, B, T, H,
+                          Hkv, D, g.stream);
+    else if (stats)
+        attention_row_stats(a.att_delta, la.row_stats, a.datty, g.doc_bits, la.qk_rope, la.qkv, B, T, H, Hkv, D,
+                            g.stream);
 }
 static void layer_attention_backward(GpuModel& g, Activations<bf16>& la, int B, int T) {
     const ModelConfig& c = g.cfg;

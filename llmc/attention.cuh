@@ -11,8 +11,10 @@
 //           block on the side each kernel keeps (two blocks of 16 rows a warp): the same bits, no
 //           faster on an H100 (dev_attention measures it; nothing else asks for it).
 // attention_forward / attention_backward pick what attention_auto says: mma at D = 64 and 128
-// where the device has the shared memory for it, simple otherwise. Both backward passes are
-// deterministic: each output element is summed by one thread in a fixed order, with no atomics.
+// where the device has the shared memory for it, simple otherwise; attention_row_stats computes
+// the rows' statistics alone (for a step whose output comes from cuDNN's kernels,
+// cudnn_attention.cuh). Both backward passes are deterministic: each output element is summed by
+// one thread in a fixed order, with no atomics.
 //
 // Layouts, row-major; B batch, T sequence, H query heads, Hkv key/value heads (H % Hkv == 0, query
 // head h reads key/value head h / (H / Hkv)), D head width:
@@ -385,15 +387,16 @@ constexpr int attention_kv_buffers_smem_bytes() {
 
 // Double buffering over the key/value tiles of a sequence: starts copying tile `index + 1` into
 // the buffers not in use (when index < last), then waits until tile `index` has landed in
-// k_tiles[index % 2] and v_tiles[index % 2], and synchronises the block.
-template <int D, int LD>
+// k_tiles[index % 2] and v_tiles[index % 2] (the keys alone without VALUES), and synchronises the
+// block.
+template <int D, int LD, bool VALUES = true>
 __device__ __forceinline__ void next_kv_tiles(bf16 (*k_tiles)[kMmaTile * LD], bf16 (*v_tiles)[kMmaTile * LD],
                                               const bf16* keys, const bf16* values, size_t qk_stride,
                                               size_t qkv_stride, int index, int last, int T) {
     if (index < last) {
         const int buffer = index % 2, j_next = (index + 1) * kMmaTile;
         load_tile_async<D, LD>(k_tiles[1 - buffer], keys, qk_stride, j_next, T);
-        load_tile_async<D, LD>(v_tiles[1 - buffer], values, qkv_stride, j_next, T);
+        if (VALUES) load_tile_async<D, LD>(v_tiles[1 - buffer], values, qkv_stride, j_next, T);
         cp_async_commit();
         cp_async_wait<1>();
     } else {
@@ -562,8 +565,9 @@ __device__ __forceinline__ void online_softmax_tile(RowBlockSoftmax& rb, float (
 }
 
 // The end of a block of rows: each lane summed its own 16 columns of each tile, so the quad adds
-// up its shares; then the rows before T store their output (o / l), log-sum-exp and statistics.
-template <int D, bool WITH_STATS>
+// up its shares; then the rows before T store their output (o / l; not without OUTPUT), log-sum-exp
+// and statistics.
+template <int D, bool WITH_STATS, bool OUTPUT = true>
 __device__ __forceinline__ void store_row_block(bf16* out, float* lse, float* row_stats, RowBlockSoftmax& rb,
                                                 const float (&o)[D / 8][4], int b, int h, int B, int T, int H, int c) {
     const size_t rows = (size_t)B * H * T;
@@ -579,9 +583,11 @@ __device__ __forceinline__ void store_row_block(bf16* out, float* lse, float* ro
         if (t < T) {
             float inv_l = 1.0f / rb.l[r];
             bf16* y = out + ((size_t)b * T + t) * H * D + (size_t)h * D + 2 * c;
+            if (OUTPUT) {
 #pragma unroll
-            for (int nd = 0; nd < D / 8; nd++)
-                *reinterpret_cast<__nv_bfloat162*>(y + nd * 8) = __floats2bfloat162_rn(o[nd][2 * r] * inv_l, o[nd][2 * r + 1] * inv_l);
+                for (int nd = 0; nd < D / 8; nd++)
+                    *reinterpret_cast<__nv_bfloat162*>(y + nd * 8) = __floats2bfloat162_rn(o[nd][2 * r] * inv_l, o[nd][2 * r + 1] * inv_l);
+            }
             if (c == 0)
                 store_row_results<WITH_STATS>(lse, row_stats, ((size_t)b * H + h) * T + t, rows, rb.m[r], rb.l[r], rb.a[r],
                                               rb.s_first[r], rb.doc[r]);
@@ -596,11 +602,15 @@ __device__ __forceinline__ void store_row_block(bf16* out, float* lse, float* ro
 // its 16 x D output sums. Key/value tiles are double-buffered: tile i + 1 is copied in while tile i
 // is in use. MB = 1 is what ./train runs; MB = 2 (a warp's 32 rows share each B fragment it loads
 // from shared memory: ATTENTION_MMA_WIDE) measured no faster, and slower with the statistics.
-template <int D, int MB, bool WITH_STATS, int MIN_BLOCKS = 0>
+// STATS_ONLY: the rows' statistics and lse alone, no output (out unused): no values are read and no
+// P V product is made, for a step whose output comes from elsewhere (cuDNN's kernels). The
+// statistics are the same bits as the full kernel's: the same instructions make them.
+template <int D, int MB, bool WITH_STATS, int MIN_BLOCKS = 0, bool STATS_ONLY = false>
 __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_forward_mma_kernel(bf16* out, float* lse,
         float* row_stats, const uint32_t* doc_bits, const bf16* qk, const bf16* qkv, int B, int T, int H, int Hkv) {
     static_assert(D % 32 == 0, "D must be a multiple of 32");
     static_assert(MB == 1 || MB == 2, "a query tile stages in one or two of the shared tiles");
+    static_assert(!STATS_ONLY || WITH_STATS, "the statistics alone need the statistics");
     constexpr int LD = D + kMmaTilePad, kQueryTile = MB * kMmaTile;
     extern __shared__ __align__(16) unsigned char kv_shared[];  // attention_kv_buffers_smem_bytes<D>()
     bf16 (*k_tiles)[kMmaTile * LD] = reinterpret_cast<bf16 (*)[kMmaTile * LD]>(kv_shared);  // 2 buffers
@@ -622,7 +632,7 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_forward_mma
     if (MB == 2) load_tile_async<D, LD>(v_tiles[1], queries, qk_stride, q0 + kMmaTile, T);
     cp_async_commit();
     load_tile_async<D, LD>(k_tiles[0], keys, qk_stride, 0, T);
-    load_tile_async<D, LD>(v_tiles[0], values, qkv_stride, 0, T);
+    if (!STATS_ONLY) load_tile_async<D, LD>(v_tiles[0], values, qkv_stride, 0, T);
     cp_async_commit();
     // The warp's queries, as the A operands of S = Q K^T: block mb is the tile's rows
     // 16 (MB warp + mb) .. + 15.
@@ -646,7 +656,8 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_forward_mma
     const uint32_t* row_bits = WITH_STATS && doc_bits ? doc_bits + (size_t)b * words : nullptr;  // the sequence's
     for (int k_tile_index = 0; k_tile_index <= last_k_tile; k_tile_index++) {
         const int j0 = k_tile_index * kMmaTile, buffer = k_tile_index % 2;
-        next_kv_tiles<D, LD>(k_tiles, v_tiles, keys, values, qk_stride, qkv_stride, k_tile_index, last_k_tile, T);
+        next_kv_tiles<D, LD, !STATS_ONLY>(k_tiles, v_tiles, keys, values, qk_stride, qkv_stride, k_tile_index,
+                                          last_k_tile, T);
         // A tile whose first key comes after every query of the warp adds nothing to its rows
         // (with MB = 2 the last tile for the first half of the query tile's warps).
         if (j0 <= warp_q0 + 16 * MB - 1) {
@@ -659,12 +670,13 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_forward_mma
 #pragma unroll
             for (int mb = 0; mb < MB; mb++)
                 online_softmax_tile<D, WITH_STATS>(rb[mb], s[mb], o[mb], j0, T, diagonal, tile_bits, scale, c);
-            mma_block_scores_times_tile<D, LD, MB, kMmaTile>(o, s, v_tiles[buffer], lane);
+            if (!STATS_ONLY) mma_block_scores_times_tile<D, LD, MB, kMmaTile>(o, s, v_tiles[buffer], lane);
         }
         __syncthreads();  // every warp is done with this buffer before the next iteration refills it
     }
 #pragma unroll
-    for (int mb = 0; mb < MB; mb++) store_row_block<D, WITH_STATS>(out, lse, row_stats, rb[mb], o[mb], b, h, B, T, H, c);
+    for (int mb = 0; mb < MB; mb++)
+        store_row_block<D, WITH_STATS, !STATS_ONLY>(out, lse, row_stats, rb[mb], o[mb], b, h, B, T, H, c);
 }
 
 // Shared memory of the dK/dV kernel, in bytes: the block's MB * 64 keys and values, two buffers
@@ -1063,13 +1075,19 @@ inline void allow_shared_memory(Kernel kernel, int bytes) {
 // The mma kernels' MIN_BLOCKS, __launch_bounds__'s second argument: the blocks an SM must be able
 // to hold at once, which caps each thread's registers. ./train's is 0, none given: ptxas then
 // allocates on its own (dK/dV 177 registers, dQ 174, the forward 135 at D = 64 on sm_90), and a 1
-// lets it take up to 255. dev_attention measures what other values do.
-template <int D, int MB, int MIN_BLOCKS = 0>
+// lets it take up to 255. dev_attention measures what other values do. STATS_ONLY: the kernel's
+// form without the output (row_stats required).
+template <int D, int MB, int MIN_BLOCKS = 0, bool STATS_ONLY = false>
 inline void attention_forward_mma(bf16* out, float* lse, float* row_stats, const uint32_t* doc_bits, const bf16* qk,
                                   const bf16* qkv, int B, int T, int H, int Hkv, cudaStream_t stream) {
     constexpr int smem = attention_kv_buffers_smem_bytes<D>();
     dim3 grid(ceil_div(T, MB * kMmaTile), H, B);
-    if (row_stats) {
+    if (STATS_ONLY) {
+        if (!row_stats) fail("internal: the attention's statistics alone, without row_stats");
+        allow_shared_memory(attention_forward_mma_kernel<D, MB, true, MIN_BLOCKS, true>, smem);
+        attention_forward_mma_kernel<D, MB, true, MIN_BLOCKS, true>
+            <<<grid, kMmaThreads, smem, stream>>>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv);
+    } else if (row_stats) {
         allow_shared_memory(attention_forward_mma_kernel<D, MB, true, MIN_BLOCKS>, smem);
         attention_forward_mma_kernel<D, MB, true, MIN_BLOCKS>
             <<<grid, kMmaThreads, smem, stream>>>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv);
@@ -1132,6 +1150,21 @@ inline void attention_forward(bf16* out, float* lse, float* row_stats, const uin
     } else {
         attention_forward_simple<4>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, D, stream);
     }
+}
+
+// The rows' statistics (row_stats, non-null) and lse alone, the bits attention_forward gives them, for
+// a step whose output comes from elsewhere (cuDNN's kernels): where the mma kernels run, their form
+// without the P V product; elsewhere attention_forward itself, its output into out_scratch.
+inline void attention_row_stats(float* lse, float* row_stats, bf16* out_scratch, const uint32_t* doc_bits,
+                                const bf16* qk, const bf16* qkv, int B, int T, int H, int Hkv, int D,
+                                cudaStream_t stream) {
+    AttentionImpl impl = attention_prepare(ATTENTION_AUTO, B, T, H, Hkv, D, {out_scratch, qk, qkv}, {lse, row_stats});
+    if (impl == ATTENTION_MMA && D == 64)
+        attention_forward_mma<64, 1, 0, true>(nullptr, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, stream);
+    else if (impl == ATTENTION_MMA && D == 128)
+        attention_forward_mma<128, 1, 0, true>(nullptr, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, stream);
+    else
+        attention_forward(out_scratch, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, D, stream, impl);
 }
 
 // dqk (all of it) and the value heads of dqkv from dout and the forward pass's inputs, out and lse.

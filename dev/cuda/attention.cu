@@ -333,6 +333,28 @@ static void check_wide_matches_mma(const Problem& p) {
     report(same, prefix + "backward gives mma's bits (dq, dk, dv)", same ? "" : "they differ");
 }
 
+// attention_row_stats (the statistics alone, for a step whose output comes from cuDNN) against
+// attention_forward with statistics, bit for bit: lse and every row statistic (the mma kernel
+// without its P V product makes them with the same instructions).
+static void check_row_stats_alone(const Problem& p) {
+    const Shape& s = p.s;
+    auto run = [&](bool alone) {
+        poison(p.d_out, p.out_size);
+        poison(p.d_lse, p.rows);
+        poison(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
+        if (alone)
+            attention_row_stats(p.d_lse, p.d_stats, p.d_out, p.d_doc_bits, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0);
+        else
+            attention_forward(p.d_out, p.d_lse, p.d_stats, p.d_doc_bits, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        return std::make_pair(host_copy(p.d_lse, p.rows), host_copy(p.d_stats, ATTN_NUM_ROW_STATS * p.rows));
+    };
+    auto full = run(false), alone = run(true);
+    bool same = same_bits(full.first, alone.first) && same_bits(full.second, alone.second);
+    report(same, "statistics alone " + shape_name(s) + ": attention_forward's bits (lse, statistics)",
+           same ? "" : "they differ");
+}
+
 
 // ---------------------------------------------------------------------------------------------
 // Registers against occupancy: the mma kernels' MIN_BLOCKS (attention.cuh: the blocks an SM must be
@@ -445,6 +467,12 @@ static void benchmark(const Shape& s) {
                fwd_flops / (fwd_stats * 1e-3) * 1e-12);
         printf("%-8s %-24s %10.3f %10.1f\n", impl_name(impl), "backward", bwd, bwd_flops / (bwd * 1e-3) * 1e-12);
     }
+    // The statistics alone (attention_row_stats: the mma kernel without P V), FLOPs counted as the
+    // forward's, so that the column compares with the rows above.
+    float alone = time_ms([&] {
+        attention_row_stats(p.d_lse, p.d_stats, p.d_out, p.d_doc_bits, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0);
+    }, 20);
+    printf("%-8s %-24s %10.3f %10.1f\n", "auto", "statistics alone", alone, fwd_flops / (alone * 1e-3) * 1e-12);
     cudaCheck(cudaDeviceSynchronize());
     free_problem(p);
 }
@@ -491,6 +519,7 @@ int main(int argc, char** argv) {
             validate(p, ref, impl);
         }
         if (attention_supports(ATTENTION_MMA_WIDE, s.D)) check_wide_matches_mma(p);
+        check_row_stats_alone(p);
         free_problem(p);
     }
 
