@@ -67,27 +67,37 @@ __global__ void rmsnorm_backward_kernel(bf16* dx, float* dg_partial, const bf16*
     }
 }
 
-// out[i] += sum over p of partial[p * stride + i], for i < cols. A block of 32 x 8 threads takes 32
-// columns; thread row g adds the parts g, g + 8, g + 16, ... in order, then row 0 adds the eight
-// sums in order: a fixed order (the same bits every run) with 8x the parallelism of one thread
-// per column.
+// out[i] += sum over p of partial[p * stride + i], for i < cols. A block of 32 x G threads takes 32
+// columns; thread row g adds the parts g, g + G, g + 2G, ... in order, then row 0 adds the G sums
+// in order: a fixed order (the same bits every run) with G times the parallelism of one thread per
+// column. ./train's G is 8 (a d22 layer's 1,024 partial rows: 128 loads a thread, which the
+// compiler unrolls by 4: 32 memory latencies); the candidate's (kCandidateKernels) is 32, with 8
+// loads in flight (DEEP): 4 latencies.
+template <int G, bool DEEP>
 __global__ void column_sum_kernel(float* out, const float* partial, int parts, int cols, int stride) {
-    __shared__ float sums[8][32];
+    __shared__ float sums[G][32];
     int col = blockIdx.x * 32 + threadIdx.x, g = threadIdx.y;
     float acc = 0.0f;
-    if (col < cols)
-        for (int p = g; p < parts; p += 8) acc += partial[(size_t)p * stride + col];
+    if (col < cols && DEEP) {
+#pragma unroll 8
+        for (int p = g; p < parts; p += G) acc += partial[(size_t)p * stride + col];
+    } else if (col < cols) {
+        for (int p = g; p < parts; p += G) acc += partial[(size_t)p * stride + col];
+    }
     sums[g][threadIdx.x] = acc;
     __syncthreads();
     if (g == 0 && col < cols) {
         float total = 0.0f;
-        for (int k = 0; k < 8; k++) total += sums[k][threadIdx.x];
+        for (int k = 0; k < G; k++) total += sums[k][threadIdx.x];
         out[col] += total;
     }
 }
 
 inline void column_sum(float* out, const float* partial, int parts, int cols, int stride, cudaStream_t s) {
-    column_sum_kernel<<<ceil_div(cols, 32), dim3(32, 8), 0, s>>>(out, partial, parts, cols, stride);
+    if (kCandidateKernels)
+        column_sum_kernel<32, true><<<ceil_div(cols, 32), dim3(32, 32), 0, s>>>(out, partial, parts, cols, stride);
+    else
+        column_sum_kernel<8, false><<<ceil_div(cols, 32), dim3(32, 8), 0, s>>>(out, partial, parts, cols, stride);
     cuda_check_launch();
 }
 
