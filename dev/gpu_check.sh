@@ -103,13 +103,23 @@ if ! grep -q '^GPU ' <<<"$gpus"; then
     exit 1
 fi
 row device 0 "$(head -1 <<<"$gpus" | cut -c1-80); $(cat "$g/COMMIT" 2>/dev/null || echo 'commit unknown')"
+for name in ${CHECK_PARTS:-}; do  # a name that is no part would otherwise leave the parts it meant unrun, silently
+    case " reference cuda_parity cuda_parity_candidates dev d6 python d22 " in *" $name "*) continue ;; esac
+    [ -x "$g/bin/$name" ] && [[ $name == dev_* ]] && continue
+    row "$name" 1 "CHECK_PARTS names no such part"
+done
 if part reference; then
     limited 600 reference env PYTHONPATH=scripts "$py" test/reference.py --out build/ref
     row reference $? "$(tail -1 "$logs/reference.log" | cut -c1-120)"
 fi
 part cuda_parity && checks 600 cuda_parity "$g/bin/test_gpt_cuda" build/ref
 part cuda_parity_candidates && checks 600 cuda_parity_candidates "${with_cudnn[@]}" "$g/bin/test_gpt_cuda_candidates" build/ref
-for k in "$g"/bin/dev_*; do part "$(basename "$k")" && checks 300 "$(basename "$k")" "${with_cudnn[@]}" "$k"; done
+for k in "$g"/bin/dev_*; do
+    name=$(basename "$k")
+    prefix=()  # the wheels' libraries only for the program that loads cuDNN (gpu_env.sh)
+    [ "$name" = dev_cudnn_attention ] && prefix=("${with_cudnn[@]}")
+    part "$name" && checks 300 "$name" "${prefix[@]}" "$k"
+done
 
 # -- d6 training runs on the GPU --------------------------------------------------------------------
 data=(-i "$g/data/train_*.bin" -j "$g/data/val_*.bin" -k "$g/data/tokenizer.model")
@@ -176,7 +186,7 @@ fi
 # -- transformers and tokenizers (the machine's python has them) ---------------------------------------
 # CHECK_SKIP_PYTHON=1 leaves this part out (host code only: the import, the export, the tokenizer),
 # for a device call that needs its time for the GPU's own parts.
-if [ "${CHECK_SKIP_PYTHON:-0}" = 1 ]; then
+if part python && [ "${CHECK_SKIP_PYTHON:-0}" = 1 ]; then
     echo "transformers, tokenizers   not run (CHECK_SKIP_PYTHON=1)"
 elif part python; then
     limited 900 python env HF_LOGITS_BIN="$g/bin/hf_logits" TRAIN_BIN="$g/bin/train" PYTHONPATH=scripts:test \

@@ -581,9 +581,9 @@ __device__ __forceinline__ void store_row_block(bf16* out, float* lse, float* ro
         }
         const int t = rb.t[r];
         if (t < T) {
-            float inv_l = 1.0f / rb.l[r];
-            bf16* y = out + ((size_t)b * T + t) * H * D + (size_t)h * D + 2 * c;
             if (OUTPUT) {
+                float inv_l = 1.0f / rb.l[r];
+                bf16* y = out + ((size_t)b * T + t) * H * D + (size_t)h * D + 2 * c;
 #pragma unroll
                 for (int nd = 0; nd < D / 8; nd++)
                     *reinterpret_cast<__nv_bfloat162*>(y + nd * 8) = __floats2bfloat162_rn(o[nd][2 * r] * inv_l, o[nd][2 * r + 1] * inv_l);
@@ -1082,7 +1082,7 @@ inline void attention_forward_mma(bf16* out, float* lse, float* row_stats, const
                                   const bf16* qkv, int B, int T, int H, int Hkv, cudaStream_t stream) {
     constexpr int smem = attention_kv_buffers_smem_bytes<D>();
     dim3 grid(ceil_div(T, MB * kMmaTile), H, B);
-    if (STATS_ONLY) {
+    if constexpr (STATS_ONLY) {
         if (!row_stats) fail("internal: the attention's statistics alone, without row_stats");
         allow_shared_memory(attention_forward_mma_kernel<D, MB, true, MIN_BLOCKS, true>, smem);
         attention_forward_mma_kernel<D, MB, true, MIN_BLOCKS, true>

@@ -509,15 +509,15 @@ inline const CudnnAttention::Plans* cudnn_attention_plans(CudnnAttention& c, con
         }
     }
     int64_t need = p.backward ? std::max(p.forward->workspace_bytes, p.backward->workspace_bytes) : 0;
-    if (need > c.workspace_bytes) {  // the old workspace may still be in use by queued work
-        cudaCheck(cudaStreamSynchronize(stream));
-        cudaCheck(cudaFree(c.workspace));
-        c.workspace_bytes = 0;
-        if (cudaMalloc(&c.workspace, need) == cudaSuccess) {
+    if (need > c.workspace_bytes) {  // a larger workspace first, so that a failure leaves the old one to the others
+        void* larger = nullptr;
+        if (cudaMalloc(&larger, need) == cudaSuccess) {
+            cudaCheck(cudaStreamSynchronize(stream));  // the old one may still be in use by queued work
+            cudaCheck(cudaFree(c.workspace));
+            c.workspace = larger;
             c.workspace_bytes = need;
         } else {
             cudaGetLastError();  // not a sticky error: clear it, and leave this shape to attention.cuh
-            c.workspace = nullptr;
             why = strprintf("no device memory for its %.1f MiB of workspace", need / 1048576.0);
             p.forward.reset();
             p.backward.reset();
@@ -526,7 +526,7 @@ inline const CudnnAttention::Plans* cudnn_attention_plans(CudnnAttention& c, con
     if (g_fail_rank <= 0) {
         std::string shape = strprintf("attention at %d x %d:", s.B, s.T);
         if (p.backward)
-            printf("%s cuDNN %s's fused kernels (%.1f MiB of workspace; a statistics step's forward: ./train's)\n",
+            printf("%s cuDNN %s's fused kernels (%.1f MiB of workspace; statistics: ./train's kernel beside them)\n",
                    shape.c_str(), cudnn_version_text(g_cudnn.get_version()).c_str(), c.workspace_bytes / 1048576.0);
         else
             printf("%s ./train's kernels (not cuDNN's: %s)\n", shape.c_str(), why.c_str());
