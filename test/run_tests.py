@@ -4,7 +4,8 @@ C++ test programs print one line per check ("PASS name" / "FAIL name: why"), whi
 fraction of its tolerance a comparison used; this prints the failures and the checks that used
 half of their tolerance or more. pytest suites are counted from their JUnit report, and list every
 comparison's margin at the end (test/conftest.py). Tests that need a GPU run only when one is
-present; otherwise one line says they were skipped. Each fuzzing harness of test/fuzz runs briefly from its seeds (one
+present; otherwise one line says they were skipped (cuDNN's attention graphs, which need its library
+but no GPU, are finalised wherever the build has them). Each fuzzing harness of test/fuzz runs briefly from its seeds (one
 line each), and the CPU tests and a short training run run again built with ASan and UBSan.
 Run through `make test`, which builds what this runs first; `--only sanitize` runs the sanitizers'
 part alone (`make sanitize`).
@@ -158,6 +159,8 @@ def main():
         run_cpp("CUDA parity with the PyTorch reference", ["build/test_gpt_cuda", "build/ref"], totals)
     else:
         print("== CUDA parity: skipped (no GPU on this machine)")
+    if os.path.exists(os.path.join(ROOT, "build/dev_cudnn_attention")):  # cuDNN's graphs need the library, not a GPU
+        run_cpp("cuDNN attention graphs of ./train's candidate build", ["build/dev_cudnn_attention", "--graph-only"], totals)
     tests = sorted(f"{folder}/{f}" for folder in ("test", "test/fuzz") for f in os.listdir(os.path.join(ROOT, folder))
                    if f.startswith("test_") and f.endswith(".py"))
     run_pytest(tests, totals)
