@@ -16,6 +16,7 @@
 # data/brown is not. The PyTorch reference is made on the GPU machine (its python3 has torch).
 # There, from the repository root (python3's tarfile unpacks it: no xz program needed):
 #   python3 -m tarfile -e build/gpu.tar.xz build && bash build/gpu/check.sh
+# or a session's two device calls, each unpacking it where needed: bash dev/gpu_session.sh verify|speed
 # (device tool: carry ["build/gpu.tar.xz"]) and the benchmark (./train against PyTorch eager and
 # torch.compile; then the per-kernel times):
 #   TRAIN_BIN=build/gpu/bin/train LD_LIBRARY_PATH=build/gpu/lib python3 scripts/bench.py gpu --data-dir build/gpu/data --kernels

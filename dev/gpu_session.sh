@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The two device calls of a lent GPU session, from the repository root, with build/gpu.tar.xz carried
+# (dev/gpu_bundle.sh made it). Each call unpacks the bundle and makes the PyTorch reference where the
+# machine lacks them: a machine left idle for 30 s goes back, and the next call gets a bare one.
+#   bash dev/gpu_session.sh verify   the default build as a whole (the reference, cuda_parity), then
+#                                    the reports' experiment (dev/gpu_experiment.sh) in the time left
+#   bash dev/gpu_session.sh speed    the candidates' checks (their parity, cuDNN's attention, the
+#                                    attention and telemetry kernels), then dev/gpu_speed.sh at 8 x 2048
+# Each ends within SESSION_SECONDS (default 560: a device call of 600 s with time to spare); the
+# tables print as they come, the logs and the experiment's archives go into OUT. CONFIGS and SEEDS
+# pass to gpu_experiment.sh (the runs a previous call did not make).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+start=$SECONDS
+budget=${SESSION_SECONDS:-560}
+left() { echo $((budget - (SECONDS - start))); }
+[ -x build/gpu/bin/train ] || python3 -m tarfile -e build/gpu.tar.xz build || { echo "no bundle: build/gpu.tar.xz"; exit 1; }
+reference() { [ -e build/ref/debug_state.bin ] || echo reference; }
+case ${1:-} in
+    verify)
+        CHECK_PARTS="$(reference) cuda_parity" CHECK_SECONDS=$(( $(left) < 200 ? $(left) : 200 )) bash dev/gpu_check.sh
+        EXPERIMENT_SECONDS=$(left) bash dev/gpu_experiment.sh
+        ;;
+    speed)
+        CHECK_PARTS="$(reference) cuda_parity_candidates dev_cudnn_attention dev_attention dev_telemetry" \
+            CHECK_SECONDS=$(( $(left) < 300 ? $(left) : 300 )) bash dev/gpu_check.sh
+        SPEED_BATCHES=8 SPEED_SECONDS=$(( $(left) - 45 )) bash dev/gpu_speed.sh  # 45 s: its two --profile runs
+        ;;
+    *)
+        echo "usage: bash dev/gpu_session.sh verify|speed" >&2
+        exit 2
+        ;;
+esac
