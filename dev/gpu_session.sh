@@ -19,7 +19,9 @@ reference() { [ -e build/ref/debug_state.bin ] || echo reference; }
 case ${1:-} in
     verify)
         CHECK_PARTS="$(reference) cuda_parity" CHECK_SECONDS=$(( $(left) < 200 ? $(left) : 200 )) bash dev/gpu_check.sh
-        EXPERIMENT_SECONDS=$(left) bash dev/gpu_experiment.sh
+        # Runs first (PROBES=0 unless asked): the probes cost a run's time each, and one more run of a
+        # configuration, with PROBES=1 and one seed, makes the checkpoint they need in a later call.
+        PROBES=${PROBES:-0} EXPERIMENT_SECONDS=$(left) bash dev/gpu_experiment.sh
         ;;
     speed)  # what decides the defaults first: the candidates' correctness and cuDNN's, then the times
         CHECK_PARTS="$(reference) cuda_parity_candidates dev_cudnn_attention" \
