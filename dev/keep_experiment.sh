@@ -8,7 +8,8 @@
 #   MANIFEST         the command, the commit and the device, and what `attnlog reduce` said
 #   probes/          the probes' tables, JSON and figures, when the run was probed
 # A run is staged inside DEST and renamed into place whole; a run kept already is left as it is,
-# never overwritten. A run that cannot be kept (no log, an unreadable one) is reported and the
+# never overwritten, except that a second run of its command with probes (gpu_experiment.sh's
+# PROBES=1) adds them when its losses are the kept run's, bit for bit. A run that cannot be kept (no log, an unreadable one) is reported and the
 # others are kept; the status is then 1. Prints each run and the size of DEST. Then, from the
 # repository root, one command redraws the experiment's report:
 #   /usr/bin/python3 scripts/report.py DEST/*/run.attnlog.xz -o DEST/report
@@ -38,6 +39,25 @@ keep_run() {  # the unpacked run's folder, its staging folder: the files to keep
     if [ -d "$run/probes" ]; then cp -r "$run/probes" "$staged/" || return 1; fi
 }
 
+# The probes of a run kept without them, from a second run of its command: added only when the two
+# runs' losses are the same, every step, bit for bit (./train gives the same bits for the same command,
+# commit and device), so that they are the kept run's probes.
+add_probes() {  # the unpacked run, the kept run
+    local run=$1 kept=$2 name
+    name=$(basename "$kept")
+    if ! PYTHONPATH="$root/scripts" "$py" -c 'import sys, attnlog
+a, b = (attnlog.open_log(p).scalars("loss")[1] for p in sys.argv[1:])
+sys.exit(0 if len(a) > 0 and list(a) == list(b) else 1)' "$run/run.attnlog" "$kept/run.attnlog.xz" 2>/dev/null; then
+        echo "$name: kept already; this run's probes not added: its losses are not the kept run's"
+        failed=1
+        return
+    fi
+    cp -r "$run/probes" "$work/probes_$name" && mv "$work/probes_$name" "$kept/probes" &&
+        echo "probes: from a second run of the same command, the same losses ($(grep -E '^(commit|device):' "$run/MANIFEST" | tr '\n' ' '))" \
+            >>"$kept/MANIFEST" && echo "$name: kept already; its probes added from a second run with the same losses" ||
+        { echo "$name: its probes could not be added"; failed=1; }
+}
+
 failed=0
 for archive in "${archives[@]}"; do
     unpacked=$work/$(basename "$archive" .tar.xz)
@@ -47,7 +67,9 @@ for archive in "${archives[@]}"; do
         run=${run%/}
         name=$(basename "$run")
         kept=$dest/$name
-        if [ -e "$kept" ]; then
+        if [ -e "$kept" ] && [ ! -e "$kept/probes" ] && [ -d "$run/probes" ]; then
+            add_probes "$run" "$kept"
+        elif [ -e "$kept" ]; then
             echo "$name: kept already in $kept, left as it is"
         elif why=$(keep_run "$run" "$work/staged_$name"); then
             mv "$work/staged_$name" "$kept"
