@@ -9,9 +9,10 @@
 // (nvidia/cudnn/lib; dev/gpu_env.sh puts that on LD_LIBRARY_PATH).
 //
 // Usage: build/dev_cudnn_attention [--graph-only]
-//   --graph-only  builds and finalises the two operation graphs and stops there; that needs no GPU
-//                 (only the library), so it checks the graphs' construction on any machine (make
-//                 test runs it; without the library or a build with cuDNN it says so and checks nothing).
+//   --graph-only  checks which shapes and versions ./train hands to cuDNN, builds and finalises the
+//                 two operation graphs and stops there; that needs no GPU (only the library), so it
+//                 checks the graphs' construction on any machine (make test runs it; without the
+//                 library or a build with cuDNN it says so and checks nothing).
 // CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr make cuDNN say why a graph or plan is refused.
 // Build: make build/dev_cudnn_attention.
 #include <cstring>
@@ -25,6 +26,34 @@
 
 static std::string shape_name(const CudnnShape& s) {
     return strprintf("B%d T%d H%d:%d D%d", s.B, s.T, s.H, s.Hkv, s.D);
+}
+
+// Which shapes and versions ./train hands to cuDNN (cudnn_attention_unfit): the known-wrong
+// versions and the unaligned shapes refused, the rest taken (host logic: no library, no GPU).
+static void check_unfit_rules() {
+    const CudnnShape d22{4, 2048, 8, 8, 64}, odd_t{2, 200, 8, 2, 64};
+    struct Case {
+        size_t version;
+        CudnnShape shape;
+        bool taken;
+        const char* what;
+    } cases[] = {
+        {91900, d22, true, "9.19.0, the d22 layer"},
+        {90100, d22, true, "9.1.0, the d22 layer"},
+        {91000, d22, false, "9.10.0 (computes this attention wrongly)"},
+        {91001, d22, false, "9.10.1 (likewise)"},
+        {91002, d22, true, "9.10.2"},
+        {91500, odd_t, false, "9.15.0, T = 200"},
+        {91501, odd_t, false, "9.15.1, T = 200 (every 9.15)"},
+        {91600, odd_t, true, "9.16.0, T = 200"},
+        {91900, {1, 2048, 8, 8, 60}, false, "head_dim 60 (rows not 16-byte aligned)"},
+        {91900, {1, 129, 3, 1, 64}, false, "B H T = 387 (a layer's lse not 16-byte aligned)"},
+    };
+    for (const Case& k : cases) {
+        std::string why = cudnn_attention_unfit(k.version, k.shape);
+        report(why.empty() == k.taken, strprintf("cuDNN takes %s: %s", k.what, k.taken ? "yes" : "no"),
+               why.empty() ? "taken" : why);
+    }
 }
 
 // Both graphs finalise as operation graphs (no handle, no GPU).
@@ -205,6 +234,7 @@ int main(int argc, char** argv) {
         {1, 300, 4, 2, 128},    // head_dim 128, T not a multiple of 64
     };
     if (graph_only) {
+        check_unfit_rules();
         for (const CudnnShape& s : shapes) check_graphs(s);
     } else if (require_gpu()) {
         cudnnHandle_t handle = nullptr;
