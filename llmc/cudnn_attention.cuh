@@ -448,6 +448,32 @@ inline std::string cudnn_attention_unfit(size_t version, const CudnnShape& s) {
 // The masked scores' fill: -inf, but finite before cuDNN 9.10, which would form -inf - -inf.
 inline float cudnn_mask_fill(size_t version) { return version < 91000 ? -FLT_MAX : -INFINITY; }
 
+// The two plans run on attention.cuh's layouts (the tensors' places in qk, qkv and dqk, dqkv, and
+// the scalars): out and lse from qk and qkv; dqk and dqkv's value heads from dout, out and lse,
+// with delta (B * H * T floats) as cuDNN's Delta.
+inline void cudnn_attention_run_forward(cudnnHandle_t handle, CudnnPlan& plan, void* workspace, bf16* out, float* lse,
+                                        const bf16* qk, const bf16* qkv, int H, int Hkv, int D) {
+    float scale = 1.0f / sqrtf((float)D), fill = cudnn_mask_fill(g_cudnn.get_version());
+    bf16 *q = const_cast<bf16*>(qk), *v = const_cast<bf16*>(qkv) + (size_t)(H + Hkv) * D;
+    cudnn_execute(handle, plan, {{kUidQ, q}, {kUidK, q + (size_t)H * D}, {kUidV, v}, {kUidO, out}, {kUidStats, lse},
+                                 {kUidScale, &scale}, {kUidNegInf, &fill}},
+                  workspace);
+}
+inline void cudnn_attention_run_backward(cudnnHandle_t handle, CudnnPlan& plan, void* workspace, bf16* dqk, bf16* dqkv,
+                                         float* delta, const bf16* dout, const bf16* out, const float* lse,
+                                         const bf16* qk, const bf16* qkv, int H, int Hkv, int D) {
+    float scale = 1.0f / sqrtf((float)D), fill = cudnn_mask_fill(g_cudnn.get_version()), one = 1.0f;
+    const size_t k_offset = (size_t)H * D, v_offset = (size_t)(H + Hkv) * D;
+    bf16* q = const_cast<bf16*>(qk);
+    cudnn_execute(handle, plan,
+                  {{kUidQ, q}, {kUidK, q + k_offset}, {kUidV, const_cast<bf16*>(qkv) + v_offset},
+                   {kUidO, const_cast<bf16*>(out)}, {kUidDOut, const_cast<bf16*>(dout)},
+                   {kUidStats, const_cast<float*>(lse)}, {kUidDQ, dqk}, {kUidDK, dqk + k_offset},
+                   {kUidDV, dqkv + v_offset}, {kUidDelta, delta}, {kUidScale, &scale}, {kUidNegInf, &fill},
+                   {kUidOne, &one}},
+                  workspace);
+}
+
 // ---------------------------------------------------------------------------------------------
 // ./train's attention through cuDNN (the candidate build). The library, a handle and each shape's
 // two plans are made when first needed; a shape cuDNN cannot take (the library missing, a version
@@ -472,13 +498,12 @@ inline bool operator==(const CudnnShape& a, const CudnnShape& b) {
     return a.B == b.B && a.T == b.T && a.H == b.H && a.Hkv == b.Hkv && a.D == b.D;
 }
 
-// The library and a handle on `stream`; c.unavailable says why not.
-inline void cudnn_attention_start(CudnnAttention& c, cudaStream_t stream) {
+// The library and a handle (its stream is set at every call); c.unavailable says why not.
+inline void cudnn_attention_start(CudnnAttention& c) {
     c.started = true;
     if (!cudnn_load(&c.unavailable)) return;
     try {
         cudnn_check(g_cudnn.create(&c.handle), "create a handle");
-        cudnn_check(g_cudnn.set_stream(c.handle, stream), "set the stream");
     } catch (const std::exception& e) {
         c.unavailable = e.what();
         if (c.handle) g_cudnn.destroy(c.handle);
@@ -488,10 +513,10 @@ inline void cudnn_attention_start(CudnnAttention& c, cudaStream_t stream) {
 
 // The plans of shape s, made the first time it is met (with one line saying what runs it); null
 // where attention.cuh's kernels run it.
-inline const CudnnAttention::Plans* cudnn_attention_plans(CudnnAttention& c, const CudnnShape& s, cudaStream_t stream) {
-    for (const CudnnAttention::Plans& p : c.shapes)
+inline CudnnAttention::Plans* cudnn_attention_plans(CudnnAttention& c, const CudnnShape& s, cudaStream_t stream) {
+    for (CudnnAttention::Plans& p : c.shapes)
         if (p.shape == s) return p.backward ? &p : nullptr;
-    if (!c.started) cudnn_attention_start(c, stream);
+    if (!c.started) cudnn_attention_start(c);
     CudnnAttention::Plans p{s};
     std::string why = c.unavailable.empty() ? cudnn_attention_unfit(g_cudnn.get_version(), s) : c.unavailable;
     if (why.empty()) {
@@ -540,16 +565,11 @@ inline const CudnnAttention::Plans* cudnn_attention_plans(CudnnAttention& c, con
 // out for ./train's buffers).
 inline bool cudnn_attention_forward(CudnnAttention& c, bf16* out, float* lse, const bf16* qk, const bf16* qkv, int B,
                                     int T, int H, int Hkv, int D, cudaStream_t stream) {
-    const CudnnAttention::Plans* p = cudnn_attention_plans(c, {B, T, H, Hkv, D}, stream);
+    CudnnAttention::Plans* p = cudnn_attention_plans(c, {B, T, H, Hkv, D}, stream);
     if (!p || !aligned_16({out, lse, qk, qkv})) return false;
-    float scale = 1.0f / sqrtf((float)D), fill = cudnn_mask_fill(g_cudnn.get_version());
-    bf16* q = const_cast<bf16*>(qk);
-    bf16* v = const_cast<bf16*>(qkv) + (size_t)(H + Hkv) * D;
     try {
         cudnn_check(g_cudnn.set_stream(c.handle, stream), "set the stream");
-        cudnn_execute(c.handle, *p->forward, {{kUidQ, q}, {kUidK, q + (size_t)H * D}, {kUidV, v}, {kUidO, out},
-                                             {kUidStats, lse}, {kUidScale, &scale}, {kUidNegInf, &fill}},
-                      c.workspace);
+        cudnn_attention_run_forward(c.handle, *p->forward, c.workspace, out, lse, qk, qkv, H, Hkv, D);
     } catch (const std::exception& e) {
         fail("cuDNN attention forward at %d x %d: %s", B, T, e.what());
     }
@@ -561,20 +581,12 @@ inline bool cudnn_attention_forward(CudnnAttention& c, bf16* out, float* lse, co
 inline bool cudnn_attention_backward(CudnnAttention& c, bf16* dqk, bf16* dqkv, float* delta, const bf16* dout,
                                      const bf16* out, const float* lse, const bf16* qk, const bf16* qkv, int B, int T,
                                      int H, int Hkv, int D, cudaStream_t stream) {
-    const CudnnAttention::Plans* p = cudnn_attention_plans(c, {B, T, H, Hkv, D}, stream);
+    CudnnAttention::Plans* p = cudnn_attention_plans(c, {B, T, H, Hkv, D}, stream);
     if (!p || !aligned_16({dqk, dqkv, delta, dout, out, lse, qk, qkv})) return false;
-    float scale = 1.0f / sqrtf((float)D), fill = cudnn_mask_fill(g_cudnn.get_version()), one = 1.0f;
-    const size_t k_offset = (size_t)H * D, v_offset = (size_t)(H + Hkv) * D;
-    bf16* q = const_cast<bf16*>(qk);
     try {
         cudnn_check(g_cudnn.set_stream(c.handle, stream), "set the stream");
-        cudnn_execute(c.handle, *p->backward,
-                      {{kUidQ, q}, {kUidK, q + k_offset}, {kUidV, const_cast<bf16*>(qkv) + v_offset},
-                       {kUidO, const_cast<bf16*>(out)}, {kUidDOut, const_cast<bf16*>(dout)},
-                       {kUidStats, const_cast<float*>(lse)}, {kUidDQ, dqk}, {kUidDK, dqk + k_offset},
-                       {kUidDV, dqkv + v_offset}, {kUidDelta, delta}, {kUidScale, &scale}, {kUidNegInf, &fill},
-                       {kUidOne, &one}},
-                      c.workspace);
+        cudnn_attention_run_backward(c.handle, *p->backward, c.workspace, dqk, dqkv, delta, dout, out, lse, qk, qkv, H,
+                                     Hkv, D);
     } catch (const std::exception& e) {
         fail("cuDNN attention backward at %d x %d: %s", B, T, e.what());
     }

@@ -131,8 +131,6 @@ static void experiment(cudnnHandle_t handle, const CudnnShape& s, bool timing) {
     ours_forward();
     ours_backward();
 
-    float scale = 1.0f / sqrtf((float)s.D), neg_inf = cudnn_mask_fill(g_cudnn.get_version()), one = 1.0f;
-    const size_t v_offset = (size_t)(s.H + s.Hkv) * s.D, k_offset = (size_t)s.H * s.D;
     // The plans, each reported on its own, so that one refused leaves the other's checks and times.
     CudnnPlan fwd, bwd;
     for (int backward = 0; backward < 2; backward++) {
@@ -152,9 +150,7 @@ static void experiment(cudnnHandle_t handle, const CudnnShape& s, bool timing) {
     const double fwd_flops = 2.0 * 2.0 * s.B * s.H * (double)s.T * s.T * s.D / 2.0, bwd_flops = 2.5 * fwd_flops;
     if (fwd.plan) {
         auto cudnn_forward = [&] {
-            cudnn_execute(handle, fwd, {{kUidQ, qk}, {kUidK, qk + k_offset}, {kUidV, qkv + v_offset}, {kUidO, out},
-                                  {kUidStats, lse}, {kUidScale, &scale}, {kUidNegInf, &neg_inf}},
-                    workspace);
+            cudnn_attention_run_forward(handle, fwd, workspace, out, lse, qk, qkv, s.H, s.Hkv, s.D);
         };
         try {
             cudnn_forward();
@@ -173,11 +169,8 @@ static void experiment(cudnnHandle_t handle, const CudnnShape& s, bool timing) {
     if (bwd.plan) {
         // From ./train's forward pass (out, lse), so that this check needs nothing of cuDNN's forward.
         auto cudnn_backward = [&] {
-            cudnn_execute(handle, bwd, {{kUidQ, qk}, {kUidK, qk + k_offset}, {kUidV, qkv + v_offset}, {kUidO, out_ref},
-                                  {kUidDOut, dout}, {kUidStats, lse_ref}, {kUidDQ, dqk}, {kUidDK, dqk + k_offset},
-                                  {kUidDV, dqkv + v_offset}, {kUidDelta, delta}, {kUidScale, &scale},
-                                  {kUidNegInf, &neg_inf}, {kUidOne, &one}},
-                    workspace);
+            cudnn_attention_run_backward(handle, bwd, workspace, dqk, dqkv, delta, dout, out_ref, lse_ref, qk, qkv, s.H,
+                                         s.Hkv, s.D);
         };
         try {
             cudnn_backward();
