@@ -6,9 +6,10 @@
 # after the first two, from the run's log, and the final loss), each followed by the same run of
 # train_candidates (the candidate kernels in place of the defaults) when the bundle has it; then,
 # while SPEED_SECONDS (default 150) last, PyTorch's torch.compile recipe of scripts/bench.py at
-# 8 x 2048 with the reports' statistics never and every 10 steps (each compiles first: a minute or
-# more); then the phases of one run of each build, statistics every 10 steps, and the device's time
-# per kind of work in its steps with and without statistics (--profile 2). Both builds run with
+# 8 x 2048 with the reports' statistics every 10 steps and never (one process: it compiles the step
+# with and without statistics once, a minute or more); then the phases of one run of each build,
+# statistics every 10 steps, and the device's time per kind of work in its steps with and without
+# statistics (--profile 2); every run's printed output into OUT/gpu_speed_logs.tar.gz. Both builds run with
 # the wheels' libraries on the path (gpu_env.sh's with_cudnn: train_candidates loads cuDNN from
 # there), so that they use the same ones. Each train_candidates run's line of what runs its
 # attention (cuDNN's kernels, or why not) is printed once. scripts/bench.py gpu is the full
@@ -49,20 +50,26 @@ for B in ${SPEED_BATCHES:-8 4}; do
         done
     done
 done
-for every in 0 10; do
-    left=$((deadline - SECONDS))
-    [ "$left" -gt 20 ] || { echo "  torch.compile, statistics every $every: no time left"; continue; }
-    timeout "$left" env PYTHONPATH=scripts "$py" -c 'import sys, types, attnlog, bench, torch
-every, log = int(sys.argv[1]), sys.argv[2]
+left=$((deadline - SECONDS))
+if [ "$left" -gt 20 ]; then  # one process, one compilation: every 10 steps (the goal's comparison) first
+    timeout "$left" env PYTHONPATH=scripts PYTHONUNBUFFERED=1 "$py" -c 'import sys, types, attnlog, bench, torch
 args = types.SimpleNamespace(warmup=2)
-ms = bench.bench_torch_gpu(args, attnlog.open_log(log).config, 8, 2048, 30, True, every)
-print(f"  PyTorch {torch.__version__} torch.compile 8 x 2048, statistics every {every:<2} " +
-      ("needs PyTorch >= 2.5 with CUDA" if ms is None else f"{ms:.2f} ms"))' "$every" "$runs/d22_b8_s0_train/run.attnlog" 2>&1 | tail -1
-    [ "${PIPESTATUS[0]}" -ne 124 ] || echo "  torch.compile 8 x 2048, statistics every $every: not done within ${left} s"
-done
+name = f"  PyTorch {torch.__version__} torch.compile 8 x 2048, statistics every"
+report = lambda every, ms: print(f"{name} {every:<2} {ms:.2f} ms")
+if bench.bench_torch_gpu(args, attnlog.open_log(sys.argv[1]).config, 8, 2048, 30, True, [10, 0], report) is None:
+    print(f"{name} 10 and 0: needs PyTorch >= 2.5 with CUDA")' "$runs/d22_b8_s0_train/run.attnlog" >"$runs/torch_compile.log" 2>&1
+    status=$?
+    grep '^  PyTorch' "$runs/torch_compile.log"
+    [ "$status" -ne 124 ] || echo "  torch.compile 8 x 2048: stopped after ${left} s"
+    [ "$status" -eq 0 ] || [ "$status" -eq 124 ] || echo "  torch.compile 8 x 2048 FAILED: $(tail -1 "$runs/torch_compile.log" | cut -c1-150)"
+else
+    echo "  torch.compile 8 x 2048: no time left"
+fi
 for binary in train train_candidates; do
     [ "$binary" = train ] || [ -x "$g/bin/$binary" ] || continue
     echo "  ./$binary, d22 8 x 2048, statistics every 10 steps, --profile 2:"
     timeout 60 "${with_cudnn[@]}" "$g/bin/$binary" "${data[@]}" -m d22 -b 8 -t 2048 -x 30 -s 10 --profile 2 --device cuda \
-        -o "$runs/profile_$binary" 2>&1 | sed -n '/^profile/,/^  sum/p' | sed 's/^/  /'
+        -o "$runs/profile_$binary" 2>&1 | tee "$runs/profile_$binary.log" | sed -n '/^profile/,/^  sum/p' | sed 's/^/  /'
 done
+# every run's printed output, for what a table line leaves out (no checkpoints, no logs of the runs)
+tar -czf "${OUT:-/tmp}/gpu_speed_logs.tar.gz" -C "$runs" --exclude='*.ckpt' --exclude='*.attnlog' . 2>/dev/null

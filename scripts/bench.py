@@ -222,12 +222,15 @@ def reports_statistics(k, scores):
             entropy.mean((0, 2))]
 
 
-def bench_torch_gpu(args, cfg, B, T, steps, compiled, every):
+def bench_torch_gpu(args, cfg, B, T, steps, compiled, cadences, report=None):
     """The same model written the way a PyTorch user would for speed on a GPU: bf16 autocast,
     fused scaled-dot-product attention, fused AdamW, optionally torch.compile; on stats steps (every
     `every` steps, 0: never) the forward also computes reports_statistics and the step copies them to
-    the host. Needs PyTorch >= 2.5. Returns the mean ms per step after the warm-up (stats steps
-    included in their share), or None when this PyTorch lacks what it needs."""
+    the host. Needs PyTorch >= 2.5. One run of `steps` steps for each statistics cadence of
+    `cadences`, in that order, on one model and one compiled step (torch.compile compiles the step
+    with and without statistics once each, for all the runs). Returns {every: the mean ms per step
+    after the warm-up, stats steps included in their share}, each also handed to report(every, ms)
+    as it is measured; None when this PyTorch lacks what it needs."""
     import torch
     import torch.nn.functional as F
     if not torch.cuda.is_available() or not hasattr(F, "rms_norm"):
@@ -278,29 +281,32 @@ def bench_torch_gpu(args, cfg, B, T, steps, compiled, every):
     step_fn = torch.compile(forward) if compiled else forward
     opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     tokens = torch.randint(0, V, (B, T + 1), device=dev)
-    times = []
-    for step in range(steps):
-        with_stats = every > 0 and step % every == 0
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss, stats = step_fn(tokens[:, :-1], tokens[:, 1:], with_stats)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        if stats:
-            torch.cat(stats).cpu()  # the host copy a hook-based recipe makes to log them
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    # torch.compile compiles the first step of each graph (with and without statistics): left out.
-    return statistics.mean(times[timed_from(args, compiled, every):])
-
-
-def timed_from(args, compiled, every):
-    """The first timed step: after the warm-up, and with torch.compile after both graphs compiled."""
-    return max(args.warmup, 2 if compiled and every else 1 if compiled else 0)
+    graphs_compiled = set()  # which of the two steps (with statistics or not) torch.compile has made
+    means = {}
+    for every in cadences:
+        times = []
+        for step in range(steps):
+            with_stats = every > 0 and step % every == 0
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss, stats = step_fn(tokens[:, :-1], tokens[:, 1:], with_stats)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            if stats:
+                torch.cat(stats).cpu()  # the host copy a hook-based recipe makes to log them
+            end.record()
+            torch.cuda.synchronize()
+            compiling = compiled and with_stats not in graphs_compiled  # its time is the compiler's: left out
+            graphs_compiled.add(with_stats)
+            if step >= args.warmup and not compiling:
+                times.append(start.elapsed_time(end))
+        means[every] = statistics.mean(times)
+        if report:
+            report(every, means[every])
+    return means
 
 
 def kernel_table():
@@ -351,11 +357,12 @@ def gpu_table(args, B, T):
     except ImportError:
         torch = None
     for compiled in (False, True):
-        for name, every in STATS_CADENCES:
-            ms = bench_torch_gpu(args, cfg, B, T, args.steps, compiled, every) if torch else None
-            if ms is None:
-                break
-            rows.append((f"PyTorch {torch.__version__} {'torch.compile' if compiled else 'eager'}", every, ms))
+        means = bench_torch_gpu(args, cfg, B, T, args.steps, compiled, [every for _, every in STATS_CADENCES]) \
+            if torch else None
+        if means is None:
+            break
+        rows += [(f"PyTorch {torch.__version__} {'torch.compile' if compiled else 'eager'}", every, ms)
+                 for every, ms in means.items()]
     print(f"GPU benchmark on {log.header.get('device')}: d22, batch {B} x {T}, {args.steps} steps a run, "
           f"{args.warmup} warm-up left out (more under torch.compile); MFU on {flops_per_token / 1e6:.0f} MFLOP/token "
           "against the H100's dense bf16 peak of 989 TFLOP/s")
