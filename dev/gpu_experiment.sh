@@ -5,11 +5,15 @@
 #   gain       --qk-norm gain (the default)          plain      --qk-norm plain
 #   none       --qk-norm none                        decay_all  --decay all (the gains decayed too)
 #   freeze_k   --freeze k_gain
-# (CONFIGS, default all five in that order; SEEDS, default 1337 42 7). A run takes about 40 s on an
-# H200. Runs start while EXPERIMENT_SECONDS (default 560) allow one more (RUN_SECONDS, default 60),
-# so one device call makes as many as fit; CONFIGS and SEEDS name the rest for the next call.
-# Prints one row per run (configuration, seed, status, final loss, validation loss, median ms a
-# step) and writes, per configuration, $OUT/experiment_<configuration>.tar.xz: each run's folder
+# (CONFIGS, default all five in that order; SEEDS, default 1337 42 7). A run takes about 40 s alone
+# on an H200, a quarter of it on the host (reading the corpus, starting cuBLAS, writing the final
+# checkpoint), so JOBS runs (default 2) share the GPU at a time, each filling the other's host time;
+# each run gives the bits it would give alone, and its ms a step are those of a shared GPU. Runs
+# start while EXPERIMENT_SECONDS (default 560) allow one more (RUN_SECONDS, default 60, the time of
+# a run beside another), so one device call makes as many as fit; CONFIGS and SEEDS name the rest
+# for the next call. Prints one row per run as it ends (configuration, seed, status, final loss,
+# validation loss, median ms a step) and writes, per configuration once its runs have ended,
+# $OUT/experiment_<configuration>.tar.xz: each run's folder
 # with its log (run.attnlog), its printed output and a MANIFEST (the command, the commit, the
 # device), without checkpoints (a d22 checkpoint with its AdamW state is about 0.9 GB). With PROBES
 # (default 1) the first seed's final checkpoint of each configuration is probed first (scripts/probe.py
@@ -47,47 +51,73 @@ print(f"{float(loss[-1]):.4f} {last_val:.4f} {statistics.median(float(x) for x i
         echo "- - -"
 }
 
-echo "d22, 4 x 2048, 1000 steps, statistics every 10 steps; $device; $commit"
+run_one() {  # configuration, seed, whether to probe its final checkpoint: the run, then its row
+    local config=$1 seed=$2 probe=$3 name=${1}_seed$2 dir status loss val ms
+    dir=$runs/$config/$name
+    mkdir -p "$dir"
+    # shellcheck disable=SC2046  # the options are words
+    command=("$g/bin/train" -i "$g/data/train_*.bin" -j "$g/data/val_*.bin" -k "$g/data/tokenizer.model" -m d22 -b 4
+             -t 2048 -x 1000 -s 10 --seed "$seed" $(options_of "$config") --device cuda -o "$dir")
+    timeout --kill-after=10 $((per_run * 2)) "${command[@]}" >"$dir/stdout.txt" 2>&1
+    status=$?
+    printf 'command: %s\ncommit: %s\ndevice: %s\nstatus: %d\nshared: %d runs at a time on the GPU\n' "${command[*]}" \
+        "$commit" "$device" "$status" "$jobs" >"$dir/MANIFEST"
+    if [ "$probe" = 1 ] && [ -e "$dir/model.ckpt" ]; then
+        mkdir -p "$dir/probes"
+        for probe in sweep svd ablate; do
+            left=$((deadline - SECONDS - per_run))
+            seconds=$(( left < ${PROBE_SECONDS:-90} ? left : ${PROBE_SECONDS:-90} ))
+            [ "$seconds" -gt 10 ] || { echo "  probe $probe of $name: no time"; continue; }
+            on=(); [ "$probe" = svd ] || on=(--device cuda)
+            start=$SECONDS
+            timeout --kill-after=10 "$seconds" env PYTHONPATH=scripts "$py" scripts/probe.py "$probe" "$dir/model.ckpt" \
+                --data "$g/data" "${on[@]}" --out "$dir/probes" --json "$dir/probes/$probe.json" \
+                >"$dir/probes/$probe.txt" 2>&1
+            echo "  probe $probe of $name: status $? in $((SECONDS - start)) s"
+        done
+    fi
+    rm -f "$dir"/*.ckpt
+    read -r loss val ms <<<"$(summary "$dir")"
+    printf '%-10s %6s %-6s %10s %10s %8s\n' "$config" "$seed" "$([ "$status" -eq 0 ] && echo ok || echo "rc $status")" \
+        "$loss" "$val" "$ms"
+    touch "$dir/ENDED"
+}
+archive_ended() {  # each configuration whose runs were all started and have all ended, archived once
+    local config made
+    for config in "${!started[@]}"; do
+        [ -n "${considered[$config]:-}" ] && [ -z "${archived[$config]:-}" ] || continue
+        made=()
+        for name in ${started[$config]}; do
+            [ -e "$runs/$config/$name/ENDED" ] || continue 2
+            made+=("$name")
+        done
+        (cd "$runs/$config" && "$py" -m tarfile -c "$out/experiment_$config.tar.xz" "${made[@]}")
+        archived[$config]=1
+    done
+}
+
+jobs=${JOBS:-2}
+declare -A started considered archived  # configuration: its runs' names; its seeds all gone through; archived
+echo "d22, 4 x 2048, 1000 steps, statistics every 10 steps, $jobs runs at a time; $device; $commit"
 printf '%-10s %6s %-6s %10s %10s %8s\n' configuration seed status "final loss" "val loss" "ms/step"
 for config in "${configs[@]}"; do
-    options=$(options_of "$config") || { echo "$config: not a configuration of this script"; continue; }
-    made=()
+    options_of "$config" >/dev/null || { echo "$config: not a configuration of this script"; continue; }
     for seed in "${seeds[@]}"; do
+        while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do
+            wait -n
+            archive_ended
+        done
         if [ $((deadline - SECONDS)) -lt "$per_run" ]; then
             printf '%-10s %6s %-6s\n' "$config" "$seed" "no time"
             continue
         fi
-        name=${config}_seed$seed
-        dir=$runs/$config/$name
-        mkdir -p "$dir"
-        # shellcheck disable=SC2086  # the options are words
-        command=("$g/bin/train" -i "$g/data/train_*.bin" -j "$g/data/val_*.bin" -k "$g/data/tokenizer.model" -m d22 -b 4
-                 -t 2048 -x 1000 -s 10 --seed "$seed" $options --device cuda -o "$dir")
-        timeout --kill-after=10 $((per_run * 2)) "${command[@]}" >"$dir/stdout.txt" 2>&1
-        status=$?
-        printf 'command: %s\ncommit: %s\ndevice: %s\nstatus: %d\n' "${command[*]}" "$commit" "$device" "$status" >"$dir/MANIFEST"
-        if [ "${PROBES:-1}" != 0 ] && [ ${#made[@]} -eq 0 ] && [ -e "$dir/model.ckpt" ]; then
-            mkdir -p "$dir/probes"
-            for probe in sweep svd ablate; do
-                left=$((deadline - SECONDS - per_run))
-                seconds=$(( left < ${PROBE_SECONDS:-90} ? left : ${PROBE_SECONDS:-90} ))
-                [ "$seconds" -gt 10 ] || { echo "  probe $probe of $name: no time"; continue; }
-                on=(); [ "$probe" = svd ] || on=(--device cuda)
-                start=$SECONDS
-                timeout --kill-after=10 "$seconds" env PYTHONPATH=scripts "$py" scripts/probe.py "$probe" "$dir/model.ckpt" \
-                    --data "$g/data" "${on[@]}" --out "$dir/probes" --json "$dir/probes/$probe.json" \
-                    >"$dir/probes/$probe.txt" 2>&1
-                echo "  probe $probe of $name: status $? in $((SECONDS - start)) s"
-            done
-        fi
-        rm -f "$dir"/*.ckpt
-        read -r loss val ms <<<"$(summary "$dir")"
-        printf '%-10s %6s %-6s %10s %10s %8s\n' "$config" "$seed" "$([ "$status" -eq 0 ] && echo ok || echo "rc $status")" \
-            "$loss" "$val" "$ms"
-        made+=("$name")
+        probe=0
+        [ "${PROBES:-1}" != 0 ] && [ -z "${started[$config]:-}" ] && probe=1  # the configuration's first run
+        started[$config]="${started[$config]:-} ${config}_seed$seed"
+        run_one "$config" "$seed" "$probe" &
     done
-    if [ ${#made[@]} -gt 0 ]; then
-        (cd "$runs/$config" && "$py" -m tarfile -c "$out/experiment_$config.tar.xz" "${made[@]}")
-    fi
+    considered[$config]=1
 done
+wait
+archive_ended
 ls -la "$out"/experiment_*.tar.xz 2>/dev/null | awk '{print "  " $NF ": " $5 " bytes"}'

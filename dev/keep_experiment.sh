@@ -9,7 +9,8 @@
 #   probes/          the probes' tables, JSON and figures, when the run was probed
 # A run is staged inside DEST and renamed into place whole; a run kept already is left as it is,
 # never overwritten, except that a second run of its command with probes (gpu_experiment.sh's
-# PROBES=1) adds them when its losses are the kept run's, bit for bit. A run that cannot be kept (no log, an unreadable one) is reported and the
+# PROBES=1) adds them when its losses are the kept run's, bit for bit. A run that cannot be kept (no
+# log, an unreadable one, a status other than 0: stopped at its time limit, say) is reported and the
 # others are kept; the status is then 1. Prints each run and the size of DEST. Then, from the
 # repository root, one command redraws the experiment's report:
 #   /usr/bin/python3 scripts/report.py DEST/*/run.attnlog.xz -o DEST/report
@@ -29,6 +30,9 @@ trap 'rm -rf "$work"' EXIT
 keep_run() {  # the unpacked run's folder, its staging folder: the files to keep, or status 1
     local run=$1 staged=$2
     [ -e "$run/run.attnlog" ] || { echo "no run.attnlog (see the run's stdout.txt)"; return 1; }
+    local status
+    status=$(sed -n 's/^status: //p' "$run/MANIFEST" 2>/dev/null)
+    [ "$status" = 0 ] || { echo "it did not end well (status ${status:-unknown}): $(tail -1 "$run/stdout.txt" 2>/dev/null)"; return 1; }
     mkdir -p "$staged" &&
         "$py" "$root/scripts/attnlog.py" reduce "$run/run.attnlog" -o "$staged/run.attnlog.xz" >"$work/reduce.txt" 2>&1 ||
         { tail -1 "$work/reduce.txt"; return 1; }

@@ -146,16 +146,18 @@ __global__ void head_stats_finish_kernel(double* sums, TelemetrySums lay, const 
     }
 }
 
-// One block per query head: sums over the B*T rows of the attention kernel's per-row statistics
-// (entropy, mass on position 0, largest probability, mass on document starts), and the largest
-// logit, into the sums of `layer`. row_stats holds ATTN_NUM_ROW_STATS [B, H, T] arrays.
-__global__ void attention_stats_finish_kernel(double* sums, TelemetrySums lay, const float* row_stats, int B, int T,
-                                              int H, int layer) {
-    __shared__ float shared[32];
-    int h = blockIdx.x;
+// The sums over rows k = first .. last - 1 (k = b T + t) of the attention kernel's per-row statistics
+// of query head h (entropy, mass on position 0, largest probability, mass on document starts), and
+// the largest logit, over the block: every thread gets them. row_stats holds ATTN_NUM_ROW_STATS
+// [B, H, T] arrays; `shared` 32 floats.
+struct AttentionRowSums {
+    float entropy, sink, maxp, doc_start, logit_max;
+};
+__device__ __forceinline__ AttentionRowSums attention_rows_sum(const float* row_stats, int B, int T, int H, int h,
+                                                               int first, int last, float* shared) {
     size_t rows = (size_t)B * H * T;
     float ent = 0.0f, sink = 0.0f, maxp = 0.0f, doc = 0.0f, lmax = -INFINITY;
-    for (int k = threadIdx.x; k < B * T; k += blockDim.x) {
+    for (int k = first + threadIdx.x; k < last; k += blockDim.x) {
         int b = k / T, t = k % T;
         size_t row = ((size_t)b * H + h) * T + t;
         ent += row_stats[ATTN_STAT_ENTROPY * rows + row];
@@ -169,15 +171,70 @@ __global__ void attention_stats_finish_kernel(double* sums, TelemetrySums lay, c
     maxp = block_sum(maxp, shared);
     doc = block_sum(doc, shared);
     lmax = block_max(lmax, shared);
+    return {ent, sink, maxp, doc, lmax};
+}
+
+// One block per query head: all B*T rows summed into the sums of `layer`.
+__global__ void attention_stats_finish_kernel(double* sums, TelemetrySums lay, const float* row_stats, int B, int T,
+                                              int H, int layer) {
+    __shared__ float shared[32];
+    int h = blockIdx.x;
+    AttentionRowSums r = attention_rows_sum(row_stats, B, T, H, h, 0, B * T, shared);
     if (threadIdx.x == 0) {
         double* rec = sums + lay.query(layer, h);
-        rec[QS_ENTROPY] += ent;
-        rec[QS_SINK] += sink;
-        rec[QS_MAXP] += maxp;
-        rec[QS_DOC_START] += doc;
+        rec[QS_ENTROPY] += r.entropy;
+        rec[QS_SINK] += r.sink;
+        rec[QS_MAXP] += r.maxp;
+        rec[QS_DOC_START] += r.doc_start;
         double& mx = sums[lay.max_logit(layer, h)];
-        mx = fmax(mx, (double)lmax);
+        mx = fmax(mx, (double)r.logit_max);
     }
+}
+
+// Candidate (dev_telemetry checks and times it; ./train uses it only when built with
+// kCandidateKernels): the same sums from many blocks. The kernel above gives each query head one
+// block, 8 blocks at d22 on a GPU of 132 multiprocessors, each thread walking 64 rows of 5 arrays:
+// 0.037 ms a layer on an H100 for 2.6 MB. Here block (head, chunk) sums kAttnStatRows rows into a
+// record of ATTN_NUM_ROW_STATS floats (partial [H][chunks][5]), and one thread per head adds its
+// chunks' records in chunk order, in double: a fixed order, so the same rows give the same bits.
+static const int kAttnStatRows = 1024;
+
+inline int attention_stat_chunks(int B, int T) { return ceil_div(B * T, kAttnStatRows); }
+
+__global__ void attention_row_sums_kernel(float* partial, const float* row_stats, int B, int T, int H) {
+    __shared__ float shared[32];
+    const int h = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y, first = chunk * kAttnStatRows;
+    AttentionRowSums r = attention_rows_sum(row_stats, B, T, H, h, first, min(B * T, first + kAttnStatRows), shared);
+    if (threadIdx.x == 0) {
+        float* rec = partial + ((size_t)h * chunks + chunk) * ATTN_NUM_ROW_STATS;
+        rec[ATTN_STAT_ENTROPY] = r.entropy;
+        rec[ATTN_STAT_SINK] = r.sink;
+        rec[ATTN_STAT_MAXP] = r.maxp;
+        rec[ATTN_STAT_DOC_START] = r.doc_start;
+        rec[ATTN_STAT_LOGIT_MAX] = r.logit_max;
+    }
+}
+
+__global__ void attention_row_sums_finish_kernel(double* sums, TelemetrySums lay, const float* partial, int chunks,
+                                                 int H, int layer) {
+    const int h = blockIdx.x * blockDim.x + threadIdx.x;
+    if (h >= H) return;
+    double ent = 0.0, sink = 0.0, maxp = 0.0, doc = 0.0, lmax = -INFINITY;
+    for (int c = 0; c < chunks; c++) {
+        const float* rec = partial + ((size_t)h * chunks + c) * ATTN_NUM_ROW_STATS;
+        ent += rec[ATTN_STAT_ENTROPY];
+        sink += rec[ATTN_STAT_SINK];
+        maxp += rec[ATTN_STAT_MAXP];
+        doc += rec[ATTN_STAT_DOC_START];
+        lmax = fmax(lmax, (double)rec[ATTN_STAT_LOGIT_MAX]);
+    }
+    double* q = sums + lay.query(layer, h);
+    q[QS_ENTROPY] += ent;
+    q[QS_SINK] += sink;
+    q[QS_MAXP] += maxp;
+    q[QS_DOC_START] += doc;
+    double& mx = sums[lay.max_logit(layer, h)];
+    mx = fmax(mx, lmax);
 }
 
 // The layer's gains, g_q then g_k, into the sums (as doubles): the values the step measured with.
@@ -333,13 +390,14 @@ __global__ void __launch_bounds__(D * 4) gram_products_mma_kernel(double* partia
     if (threadIdx.x == 0) out[(size_t)D * W + D] = (double)(end - first);
 }
 
-// Scratch of the telemetry, in floats: the per-chunk records of the head statistics, and at
-// head_dim 64, later in the same layer once those are summed, the slices' Gram matrices of
-// gram_products_mma.
+// Scratch of the telemetry, in floats, used by one part after another: the per-chunk records of the
+// head statistics, the candidate's records of the attention statistics, and at head_dim 64 the
+// slices' Gram matrices of gram_products_mma.
 inline size_t telemetry_partial_floats(int N, const ModelConfig& c) {
     size_t records = (size_t)(c.n_head + c.n_kv_head) * ceil_div(N, kStatRowsPerBlock) * head_record_size(c.head_dim);
     size_t slices = c.head_dim == 64 ? 2 * gram_split_doubles(c.n_kv_head, c.head_dim + 1, kGramMmaSlices) : 0;
-    return std::max(records, slices);
+    size_t attention = (size_t)c.n_head * ceil_div(N, kAttnStatRows) * ATTN_NUM_ROW_STATS;
+    return std::max({records, slices, attention});
 }
 
 // As gram_products, from the float32 keys qk_normed [N, NH, D] (D = 64: at 128 a block's 16 warps
@@ -393,10 +451,19 @@ inline void head_statistics(double* sums, const TelemetrySums& lay, float* parti
     cuda_check_launch();
 }
 
-// The attention's row statistics (row_stats from the forward pass) summed per query head.
-inline void attention_statistics(double* sums, const TelemetrySums& lay, const float* row_stats, int B, int T,
-                                 const ModelConfig& c, int layer, cudaStream_t s) {
-    attention_stats_finish_kernel<<<c.n_head, 256, 0, s>>>(sums, lay, row_stats, B, T, c.n_head, layer);
+// The attention's row statistics (row_stats from the forward pass) summed per query head. `split`
+// takes the candidate, with partial (free once head_statistics is done) for its records.
+inline void attention_statistics(double* sums, const TelemetrySums& lay, float* partial, const float* row_stats, int B,
+                                 int T, const ModelConfig& c, int layer, cudaStream_t s, bool split = kCandidateKernels) {
+    if (!split) {
+        attention_stats_finish_kernel<<<c.n_head, 256, 0, s>>>(sums, lay, row_stats, B, T, c.n_head, layer);
+        cuda_check_launch();
+        return;
+    }
+    const int chunks = attention_stat_chunks(B, T);
+    attention_row_sums_kernel<<<dim3(c.n_head, chunks), 256, 0, s>>>(partial, row_stats, B, T, c.n_head);
+    cuda_check_launch();
+    attention_row_sums_finish_kernel<<<ceil_div(c.n_head, 64), 64, 0, s>>>(sums, lay, partial, chunks, c.n_head, layer);
     cuda_check_launch();
 }
 
@@ -424,7 +491,7 @@ inline void telemetry_layer(double* sums, const TelemetrySums& lay, float* parti
                             const float* g_k, int B, int T, const ModelConfig& c, int layer, cudaStream_t s) {
     int N = B * T;
     head_statistics(sums, lay, partial, qk_normed, N, c, layer, s);
-    attention_statistics(sums, lay, row_stats, B, T, c, layer, s);
+    attention_statistics(sums, lay, partial, row_stats, B, T, c, layer, s);
     key_gram(sums, lay, partial, keys_f64, mm, qk_normed, N, c, layer, s);
     gains_to_sums_kernel<<<1, 128, 0, s>>>(sums, lay, g_q, g_k, c.head_dim, layer);
     cuda_check_launch();

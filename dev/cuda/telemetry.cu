@@ -84,37 +84,76 @@ static void check_gram_mma(Matmul& mm, const float* d_qk, int N, int H, int Hkv,
     for (void* p : {(void*)d_dgemm, (void*)d_mma, (void*)d_partial, (void*)d_keys_f64}) cudaCheck(cudaFree(p));
 }
 
-// The candidate head statistics (head_row_stats_vec_kernel) against the default kernel's, on the same
-// keys: the same per-row terms up to the order of a row's float32 sum of squares, summed in float32
-// per block of 256 rows in another order, two levels deep in both kernels (about 40 additions each:
-// 72 u32 = 4.3e-6 apart at worst), so within 1e-5 relative and 1e-6 N absolute for the unit-vector
-// sums, whose signs cancel. The partial records are poisoned with
-// NaN first, so a record the candidate does not write shows. Then the same bits twice, and both times.
-static void check_head_stats_vec(const ModelConfig& c, const TelemetrySums& lay, const float* d_qk, int N, int layer,
-                                 const std::string& tag) {
-    if (!head_row_stats_vec_supports(c.head_dim, d_qk)) return;
-    double *d_default, *d_vec;
+// A candidate part of the telemetry against the default, on the same inputs: run(sums, partial,
+// candidate) adds the part into sums, which start cleared (telemetry_sums_clear: maxima at
+// -infinity). The scratch is poisoned with NaN before the candidate runs, so a record it does not
+// write shows. Within rtol and atol (the maxima, where both are -infinity, compare equal), then the
+// same bits twice, and both times. Returns the candidate's sums.
+template <typename Run>
+static std::vector<double> check_candidate_part(const std::string& part, const ModelConfig& c, const TelemetrySums& lay,
+                                                int N, double rtol, double atol, const std::string& tag, Run run) {
+    double *d_default, *d_candidate;
     float* d_partial;
     const size_t partial_floats = telemetry_partial_floats(N, c);
     cudaCheck(cudaMalloc(&d_default, lay.total * sizeof(double)));
-    cudaCheck(cudaMalloc(&d_vec, lay.total * sizeof(double)));
+    cudaCheck(cudaMalloc(&d_candidate, lay.total * sizeof(double)));
     cudaCheck(cudaMalloc(&d_partial, partial_floats * sizeof(float)));
-    auto run = [&](double* sums, bool vec) {
-        cudaCheck(cudaMemset(sums, 0, lay.total * sizeof(double)));
-        head_statistics(sums, lay, d_partial, d_qk, N, c, layer, 0, vec);
+    auto cleared_run = [&](double* sums, bool candidate) {
+        telemetry_sums_clear_kernel<<<64, 256>>>(sums, lay);
+        cuda_check_launch();
+        run(sums, d_partial, candidate);
     };
-    run(d_default, false);
+    cleared_run(d_default, false);
     cudaCheck(cudaMemset(d_partial, 0xFF, partial_floats * sizeof(float)));  // NaN
-    run(d_vec, true);
-    std::vector<double> want = download(d_default, lay.total), got = download(d_vec, lay.total);
-    check_close("head statistics, candidate against the default" + tag, got.data(), want.data(), lay.total, 1e-5, 1e-6 * N);
-    run(d_vec, true);
-    report(download(d_vec, lay.total) == got, "head statistics, candidate: the same bits twice" + tag);
-    float ms_default = time_ms([&] { head_statistics(d_default, lay, d_partial, d_qk, N, c, layer, 0, false); });
-    float ms_vec = time_ms([&] { head_statistics(d_vec, lay, d_partial, d_qk, N, c, layer, 0, true); });
-    printf("   head statistics%s: default %.3f ms, candidate %.3f ms (%.2fx)\n", tag.c_str(), ms_default, ms_vec,
-           ms_default / ms_vec);
-    for (void* p : {(void*)d_default, (void*)d_vec, (void*)d_partial}) cudaCheck(cudaFree(p));
+    cleared_run(d_candidate, true);
+    const std::vector<double> want = download(d_default, lay.total), got = download(d_candidate, lay.total);
+    std::vector<double> w = want, g = got;
+    for (size_t i = 0; i < lay.total; i++)
+        if (std::isinf(w[i]) && g[i] == w[i]) g[i] = w[i] = 0.0;
+    check_close(part + ", candidate against the default" + tag, g.data(), w.data(), lay.total, rtol, atol);
+    cleared_run(d_candidate, true);
+    report(download(d_candidate, lay.total) == got, part + ", candidate: the same bits twice" + tag);
+    float ms_default = time_ms([&] { run(d_default, d_partial, false); });
+    float ms_candidate = time_ms([&] { run(d_candidate, d_partial, true); });
+    printf("   %s%s: default %.3f ms, candidate %.3f ms (%.2fx)\n", part.c_str(), tag.c_str(), ms_default, ms_candidate,
+           ms_default / ms_candidate);
+    for (void* p : {(void*)d_default, (void*)d_candidate, (void*)d_partial}) cudaCheck(cudaFree(p));
+    return got;
+}
+
+// The candidate head statistics (head_row_stats_vec_kernel): the same per-row terms up to the order
+// of a row's float32 sum of squares, summed in float32 per block of 256 rows in another order, two
+// levels deep in both kernels (about 40 additions each: 72 u32 = 4.3e-6 apart at worst), so within
+// 1e-5 relative and 1e-6 N absolute for the unit-vector sums, whose signs cancel.
+static void check_head_stats_vec(const ModelConfig& c, const TelemetrySums& lay, const float* d_qk, int N, int layer,
+                                 const std::string& tag) {
+    if (!head_row_stats_vec_supports(c.head_dim, d_qk)) return;
+    check_candidate_part("head statistics", c, lay, N, 1e-5, 1e-6 * N, tag, [&](double* sums, float* partial, bool vec) {
+        head_statistics(sums, lay, partial, d_qk, N, c, layer, 0, vec);
+    });
+}
+
+// The candidate attention statistics (attention_row_sums_kernel and its finish): float32 sums of up
+// to 64 terms a thread, then over the block's warps, against 4 terms a thread, the block's warps, and
+// the chunks in double, so within 1e-5 relative (the default's 72 u32 = 4.3e-6 at worst) and 1e-6 N
+// absolute; the largest logits exactly.
+static void check_attention_stats_split(const ModelConfig& c, const TelemetrySums& lay, const float* d_rows,
+                                        const std::vector<float>& row_stats, int B, int T, int layer,
+                                        const std::string& tag) {
+    auto run = [&](double* sums, float* partial, bool split) {
+        attention_statistics(sums, lay, partial, d_rows, B, T, c, layer, 0, split);
+    };
+    const std::vector<double> got = check_candidate_part("attention statistics", c, lay, B * T, 1e-5, 1e-6 * B * T, tag, run);
+    const int H = c.n_head;
+    const size_t rows = (size_t)B * H * T;
+    bool same_max = true;
+    for (int h = 0; h < H; h++) {
+        float m = -INFINITY;
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++) m = std::fmax(m, row_stats[ATTN_STAT_LOGIT_MAX * rows + ((size_t)b * H + h) * T + t]);
+        same_max = same_max && got[lay.max_logit(layer, h)] == (double)m;
+    }
+    report(same_max, "attention statistics, candidate: the largest logits exactly" + tag);
 }
 
 static void check_layer(int B, int T, int H, int Hkv, int layer, int D = 64) {
@@ -196,9 +235,10 @@ static void check_layer(int B, int T, int H, int Hkv, int layer, int D = 64) {
            ms, (omp_get_wtime() - t0) * 1e3);
     printf("   its parts: head statistics %.3f ms, attention statistics %.3f ms, key Gram matrices %.3f ms\n",
            time_ms([&] { head_statistics(d_sums, lay, d_partial, d_qk, N, c, layer, 0); }),
-           time_ms([&] { attention_statistics(d_sums, lay, d_rows, B, T, c, layer, 0); }),
+           time_ms([&] { attention_statistics(d_sums, lay, d_partial, d_rows, B, T, c, layer, 0); }),
            time_ms([&] { key_gram(d_sums, lay, d_partial, d_keys_f64, mm, d_qk, N, c, layer, 0); }));
     check_head_stats_vec(c, lay, d_qk, N, layer, tag);
+    check_attention_stats_split(c, lay, d_rows, row_stats, B, T, layer, tag);
     if (D == 64) check_gram_mma(mm, d_qk, N, H, Hkv, D, tag);
     check_gram_split(mm, d_qk, N, H, Hkv, D, tag);
     for (void* p : {(void*)d_qk, (void*)d_rows, (void*)d_gq, (void*)d_gk, (void*)d_sums, (void*)d_keys_f64, (void*)d_partial})
