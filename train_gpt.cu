@@ -405,7 +405,7 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
     matmul_forward(g.mm, a.logits, a.lnf, gpu_param(g, output_projection(c)), nullptr, N, C, c.vocab_size, s, g.Vp);
     float mean = 0.0f;
     if (targets) {
-        classifier(a.logits, a.losses, g.targets, N, c.vocab_size, g.Vp, 0.0f, s);
+        classifier(a.logits, a.losses, a.logit_lse, g.targets, N, c.vocab_size, g.Vp, 0.0f, s);
         mark("losses to the host");
         cudaCheck(cudaMemcpyAsync(g.losses_host, a.losses, N * sizeof(float), cudaMemcpyDeviceToHost, s));
     }
@@ -430,7 +430,7 @@ static void model_backward(GpuModel& g, const int* tokens, const int* targets, f
     cudaStream_t s = g.stream;
     auto mark = [&](const char* work) { g.clock.mark(work, s); };  // --profile 2
     mark("classifier backward: softmax gradient, matrix products");
-    classifier(a.logits, a.losses, g.targets, N, V, g.Vp, loss_scale / N, s);  // logits -> dlogits
+    classifier(a.logits, a.losses, a.logit_lse, g.targets, N, V, g.Vp, loss_scale / N, s);  // logits -> dlogits
     matmul_backward(g.mm, a.dln, gpu_grad(g, out), a.logits, a.lnf, gpu_param(g, out), N, C, V, s, g.Vp);
     mark("RMSNorm backward");
     cudaCheck(cudaMemsetAsync(a.dres, 0, (size_t)N * C * sizeof(bf16), s));

@@ -7,11 +7,17 @@
 #include "llmc/model_cpu.h"
 #include "llmc/swiglu.cuh"
 
-static void check_classifier(int N, int V) {
+// The classifier, the default kernel (vec false) or the candidate, against the CPU backend's
+// cross-entropy: the losses of a forward pass, the logits left alone by it, and the gradient in place
+// of the logits; then the time of a forward and a backward pass (a fresh copy of the logits each).
+static float check_classifier(int N, int V, bool vec) {
     int Vp = (V + 127) / 128 * 128;
     Rng rng{(uint64_t)N + V};
     std::vector<float> logits = random_values((size_t)N * V, 3.0f, rng), padded((size_t)N * Vp, 0.0f);
-    for (int n = 0; n < N; n++) std::copy(&logits[(size_t)n * V], &logits[(size_t)(n + 1) * V], &padded[(size_t)n * Vp]);
+    for (int n = 0; n < N; n++) {
+        std::copy(&logits[(size_t)n * V], &logits[(size_t)(n + 1) * V], &padded[(size_t)n * Vp]);
+        for (int i = V; i < Vp; i++) padded[(size_t)n * Vp + i] = 1024.0f;  // padding: in no sum (e^1024 would show), never changed
+    }
     std::vector<int> targets(N);
     for (int& t : targets) t = (int)(rng_next(rng) % V);
     std::vector<float> losses(N), lse(N), dlogits = logits;
@@ -20,24 +26,39 @@ static void check_classifier(int N, int V) {
     crossentropy_backward_inplace(dlogits.data(), lse.data(), targets.data(), N, V, dloss);
     bf16* d_logits = upload_bf16(padded);
     int* d_targets = upload(targets);
-    float* d_losses;
+    float *d_losses, *d_lse;
     cudaCheck(cudaMalloc(&d_losses, N * sizeof(float)));
-    classifier(d_logits, d_losses, d_targets, N, V, Vp, 0.0f, 0);
-    compare_to_reference("classifier losses N" + std::to_string(N) + " V" + std::to_string(V), download(d_losses, N), losses);
-    // With dloss 0 the kernel returns before writing: the same bits.
+    cudaCheck(cudaMalloc(&d_lse, N * sizeof(float)));
+    const std::string tag = std::string(vec ? " (candidate)" : "") + " N" + std::to_string(N) + " V" + std::to_string(V);
+    classifier(d_logits, d_losses, d_lse, d_targets, N, V, Vp, 0.0f, 0, vec);
+    compare_to_reference("classifier losses" + tag, download(d_losses, N), losses);
+    // With dloss 0 the logits are only read: the same bits.
     std::vector<float> kept = download_bf16(d_logits, padded.size());
-    check_close("classifier leaves logits alone when dloss = 0", kept.data(), padded.data(), padded.size(), 0.0, 0.0);
-    classifier(d_logits, d_losses, d_targets, N, V, Vp, dloss, 0);
+    check_close("classifier leaves logits alone when dloss = 0" + tag, kept.data(), padded.data(), padded.size(), 0.0, 0.0);
+    classifier(d_logits, d_losses, d_lse, d_targets, N, V, Vp, dloss, 0, vec);
     std::vector<float> got = download_bf16(d_logits, padded.size()), got_unpadded((size_t)N * V);
-    for (int n = 0; n < N; n++) std::copy(&got[(size_t)n * Vp], &got[(size_t)n * Vp + V], &got_unpadded[(size_t)n * V]);
-    compare_to_reference("classifier dlogits", got_unpadded, dlogits);
+    bool padding_kept = true;
+    for (int n = 0; n < N; n++) {
+        std::copy(&got[(size_t)n * Vp], &got[(size_t)n * Vp + V], &got_unpadded[(size_t)n * V]);
+        for (int i = V; i < Vp; i++) padding_kept = padding_kept && got[(size_t)n * Vp + i] == 1024.0f;
+    }
+    compare_to_reference("classifier dlogits" + tag, got_unpadded, dlogits);
+    report(padding_kept, "classifier leaves the padding alone" + tag);
     bf16* d_fresh = upload_bf16(padded);
     float ms = time_ms([&] {
         cudaCheck(cudaMemcpy(d_logits, d_fresh, padded.size() * sizeof(bf16), cudaMemcpyDeviceToDevice));
-        classifier(d_logits, d_losses, d_targets, N, V, Vp, dloss, 0);
+        classifier(d_logits, d_losses, d_lse, d_targets, N, V, Vp, 0.0f, 0, vec);
+        classifier(d_logits, d_losses, d_lse, d_targets, N, V, Vp, dloss, 0, vec);
     });
-    printf("   classifier N%d V%d: %.3f ms including a %.0f MB copy\n", N, V, ms, padded.size() * 2 / 1e6);
-    for (void* p : {(void*)d_logits, (void*)d_targets, (void*)d_losses, (void*)d_fresh}) cudaCheck(cudaFree(p));
+    printf("   classifier%s: forward and backward %.3f ms including a %.0f MB copy\n", tag.c_str(), ms,
+           padded.size() * 2 / 1e6);
+    for (void* p : {(void*)d_logits, (void*)d_targets, (void*)d_losses, (void*)d_lse, (void*)d_fresh}) cudaCheck(cudaFree(p));
+    return ms;
+}
+
+static void check_classifiers(int N, int V) {
+    float ms_default = check_classifier(N, V, false), ms_vec = check_classifier(N, V, true);
+    printf("   classifier N%d V%d: candidate %.2fx the default's speed\n", N, V, ms_default / ms_vec);
 }
 
 static void check_swiglu(int N, int F) {
@@ -110,8 +131,8 @@ static void check_embedding(int N, int C, int V) {
 
 int main() {
     if (!require_gpu()) return 0;
-    check_classifier(5, 300);
-    check_classifier(4096, 8192);
+    check_classifiers(5, 300);
+    check_classifiers(4096, 8192);
     check_swiglu(3, 40);
     check_swiglu(3, 44);  // F % 8 != 0: the simple kernels alone
     check_swiglu(8 * 2048, 1536);
