@@ -21,16 +21,29 @@ static void check_rmsnorm(int N, int C) {
     cudaCheck(cudaMalloc(&d_rstd, N * sizeof(float)));
     d_dg = upload(std::vector<float>(C, 0.0f));
     cudaCheck(cudaMalloc(&d_scratch, rmsnorm_backward_scratch_floats(N, C) * sizeof(float)));
-    rmsnorm_forward(d_out, d_rstd, d_x, d_g, N, C, 1e-5f, 0);
+    rmsnorm_forward(d_out, d_rstd, d_x, d_g, N, C, 1e-5f, 0, false);
     rmsnorm_backward(d_dx, d_dg, d_scratch, d_dy, d_x, d_rstd, d_g, N, C, 0);
     std::string tag = " N" + std::to_string(N) + " C" + std::to_string(C);
     compare_to_reference("rmsnorm forward" + tag, download_bf16(d_out, out.size()), out);
     compare_to_reference("rmsnorm rstd" + tag, download(d_rstd, N), rstd);
     compare_to_reference("rmsnorm backward dx" + tag, download_bf16(d_dx, dx.size()), dx);
     compare_to_reference("rmsnorm backward dgain" + tag, download(d_dg, C), dg);
-    float fwd = time_ms([&] { rmsnorm_forward(d_out, d_rstd, d_x, d_g, N, C, 1e-5f, 0); });
+    float fwd = time_ms([&] { rmsnorm_forward(d_out, d_rstd, d_x, d_g, N, C, 1e-5f, 0, false); });
     double bytes = 2.0 * N * C * 2, bwd_bytes = 4.0 * N * C * 2;  // backward: x, dy, dx read, dx written
     printf("   rmsnorm%s: forward %.3f ms (%.0f GB/s)\n", tag.c_str(), fwd, bytes / fwd / 1e6);
+    if (rmsnorm_forward_vec_supports(C, {d_out, d_x, d_g})) {  // the candidate forward, into fresh buffers
+        bf16* v_out;
+        float* v_rstd;
+        cudaCheck(cudaMalloc(&v_out, (size_t)N * C * sizeof(bf16)));
+        cudaCheck(cudaMalloc(&v_rstd, N * sizeof(float)));
+        rmsnorm_forward(v_out, v_rstd, d_x, d_g, N, C, 1e-5f, 0, true);
+        compare_to_reference("rmsnorm forward, candidate" + tag, download_bf16(v_out, out.size()), out);
+        compare_to_reference("rmsnorm rstd, candidate" + tag, download(v_rstd, N), rstd);
+        float ms = time_ms([&] { rmsnorm_forward(v_out, v_rstd, d_x, d_g, N, C, 1e-5f, 0, true); });
+        printf("   rmsnorm%s: forward, candidate %.3f ms (%.0f GB/s, %.2fx the default's speed)\n", tag.c_str(), ms,
+               bytes / ms / 1e6, fwd / ms);
+        for (void* p : {(void*)v_out, (void*)v_rstd}) cudaCheck(cudaFree(p));
+    }
     // Each of the two backward kernels that rmsnorm_backward chooses between, where it applies: the
     // same answers, and its time.
     bool vec_takes = rmsnorm_backward_vec_supports(C, d_dx, d_dy, d_x, d_g);
