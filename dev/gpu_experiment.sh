@@ -10,8 +10,9 @@
 # checkpoint), so JOBS runs (default 2) share the GPU at a time, each filling the other's host time;
 # each run gives the bits it would give alone, and its ms a step are those of a shared GPU. Runs
 # start while EXPERIMENT_SECONDS (default 560) allow one more (RUN_SECONDS, default 60, the time of
-# a run beside another), so one device call makes as many as fit; CONFIGS and SEEDS name the rest
-# for the next call. Prints one row per run as it ends (configuration, seed, status, final loss,
+# a run beside another; one may end up to RUN_SECONDS after EXPERIMENT_SECONDS, and a device call
+# must allow for it), so one device call makes as many as fit; CONFIGS and SEEDS name the rest for
+# the next call. Prints one row per run as it ends (configuration, seed, status, final loss,
 # validation loss, median ms a step) and writes, per configuration once its runs have ended,
 # $OUT/experiment_<configuration>.tar.xz: each run's folder
 # with its log (run.attnlog), its printed output and a MANIFEST (the command, the commit, the
@@ -24,8 +25,9 @@ source "$(dirname "$0")/gpu_env.sh"
 out=${OUT:-$(mktemp -d)}
 deadline=$((SECONDS + ${EXPERIMENT_SECONDS:-560}))
 per_run=${RUN_SECONDS:-60}
-read -r -a seeds <<<"${SEEDS:-1337 42 7}"
-read -r -a configs <<<"${CONFIGS:-gain plain none decay_all freeze_k}"
+# each seed and configuration once, in the order given (a repeat would run into its twin's folder)
+read -r -a seeds <<<"$(tr ' ' '\n' <<<"${SEEDS:-1337 42 7}" | awk 'NF && !seen[$0]++' | tr '\n' ' ')"
+read -r -a configs <<<"$(tr ' ' '\n' <<<"${CONFIGS:-gain plain none decay_all freeze_k}" | awk 'NF && !seen[$0]++' | tr '\n' ' ')"
 runs=$(mktemp -d)
 device=$(nvidia-smi -L 2>/dev/null | head -1)
 commit=$(cat "$g/COMMIT" 2>/dev/null || echo 'commit unknown')
@@ -97,6 +99,7 @@ archive_ended() {  # each configuration whose runs were all started and have all
 }
 
 jobs=${JOBS:-2}
+[[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "JOBS must be a number of runs at a time, 1 or more, not '$jobs'" >&2; exit 2; }
 declare -A started considered archived  # configuration: its runs' names; its seeds all gone through; archived
 echo "d22, 4 x 2048, 1000 steps, statistics every 10 steps, $jobs runs at a time; $device; $commit"
 printf '%-10s %6s %-6s %10s %10s %8s\n' configuration seed status "final loss" "val loss" "ms/step"
@@ -117,6 +120,10 @@ for config in "${configs[@]}"; do
         run_one "$config" "$seed" "$probe" &
     done
     considered[$config]=1
+done
+while [ -n "$(jobs -rp)" ]; do  # each configuration archived as soon as its last run ends
+    wait -n
+    archive_ended
 done
 wait
 archive_ended

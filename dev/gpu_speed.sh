@@ -2,8 +2,8 @@
 # The short speed check of a GPU machine, over what dev/gpu_bundle.sh built (unpacked into
 # build/gpu), from the repository root; cheap enough to follow build/gpu/check.sh in one device call.
 # Prints one line per run: ./train on the reports' model (d22) at 8 x 2048 and 4 x 2048
-# (SPEED_BATCHES) with the statistics never, every 10 steps and every step (mean ms of the steps
-# after the first two, from the run's log, and the final loss), each followed by the same run of
+# (SPEED_BATCHES) with the statistics never, every 10 steps and every step (mean ms of steps 2 .. 31
+# of 33, from the run's log, and the final loss), each followed by the same run of
 # train_candidates (the candidate kernels in place of the defaults) when the bundle has it; then,
 # while SPEED_SECONDS (default 150) last, PyTorch's torch.compile recipe of scripts/bench.py at
 # 8 x 2048 with the reports' statistics every 10 steps and never (one process: it compiles the step
@@ -19,23 +19,25 @@ source "$(dirname "$0")/gpu_env.sh"
 deadline=$((SECONDS + ${SPEED_SECONDS:-150}))
 runs=$(mktemp -d)
 data=(-i "$g/data/train_*.bin" -j "$g/data/val_*.bin" -k "$g/data/tokenizer.model" -v 0 -g 0 -n 0)
-mean_ms() {  # a run's log: the mean ms of its steps after the first two
+mean_ms() {  # a run's log (33 steps): the mean ms of steps 2 .. 31, which take statistics at 10, 20 and 30
+    # with -s 10, a tenth of them, as torch.compile's 32 steps below time theirs (./train's last step,
+    # which takes statistics too, left out)
     PYTHONPATH=scripts "$py" -c 'import sys, attnlog, statistics
 _, ms = attnlog.open_log(sys.argv[1]).scalars("ms")
-print(f"{statistics.mean(float(x) for x in ms[2:]):.2f}")' "$1"
+print(f"{statistics.mean(float(x) for x in ms[2:32]):.2f}")' "$1"
 }
 final_loss() {  # a run's log: its last step's loss (./train_candidates must train as ./train does)
     PYTHONPATH=scripts "$py" -c 'import sys, attnlog
 _, loss = attnlog.open_log(sys.argv[1]).scalars("loss")
 print("%.4f" % float(loss[-1]))' "$1"
 }
-echo "speed, d22 ($(cat "$g/COMMIT" 2>/dev/null)): ms/step, mean of steps 3-30"
+echo "speed, d22 ($(cat "$g/COMMIT" 2>/dev/null)): ms/step, mean of steps 2-31 (from 0)"
 for B in ${SPEED_BATCHES:-8 4}; do
     for every in 0 10 1; do
         for binary in train train_candidates; do
             [ "$binary" = train ] || [ -x "$g/bin/$binary" ] || continue
             name=d22_b${B}_s${every}_$binary
-            if timeout 60 "${with_cudnn[@]}" "$g/bin/$binary" "${data[@]}" -m d22 -b "$B" -t 2048 -x 30 -s "$every" --device cuda \
+            if timeout 60 "${with_cudnn[@]}" "$g/bin/$binary" "${data[@]}" -m d22 -b "$B" -t 2048 -x 33 -s "$every" --device cuda \
                 -o "$runs/$name" >"$runs/$name.log" 2>&1; then
                 printf '  %-18s %d x 2048, statistics every %-2s %s ms, final loss %s\n' "./$binary" "$B" "$every" \
                     "$(mean_ms "$runs/$name/run.attnlog")" "$(final_loss "$runs/$name/run.attnlog")"
@@ -56,7 +58,7 @@ if [ "$left" -gt 20 ]; then  # one process, one compilation: every 10 steps (the
 args = types.SimpleNamespace(warmup=2)
 name = f"  PyTorch {torch.__version__} torch.compile 8 x 2048, statistics every"
 report = lambda every, ms: print(f"{name} {every:<2} {ms:.2f} ms")
-if bench.bench_torch_gpu(args, attnlog.open_log(sys.argv[1]).config, 8, 2048, 30, True, [10, 0], report) is None:
+if bench.bench_torch_gpu(args, attnlog.open_log(sys.argv[1]).config, 8, 2048, 32, True, [10, 0], report) is None:
     print(f"{name} 10 and 0: needs PyTorch >= 2.5 with CUDA")' "$runs/d22_b8_s0_train/run.attnlog" >"$runs/torch_compile.log" 2>&1
     status=$?
     grep '^  PyTorch' "$runs/torch_compile.log"

@@ -37,7 +37,7 @@ __global__ void classifier_kernel(bf16* logits, float* losses, const int* target
 // (one ex2.approx: a few 1e-6 relative for the terms above 1e-9, under bf16's 4e-3). Padding
 // (columns V .. Vp - 1) is never read into a sum and never changed. Rows start 16-byte aligned
 // (Vp is a multiple of 128).
-inline bool classifier_vec_supports(const bf16* logits) { return aligned_16({logits}); }
+inline bool classifier_vec_supports(const bf16* logits, int Vp) { return Vp % 8 == 0 && aligned_16({logits}); }
 
 // The 8 logits of the 16 bytes at z + i as floats, those at V or beyond (padding) as -inf: in no
 // maximum, and e^(-inf) = 0 in no sum.
@@ -67,11 +67,12 @@ __global__ void __launch_bounds__(256) classifier_forward_vec_kernel(const bf16*
             if (i >= V) break;
             float x[8];
             logits_chunk(x, v[u], i, V);
-            float chunk_max = x[0];  // finite: element i is in the row
+            float chunk_max = x[0];
             for (int k = 1; k < 8; k++) chunk_max = fmaxf(chunk_max, x[k]);
             const float m_new = fmaxf(m, chunk_max);
-            sum *= __expf(m - m_new);  // 0 * e^(-inf) = 0 at the first chunk
-            for (int k = 0; k < 8; k++) sum += __expf(x[k] - m_new);
+            const float shift = m_new == -INFINITY ? 0.0f : m_new;  // no -inf - -inf while all are -inf
+            sum *= __expf(m - shift);                                // 0 * e^(-inf) = 0 at the first chunk
+            for (int k = 0; k < 8; k++) sum += __expf(x[k] - shift);
             m = m_new;
         }
     }
@@ -111,7 +112,7 @@ __global__ void __launch_bounds__(256) classifier_backward_vec_kernel(bf16* logi
 // forward (dloss = 0) of the same logits, and leaves the losses as that forward wrote them.
 inline void classifier(bf16* logits, float* losses, float* lse, const int* targets, int N, int V, int Vp, float dloss,
                        cudaStream_t s, bool vec = kCandidateKernels) {
-    if (!vec || !classifier_vec_supports(logits)) {
+    if (!vec || !classifier_vec_supports(logits, Vp)) {
         classifier_kernel<<<N, 512, 0, s>>>(logits, losses, targets, V, Vp, dloss);
     } else if (dloss == 0.0f) {
         classifier_forward_vec_kernel<<<N, 256, 0, s>>>(logits, losses, lse, targets, V, Vp);

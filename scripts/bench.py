@@ -339,12 +339,14 @@ def gpu_table(args, B, T):
     torch.compile likewise (the reports' statistics in the forward of stats steps); ms/step (means
     over the timed steps, so that stats steps count with their share), tokens/s, MFU, and ./train's
     speed over each PyTorch row at the same cadence."""
-    extra = ["-m", "d22", "-x", str(args.steps), "-b", str(B), "-t", str(T)]
+    # ./train also takes statistics on its last step: one step more, left out, so that both programs
+    # time steps warm-up .. steps - 1, with statistics on the same ones (multiples of the cadence).
+    extra = ["-m", "d22", "-x", str(args.steps + 1), "-b", str(B), "-t", str(T)]
     ours = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, every in STATS_CADENCES:
             timed, _, log = run_train(args, os.path.join(tmp, str(every)), extra + ["-s", str(every)])
-            ours[every] = statistics.mean(timed)
+            ours[every] = statistics.mean(timed[:-1])
     cfg = log.config
     L, H, D, C, F, V = cfg["n_layer"], cfg["n_head"], cfg["head_dim"], cfg["d_model"], cfg["d_ff"], cfg["vocab_size"]
     Hkv = cfg["n_kv_head"]

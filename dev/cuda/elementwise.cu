@@ -31,7 +31,15 @@ static float check_classifier(int N, int V, bool vec) {
     cudaCheck(cudaMalloc(&d_lse, N * sizeof(float)));
     const std::string tag = std::string(vec ? " (candidate)" : "") + " N" + std::to_string(N) + " V" + std::to_string(V);
     classifier(d_logits, d_losses, d_lse, d_targets, N, V, Vp, 0.0f, 0, vec);
-    compare_to_reference("classifier losses" + tag, download(d_losses, N), losses);
+    // The same bf16-exact logits on both sides: float32 sums of V terms in other orders, and __expf's
+    // few 1e-6 in the candidate, so the losses (and the candidate's lse) agree to 1e-5 of their size,
+    // which a lost column or chunk of the row would not.
+    std::vector<float> got_losses = download(d_losses, N);
+    check_close("classifier losses" + tag, got_losses.data(), losses.data(), N, 1e-5, 1e-5);
+    if (vec) {
+        std::vector<float> got_lse = download(d_lse, N);
+        check_close("classifier log-sum-exp" + tag, got_lse.data(), lse.data(), N, 1e-5, 1e-5);
+    }
     // With dloss 0 the logits are only read: the same bits.
     std::vector<float> kept = download_bf16(d_logits, padded.size());
     check_close("classifier leaves logits alone when dloss = 0" + tag, kept.data(), padded.data(), padded.size(), 0.0, 0.0);
@@ -132,6 +140,7 @@ static void check_embedding(int N, int C, int V) {
 int main() {
     if (!require_gpu()) return 0;
     check_classifiers(5, 300);
+    check_classifiers(7, 3004);  // the candidate's last partial chunk in a thread's second load
     check_classifiers(4096, 8192);
     check_swiglu(3, 40);
     check_swiglu(3, 44);  // F % 8 != 0: the simple kernels alone

@@ -250,6 +250,7 @@ int main() {
     if (!require_gpu()) return 0;
     check_layer(2, 33, 4, 2, 1);
     check_layer(1, 67, 4, 2, 0);  // an odd count of rows: the candidate's warps with one group idle
+    check_layer(3, 700, 8, 4, 0);  // the candidate attention statistics: 3 chunks of rows, the last partial
     check_layer(8, 2048, 8, 8, 0);
     check_layer(2, 300, 16, 8, 0, 128);  // Qwen3's and Llama's heads; more than one block of rows
     return test_exit_code();
