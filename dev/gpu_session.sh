@@ -5,7 +5,8 @@
 #   bash dev/gpu_session.sh verify   the default build as a whole (the reference, cuda_parity), then
 #                                    the reports' experiment (dev/gpu_experiment.sh) in the time left
 #   bash dev/gpu_session.sh speed    the candidates' parity and cuDNN's attention, dev/gpu_speed.sh at
-#                                    8 x 2048, then the attention and telemetry kernels' checks
+#                                    8 x 2048, then the attention and telemetry kernels' checks, then
+#                                    Nsight Compute on the attention kernels (OUT/ncu_attention.txt)
 # Each ends within SESSION_SECONDS; the tables print as they come, the logs and the experiment's
 # archives go into OUT. The two calls share a session's device time (900 s, the machine's start of
 # a minute or two included), so verify defaults to 300 s and speed to 480 s: give speed what the
@@ -31,7 +32,18 @@ case ${1:-} in
         # its torch.compile runs within what is left but 45 s (its two --profile runs) and 90 s (the checks below)
         SPEED_BATCHES=8 SPEED_SECONDS=$(( $(left) - 135 )) bash dev/gpu_speed.sh
         mkdir -p "${OUT:-/tmp}/kernels"  # the second table's logs beside the first's
-        CHECK_PARTS="dev_attention dev_telemetry" CHECK_SECONDS=$(left) OUT=${OUT:-/tmp}/kernels bash dev/gpu_check.sh
+        CHECK_PARTS="dev_attention dev_telemetry" CHECK_SECONDS=$(( $(left) - 40 )) OUT=${OUT:-/tmp}/kernels bash dev/gpu_check.sh
+        # With what is left: Nsight Compute's reading of the attention kernels on the d22 layer (where
+        # the machine lets it read the counters), what bounds them, for work without a GPU.
+        ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+        if [ -n "$ncu" ] && [ "$(left)" -gt 25 ]; then
+            (source dev/gpu_env.sh && timeout $(( $(left) - 5 )) "$ncu" --clock-control none -k regex:attention \
+                --launch-skip 6 --launch-count 6 --section SpeedOfLight --section Occupancy --section LaunchStats \
+                --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+                --section MemoryWorkloadAnalysis --section InstructionStats "$g/bin/dev_attention" --profile-d22 \
+                >"${OUT:-/tmp}/ncu_attention.txt" 2>&1)
+            echo "ncu on the d22 attention kernels: status $?, $(grep -c '^  [a-z_]*attention' "${OUT:-/tmp}/ncu_attention.txt") kernels read"
+        fi
         ;;
     *)
         echo "usage: bash dev/gpu_session.sh verify|speed" >&2

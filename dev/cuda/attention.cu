@@ -477,11 +477,33 @@ static void benchmark(const Shape& s) {
     free_problem(p);
 }
 
+// --profile-d22: each pass ./train runs on the d22 layer at B4 (the forward without and with the
+// statistics, the statistics alone, the backward), once to warm up and once more, with nothing
+// checked and nothing timed: the launches for a profiler to read (ncu --launch-skip skips the
+// first round).
+static void profile_passes(const Shape& s) {
+    Problem p = make_problem(s, 7);
+    for (int round = 0; round < 2; round++) {
+        attention_forward(p.d_out, p.d_lse, nullptr, nullptr, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0, ATTENTION_MMA);
+        attention_forward(p.d_out, p.d_lse, p.d_stats, p.d_doc_bits, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0,
+                          ATTENTION_MMA);
+        attention_row_stats(p.d_lse, p.d_stats, p.d_out, p.d_doc_bits, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0);
+        attention_backward(p.d_dqk, p.d_dqkv, p.d_delta, p.d_dout, p.d_out, p.d_lse, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv,
+                           s.D, 0, ATTENTION_MMA);
+        cudaCheck(cudaDeviceSynchronize());
+    }
+    free_problem(p);
+    printf("profiled passes of %s: done\n", shape_name(s).c_str());
+}
+
 int main(int argc, char** argv) {
-    bool timing = true;
+    bool timing = true, profile = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--check-only") == 0) timing = false;
-        else fail("usage: %s [--check-only]  (--check-only: validation without the timings)", argv[0]);
+        else if (strcmp(argv[i], "--profile-d22") == 0) profile = true;
+        else
+            fail("usage: %s [--check-only | --profile-d22]  (--check-only: validation without the timings; "
+                 "--profile-d22: the d22 layer's passes for a profiler, nothing checked)", argv[0]);
     }
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -491,6 +513,10 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+    if (profile) {
+        profile_passes({4, 2048, 8, 8, 64, 1.0f});
+        return 0;
+    }
 
     const Shape shapes[] = {
         {2, 1, 4, 2, 64, 1.0f},     // a single position
