@@ -314,10 +314,11 @@ static float* gpu_grad(GpuModel& g, int kind, int l = 0) { return g.grads + para
 
 // A layer's attention. The candidate build hands it to cuDNN's fused kernels where cuDNN takes the
 // shape (`cudnn`: model_forward says when), attention.cuh's kernels run it otherwise. On a
-// statistics step cuDNN's out and lse still go on, and attention.cuh's kernel computes the rows'
-// statistics beside it (its lse, and where it must its output too, into buffers free until the
-// backward: att_delta, datty), so that taking statistics never changes what the model computes.
-// Either backward takes the out and lse of either forward.
+// statistics step cuDNN's out and lse still go on, and attention.cuh computes the rows' statistics
+// beside them: from cuDNN's lse where its mma kernels take the head width, else by its own
+// forward pass (its lse and output into buffers free until the backward: att_delta, datty), so
+// that taking statistics never changes what the model computes. Either backward takes the out and
+// lse of either forward.
 static void layer_attention_forward(GpuModel& g, Activations<bf16>& la, bool stats, bool cudnn, int B, int T) {
     const ModelConfig& c = g.cfg;
     Activations<bf16>& a = g.acts;
@@ -327,7 +328,8 @@ static void layer_attention_forward(GpuModel& g, Activations<bf16>& la, bool sta
     if (!fused)
         attention_forward(la.atty, la.att_lse, stats ? la.row_stats : nullptr, g.doc_bits, la.qk_rope, la.qkv, B, T, H,
                           Hkv, D, g.stream);
-    else if (stats)
+    else if (stats && !attention_row_stats_from_lse(la.row_stats, la.att_lse, g.doc_bits, la.qk_rope, B, T, H, Hkv, D,
+                                                    g.stream))
         attention_row_stats(a.att_delta, la.row_stats, a.datty, g.doc_bits, la.qk_rope, la.qkv, B, T, H, Hkv, D,
                             g.stream);
 }

@@ -38,7 +38,7 @@ case ${1:-} in
         ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
         if [ -n "$ncu" ] && [ "$(left)" -gt 25 ]; then
             (source dev/gpu_env.sh && timeout $(( $(left) - 5 )) "$ncu" --clock-control none -k regex:attention \
-                --launch-skip 6 --launch-count 6 --section SpeedOfLight --section Occupancy --section LaunchStats \
+                --launch-skip 7 --launch-count 7 --section SpeedOfLight --section Occupancy --section LaunchStats \
                 --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
                 --section MemoryWorkloadAnalysis --section InstructionStats "$g/bin/dev_attention" --profile-d22 \
                 >"${OUT:-/tmp}/ncu_attention.txt" 2>&1)

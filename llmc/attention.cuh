@@ -679,6 +679,108 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_forward_mma
         store_row_block<D, WITH_STATS, !STATS_ONLY>(out, lse, row_stats, rb[mb], o[mb], b, h, B, T, H, c);
 }
 
+// The rows' statistics from a log-sum-exp computed elsewhere (cuDNN's forward on a statistics
+// step): with lse_t known, p_tj = e^(s_tj - lse_t) needs no running maximum, so a score costs one
+// product-add, one exponential and one more product-add (for sum_j p_tj (s_tj - lse_t), the
+// entropy's negative), where the online softmax above also keeps and rescales maxima and sums. The
+// grid, tiles and S = Q K^T are the forward kernel's (MB = 1), without values. Statistics as
+// telemetry.md defines them: entropy -sum_j p (s - lse), p at key 0, e^(max_j s - lse), max_j s, and
+// the mass on document starts; they agree with the forward kernel's to float rounding, and the
+// largest logit bit for bit (the same scaled scores). Candidate (kCandidateKernels): ./train's
+// statistics steps beside cuDNN's forward; dev_attention checks and times it.
+template <int D>
+constexpr int attention_stats_from_lse_smem_bytes() {
+    return 2 * kMmaTile * (D + kMmaTilePad) * (int)sizeof(bf16);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kMmaThreads) attention_row_stats_from_lse_kernel(float* row_stats, const float* lse,
+        const uint32_t* doc_bits, const bf16* qk, int B, int T, int H, int Hkv) {
+    static_assert(D % 32 == 0, "D must be a multiple of 32");
+    constexpr int LD = D + kMmaTilePad;
+    extern __shared__ __align__(16) unsigned char keys_shared[];  // attention_stats_from_lse_smem_bytes<D>()
+    bf16 (*k_tiles)[kMmaTile * LD] = reinterpret_cast<bf16 (*)[kMmaTile * LD]>(keys_shared);  // 2 buffers
+    const int q_tile = (int)gridDim.x - 1 - (int)blockIdx.x;
+    const int h = blockIdx.y, b = blockIdx.z, kv_head = h / (H / Hkv);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+    const size_t qk_stride = (size_t)(H + Hkv) * D;
+    const bf16* queries = qk + (size_t)b * T * qk_stride + (size_t)h * D;
+    const bf16* keys = qk + (size_t)b * T * qk_stride + (size_t)(H + kv_head) * D;
+    const float scale = 1.0f / sqrtf((float)D);
+    const int q0 = q_tile * kMmaTile, warp_q0 = q0 + warp * 16;
+    const int last_k_tile = min(q0 + kMmaTile - 1, T - 1) / kMmaTile;
+
+    // The queries through k_tiles[1] (free until the loop prefetches into it), then key tile 0.
+    load_tile_async<D, LD>(k_tiles[1], queries, qk_stride, q0, T);
+    cp_async_commit();
+    load_tile_async<D, LD>(k_tiles[0], keys, qk_stride, 0, T);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    uint32_t q_frag[1][D / 16][4];
+#pragma unroll
+    for (int kc = 0; kc < D / 16; kc++) load_a_fragment<LD>(q_frag[0][kc], k_tiles[1], warp * 16, kc * 16, lane);
+    __syncthreads();
+
+    const size_t row0 = ((size_t)b * H + h) * T;
+    int t[2];
+    float row_lse[2], neg_entropy[2] = {0.0f, 0.0f}, doc[2] = {0.0f, 0.0f}, sink[2] = {0.0f, 0.0f};
+    float max_raw[2] = {-INFINITY, -INFINITY};  // the largest unscaled score
+    for (int r = 0; r < 2; r++) {
+        t[r] = warp_q0 + g + 8 * r;
+        row_lse[r] = t[r] < T ? lse[row0 + t[r]] : 0.0f;
+    }
+    const int words = document_start_words(T);
+    const uint32_t* row_bits = doc_bits ? doc_bits + (size_t)b * words : nullptr;
+    for (int k_tile_index = 0; k_tile_index <= last_k_tile; k_tile_index++) {
+        const int j0 = k_tile_index * kMmaTile, buffer = k_tile_index % 2;
+        next_kv_tiles<D, LD, false>(k_tiles, k_tiles, keys, keys, qk_stride, qk_stride, k_tile_index, last_k_tile, T);
+        if (j0 <= warp_q0 + 15) {
+            float s[1][kMmaTile / 8][4] = {};
+            mma_blocks_times_tile_transposed<D, LD, 1, kMmaTile>(s, q_frag, k_tiles[buffer], lane);
+            const bool diagonal = j0 + kMmaTile - 1 >= q0;
+            const uint64_t tile_bits = tile_document_starts(row_bits, j0, words);
+#pragma unroll
+            for (int nb = 0; nb < kMmaTile / 8; nb++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int j = j0 + nb * 8 + 2 * c + e % 2, r = e / 2;
+                    const bool masked = diagonal && (j > t[r] || j >= T);
+                    const float raw = masked ? -INFINITY : s[0][nb][e];
+                    const float centred = fmaf(raw, scale, -row_lse[r]);  // s - lse; -inf where masked
+                    const float p = __expf(centred);                      // 0 where masked
+                    max_raw[r] = fmaxf(max_raw[r], raw);
+                    neg_entropy[r] = fmaf(p, masked ? 0.0f : centred, neg_entropy[r]);  // not 0 * -inf
+                    doc[r] += (tile_bits >> (nb * 8 + 2 * c + e % 2)) & 1 ? p : 0.0f;
+                    if (j == 0) sink[r] = p;
+                }
+            }
+        }
+        __syncthreads();  // every warp is done with this buffer before the next iteration refills it
+    }
+    const size_t rows = (size_t)B * H * T;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        // the four lanes of a quad hold the columns of the same two rows
+#pragma unroll
+        for (int lanes = 1; lanes <= 2; lanes *= 2) {
+            neg_entropy[r] += __shfl_xor_sync(0xffffffffu, neg_entropy[r], lanes);
+            doc[r] += __shfl_xor_sync(0xffffffffu, doc[r], lanes);
+            sink[r] += __shfl_xor_sync(0xffffffffu, sink[r], lanes);
+            max_raw[r] = fmaxf(max_raw[r], __shfl_xor_sync(0xffffffffu, max_raw[r], lanes));
+        }
+        if (c == 0 && t[r] < T) {
+            const size_t row = row0 + t[r];
+            const float m = max_raw[r] * scale;  // the forward kernel's maximum: the same product
+            row_stats[ATTN_STAT_ENTROPY * rows + row] = -neg_entropy[r];
+            row_stats[ATTN_STAT_SINK * rows + row] = sink[r];
+            row_stats[ATTN_STAT_MAXP * rows + row] = expf(m - row_lse[r]);
+            row_stats[ATTN_STAT_LOGIT_MAX * rows + row] = m;
+            row_stats[ATTN_STAT_DOC_START * rows + row] = doc[r];
+        }
+    }
+}
+
 // Shared memory of the dK/dV kernel, in bytes: the block's MB * 64 keys and values, two buffers
 // of query and dout tiles, two buffers of lse and Delta values.
 template <int D, int MB>
@@ -1165,6 +1267,23 @@ inline void attention_row_stats(float* lse, float* row_stats, bf16* out_scratch,
         attention_forward_mma<128, 1, 0, true>(nullptr, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, stream);
     else
         attention_forward(out_scratch, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, D, stream, impl);
+}
+
+// The rows' statistics (row_stats) from the lse of a forward pass made elsewhere, through
+// attention_row_stats_from_lse_kernel where the mma kernels take D (true), else nothing (false).
+inline bool attention_row_stats_from_lse(float* row_stats, const float* lse, const uint32_t* doc_bits, const bf16* qk,
+                                         int B, int T, int H, int Hkv, int D, cudaStream_t stream) {
+    if (attention_auto(D) != ATTENTION_MMA) return false;
+    attention_prepare(ATTENTION_MMA, B, T, H, Hkv, D, {qk}, {lse, row_stats});
+    const dim3 grid(ceil_div(T, kMmaTile), H, B);
+    if (D == 64)
+        attention_row_stats_from_lse_kernel<64><<<grid, kMmaThreads, attention_stats_from_lse_smem_bytes<64>(), stream>>>(
+            row_stats, lse, doc_bits, qk, B, T, H, Hkv);
+    else
+        attention_row_stats_from_lse_kernel<128><<<grid, kMmaThreads, attention_stats_from_lse_smem_bytes<128>(), stream>>>(
+            row_stats, lse, doc_bits, qk, B, T, H, Hkv);
+    cuda_check_launch();
+    return true;
 }
 
 // dqk (all of it) and the value heads of dqkv from dout and the forward pass's inputs, out and lse.

@@ -356,6 +356,37 @@ static void check_row_stats_alone(const Problem& p) {
 }
 
 
+// attention_row_stats_from_lse (the statistics from a log-sum-exp made elsewhere) against the
+// statistics attention_forward makes beside that lse, and against the CPU: the largest logit bit for
+// bit (the same scaled scores), the others to float rounding: a lane's float sums of up to 512
+// terms in two forms (p (s - lse) here, the online softmax's l and a there), 512 u32 = 3e-5 at
+// worst, so within 1e-4 relative and 1e-6 absolute, far under what a tile or a row's lse gone wrong
+// moves them; and the CPU's tolerances. Every statistic poisoned first. Shapes the mma kernels do
+// not take are left to attention_row_stats.
+static void check_row_stats_from_lse(const Problem& p, const CpuForward& ref) {
+    const Shape& s = p.s;
+    if (attention_auto(s.D) != ATTENTION_MMA) return;
+    attention_forward(p.d_out, p.d_lse, p.d_stats, p.d_doc_bits, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0);
+    cudaCheck(cudaDeviceSynchronize());
+    const std::vector<float> want = host_copy(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
+    poison(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
+    const bool ran = attention_row_stats_from_lse(p.d_stats, p.d_lse, p.d_doc_bits, p.d_qk, s.B, s.T, s.H, s.Hkv, s.D, 0);
+    cudaCheck(cudaDeviceSynchronize());
+    const std::vector<float> got = host_copy(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
+    const std::string prefix = "statistics from lse " + shape_name(s) + ": ";
+    report(ran, prefix + "runs where the mma kernels do");
+    auto stat = [&](const std::vector<float>& v, AttentionRowStat k) { return v.data() + k * p.rows; };
+    const std::vector<float> got_max(stat(got, ATTN_STAT_LOGIT_MAX), stat(got, ATTN_STAT_LOGIT_MAX) + p.rows),
+        want_max(stat(want, ATTN_STAT_LOGIT_MAX), stat(want, ATTN_STAT_LOGIT_MAX) + p.rows);
+    report(same_bits(got_max, want_max), prefix + "the largest logits, attention_forward's bits");
+    for (AttentionRowStat k : {ATTN_STAT_ENTROPY, ATTN_STAT_SINK, ATTN_STAT_MAXP, ATTN_STAT_DOC_START}) {
+        const std::string name = prefix + "statistic " + std::to_string((int)k);
+        check_close(name + " against attention_forward's", stat(got, k), stat(want, k), p.rows, 1e-4, 1e-6);
+        check_close(name + " against the CPU", stat(got, k), ref.row_stats.data() + k * p.rows, p.rows, 1e-3,
+                    k == ATTN_STAT_ENTROPY ? 1e-4 : 1e-6);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Registers against occupancy: the mma kernels' MIN_BLOCKS (attention.cuh: the blocks an SM must be
 // able to hold at once, which caps each thread's registers; ./train's is 0, ptxas's own choice) at
@@ -473,12 +504,20 @@ static void benchmark(const Shape& s) {
         attention_row_stats(p.d_lse, p.d_stats, p.d_out, p.d_doc_bits, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0);
     }, 20);
     printf("%-8s %-24s %10.3f %10.1f\n", "auto", "statistics alone", alone, fwd_flops / (alone * 1e-3) * 1e-12);
+    // The same from the forward's lse (attention_row_stats_from_lse), where the mma kernels run.
+    if (attention_auto(s.D) == ATTENTION_MMA) {
+        float from_lse = time_ms([&] {
+            attention_row_stats_from_lse(p.d_stats, p.d_lse, p.d_doc_bits, p.d_qk, s.B, s.T, s.H, s.Hkv, s.D, 0);
+        }, 20);
+        printf("%-8s %-24s %10.3f %10.1f\n", "auto", "statistics from lse", from_lse,
+               fwd_flops / (from_lse * 1e-3) * 1e-12);
+    }
     cudaCheck(cudaDeviceSynchronize());
     free_problem(p);
 }
 
 // --profile-d22: each pass ./train runs on the d22 layer at B4 (the forward without and with the
-// statistics, the statistics alone, the backward), once to warm up and once more, with nothing
+// statistics, the statistics alone and from lse, the backward), once to warm up and once more, with nothing
 // checked and nothing timed: the launches for a profiler to read (ncu --launch-skip skips the
 // first round).
 static void profile_passes(const Shape& s) {
@@ -488,6 +527,7 @@ static void profile_passes(const Shape& s) {
         attention_forward(p.d_out, p.d_lse, p.d_stats, p.d_doc_bits, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0,
                           ATTENTION_MMA);
         attention_row_stats(p.d_lse, p.d_stats, p.d_out, p.d_doc_bits, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0);
+        attention_row_stats_from_lse(p.d_stats, p.d_lse, p.d_doc_bits, p.d_qk, s.B, s.T, s.H, s.Hkv, s.D, 0);
         attention_backward(p.d_dqk, p.d_dqkv, p.d_delta, p.d_dout, p.d_out, p.d_lse, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv,
                            s.D, 0, ATTENTION_MMA);
         cudaCheck(cudaDeviceSynchronize());
@@ -546,6 +586,7 @@ int main(int argc, char** argv) {
         }
         if (attention_supports(ATTENTION_MMA_WIDE, s.D)) check_wide_matches_mma(p);
         check_row_stats_alone(p);
+        check_row_stats_from_lse(p, ref);
         free_problem(p);
     }
 
