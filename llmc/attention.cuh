@@ -770,13 +770,15 @@ __global__ void __launch_bounds__(kMmaThreads) attention_row_stats_from_lse_kern
             max_raw[r] = fmaxf(max_raw[r], __shfl_xor_sync(0xffffffffu, max_raw[r], lanes));
         }
         if (c == 0 && t[r] < T) {
+            // Kept in their ranges: an lse rounded apart from these scores can leave a row's
+            // probabilities summing to 1 +- a few 1e-7, and its entropy a few 1e-8 below 0.
             const size_t row = row0 + t[r];
             const float m = max_raw[r] * scale;  // the forward kernel's maximum: the same product
-            row_stats[ATTN_STAT_ENTROPY * rows + row] = -neg_entropy[r];
-            row_stats[ATTN_STAT_SINK * rows + row] = sink[r];
-            row_stats[ATTN_STAT_MAXP * rows + row] = expf(m - row_lse[r]);
+            row_stats[ATTN_STAT_ENTROPY * rows + row] = fmaxf(-neg_entropy[r], 0.0f);
+            row_stats[ATTN_STAT_SINK * rows + row] = fminf(sink[r], 1.0f);
+            row_stats[ATTN_STAT_MAXP * rows + row] = fminf(expf(m - row_lse[r]), 1.0f);
             row_stats[ATTN_STAT_LOGIT_MAX * rows + row] = m;
-            row_stats[ATTN_STAT_DOC_START * rows + row] = doc[r];
+            row_stats[ATTN_STAT_DOC_START * rows + row] = fminf(doc[r], 1.0f);
         }
     }
 }

@@ -359,10 +359,12 @@ static void check_row_stats_alone(const Problem& p) {
 // attention_row_stats_from_lse (the statistics from a log-sum-exp made elsewhere) against the
 // statistics attention_forward makes beside that lse, and against the CPU: the largest logit bit for
 // bit (the same scaled scores), the others to float rounding: a lane's float sums of up to 512
-// terms in two forms (p (s - lse) here, the online softmax's l and a there), 512 u32 = 3e-5 at
-// worst, so within 1e-4 relative and 1e-6 absolute, far under what a tile or a row's lse gone wrong
-// moves them; and the CPU's tolerances. Every statistic poisoned first. Shapes the mma kernels do
-// not take are left to attention_row_stats.
+// terms in two forms (p (s - lse) here, the online softmax's l and a there), and for the entropy
+// the rounding of lse itself (half a unit of its last place, up to 1e-6 for |lse| >= 16), so within
+// 1e-4 relative and 1e-6 absolute (1e-5 for the entropy), far under what a tile or a row's lse
+// gone wrong moves them (5e-4 relative and more); and the CPU's tolerances. Then again from an lse
+// a few units of its last place off, as cuDNN's, rounded apart, may be: still within the CPU's.
+// Every statistic poisoned first. Shapes the mma kernels do not take are left to attention_row_stats.
 static void check_row_stats_from_lse(const Problem& p, const CpuForward& ref) {
     const Shape& s = p.s;
     if (attention_auto(s.D) != ATTENTION_MMA) return;
@@ -379,12 +381,27 @@ static void check_row_stats_from_lse(const Problem& p, const CpuForward& ref) {
     const std::vector<float> got_max(stat(got, ATTN_STAT_LOGIT_MAX), stat(got, ATTN_STAT_LOGIT_MAX) + p.rows),
         want_max(stat(want, ATTN_STAT_LOGIT_MAX), stat(want, ATTN_STAT_LOGIT_MAX) + p.rows);
     report(same_bits(got_max, want_max), prefix + "the largest logits, attention_forward's bits");
+    auto against_cpu = [&](const std::vector<float>& v, const std::string& name, AttentionRowStat k) {
+        check_close(name + " against the CPU", stat(v, k), ref.row_stats.data() + k * p.rows, p.rows, 1e-3,
+                    k == ATTN_STAT_ENTROPY ? 1e-4 : 1e-6);
+    };
     for (AttentionRowStat k : {ATTN_STAT_ENTROPY, ATTN_STAT_SINK, ATTN_STAT_MAXP, ATTN_STAT_DOC_START}) {
         const std::string name = prefix + "statistic " + std::to_string((int)k);
-        check_close(name + " against attention_forward's", stat(got, k), stat(want, k), p.rows, 1e-4, 1e-6);
-        check_close(name + " against the CPU", stat(got, k), ref.row_stats.data() + k * p.rows, p.rows, 1e-3,
-                    k == ATTN_STAT_ENTROPY ? 1e-4 : 1e-6);
+        check_close(name + " against attention_forward's", stat(got, k), stat(want, k), p.rows, 1e-4,
+                    k == ATTN_STAT_ENTROPY ? 1e-5 : 1e-6);
+        against_cpu(got, name, k);
     }
+    // Every lse 3 units of its last place up (odd rows) or down (even rows).
+    std::vector<float> lse = host_copy(p.d_lse, p.rows);
+    for (size_t r = 0; r < p.rows; r++)
+        for (int step = 0; step < 3; step++) lse[r] = std::nextafter(lse[r], r % 2 ? INFINITY : -INFINITY);
+    cudaCheck(cudaMemcpy(p.d_lse, lse.data(), p.rows * sizeof(float), cudaMemcpyHostToDevice));
+    poison(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
+    attention_row_stats_from_lse(p.d_stats, p.d_lse, p.d_doc_bits, p.d_qk, s.B, s.T, s.H, s.Hkv, s.D, 0);
+    cudaCheck(cudaDeviceSynchronize());
+    const std::vector<float> off = host_copy(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
+    for (AttentionRowStat k : {ATTN_STAT_ENTROPY, ATTN_STAT_SINK, ATTN_STAT_MAXP, ATTN_STAT_DOC_START})
+        against_cpu(off, prefix + "from an lse 3 ulp off, statistic " + std::to_string((int)k), k);
 }
 
 // ---------------------------------------------------------------------------------------------
