@@ -2,8 +2,9 @@
 # The two device calls of a lent GPU session, from the repository root, with build/gpu.tar.xz carried
 # (dev/gpu_bundle.sh made it). Each call unpacks the bundle and makes the PyTorch reference where the
 # machine lacks them: a machine left idle for 30 s goes back, and the next call gets a bare one.
-#   bash dev/gpu_session.sh verify   the default build as a whole (the reference, cuda_parity), then
-#                                    the reports' experiment (dev/gpu_experiment.sh) in the time left
+#   bash dev/gpu_session.sh verify   the default build as a whole (the reference, cuda_parity), then,
+#                                    if that passed, the reports' experiment (dev/gpu_experiment.sh) in
+#                                    the time left
 #   bash dev/gpu_session.sh speed    the candidates' parity and cuDNN's attention, dev/gpu_speed.sh at
 #                                    8 x 2048, then the attention and telemetry kernels' checks, then
 #                                    Nsight Compute on the attention kernels (OUT/ncu_attention.txt)
@@ -21,7 +22,10 @@ left() { echo $((budget - (SECONDS - start))); }
 reference() { [ -e build/ref/debug_state.bin ] || echo reference; }
 case ${1:-} in
     verify)
-        CHECK_PARTS="$(reference) cuda_parity" CHECK_SECONDS=$(( $(left) < 180 ? $(left) : 180 )) bash dev/gpu_check.sh
+        if ! CHECK_PARTS="$(reference) cuda_parity" CHECK_SECONDS=$(( $(left) < 180 ? $(left) : 180 )) bash dev/gpu_check.sh; then
+            echo "the experiment's runs not made: they must come from a build that passed its checks"
+            exit 1
+        fi
         # Runs first (PROBES=0 unless asked): the probes cost a run's time each, and one more run of a
         # configuration, with PROBES=1 and one seed, makes the checkpoint they need in a later call.
         PROBES=${PROBES:-0} EXPERIMENT_SECONDS=$(left) bash dev/gpu_experiment.sh
