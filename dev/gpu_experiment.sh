@@ -25,9 +25,10 @@ source "$(dirname "$0")/gpu_env.sh"
 out=${OUT:-$(mktemp -d)}
 deadline=$((SECONDS + ${EXPERIMENT_SECONDS:-560}))
 per_run=${RUN_SECONDS:-60}
-# each seed and configuration once, in the order given (a repeat would run into its twin's folder)
-read -r -a seeds <<<"$(tr ' ' '\n' <<<"${SEEDS:-1337 42 7}" | awk 'NF && !seen[$0]++' | tr '\n' ' ')"
-read -r -a configs <<<"$(tr ' ' '\n' <<<"${CONFIGS:-gain plain none decay_all freeze_k}" | awk 'NF && !seen[$0]++' | tr '\n' ' ')"
+once() { tr ' ' '\n' <<<"$1" | awk 'NF && !seen[$0]++' | tr '\n' ' '; }  # each word once, in order
+# each seed and configuration once (a repeat would run into its twin's folder)
+read -r -a seeds <<<"$(once "${SEEDS:-1337 42 7}")"
+read -r -a configs <<<"$(once "${CONFIGS:-gain plain none decay_all freeze_k}")"
 runs=$(mktemp -d)
 device=$(nvidia-smi -L 2>/dev/null | head -1)
 commit=$(cat "$g/COMMIT" 2>/dev/null || echo 'commit unknown')
@@ -54,7 +55,8 @@ print(f"{float(loss[-1]):.4f} {last_val:.4f} {statistics.median(float(x) for x i
 }
 
 run_one() {  # configuration, seed, whether to probe its final checkpoint: the run, then its row
-    local config=$1 seed=$2 probe=$3 name=${1}_seed$2 dir status loss val ms
+    local config=$1 seed=$2 probe=$3 name=${1}_seed$2 dir status loss val ms kind
+    local -a command
     dir=$runs/$config/$name
     mkdir -p "$dir"
     # shellcheck disable=SC2046  # the options are words
@@ -66,16 +68,16 @@ run_one() {  # configuration, seed, whether to probe its final checkpoint: the r
         "$commit" "$device" "$status" "$jobs" >"$dir/MANIFEST"
     if [ "$probe" = 1 ] && [ -e "$dir/model.ckpt" ]; then
         mkdir -p "$dir/probes"
-        for probe in sweep svd ablate; do
+        for kind in sweep svd ablate; do
             left=$((deadline - SECONDS - per_run))
             seconds=$(( left < ${PROBE_SECONDS:-90} ? left : ${PROBE_SECONDS:-90} ))
-            [ "$seconds" -gt 10 ] || { echo "  probe $probe of $name: no time"; continue; }
-            on=(); [ "$probe" = svd ] || on=(--device cuda)
+            [ "$seconds" -gt 10 ] || { echo "  probe $kind of $name: no time"; continue; }
+            on=(); [ "$kind" = svd ] || on=(--device cuda)
             start=$SECONDS
-            timeout --kill-after=10 "$seconds" env PYTHONPATH=scripts "$py" scripts/probe.py "$probe" "$dir/model.ckpt" \
-                --data "$g/data" "${on[@]}" --out "$dir/probes" --json "$dir/probes/$probe.json" \
-                >"$dir/probes/$probe.txt" 2>&1
-            echo "  probe $probe of $name: status $? in $((SECONDS - start)) s"
+            timeout --kill-after=10 "$seconds" env PYTHONPATH=scripts "$py" scripts/probe.py "$kind" "$dir/model.ckpt" \
+                --data "$g/data" "${on[@]}" --out "$dir/probes" --json "$dir/probes/$kind.json" \
+                >"$dir/probes/$kind.txt" 2>&1
+            echo "  probe $kind of $name: status $? in $((SECONDS - start)) s"
         done
     fi
     rm -f "$dir"/*.ckpt

@@ -1258,7 +1258,10 @@ inline void attention_forward(bf16* out, float* lse, float* row_stats, const uin
 
 // The rows' statistics (row_stats, non-null) and lse alone, the bits attention_forward gives them, for
 // a step whose output comes from elsewhere (cuDNN's kernels): where the mma kernels run, their form
-// without the P V product; elsewhere attention_forward itself, its output into out_scratch.
+// without the P V product; elsewhere attention_forward itself, its output into out_scratch. The
+// candidate build's ./train takes attention_row_stats_from_lse where the mma kernels run, so that
+// there only the width without them comes here; dev_attention times the two side by side, and the
+// slower goes once a GPU has measured them.
 inline void attention_row_stats(float* lse, float* row_stats, bf16* out_scratch, const uint32_t* doc_bits,
                                 const bf16* qk, const bf16* qkv, int B, int T, int H, int Hkv, int D,
                                 cudaStream_t stream) {
