@@ -116,9 +116,13 @@ part cuda_parity && checks 600 cuda_parity "$g/bin/test_gpt_cuda" build/ref
 part cuda_parity_candidates && checks 600 cuda_parity_candidates "${with_cudnn[@]}" "$g/bin/test_gpt_cuda_candidates" build/ref
 for k in "$g"/bin/dev_*; do
     name=$(basename "$k")
-    prefix=()  # the wheels' libraries only for the program that loads cuDNN (gpu_env.sh)
-    [ "$name" = dev_cudnn_attention ] && prefix=("${with_cudnn[@]}")
+    prefix=()  # the wheels' libraries only for the program that loads cuDNN (gpu_env.sh), with
+    # cuDNN's own log of its warnings and errors (why an engine refuses a graph) in the archive
+    [ "$name" = dev_cudnn_attention ] &&
+        prefix=("${with_cudnn[@]}" CUDNN_LOGLEVEL_DBG=2 "CUDNN_LOGDEST_DBG=$logs/cudnn_debug.log")
     part "$name" && checks 300 "$name" "${prefix[@]}" "$k"
+    [ "$name" = dev_cudnn_attention ] && [ -e "$logs/cudnn_debug.log" ] && truncate -s '<2M' "$logs/cudnn_debug.log" &&
+        pack  # its first 2 MB
 done
 
 # -- d6 training runs on the GPU --------------------------------------------------------------------

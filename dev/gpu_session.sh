@@ -6,8 +6,10 @@
 #                                    if that passed, the reports' experiment (dev/gpu_experiment.sh) in
 #                                    the time left
 #   bash dev/gpu_session.sh speed    the candidates' parity and cuDNN's attention, dev/gpu_speed.sh at
-#                                    8 x 2048, then the attention and telemetry kernels' checks, then
-#                                    Nsight Compute on the attention kernels (OUT/ncu_attention.txt)
+#                                    8 x 2048, then the attention and telemetry kernels' checks, every
+#                                    algorithm cuBLASLt offers for the d22 products timed
+#                                    (OUT/matmul_algorithms.txt), then Nsight Compute on the attention
+#                                    kernels (OUT/ncu_attention.txt)
 # Each ends within SESSION_SECONDS; the tables print as they come, the logs and the experiment's
 # archives go into OUT. The two calls share a session's device time (900 s, the machine's start of
 # a minute or two included), so verify defaults to 300 s and speed to 480 s: give speed what the
@@ -36,7 +38,12 @@ case ${1:-} in
         # its torch.compile runs within what is left but 45 s (its two --profile runs) and 90 s (the checks below)
         SPEED_BATCHES=8 SPEED_SECONDS=$(( $(left) - 135 )) bash dev/gpu_speed.sh
         mkdir -p "${OUT:-/tmp}/kernels"  # the second table's logs beside the first's
-        CHECK_PARTS="dev_attention dev_telemetry" CHECK_SECONDS=$(( $(left) - 40 )) OUT=${OUT:-/tmp}/kernels bash dev/gpu_check.sh
+        CHECK_PARTS="dev_attention dev_telemetry" CHECK_SECONDS=$(( $(left) - 55 )) OUT=${OUT:-/tmp}/kernels bash dev/gpu_check.sh
+        # Every algorithm cuBLASLt offers for the d22 products, timed (OUT/matmul_algorithms.txt): whether
+        # one that gives the first choice's bits is faster
+        (source dev/gpu_env.sh && timeout 20 "$g/bin/dev_matmul" --algorithms >"${OUT:-/tmp}/matmul_algorithms.txt" 2>&1)
+        echo "cuBLASLt's algorithms: status $?"
+        grep "a step's matrix products" "${OUT:-/tmp}/matmul_algorithms.txt" | sed 's/^/  /'
         # With what is left: Nsight Compute's reading of the attention kernels on the d22 layer (where
         # the machine lets it read the counters), what bounds them, for work without a GPU.
         ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)

@@ -37,7 +37,8 @@ for B in ${SPEED_BATCHES:-8 4}; do
         for binary in train train_candidates; do
             [ "$binary" = train ] || [ -x "$g/bin/$binary" ] || continue
             name=d22_b${B}_s${every}_$binary
-            if timeout 60 "${with_cudnn[@]}" "$g/bin/$binary" "${data[@]}" -m d22 -b "$B" -t 2048 -x 33 -s "$every" --device cuda \
+            if timeout 60 "${with_cudnn[@]}" CUDNN_LOGLEVEL_DBG=2 "CUDNN_LOGDEST_DBG=$runs/$name.cudnn.log" \
+                "$g/bin/$binary" "${data[@]}" -m d22 -b "$B" -t 2048 -x 33 -s "$every" --device cuda \
                 -o "$runs/$name" >"$runs/$name.log" 2>&1; then
                 printf '  %-18s %d x 2048, statistics every %-2s %s ms, final loss %s\n' "./$binary" "$B" "$every" \
                     "$(mean_ms "$runs/$name/run.attnlog")" "$(final_loss "$runs/$name/run.attnlog")"
@@ -73,5 +74,7 @@ for binary in train train_candidates; do
     timeout 60 "${with_cudnn[@]}" "$g/bin/$binary" "${data[@]}" -m d22 -b 8 -t 2048 -x 30 -s 10 --profile 2 --device cuda \
         -o "$runs/profile_$binary" 2>&1 | tee "$runs/profile_$binary.log" | sed -n '/^profile/,/^  sum/p' | sed 's/^/  /'
 done
-# every run's printed output, for what a table line leaves out (no checkpoints, no logs of the runs)
+# every run's printed output, for what a table line leaves out (no checkpoints, no logs of the runs;
+# cuDNN's warnings and errors in each run's .cudnn.log, at most its first 2 MB)
+for f in "$runs"/*.cudnn.log; do [ -e "$f" ] && truncate -s '<2M' "$f"; done
 tar -czf "${OUT:-/tmp}/gpu_speed_logs.tar.gz" -C "$runs" --exclude='*.ckpt' --exclude='*.attnlog' . 2>/dev/null

@@ -2,8 +2,9 @@
 // forward product (with and without the fused residual), both backward products (the weight
 // gradient accumulates in float32), a padded output stride as the classifier uses, and the
 // batched Gram matrices of the telemetry. Shapes of the d22 model and of the parity test's model.
-// Build: make build/dev_matmul. Each shape is announced before it runs, so an unsupported one is
-// named by the last line printed.
+// With --algorithms it instead times every algorithm cuBLASLt's heuristic offers for the products of
+// the d22 model's layers (sweep_algorithms below). Build: make build/dev_matmul. Each shape is
+// announced before it runs, so an unsupported one is named by the last line printed.
 #include "dev/cuda/common.h"
 #include "llmc/matmul.cuh"
 #include "llmc/model_cpu.h"
@@ -62,7 +63,7 @@ static void check_gram(Matmul& mm, int N, int H, int Hkv) {
     float* d_gram;
     cudaCheck(cudaMalloc(&d_gram, want.size() * sizeof(float)));
     const bf16* keys = d_qk + (size_t)H * D;
-    matmul_lt(mm, d_gram, keys, keys, nullptr, D, D, N, false, true, NH * D, NH * D, D, true, 0, Hkv, D, D, (long long)D * D);
+    matmul_lt(mm, {d_gram, keys, keys, nullptr, D, D, N, false, true, NH * D, NH * D, D, true, Hkv, D, D, (long long)D * D}, 0);
     // Products of bf16 keys are exact in float32; the float32 sums over N tokens (another order
     // than the CPU's) err by ~sqrt(N) u32 = 8e-6 of the diagonal (the largest entries, ~N) for N =
     // 16384: 1e-4 of the largest entry for the off-diagonal entries, small by cancellation.
@@ -71,10 +72,119 @@ static void check_gram(Matmul& mm, int N, int H, int Hkv) {
     cudaCheck(cudaFree(d_gram));
 }
 
-int main() {
+// --algorithms: the algorithms cuBLASLt's heuristic offers for a product (up to kSweepAlgorithms),
+// each timed, with its configuration and whether it gives the heuristic's first choice's bits: one
+// that is faster and gives the same bits could replace the first choice without changing any run
+// (split-K sums in another order; other tiles and stages need not). ./train takes the first choice.
+static const int kSweepAlgorithms = 8;
+
+// Milliseconds of a d22 step's products: with the heuristic's first choice, with the fastest
+// algorithm that gives its bits, with the fastest of all.
+struct SweepTotals {
+    double first = 0, same_bits = 0, fastest = 0;
+};
+
+static std::string algorithm_config(const cublasLtMatmulAlgo_t& algo) {
+    int32_t id = 0, split_k = 1;
+    uint32_t tile = 0, stages = 0, reduction = 0, swizzle = 0;
+    uint16_t cluster = 0;
+    size_t written;
+    cublasCheck(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &written));
+    cublasCheck(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &written));
+    cublasCheck(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &written));
+    cublasCheck(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split_k, sizeof split_k, &written));
+    cublasCheck(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &reduction,
+                                                     sizeof reduction, &written));
+    cublasCheck(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle, sizeof swizzle,
+                                                     &written));
+    cublasCheck(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof cluster,
+                                                     &written));
+    return strprintf("algo %d tile %u stages %u split-K %d (reduction %u) swizzle %u cluster %u", id, tile, stages, split_k,
+                     reduction, swizzle, (unsigned)cluster);
+}
+
+// One product's algorithms. `reset` restores the output's initial values (the weight gradient adds
+// into what it holds), `calls` is how many times a d22 step runs the product.
+static void sweep_product(Matmul& mm, const std::string& name, const MatmulProblem& p, size_t out_bytes,
+                          const std::function<void()>& reset, int calls, SweepTotals& totals) {
+    MatmulDescs md = matmul_describe(p);
+    std::vector<cublasLtMatmulHeuristicResult_t> algos = matmul_heuristics(mm, md, kSweepAlgorithms);
+    double flop = 2.0 * p.m * p.n * p.k * p.batch;
+    printf("   %s: %zu algorithms\n", name.c_str(), algos.size());
+    std::vector<unsigned char> first_bits(out_bytes), bits(out_bytes);
+    double first_ms = 0, same_ms = 1e30, fastest_ms = 1e30;
+    for (size_t i = 0; i < algos.size(); i++) {
+        reset();
+        matmul_run(mm, p, md, algos[i].algo, 0);
+        cudaCheck(cudaMemcpy(i == 0 ? first_bits.data() : bits.data(), p.d, out_bytes, cudaMemcpyDeviceToHost));
+        bool same = i == 0 || memcmp(bits.data(), first_bits.data(), out_bytes) == 0;
+        float ms = time_ms([&] { matmul_run(mm, p, md, algos[i].algo, 0); });
+        if (i == 0) first_ms = ms;
+        if (same) same_ms = std::min(same_ms, (double)ms);
+        fastest_ms = std::min(fastest_ms, (double)ms);
+        printf("     #%zu %.4f ms (%.0f TFLOP/s) %s, workspace %zu, %s\n", i, ms, flop / ms / 1e9,
+               same ? "the same bits" : "other bits", algos[i].workspaceSize, algorithm_config(algos[i].algo).c_str());
+    }
+    if (algos.empty()) {
+        report(false, "cuBLASLt offers an algorithm for " + name, "none");
+    } else {
+        totals.first += calls * first_ms;
+        totals.same_bits += calls * same_ms;
+        totals.fastest += calls * fastest_ms;
+    }
+    reset();
+    matmul_release(md);
+}
+
+// The three products of a linear layer of N tokens, IC -> OC (output rows ld_out apart).
+static void sweep_linear(Matmul& mm, int N, int IC, int OC, int ld_out, bool residual, int calls, SweepTotals& totals) {
+    std::string tag = "N" + std::to_string(N) + " IC" + std::to_string(IC) + " OC" + std::to_string(OC) +
+                      (ld_out != OC ? " ld" + std::to_string(ld_out) : "") + (residual ? " +residual" : "");
+    Rng rng{(uint64_t)N * 131 + IC * 7 + OC};
+    std::vector<float> dW0 = random_values((size_t)OC * IC, 0.01f, rng);
+    bf16 *inp = upload_bf16(random_values((size_t)N * IC, 1.0f, rng)), *W = upload_bf16(random_values((size_t)OC * IC, 0.05f, rng));
+    bf16* res = residual ? upload_bf16(random_values((size_t)N * ld_out, 1.0f, rng)) : nullptr;
+    bf16 *dout = upload_bf16(random_values((size_t)N * ld_out, 0.1f, rng)), *out, *dinp;
+    float* dW = upload(dW0);
+    cudaCheck(cudaMalloc(&out, (size_t)N * ld_out * sizeof(bf16)));
+    cudaCheck(cudaMalloc(&dinp, (size_t)N * IC * sizeof(bf16)));
+    auto nothing = [] {};
+    auto dW_initial = [&] { cudaCheck(cudaMemcpy(dW, dW0.data(), dW0.size() * sizeof(float), cudaMemcpyHostToDevice)); };
+    sweep_product(mm, "forward " + tag, linear_forward_problem(out, inp, W, res, N, IC, OC, ld_out),
+                  (size_t)N * ld_out * sizeof(bf16), nothing, calls, totals);
+    sweep_product(mm, "backward dinp " + tag, linear_dinp_problem(dinp, dout, W, N, IC, OC, ld_out),
+                  (size_t)N * IC * sizeof(bf16), nothing, calls, totals);
+    sweep_product(mm, "backward dW " + tag, linear_dweight_problem(dW, dout, inp, N, IC, OC, ld_out),
+                  dW0.size() * sizeof(float), dW_initial, calls, totals);
+    for (void* p : {(void*)inp, (void*)W, (void*)res, (void*)dout, (void*)out, (void*)dinp, (void*)dW}) cudaCheck(cudaFree(p));
+}
+
+static void sweep_algorithms(Matmul& mm) {
+    for (int B : {8, 4}) {
+        int N = B * 2048, L = 22;
+        printf("d22 at %d x 2048: every algorithm the heuristic offers (up to %d), the heuristic's first choice #0\n", B,
+               kSweepAlgorithms);
+        SweepTotals t;
+        sweep_linear(mm, N, 512, 1536, 1536, false, L, t);
+        sweep_linear(mm, N, 512, 512, 512, true, L, t);
+        sweep_linear(mm, N, 512, 3072, 3072, false, L, t);
+        sweep_linear(mm, N, 1536, 512, 512, true, L, t);
+        sweep_linear(mm, N, 512, 8192, 8192, false, 1, t);
+        printf("d22 at %d x 2048, a step's matrix products: the heuristic's first choices %.3f ms, the fastest with their "
+               "bits %.3f ms (%.3fx), the fastest of all %.3f ms (%.3fx)\n",
+               B, t.first, t.same_bits, t.first / t.same_bits, t.fastest, t.first / t.fastest);
+    }
+}
+
+int main(int argc, char** argv) {
     if (!require_gpu()) return 0;
     Matmul mm;
     matmul_init(mm);
+    if (argc > 1 && strcmp(argv[1], "--algorithms") == 0) {
+        sweep_algorithms(mm);
+        matmul_free(mm);
+        return test_exit_code();
+    }
     // d22 at B = 8, T = 2048: qkv, attention output, MLP up and down, classifier.
     check_linear(mm, 16384, 512, 1536, 1536, false);
     check_linear(mm, 16384, 512, 512, 512, true);
