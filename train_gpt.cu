@@ -241,6 +241,7 @@ static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T, 
     if (g.use_nccl) nccl_init(g.nccl, dist);
     cudaCheck(cudaStreamCreate(&g.stream));
     matmul_init(g.mm);
+    g.mm.tune = kCandidateKernels;  // candidate: algorithms tuned among those with the first choice's bits
 
     Arena count;
     gpu_carve(g, count);
@@ -270,6 +271,7 @@ static void model_free(GpuModel& g) {
     cudaCheck(cudaFree(g.memory));
     cudaCheck(cudaFreeHost(g.stat_sums_host));
     cudaCheck(cudaFreeHost(g.losses_host));
+    matmul_print_tuning(g.mm);
     matmul_free(g.mm);
     nccl_free(g.nccl);
     cudnn_attention_free(g.cudnn);

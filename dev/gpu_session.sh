@@ -35,15 +35,18 @@ case ${1:-} in
     speed)  # what decides the defaults first: the candidates' correctness and cuDNN's, then the times
         CHECK_PARTS="$(reference) cuda_parity_candidates dev_cudnn_attention" \
             CHECK_SECONDS=$(( $(left) < 200 ? $(left) : 200 )) bash dev/gpu_check.sh
-        # its torch.compile runs within what is left but 45 s (its two --profile runs) and 90 s (the checks below)
+        # its torch.compile runs within what is left but 45 s (its two --profile runs) and 90 s (below:
+        # the kernels' checks, then cuBLASLt's algorithms in 30 s, then ncu in what is left)
         SPEED_BATCHES=8 SPEED_SECONDS=$(( $(left) - 135 )) bash dev/gpu_speed.sh
         mkdir -p "${OUT:-/tmp}/kernels"  # the second table's logs beside the first's
-        CHECK_PARTS="dev_attention dev_telemetry" CHECK_SECONDS=$(( $(left) - 55 )) OUT=${OUT:-/tmp}/kernels bash dev/gpu_check.sh
+        CHECK_PARTS="dev_attention dev_telemetry" CHECK_SECONDS=$(( $(left) - 60 )) OUT=${OUT:-/tmp}/kernels bash dev/gpu_check.sh
         # Every algorithm cuBLASLt offers for the d22 products, timed (OUT/matmul_algorithms.txt): whether
-        # one that gives the first choice's bits is faster
-        (source dev/gpu_env.sh && timeout 20 "$g/bin/dev_matmul" --algorithms >"${OUT:-/tmp}/matmul_algorithms.txt" 2>&1)
+        # one that gives the first choice's bits is faster; and whether those the candidate may keep
+        # (matmul_tune) give them on other data
+        (source dev/gpu_env.sh && timeout 30 "$g/bin/dev_matmul" --algorithms >"${OUT:-/tmp}/matmul_algorithms.txt" 2>&1)
         echo "cuBLASLt's algorithms: status $?"
-        grep "a step's matrix products" "${OUT:-/tmp}/matmul_algorithms.txt" | sed 's/^/  /'
+        grep -E "a step's matrix products|^FAIL|passed, [0-9]+ failed" "${OUT:-/tmp}/matmul_algorithms.txt" | cut -c1-250 |
+            sed 's/^/  /'
         # With what is left: Nsight Compute's reading of the attention kernels on the d22 layer (where
         # the machine lets it read the counters), what bounds them, for work without a GPU.
         ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)

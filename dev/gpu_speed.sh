@@ -11,8 +11,9 @@
 # statistics every 10 steps, and the device's time per kind of work in its steps with and without
 # statistics (--profile 2); every run's printed output into OUT/gpu_speed_logs.tar.gz. Both builds run with
 # the wheels' libraries on the path (gpu_env.sh's with_cudnn: train_candidates loads cuDNN from
-# there), so that they use the same ones. Each train_candidates run's line of what runs its
-# attention (cuDNN's kernels, or why not) is printed once. scripts/bench.py gpu is the full
+# there), so that they use the same ones. The first train_candidates run's lines of what runs its
+# attention (cuDNN's kernels, or why not) and of what tuning its matrix products' algorithms did are
+# printed. scripts/bench.py gpu is the full
 # benchmark; this is its part that fits what is left of a device call.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
@@ -47,7 +48,7 @@ for B in ${SPEED_BATCHES:-8 4}; do
                     "$(tail -1 "$runs/$name.log" | cut -c1-150)"
             fi
             if [ "$binary" = train_candidates ] && [ -z "${attention_said:-}" ]; then
-                grep '^attention' "$runs/$name.log" | cut -c1-200 | sed 's/^/    /'
+                grep -E '^(attention|cuBLASLt algorithms tuned)' "$runs/$name.log" | cut -c1-200 | sed 's/^/    /'
                 attention_said=1
             fi
         done
