@@ -11,6 +11,7 @@
 #include <map>
 #include <array>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -35,7 +36,7 @@ struct Matmul {
     // Candidate (train_candidates sets it, kCandidateKernels): each shape's algorithm tuned once
     // among those that give the heuristic's first choice's bits (matmul_tune); what that did.
     bool tune = false;
-    int tuned = 0, tuned_other = 0;           // shapes tuned, of them on another algorithm than the first
+    int tuned = 0, tuned_other = 0;           // products tuned, of them on another algorithm than the first
     int tuned_refused = 0;                    // tuned algorithms the real problem refused (the first choice runs)
     double tuned_first_ms = 0, tuned_ms = 0;  // their times with the first choice, with the chosen one
 };
@@ -154,8 +155,9 @@ inline void matmul_run(Matmul& mm, const MatmulProblem& p, const MatmulDescs& md
 // -- Candidate: the algorithm tuned among those that give the first choice's bits -----------------
 //
 // Algorithms that sum each output element in the same order give the same bits on every input. So
-// matmul_tune allows only algorithms that split K as the first choice does (split-K number and
-// reduction scheme: another split sums in another order) and that give its output bit for bit on
+// matmul_tune tunes only products whose first choice does not split K, allows only algorithms that
+// do not either (split-K number and reduction scheme: a split sums in another order), and of those
+// only the ones that give the first choice's output bit for bit on
 // two stand-in problems of the same shape, aliasing and pointer alignments (buffers of its own):
 // one of hashed values in [-1, 1), and one where, besides, every output's sum starts with a term of
 // 2^16 and ends with its negative, so that every addition in between rounds at 2^-7 and the result
@@ -260,6 +262,8 @@ struct MatmulStandIn {
         n[2] = layout_span(p.m, p.n, p.ldd, p.batch, p.stride_d);
         out_bytes = n[2] * (p.d_fp32 ? sizeof(float) : sizeof(__nv_bfloat16));
     }
+    MatmulStandIn(const MatmulStandIn&) = delete;  // it owns device memory
+    MatmulStandIn& operator=(const MatmulStandIn&) = delete;
     ~MatmulStandIn() {
         cudaGetLastError();  // a failed allocation is not the next launch's error
         cudaStreamSynchronize(stream);
@@ -323,14 +327,15 @@ struct MatmulStandIn {
     // queued without a wait between them (an in-place product keeps adding: its values do not matter
     // here).
     float time(const cublasLtMatmulAlgo_t& algo, int runs) {
-        for (int r = 0; r < 2; r++) run(algo, 4, false);
+        bool ran = true;
+        for (int r = 0; r < 2; r++) ran = run(algo, 4, false) == CUBLAS_STATUS_SUCCESS && ran;
         cudaCheck(cudaEventRecord(start, stream));
-        for (int r = 0; r < runs; r++) run(algo, 4, false);
+        for (int r = 0; r < runs; r++) ran = run(algo, 4, false) == CUBLAS_STATUS_SUCCESS && ran;
         cudaCheck(cudaEventRecord(stop, stream));
         cudaCheck(cudaEventSynchronize(stop));
         float ms;
         cudaCheck(cudaEventElapsedTime(&ms, start, stop));
-        return ms / runs;
+        return ran ? ms / runs : INFINITY;  // a refusal never the fastest
     }
 };
 
@@ -343,8 +348,11 @@ inline std::vector<SameBitsAlgorithm> matmul_same_bits_algorithms(Matmul& mm, co
                                                                   cudaStream_t stream) {
     std::vector<SameBitsAlgorithm> passed;
     if (algos.size() < 2 || !matmul_tunable(p)) return passed;
+    // A first choice that splits K adds the splits' sums at the end: the cancelling stand-in's large
+    // terms would then fall in the first and last splits only, and reorderings inside the others
+    // would show in almost no bf16 output. Such products keep the first choice.
     const std::pair<int32_t, uint32_t> first_split = algorithm_split(algos[0].algo);
-    if (first_split.first == 0) return passed;
+    if (first_split.first != 1) return passed;
     std::vector<int> candidates;
     for (size_t i = 1; i < algos.size(); i++)
         if (algorithm_split(algos[i].algo) == first_split) candidates.push_back((int)i);
@@ -371,20 +379,20 @@ inline std::vector<SameBitsAlgorithm> matmul_same_bits_algorithms(Matmul& mm, co
 }
 
 // The algorithm kept for the shape: the fastest that passed, if it takes at most kTuneMargin of the
-// first choice's time; else the first choice.
+// first choice's time; else the first choice. *first_ms and *kept_ms: their stand-in times (0 when
+// the product was not tuned).
 inline cublasLtMatmulHeuristicResult_t matmul_tune(Matmul& mm, const MatmulProblem& p, const MatmulDescs& md,
                                                    const std::vector<cublasLtMatmulHeuristicResult_t>& algos,
-                                                   cudaStream_t stream) {
+                                                   cudaStream_t stream, float* first_ms, float* kept_ms) {
     std::vector<SameBitsAlgorithm> passed = matmul_same_bits_algorithms(mm, p, md, algos, stream);
+    *first_ms = *kept_ms = 0;
     if (passed.empty()) return algos[0];
     SameBitsAlgorithm best = passed[0];
     for (const SameBitsAlgorithm& a : passed)
         if (a.ms < best.ms) best = a;
     if (best.ms > kTuneMargin * passed[0].ms) best = passed[0];
-    mm.tuned++;
-    mm.tuned_other += best.index != 0;
-    mm.tuned_first_ms += passed[0].ms;
-    mm.tuned_ms += best.ms;
+    *first_ms = passed[0].ms;
+    *kept_ms = best.ms;
     return algos[best.index];
 }
 
@@ -399,21 +407,32 @@ inline void matmul_lt(Matmul& mm, const MatmulProblem& p, cudaStream_t stream) {
             fail("cuBLASLt has no algorithm for m %d n %d k %d, op(A) %c op(B) %c, lda %d ldb %d ldd %d, %s output%s, "
                  "batch %d", p.m, p.n, p.k, p.trans_a ? 'T' : 'N', p.trans_b ? 'T' : 'N', p.lda, p.ldb, p.ldd,
                  p.d_fp32 ? "float" : "bf16", p.c ? " plus C" : "", p.batch);
-        cublasLtMatmulHeuristicResult_t chosen = mm.tune ? matmul_tune(mm, p, md, found, stream) : found[0];
-        if (memcmp(&chosen.algo, &found[0].algo, sizeof chosen.algo) != 0) {
+        float first_ms = 0, kept_ms = 0;
+        cublasLtMatmulHeuristicResult_t chosen = mm.tune ? matmul_tune(mm, p, md, found, stream, &first_ms, &kept_ms) : found[0];
+        bool other = memcmp(&chosen.algo, &found[0].algo, sizeof chosen.algo) != 0;
+        if (other) {
             // a tuned algorithm's first real call: should the real problem refuse it, the first choice
             float alpha = 1.0f, beta = p.c ? 1.0f : 0.0f;
             if (cublasLtMatmul(mm.handle, md.desc, &alpha, p.a, md.a, p.b, md.b, &beta, p.c ? p.c : p.d, md.c, p.d, md.d,
-                               &chosen.algo, mm.workspace, mm.workspace_bytes, stream) == CUBLAS_STATUS_SUCCESS) {
-                mm.algos.emplace(md.key, chosen);
-                matmul_release(md);
-                return;
+                               &chosen.algo, mm.workspace, mm.workspace_bytes, stream) != CUBLAS_STATUS_SUCCESS) {
+                cudaGetLastError();
+                mm.tuned_refused++;
+                chosen = found[0];
+                kept_ms = first_ms;
+                other = false;
             }
-            cudaGetLastError();
-            mm.tuned_refused++;
-            chosen = found[0];
+        }
+        if (first_ms > 0) {
+            mm.tuned++;
+            mm.tuned_other += other;
+            mm.tuned_first_ms += first_ms;
+            mm.tuned_ms += kept_ms;
         }
         it = mm.algos.emplace(md.key, chosen).first;
+        if (other) {  // its first real call has run
+            matmul_release(md);
+            return;
+        }
     }
     matmul_run(mm, p, md, it->second.algo, stream);
     matmul_release(md);
@@ -422,9 +441,10 @@ inline void matmul_lt(Matmul& mm, const MatmulProblem& p, cudaStream_t stream) {
 // What tuning did (nothing without mm.tune; in a data-parallel run, process 0's), for the end of a run.
 inline void matmul_print_tuning(const Matmul& mm) {
     if (!mm.tune || g_fail_rank > 0) return;
-    printf("cuBLASLt algorithms tuned: %d shapes, %d of them on another algorithm than the heuristic's first "
-           "(with its bits); one call of each: %.3f ms -> %.3f ms%s\n", mm.tuned, mm.tuned_other, mm.tuned_first_ms,
-           mm.tuned_ms, mm.tuned_refused ? strprintf("; %d refused at their first real call", mm.tuned_refused).c_str() : "");
+    std::string refused = mm.tuned_refused ? strprintf("; %d refused at their first real call", mm.tuned_refused) : "";
+    printf("cuBLASLt algorithms tuned: %d products (shapes and alignments), %d of them on another algorithm than the "
+           "heuristic's first (with its bits); one call of each: %.3f ms -> %.3f ms%s\n", mm.tuned, mm.tuned_other,
+           mm.tuned_first_ms, mm.tuned_ms, refused.c_str());
 }
 
 // The three products of a linear layer, row-major out[N, OC] = inp[N, IC] @ W[OC, IC]^T: as cuBLAS

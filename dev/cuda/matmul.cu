@@ -24,8 +24,8 @@ static std::vector<unsigned char> download_bytes(const void* d, size_t bytes) {
 //   every algorithm it may keep (matmul_same_bits_algorithms, judged on its own stand-ins) gives them;
 //   a product it tunes had its stand-ins run (else the line above would pass on nothing);
 //   the tuned Matmul's product, as train_candidates runs it, gives them;
-//   the untuned Matmul's (./train's, the heuristic asked for one algorithm) gives them: the first of
-//   the eight the candidate is offered is ./train's choice.
+//   a fresh untuned Matmul's (./train's, the heuristic asked for one algorithm) gives them: the first
+//   of the eight the candidate is offered is ./train's choice.
 static void check_candidate(Matmul& mm, Matmul& tuned, const std::string& name, const MatmulProblem& p, size_t out_bytes,
                             const std::vector<unsigned char>& first, const std::function<void()>& reset) {
     MatmulDescs md = matmul_describe(p);
@@ -51,13 +51,16 @@ static void check_candidate(Matmul& mm, Matmul& tuned, const std::string& name, 
     bool tunable = matmul_tunable(p) && algos.size() > 1;
     report(!tunable || (!passed.empty() && passed[0].index == 0), "matmul candidate: its stand-ins run, " + name,
            tunable ? strprintf("%zu timed", passed.size()) : "not tuned (too small, or one algorithm offered)");
-    for (Matmul* m : {&tuned, &mm}) {
+    Matmul fresh;  // no choice cached yet
+    matmul_init(fresh);
+    for (Matmul* m : {&tuned, &fresh}) {
         reset();
         matmul_lt(*m, p, 0);
         bool same = download_bytes(p.d, out_bytes) == first;
         report(same, std::string(m == &tuned ? "matmul candidate: the tuned product gives" : "matmul: ./train's product gives") +
                          " the first of the eight algorithms' bits, " + name, same ? "the same bits" : "other bits");
     }
+    matmul_free(fresh);
     reset();
 }
 
@@ -215,7 +218,8 @@ static void sweep_product(Matmul& mm, Matmul& tuned, const std::string& name, co
         totals.fastest += calls * fastest_ms;
         // the candidate's checks, on this data (another pattern than its stand-ins'), and its time
         check_candidate(mm, tuned, name, p, out_bytes, first_bits, reset);
-        totals.tuned += calls * time_ms([&] { matmul_lt(tuned, p, 0); });
+        const cublasLtMatmulAlgo_t& kept = tuned.algos.at(md.key).algo;  // as the other times: no descriptors made
+        totals.tuned += calls * time_ms([&] { matmul_run(mm, p, md, kept, 0); });
     }
     reset();
     matmul_release(md);
