@@ -291,8 +291,14 @@ def trend_text(test):
             + (", **still moving**" if test["moving"] else ", no trend"))
 
 
+def says_moving(h):
+    """Whether the report says a hypothesis is still moving: not where its verdict already rests on the
+    run's guard (too little training, statistics not settled), which says more."""
+    return bool(h.get("moving")) and h.get("why") not in ("too little training", "not settled")
+
+
 def verdict_text(h):
-    return f"**{h['verdict']}**" + (" (still moving)" if h.get("moving") else "")
+    return f"**{h['verdict']}**" + (" (still moving)" if says_moving(h) else "")
 
 
 def path_blocks(path):
@@ -634,7 +640,7 @@ def say_done(outdir, summary):
           + (f", {len(figs['skipped'])} skipped" if figs["skipped"] else "")
           + (f", {len(compared)} comparison figures" if compared else ""))
     for h in summary["hypotheses"].values():
-        moving = ", still moving" if h["moving"] and h["why"] not in ("too little training", "not settled") else ""
+        moving = ", still moving" if says_moving(h) else ""
         print(f"  ({h['id']}) {h['title']}: {h['verdict']}{moving}" + (f" ({h['detail']})" if h.get("detail") else ""))
     for rep in summary.get("comparison", {}).get("replicates", []):
         print(f"  over the seeds {', '.join(map(str, rep['seeds']))} of {', '.join(rep['runs'])}:")
