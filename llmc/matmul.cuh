@@ -145,11 +145,20 @@ inline std::vector<cublasLtMatmulHeuristicResult_t> matmul_heuristics(Matmul& mm
     return usable;
 }
 
+// The product with the given algorithm; cuBLASLt's status, a refusal leaving no CUDA error behind
+// for the next launch's check.
+inline cublasStatus_t matmul_try(Matmul& mm, const MatmulProblem& p, const MatmulDescs& md, const cublasLtMatmulAlgo_t& algo,
+                                 cudaStream_t stream) {
+    float alpha = 1.0f, beta = p.c ? 1.0f : 0.0f;
+    cublasStatus_t status = cublasLtMatmul(mm.handle, md.desc, &alpha, p.a, md.a, p.b, md.b, &beta, p.c ? p.c : p.d, md.c,
+                                           p.d, md.d, &algo, mm.workspace, mm.workspace_bytes, stream);
+    if (status != CUBLAS_STATUS_SUCCESS) cudaGetLastError();
+    return status;
+}
+
 inline void matmul_run(Matmul& mm, const MatmulProblem& p, const MatmulDescs& md, const cublasLtMatmulAlgo_t& algo,
                        cudaStream_t stream) {
-    float alpha = 1.0f, beta = p.c ? 1.0f : 0.0f;
-    cublasCheck(cublasLtMatmul(mm.handle, md.desc, &alpha, p.a, md.a, p.b, md.b, &beta, p.c ? p.c : p.d, md.c, p.d, md.d,
-                               &algo, mm.workspace, mm.workspace_bytes, stream));
+    cublasCheck(matmul_try(mm, p, md, algo, stream));
 }
 
 // -- Candidate: the algorithm tuned among those that give the first choice's bits -----------------
@@ -305,12 +314,12 @@ struct MatmulStandIn {
     // when it adds into them.
     cublasStatus_t run(const cublasLtMatmulAlgo_t& algo, int dst, bool from_first_values = true) {
         if (in_place && from_first_values) cudaCheck(cudaMemcpyAsync(at[dst], at[2], out_bytes, cudaMemcpyDeviceToDevice, stream));
-        float alpha = 1.0f, beta = p.c ? 1.0f : 0.0f;
-        const void* c = in_place ? at[dst] : p.c ? at[2] : at[dst];
-        cublasStatus_t status = cublasLtMatmul(mm.handle, md.desc, &alpha, at[0], md.a, at[1], md.b, &beta, c, md.c, at[dst],
-                                               md.d, &algo, mm.workspace, mm.workspace_bytes, stream);
-        if (status != CUBLAS_STATUS_SUCCESS) cudaGetLastError();  // a refusal is not the next launch's error
-        return status;
+        MatmulProblem q = p;  // the same product on the stand-in's buffers
+        q.a = (const __nv_bfloat16*)at[0];
+        q.b = (const __nv_bfloat16*)at[1];
+        q.c = in_place ? at[dst] : p.c ? at[2] : nullptr;
+        q.d = at[dst];
+        return matmul_try(mm, q, md, algo, stream);
     }
     // Whether out holds ref's bytes.
     bool out_is_ref() {
@@ -412,10 +421,7 @@ inline void matmul_lt(Matmul& mm, const MatmulProblem& p, cudaStream_t stream) {
         bool other = memcmp(&chosen.algo, &found[0].algo, sizeof chosen.algo) != 0;
         if (other) {
             // a tuned algorithm's first real call: should the real problem refuse it, the first choice
-            float alpha = 1.0f, beta = p.c ? 1.0f : 0.0f;
-            if (cublasLtMatmul(mm.handle, md.desc, &alpha, p.a, md.a, p.b, md.b, &beta, p.c ? p.c : p.d, md.c, p.d, md.d,
-                               &chosen.algo, mm.workspace, mm.workspace_bytes, stream) != CUBLAS_STATUS_SUCCESS) {
-                cudaGetLastError();
+            if (matmul_try(mm, p, md, chosen.algo, stream) != CUBLAS_STATUS_SUCCESS) {
                 mm.tuned_refused++;
                 chosen = found[0];
                 kept_ms = first_ms;

@@ -14,9 +14,7 @@
 
 // A device buffer's bytes.
 static std::vector<unsigned char> download_bytes(const void* d, size_t bytes) {
-    std::vector<unsigned char> v(bytes);
-    cudaCheck(cudaMemcpy(v.data(), d, bytes, cudaMemcpyDeviceToHost));
-    return v;
+    return download((const unsigned char*)d, bytes);
 }
 
 // The candidate (matmul_tune) on one product, on this program's data: `first`, the output's bytes
@@ -34,11 +32,8 @@ static void check_candidate(Matmul& mm, Matmul& tuned, const std::string& name, 
     std::string differ, kept;
     for (const SameBitsAlgorithm& a : passed) {
         reset();
-        float alpha = 1.0f, beta = p.c ? 1.0f : 0.0f;
         kept += " #" + std::to_string(a.index);
-        if (cublasLtMatmul(mm.handle, md.desc, &alpha, p.a, md.a, p.b, md.b, &beta, p.c ? p.c : p.d, md.c, p.d, md.d,
-                           &algos[a.index].algo, mm.workspace, mm.workspace_bytes, 0) != CUBLAS_STATUS_SUCCESS) {
-            cudaGetLastError();
+        if (matmul_try(mm, p, md, algos[a.index].algo, 0) != CUBLAS_STATUS_SUCCESS) {
             differ += " #" + std::to_string(a.index) + " (refused)";
         } else if (download_bytes(p.d, out_bytes) != first) {
             differ += " #" + std::to_string(a.index);
@@ -162,22 +157,20 @@ struct SweepTotals {
 };
 
 static std::string algorithm_config(const cublasLtMatmulAlgo_t& algo) {
-    int32_t id = 0, split_k = 1;
-    uint32_t tile = 0, stages = 0, reduction = 0, swizzle = 0;
+    int32_t id = 0;
+    uint32_t tile = 0, stages = 0, swizzle = 0;
     uint16_t cluster = 0;
     size_t written;
     cublasCheck(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &written));
     cublasCheck(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &written));
     cublasCheck(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &written));
-    cublasCheck(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split_k, sizeof split_k, &written));
-    cublasCheck(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &reduction,
-                                                     sizeof reduction, &written));
     cublasCheck(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle, sizeof swizzle,
                                                      &written));
     cublasCheck(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof cluster,
                                                      &written));
-    return strprintf("algo %d tile %u stages %u split-K %d (reduction %u) swizzle %u cluster %u", id, tile, stages, split_k,
-                     reduction, swizzle, (unsigned)cluster);
+    const std::pair<int32_t, uint32_t> split = algorithm_split(algo);
+    return strprintf("algo %d tile %u stages %u split-K %d (reduction %u) swizzle %u cluster %u", id, tile, stages,
+                     split.first, split.second, swizzle, (unsigned)cluster);
 }
 
 // One product's algorithms. `reset` restores the output's initial values (the weight gradient adds
@@ -192,11 +185,8 @@ static void sweep_product(Matmul& mm, Matmul& tuned, const std::string& name, co
     double first_ms = 0, same_ms = 1e30, fastest_ms = 1e30;
     for (size_t i = 0; i < algos.size(); i++) {
         reset();
-        float alpha = 1.0f, beta = p.c ? 1.0f : 0.0f;
-        cublasStatus_t status = cublasLtMatmul(mm.handle, md.desc, &alpha, p.a, md.a, p.b, md.b, &beta, p.c ? p.c : p.d, md.c,
-                                               p.d, md.d, &algos[i].algo, mm.workspace, mm.workspace_bytes, 0);
+        cublasStatus_t status = matmul_try(mm, p, md, algos[i].algo, 0);
         if (status != CUBLAS_STATUS_SUCCESS) {  // offered but refused: said, and the sweep goes on
-            cudaGetLastError();
             printf("     #%zu refused (status %d), %s\n", i, (int)status, algorithm_config(algos[i].algo).c_str());
             if (i == 0) break;
             continue;
