@@ -320,7 +320,11 @@ static float* gpu_grad(GpuModel& g, int kind, int l = 0) { return g.grads + para
 // beside them: from cuDNN's lse where its mma kernels take the head width, else by its own
 // forward pass (its lse and output into buffers free until the backward: att_delta, datty), so
 // that taking statistics never changes what the model computes. Either backward takes the out and
-// lse of either forward.
+// lse of either forward. attention.cuh's kernels are, in the candidate build, the mma kernels' lean
+// form where the mma kernels take the head width.
+static AttentionImpl attention_impl(int D) {
+    return kCandidateKernels && attention_auto(D) == ATTENTION_MMA ? ATTENTION_MMA_LEAN : ATTENTION_AUTO;
+}
 static void layer_attention_forward(GpuModel& g, Activations<bf16>& la, bool stats, bool cudnn, int B, int T) {
     const ModelConfig& c = g.cfg;
     Activations<bf16>& a = g.acts;
@@ -329,7 +333,7 @@ static void layer_attention_forward(GpuModel& g, Activations<bf16>& la, bool sta
                                                   g.stream);
     if (!fused)
         attention_forward(la.atty, la.att_lse, stats ? la.row_stats : nullptr, g.doc_bits, la.qk_rope, la.qkv, B, T, H,
-                          Hkv, D, g.stream);
+                          Hkv, D, g.stream, attention_impl(D));
     else if (stats && !attention_row_stats_from_lse(la.row_stats, la.att_lse, g.doc_bits, la.qk_rope, B, T, H, Hkv, D,
                                                     g.stream))
         attention_row_stats(a.att_delta, la.row_stats, a.datty, g.doc_bits, la.qk_rope, la.qkv, B, T, H, Hkv, D,
@@ -343,7 +347,7 @@ static void layer_attention_backward(GpuModel& g, Activations<bf16>& la, int B, 
                                                       g.stream))
         return;
     attention_backward(a.dqk, a.dqkv, a.att_delta, a.datty, la.atty, la.att_lse, la.qk_rope, la.qkv, B, T, c.n_head,
-                       c.n_kv_head, c.head_dim, g.stream);
+                       c.n_kv_head, c.head_dim, g.stream, attention_impl(c.head_dim));
 }
 
 // Forward pass; same contract as the CPU's model_forward. Leaves the logits on the device (row

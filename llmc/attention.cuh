@@ -9,7 +9,9 @@
 //   mma:    64 x 64 tiles of queries and keys through the tensor cores (mma.sync m16n8k16, bf16
 //           operands, float32 accumulators), D = 64 or 128; mma_wide (D = 64) takes 128 rows a
 //           block on the side each kernel keeps (two blocks of 16 rows a warp): the same bits, no
-//           faster on an H100 (dev_attention measures it; nothing else asks for it).
+//           faster on an H100 (dev_attention measures it; nothing else asks for it). mma_lean (a
+//           candidate, the LEAN kernels): the same tiles with fewer instructions a score, the
+//           softmax in base 2 on unscaled scores (see kLog2e); the candidate build runs it.
 // attention_forward / attention_backward pick what attention_auto says: mma at D = 64 and 128
 // where the device has the shared memory for it, simple otherwise; attention_row_stats computes
 // the rows' statistics alone (for a step whose output comes from cuDNN's kernels,
@@ -30,6 +32,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 #include <utility>
 #include <vector>
 #include <cuda_bf16.h>
@@ -331,16 +334,42 @@ __device__ __forceinline__ void load_b_fragments_rows_k(uint32_t (&b)[4], const 
     ldmatrix_x4_trans(b, tile + (k0 + lane % 8 + (lane / 8) % 2 * 8) * LD + n0 + lane / 16 * 8);
 }
 
+// Two floats rounded to bf16 (to nearest even) in one register, lo in the low half: two conversions
+// and a byte permute, or with LEAN one conversion of the pair (cvt.rn.bf16x2.f32; the same bits).
+template <bool LEAN>
 __device__ __forceinline__ uint32_t pack_floats_bf16x2(float lo, float hi) {
+    if constexpr (LEAN) {
+        __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t*>(&pair);
+    }
     return (uint32_t)__bfloat16_as_ushort(__float2bfloat16(lo)) | ((uint32_t)__bfloat16_as_ushort(__float2bfloat16(hi)) << 16);
 }
 
 // The A operand of a 16 x 16 block from the accumulators of its left and right 16 x 8 halves.
+template <bool LEAN>
 __device__ __forceinline__ void accumulators_to_a_fragment(uint32_t (&a)[4], const float (&left)[4], const float (&right)[4]) {
-    a[0] = pack_floats_bf16x2(left[0], left[1]);
-    a[1] = pack_floats_bf16x2(left[2], left[3]);
-    a[2] = pack_floats_bf16x2(right[0], right[1]);
-    a[3] = pack_floats_bf16x2(right[2], right[3]);
+    a[0] = pack_floats_bf16x2<LEAN>(left[0], left[1]);
+    a[1] = pack_floats_bf16x2<LEAN>(left[2], left[3]);
+    a[2] = pack_floats_bf16x2<LEAN>(right[0], right[1]);
+    a[3] = pack_floats_bf16x2<LEAN>(right[2], right[3]);
+}
+
+// LEAN: the mma kernels with fewer instructions a score (ATTENTION_MMA_LEAN, a candidate). Their
+// softmax runs in base 2 on the unscaled scores s: with c = log2(e) / sqrt(D) and a row's largest
+// unscaled score m, a probability is 2^(s c - m c), one product-add and one ex2 (the form flushing
+// results below 2^-126 to zero: one MUFU.EX2, where __expf's ex2 without it adds a compare and two
+// products that keep such results), in place of a product by 1/sqrt(D), a subtraction and __expf's
+// product by log2(e). The entropy's sum then holds terms p (s c - m c), log2(e) times the natural
+// ones. Masked scores are kLeanMasked rather than -inf: finite, so that p (s c - m c) = 0 x a finite
+// number, with no test of p, and so that a row's first rescaling needs no test either; every row's
+// maximum is a real score from its first tile on (each row sees key 0 there).
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+constexpr float kLeanMasked = -1e30f;
+
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
 }
 
 // cp.async (sm_80+): global-to-shared copies that complete in the background, so that the next
@@ -467,14 +496,14 @@ __device__ __forceinline__ void mma_shared_blocks_times_tile_transposed(float (&
 // C (MB blocks of 16 x D) += A tile, A (16 x K per block) from the accumulators `left` of a
 // product above, tile K x D: a product over the tile's rows (O += P V, dQ += dS K, dV += P^T dO,
 // dK += dS^T Q), each B fragment loaded once for all MB blocks as above.
-template <int D, int LD, int MB, int K>
+template <int D, int LD, int MB, int K, bool LEAN = false>
 __device__ __forceinline__ void mma_block_scores_times_tile(float (&acc)[MB][D / 8][4], const float (&left)[MB][K / 8][4],
                                                             const bf16* tile, int lane) {
 #pragma unroll
     for (int kk = 0; kk < K / 16; kk++) {
         uint32_t a[MB][4];
 #pragma unroll
-        for (int mb = 0; mb < MB; mb++) accumulators_to_a_fragment(a[mb], left[mb][2 * kk], left[mb][2 * kk + 1]);
+        for (int mb = 0; mb < MB; mb++) accumulators_to_a_fragment<LEAN>(a[mb], left[mb][2 * kk], left[mb][2 * kk + 1]);
 #pragma unroll
         for (int nd = 0; nd < D / 8; nd += 2) {
             uint32_t b[4];
@@ -507,6 +536,26 @@ struct RowBlockSoftmax {
     float s_first[2] = {0.0f, 0.0f};
 };
 
+// The largest x of the four lanes of a quad (same g), which hold the 64 columns of the same two rows.
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+// Row r's new maximum m_new: its mass on document starts and its output sums times `rescale`, the
+// factor that takes sums relative to the old maximum to the new one (l and a are rescaled already).
+template <int D>
+__device__ __forceinline__ void raise_row_max(RowBlockSoftmax& rb, float (&o)[D / 8][4], int r, float m_new,
+                                              float rescale) {
+    rb.doc[r] *= rescale;
+    rb.m[r] = m_new;
+#pragma unroll
+    for (int nd = 0; nd < D / 8; nd++) {
+        o[nd][2 * r] *= rescale;
+        o[nd][2 * r + 1] *= rescale;
+    }
+}
+
 // One key tile (keys j0 .. j0 + 63) of a block of rows: scales its scores s (16 x 64) and masks
 // them where `diagonal` (a tile that reaches the query tile's first query: there keys after a
 // row's query or beyond T become -inf), raises the rows' maxima, rescaling their sums and output
@@ -537,18 +586,9 @@ __device__ __forceinline__ void online_softmax_tile(RowBlockSoftmax& rb, float (
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        // the four lanes of a quad (same g) hold the 64 columns of the same two rows
-        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-        float m_new = fmaxf(rb.m[r], tile_max[r]);
+        float m_new = fmaxf(rb.m[r], quad_max(tile_max[r]));
         float rescale = online_softmax_raise_max(rb.m[r], m_new, &rb.l[r], &rb.a[r]);
-        rb.doc[r] *= rescale;
-        rb.m[r] = m_new;
-#pragma unroll
-        for (int nd = 0; nd < D / 8; nd++) {
-            o[nd][2 * r] *= rescale;
-            o[nd][2 * r + 1] *= rescale;
-        }
+        raise_row_max<D>(rb, o, r, m_new, rescale);
     }
 #pragma unroll
     for (int nb = 0; nb < kMmaTile / 8; nb++) {
@@ -564,12 +604,72 @@ __device__ __forceinline__ void online_softmax_tile(RowBlockSoftmax& rb, float (
     }
 }
 
+// online_softmax_tile's LEAN form (see kLog2e): the same state, with m the rows' largest unscaled
+// scores (kLeanMasked before the first tile), a the entropy sums in base 2 and s_first unscaled;
+// c2 = log2(e) / sqrt(D). Each score costs a maximum, a product-add, an ex2 and an addition (a
+// product-add more on statistics steps), and the document starts are looked at only in a tile
+// that holds one (tile_bits is the same for every thread of the block).
+template <int D, bool WITH_STATS>
+__device__ __forceinline__ void online_softmax_tile_lean(RowBlockSoftmax& rb, float (&s)[kMmaTile / 8][4],
+                                                         float (&o)[D / 8][4], int j0, int T, bool diagonal,
+                                                         uint64_t tile_bits, float c2, int c) {
+    float tile_max[2] = {kLeanMasked, kLeanMasked};
+#pragma unroll
+    for (int nb = 0; nb < kMmaTile / 8; nb++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int j = j0 + nb * 8 + 2 * c + e % 2, r = e / 2;
+            if (diagonal && (j > rb.t[r] || j >= T)) s[nb][e] = kLeanMasked;
+            tile_max[r] = fmaxf(tile_max[r], s[nb][e]);
+        }
+    }
+    if (WITH_STATS && j0 == 0) {
+        rb.s_first[0] = s[0][0];
+        rb.s_first[1] = s[0][2];
+    }
+    float m_c[2];  // the rows' new largest scores times c2: every term of this tile subtracts them
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const float m_new = fmaxf(rb.m[r], quad_max(tile_max[r]));
+        m_c[r] = m_new * c2;
+        // Earlier terms were taken relative to m_old c2: times 2^(m_old c2 - m_new c2) they are
+        // relative to m_new c2, and their entropy terms gain that exponent (math.h's rescaling in
+        // base 2). Before the first tile the factor is 2^(-1.8e29) = 0, with l = a = 0.
+        const float shift = rb.m[r] * c2 - m_c[r];
+        const float rescale = exp2_ftz(shift);
+        rb.a[r] = rescale * fmaf(rb.l[r], shift, rb.a[r]);
+        rb.l[r] *= rescale;
+        raise_row_max<D>(rb, o, r, m_new, rescale);
+    }
+#pragma unroll
+    for (int nb = 0; nb < kMmaTile / 8; nb++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = e / 2;
+            const float x = fmaf(s[nb][e], c2, -m_c[r]);  // (s - m) c2: kLeanMasked gives about -1.8e29
+            const float p = exp2_ftz(x);
+            rb.l[r] += p;
+            if (WITH_STATS) rb.a[r] = fmaf(p, x, rb.a[r]);
+            s[nb][e] = p;
+        }
+    }
+    if (WITH_STATS && tile_bits) {
+#pragma unroll
+        for (int nb = 0; nb < kMmaTile / 8; nb++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if ((tile_bits >> (nb * 8 + 2 * c + e % 2)) & 1) rb.doc[e / 2] += s[nb][e];
+        }
+    }
+}
+
 // The end of a block of rows: each lane summed its own 16 columns of each tile, so the quad adds
 // up its shares; then the rows before T store their output (o / l; not without OUTPUT), log-sum-exp
-// and statistics.
-template <int D, bool WITH_STATS, bool OUTPUT = true>
+// and statistics. LEAN: rb in online_softmax_tile_lean's terms, scaled back first (scale = 1/sqrt(D)).
+template <int D, bool WITH_STATS, bool OUTPUT = true, bool LEAN = false>
 __device__ __forceinline__ void store_row_block(bf16* out, float* lse, float* row_stats, RowBlockSoftmax& rb,
-                                                const float (&o)[D / 8][4], int b, int h, int B, int T, int H, int c) {
+                                                const float (&o)[D / 8][4], int b, int h, int B, int T, int H, int c,
+                                                float scale) {
     const size_t rows = (size_t)B * H * T;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -588,7 +688,10 @@ __device__ __forceinline__ void store_row_block(bf16* out, float* lse, float* ro
                 for (int nd = 0; nd < D / 8; nd++)
                     *reinterpret_cast<__nv_bfloat162*>(y + nd * 8) = __floats2bfloat162_rn(o[nd][2 * r] * inv_l, o[nd][2 * r + 1] * inv_l);
             }
-            if (c == 0)
+            if (c == 0 && LEAN)
+                store_row_results<WITH_STATS>(lse, row_stats, ((size_t)b * H + h) * T + t, rows, rb.m[r] * scale, rb.l[r],
+                                              rb.a[r] * kLn2, rb.s_first[r] * scale, rb.doc[r]);
+            else if (c == 0)
                 store_row_results<WITH_STATS>(lse, row_stats, ((size_t)b * H + h) * T + t, rows, rb.m[r], rb.l[r], rb.a[r],
                                               rb.s_first[r], rb.doc[r]);
         }
@@ -604,8 +707,9 @@ __device__ __forceinline__ void store_row_block(bf16* out, float* lse, float* ro
 // from shared memory: ATTENTION_MMA_WIDE) measured no faster, and slower with the statistics.
 // STATS_ONLY: the rows' statistics and lse alone, no output (out unused): no values are read and no
 // P V product is made, for a step whose output comes from elsewhere (cuDNN's kernels). The
-// statistics are the same bits as the full kernel's: the same instructions make them.
-template <int D, int MB, bool WITH_STATS, int MIN_BLOCKS = 0, bool STATS_ONLY = false>
+// statistics are the same bits as the full kernel's: the same instructions make them. LEAN: the
+// softmax of online_softmax_tile_lean (ATTENTION_MMA_LEAN, a candidate).
+template <int D, int MB, bool WITH_STATS, int MIN_BLOCKS = 0, bool STATS_ONLY = false, bool LEAN = false>
 __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_forward_mma_kernel(bf16* out, float* lse,
         float* row_stats, const uint32_t* doc_bits, const bf16* qk, const bf16* qkv, int B, int T, int H, int Hkv) {
     static_assert(D % 32 == 0, "D must be a multiple of 32");
@@ -648,6 +752,7 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_forward_mma
             load_a_fragment<LD>(q_frag[mb][kc], row < kMmaTile ? k_tiles[1] : v_tiles[1], row % kMmaTile, kc * 16, lane);
         rb[mb].t[0] = q0 + row + g;
         rb[mb].t[1] = q0 + row + g + 8;
+        if (LEAN) rb[mb].m[0] = rb[mb].m[1] = kLeanMasked;
     }
     __syncthreads();
 
@@ -668,15 +773,19 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_forward_mma
             const bool diagonal = j0 + kMmaTile - 1 >= q0;
             const uint64_t tile_bits = WITH_STATS ? tile_document_starts(row_bits, j0, words) : 0;
 #pragma unroll
-            for (int mb = 0; mb < MB; mb++)
-                online_softmax_tile<D, WITH_STATS>(rb[mb], s[mb], o[mb], j0, T, diagonal, tile_bits, scale, c);
-            if (!STATS_ONLY) mma_block_scores_times_tile<D, LD, MB, kMmaTile>(o, s, v_tiles[buffer], lane);
+            for (int mb = 0; mb < MB; mb++) {
+                if (LEAN)
+                    online_softmax_tile_lean<D, WITH_STATS>(rb[mb], s[mb], o[mb], j0, T, diagonal, tile_bits, scale * kLog2e, c);
+                else
+                    online_softmax_tile<D, WITH_STATS>(rb[mb], s[mb], o[mb], j0, T, diagonal, tile_bits, scale, c);
+            }
+            if (!STATS_ONLY) mma_block_scores_times_tile<D, LD, MB, kMmaTile, LEAN>(o, s, v_tiles[buffer], lane);
         }
         __syncthreads();  // every warp is done with this buffer before the next iteration refills it
     }
 #pragma unroll
     for (int mb = 0; mb < MB; mb++)
-        store_row_block<D, WITH_STATS, !STATS_ONLY>(out, lse, row_stats, rb[mb], o[mb], b, h, B, T, H, c);
+        store_row_block<D, WITH_STATS, !STATS_ONLY, LEAN>(out, lse, row_stats, rb[mb], o[mb], b, h, B, T, H, c, scale);
 }
 
 // The rows' statistics from a log-sum-exp computed elsewhere (cuDNN's forward on a statistics
@@ -723,12 +832,14 @@ __global__ void __launch_bounds__(kMmaThreads) attention_row_stats_from_lse_kern
     __syncthreads();
 
     const size_t row0 = ((size_t)b * H + h) * T;
+    const float c2 = scale * kLog2e;
     int t[2];
-    float row_lse[2], neg_entropy[2] = {0.0f, 0.0f}, doc[2] = {0.0f, 0.0f}, sink[2] = {0.0f, 0.0f};
-    float max_raw[2] = {-INFINITY, -INFINITY};  // the largest unscaled score
+    float row_lse[2], row_lse2[2], neg_entropy2[2] = {0.0f, 0.0f}, doc[2] = {0.0f, 0.0f}, sink[2] = {0.0f, 0.0f};
+    float max_raw[2] = {kLeanMasked, kLeanMasked};  // the largest unscaled score
     for (int r = 0; r < 2; r++) {
         t[r] = warp_q0 + g + 8 * r;
         row_lse[r] = t[r] < T ? lse[row0 + t[r]] : 0.0f;
+        row_lse2[r] = row_lse[r] * kLog2e;  // in base 2
     }
     const int words = document_start_words(T);
     const uint32_t* row_bits = doc_bits ? doc_bits + (size_t)b * words : nullptr;
@@ -740,21 +851,31 @@ __global__ void __launch_bounds__(kMmaThreads) attention_row_stats_from_lse_kern
             mma_blocks_times_tile_transposed<D, LD, 1, kMmaTile>(s, q_frag, k_tiles[buffer], lane);
             const bool diagonal = j0 + kMmaTile - 1 >= q0;
             const uint64_t tile_bits = tile_document_starts(row_bits, j0, words);
+            // p = 2^(s c2 - lse log2(e)) in the LEAN form of the forward kernel (see kLog2e): one
+            // product-add and one ex2 a score, its entropy term one more product-add. The document
+            // starts are looked at only in a tile that holds one (DOC; tile_bits is the same for
+            // the whole block, and most tiles hold none).
+            auto tile = [&](auto doc_starts) {
+                constexpr bool DOC = decltype(doc_starts)::value;
 #pragma unroll
-            for (int nb = 0; nb < kMmaTile / 8; nb++) {
+                for (int nb = 0; nb < kMmaTile / 8; nb++) {
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int j = j0 + nb * 8 + 2 * c + e % 2, r = e / 2;
-                    const bool masked = diagonal && (j > t[r] || j >= T);
-                    const float raw = masked ? -INFINITY : s[0][nb][e];
-                    const float centred = fmaf(raw, scale, -row_lse[r]);  // s - lse; -inf where masked
-                    const float p = __expf(centred);                      // 0 where masked
-                    max_raw[r] = fmaxf(max_raw[r], raw);
-                    neg_entropy[r] = fmaf(p, masked ? 0.0f : centred, neg_entropy[r]);  // not 0 * -inf
-                    doc[r] += (tile_bits >> (nb * 8 + 2 * c + e % 2)) & 1 ? p : 0.0f;
-                    if (j == 0) sink[r] = p;
+                    for (int e = 0; e < 4; e++) {
+                        const int j = j0 + nb * 8 + 2 * c + e % 2, r = e / 2;
+                        const float raw = diagonal && (j > t[r] || j >= T) ? kLeanMasked : s[0][nb][e];
+                        const float x = fmaf(raw, c2, -row_lse2[r]);  // (s - lse) log2(e); about -1.8e29 where masked
+                        const float p = exp2_ftz(x);                   // 0 where masked
+                        max_raw[r] = fmaxf(max_raw[r], raw);
+                        neg_entropy2[r] = fmaf(p, x, neg_entropy2[r]);
+                        if (nb == 0 && e % 2 == 0 && j == 0) sink[r] = p;  // key 0: lane c = 0 of the first tile
+                        if (DOC && ((tile_bits >> (nb * 8 + 2 * c + e % 2)) & 1)) doc[r] += p;
+                    }
                 }
-            }
+            };
+            if (tile_bits)
+                tile(std::true_type());
+            else
+                tile(std::false_type());
         }
         __syncthreads();  // every warp is done with this buffer before the next iteration refills it
     }
@@ -764,7 +885,7 @@ __global__ void __launch_bounds__(kMmaThreads) attention_row_stats_from_lse_kern
         // the four lanes of a quad hold the columns of the same two rows
 #pragma unroll
         for (int lanes = 1; lanes <= 2; lanes *= 2) {
-            neg_entropy[r] += __shfl_xor_sync(0xffffffffu, neg_entropy[r], lanes);
+            neg_entropy2[r] += __shfl_xor_sync(0xffffffffu, neg_entropy2[r], lanes);
             doc[r] += __shfl_xor_sync(0xffffffffu, doc[r], lanes);
             sink[r] += __shfl_xor_sync(0xffffffffu, sink[r], lanes);
             max_raw[r] = fmaxf(max_raw[r], __shfl_xor_sync(0xffffffffu, max_raw[r], lanes));
@@ -774,7 +895,7 @@ __global__ void __launch_bounds__(kMmaThreads) attention_row_stats_from_lse_kern
             // probabilities summing to 1 +- a few 1e-7, and its entropy a few 1e-8 below 0.
             const size_t row = row0 + t[r];
             const float m = max_raw[r] * scale;  // the forward kernel's maximum: the same product
-            row_stats[ATTN_STAT_ENTROPY * rows + row] = fmaxf(-neg_entropy[r], 0.0f);
+            row_stats[ATTN_STAT_ENTROPY * rows + row] = fmaxf(-neg_entropy2[r] * kLn2, 0.0f);
             row_stats[ATTN_STAT_SINK * rows + row] = fminf(sink[r], 1.0f);
             row_stats[ATTN_STAT_MAXP * rows + row] = fminf(expf(m - row_lse[r]), 1.0f);
             row_stats[ATTN_STAT_LOGIT_MAX * rows + row] = m;
@@ -800,7 +921,9 @@ constexpr int attention_dkdv_mma_smem_bytes() {
 //   S^T = K Q^T, P^T = e^(S^T / sqrt(D) - lse) (0 where the query is before the key or beyond T),
 //   dP^T = V dO^T, dS^T = P^T (dP^T - Delta), dV += P^T dO, dK += dS^T Q.
 // MB = 1 is what ./train runs; MB = 2 (each B fragment serves two blocks of keys) is mma_wide.
-template <int D, int MB, int MIN_BLOCKS = 0>
+// LEAN: P^T = 2^(S^T c2 - lse log2(e)), c2 = log2(e) / sqrt(D), one product-add and one ex2 a score
+// (see kLog2e), and the bf16 pairs of P^T and dS^T converted by one instruction each.
+template <int D, int MB, int MIN_BLOCKS = 0, bool LEAN = false>
 __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_backward_dkdv_mma_kernel(bf16* dqk, bf16* dqkv,
         const bf16* dout, const float* lse, const float* delta, const bf16* qk, const bf16* qkv, int T, int H, int Hkv) {
     static_assert(D % 32 == 0, "D must be a multiple of 32");
@@ -888,15 +1011,16 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_backward_dk
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         int i = nb * 8 + 2 * c + e % 2, t = tc + i, r = e / 2;
-                        float p = __expf(st[mb][nb][e] * scale - lse_chunk[i]);
+                        float p = LEAN ? exp2_ftz(fmaf(st[mb][nb][e], scale * kLog2e, -lse_chunk[i] * kLog2e))
+                                       : __expf(st[mb][nb][e] * scale - lse_chunk[i]);
                         if (boundary && (t < j_row[mb][r] || t >= T)) p = 0.0f;
                         st[mb][nb][e] = p;
                         dpt[mb][nb][e] = p * (dpt[mb][nb][e] - delta_chunk[i]);
                     }
                 }
             }
-            mma_block_scores_times_tile<D, LD, MB, kChunk>(dv, st, dout_chunk, lane);
-            mma_block_scores_times_tile<D, LD, MB, kChunk>(dk, dpt, q_chunk, lane);
+            mma_block_scores_times_tile<D, LD, MB, kChunk, LEAN>(dv, st, dout_chunk, lane);
+            mma_block_scores_times_tile<D, LD, MB, kChunk, LEAN>(dk, dpt, q_chunk, lane);
         }
         __syncthreads();  // every warp is done with this buffer before the next step refills it
     }
@@ -929,7 +1053,8 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_backward_dk
 // S = Q K^T, P = e^(S / sqrt(D) - lse) (0 for future keys and keys beyond T), dP = dO V^T,
 // dS = P (dP - Delta), dQ += dS K. Key/value tiles are double-buffered as in the forward pass.
 // MB = 1 is what ./train runs; MB = 2 (each B fragment serves two blocks of queries) is mma_wide.
-template <int D, int MB, int MIN_BLOCKS = 0>
+// LEAN: P as in the dK/dV kernel's LEAN form.
+template <int D, int MB, int MIN_BLOCKS = 0, bool LEAN = false>
 __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_backward_dq_mma_kernel(bf16* dqk,
         const bf16* dout, const float* lse, const float* delta, const bf16* qk, const bf16* qkv, int T, int H, int Hkv) {
     static_assert(D % 32 == 0, "D must be a multiple of 32");
@@ -1028,13 +1153,14 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_backward_dq
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         int j = jc + nb * 8 + 2 * c + e % 2, r = e / 2;
-                        float p = __expf(s[mb][nb][e] * scale - row_lse[mb][r]);
+                        float p = LEAN ? exp2_ftz(fmaf(s[mb][nb][e], scale * kLog2e, -row_lse[mb][r] * kLog2e))
+                                       : __expf(s[mb][nb][e] * scale - row_lse[mb][r]);
                         if (diagonal && (j > t_row[mb][r] || j >= T)) p = 0.0f;
                         s[mb][nb][e] = p * (dp[mb][nb][e] - row_delta[mb][r]);
                     }
                 }
             }
-            mma_block_scores_times_tile<D, LD, MB, kChunk>(dq, s, k_chunk, lane);
+            mma_block_scores_times_tile<D, LD, MB, kChunk, LEAN>(dq, s, k_chunk, lane);
         }
         __syncthreads();  // every warp is done with this buffer before the next iteration refills it
     }
@@ -1064,11 +1190,19 @@ enum AttentionImpl {
     ATTENTION_SIMPLE,    // any even D up to 256
     ATTENTION_MMA,       // D = 64 or 128
     ATTENTION_MMA_WIDE,  // D = 64: mma with tiles of 128 (MB = 2: the forward's and dQ's queries, dK/dV's keys)
+    ATTENTION_MMA_LEAN,  // D = 64 or 128: mma with fewer instructions a score (LEAN; a candidate)
 };
 
-inline bool attention_is_mma(AttentionImpl impl) { return impl == ATTENTION_MMA || impl == ATTENTION_MMA_WIDE; }
+inline bool attention_is_mma(AttentionImpl impl) { return impl != ATTENTION_SIMPLE && impl != ATTENTION_AUTO; }
 inline bool attention_takes_head_dim(AttentionImpl impl, int D) {
-    return impl == ATTENTION_MMA ? D == 64 || D == 128 : impl == ATTENTION_MMA_WIDE ? D == 64 : true;
+    return impl == ATTENTION_MMA_WIDE ? D == 64 : attention_is_mma(impl) ? D == 64 || D == 128 : true;
+}
+inline const char* attention_impl_name(AttentionImpl impl) {
+    return impl == ATTENTION_MMA        ? "mma"
+           : impl == ATTENTION_MMA_WIDE ? "mma_wide"
+           : impl == ATTENTION_MMA_LEAN ? "mma_lean"
+           : impl == ATTENTION_SIMPLE   ? "simple"
+                                        : "auto";
 }
 
 // The shared memory a block of the mma kernels of impl at head width D takes: the dK/dV kernel's,
@@ -1120,9 +1254,9 @@ inline AttentionImpl attention_prepare(AttentionImpl impl, int B, int T, int H, 
     if ((long long)B * H * T > (1LL << 26)) fail("attention: B*H*T = %lld rows is more than 2^26", (long long)B * H * T);
     if (B > 65535 || H > 65535) fail("attention: B=%d or H=%d above 65535 (grid limit)", B, H);
     if (impl == ATTENTION_AUTO) impl = attention_auto(D);
-    const char* name = impl == ATTENTION_MMA ? "mma" : "mma_wide";
+    const char* name = attention_impl_name(impl);
     if (!attention_takes_head_dim(impl, D))
-        fail("attention: the %s kernels take head_dim %s, not %d", name, impl == ATTENTION_MMA ? "64 or 128" : "64", D);
+        fail("attention: the %s kernels take head_dim %s, not %d", name, impl == ATTENTION_MMA_WIDE ? "64" : "64 or 128", D);
     if (!attention_supports(impl, D))
         fail("attention: the %s kernels at head_dim %d need %d bytes of shared memory a block; this GPU allows %d", name,
              D, attention_mma_smem_bytes(impl, D), device_shared_memory_per_block());
@@ -1180,57 +1314,58 @@ inline void allow_shared_memory(Kernel kernel, int bytes) {
 // to hold at once, which caps each thread's registers. ./train's is 0, none given: ptxas then
 // allocates on its own (dK/dV 177 registers, dQ 174, the forward 135 at D = 64 on sm_90), and a 1
 // lets it take up to 255. dev_attention measures what other values do. STATS_ONLY: the kernel's
-// form without the output (row_stats required).
-template <int D, int MB, int MIN_BLOCKS = 0, bool STATS_ONLY = false>
+// form without the output (row_stats required). LEAN: ATTENTION_MMA_LEAN's kernels.
+template <int D, int MB, int MIN_BLOCKS = 0, bool STATS_ONLY = false, bool LEAN = false>
 inline void attention_forward_mma(bf16* out, float* lse, float* row_stats, const uint32_t* doc_bits, const bf16* qk,
                                   const bf16* qkv, int B, int T, int H, int Hkv, cudaStream_t stream) {
     constexpr int smem = attention_kv_buffers_smem_bytes<D>();
     dim3 grid(ceil_div(T, MB * kMmaTile), H, B);
     if constexpr (STATS_ONLY) {
         if (!row_stats) fail("internal: the attention's statistics alone, without row_stats");
-        allow_shared_memory(attention_forward_mma_kernel<D, MB, true, MIN_BLOCKS, true>, smem);
-        attention_forward_mma_kernel<D, MB, true, MIN_BLOCKS, true>
+        allow_shared_memory(attention_forward_mma_kernel<D, MB, true, MIN_BLOCKS, true, LEAN>, smem);
+        attention_forward_mma_kernel<D, MB, true, MIN_BLOCKS, true, LEAN>
             <<<grid, kMmaThreads, smem, stream>>>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv);
     } else if (row_stats) {
-        allow_shared_memory(attention_forward_mma_kernel<D, MB, true, MIN_BLOCKS>, smem);
-        attention_forward_mma_kernel<D, MB, true, MIN_BLOCKS>
+        allow_shared_memory(attention_forward_mma_kernel<D, MB, true, MIN_BLOCKS, false, LEAN>, smem);
+        attention_forward_mma_kernel<D, MB, true, MIN_BLOCKS, false, LEAN>
             <<<grid, kMmaThreads, smem, stream>>>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv);
     } else {
-        allow_shared_memory(attention_forward_mma_kernel<D, MB, false, MIN_BLOCKS>, smem);
-        attention_forward_mma_kernel<D, MB, false, MIN_BLOCKS>
+        allow_shared_memory(attention_forward_mma_kernel<D, MB, false, MIN_BLOCKS, false, LEAN>, smem);
+        attention_forward_mma_kernel<D, MB, false, MIN_BLOCKS, false, LEAN>
             <<<grid, kMmaThreads, smem, stream>>>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv);
     }
     cuda_check_launch();
 }
 
-template <int D, int MB, int MIN_BLOCKS = 0>
+template <int D, int MB, int MIN_BLOCKS = 0, bool LEAN = false>
 inline void attention_backward_dkdv_mma(bf16* dqk, bf16* dqkv, const float* delta, const bf16* dout, const float* lse,
                                         const bf16* qk, const bf16* qkv, int B, int T, int H, int Hkv,
                                         cudaStream_t stream) {
     constexpr int smem = attention_dkdv_mma_smem_bytes<D, MB>();
-    allow_shared_memory(attention_backward_dkdv_mma_kernel<D, MB, MIN_BLOCKS>, smem);
-    attention_backward_dkdv_mma_kernel<D, MB, MIN_BLOCKS><<<dim3(ceil_div(T, MB * kMmaTile), Hkv, B), kMmaThreads, smem,
-                                                            stream>>>(dqk, dqkv, dout, lse, delta, qk, qkv, T, H, Hkv);
+    allow_shared_memory(attention_backward_dkdv_mma_kernel<D, MB, MIN_BLOCKS, LEAN>, smem);
+    attention_backward_dkdv_mma_kernel<D, MB, MIN_BLOCKS, LEAN><<<dim3(ceil_div(T, MB * kMmaTile), Hkv, B), kMmaThreads,
+                                                                  smem, stream>>>(dqk, dqkv, dout, lse, delta, qk, qkv,
+                                                                                  T, H, Hkv);
     cuda_check_launch();
 }
 
-template <int D, int MB, int MIN_BLOCKS = 0>
+template <int D, int MB, int MIN_BLOCKS = 0, bool LEAN = false>
 inline void attention_backward_dq_mma(bf16* dqk, const float* delta, const bf16* dout, const float* lse, const bf16* qk,
                                       const bf16* qkv, int B, int T, int H, int Hkv, cudaStream_t stream) {
     constexpr int smem = attention_kv_buffers_smem_bytes<D>();
-    allow_shared_memory(attention_backward_dq_mma_kernel<D, MB, MIN_BLOCKS>, smem);
-    attention_backward_dq_mma_kernel<D, MB, MIN_BLOCKS><<<dim3(ceil_div(T, MB * kMmaTile), H, B), kMmaThreads, smem,
-                                                          stream>>>(dqk, dout, lse, delta, qk, qkv, T, H, Hkv);
+    allow_shared_memory(attention_backward_dq_mma_kernel<D, MB, MIN_BLOCKS, LEAN>, smem);
+    attention_backward_dq_mma_kernel<D, MB, MIN_BLOCKS, LEAN><<<dim3(ceil_div(T, MB * kMmaTile), H, B), kMmaThreads, smem,
+                                                                stream>>>(dqk, dout, lse, delta, qk, qkv, T, H, Hkv);
     cuda_check_launch();
 }
 
 // The tensor-core backward, from Delta (computed first): key tiles of MB * 64 for dK and dV, query
 // tiles of MB * 64 for dQ.
-template <int D, int MB>
+template <int D, int MB, bool LEAN = false>
 inline void attention_backward_mma(bf16* dqk, bf16* dqkv, const float* delta, const bf16* dout, const float* lse,
                                    const bf16* qk, const bf16* qkv, int B, int T, int H, int Hkv, cudaStream_t stream) {
-    attention_backward_dkdv_mma<D, MB>(dqk, dqkv, delta, dout, lse, qk, qkv, B, T, H, Hkv, stream);
-    attention_backward_dq_mma<D, MB>(dqk, delta, dout, lse, qk, qkv, B, T, H, Hkv, stream);
+    attention_backward_dkdv_mma<D, MB, 0, LEAN>(dqk, dqkv, delta, dout, lse, qk, qkv, B, T, H, Hkv, stream);
+    attention_backward_dq_mma<D, MB, 0, LEAN>(dqk, delta, dout, lse, qk, qkv, B, T, H, Hkv, stream);
 }
 
 // out, lse (and row_stats when non-null, else no statistics are computed) from qk and qkv; the
@@ -1245,6 +1380,10 @@ inline void attention_forward(bf16* out, float* lse, float* row_stats, const uin
         attention_forward_mma<128, 1>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, stream);
     } else if (impl == ATTENTION_MMA_WIDE && D == 64) {
         attention_forward_mma<64, 2>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, stream);
+    } else if (impl == ATTENTION_MMA_LEAN && D == 64) {
+        attention_forward_mma<64, 1, 0, false, true>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, stream);
+    } else if (impl == ATTENTION_MMA_LEAN && D == 128) {
+        attention_forward_mma<128, 1, 0, false, true>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, stream);
     } else if (impl != ATTENTION_SIMPLE) {
         fail("internal: attention implementation %d at head_dim %d", (int)impl, D);
     } else if (D <= 64) {
@@ -1306,6 +1445,10 @@ inline void attention_backward(bf16* dqk, bf16* dqkv, float* delta_scratch, cons
         attention_backward_mma<128, 1>(dqk, dqkv, delta_scratch, dout, lse, qk, qkv, B, T, H, Hkv, stream);
     } else if (impl == ATTENTION_MMA_WIDE && D == 64) {
         attention_backward_mma<64, 2>(dqk, dqkv, delta_scratch, dout, lse, qk, qkv, B, T, H, Hkv, stream);
+    } else if (impl == ATTENTION_MMA_LEAN && D == 64) {
+        attention_backward_mma<64, 1, true>(dqk, dqkv, delta_scratch, dout, lse, qk, qkv, B, T, H, Hkv, stream);
+    } else if (impl == ATTENTION_MMA_LEAN && D == 128) {
+        attention_backward_mma<128, 1, true>(dqk, dqkv, delta_scratch, dout, lse, qk, qkv, B, T, H, Hkv, stream);
     } else if (impl != ATTENTION_SIMPLE) {
         fail("internal: attention implementation %d at head_dim %d", (int)impl, D);
     } else if (D <= 64) {
