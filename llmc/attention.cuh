@@ -31,6 +31,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <type_traits>
 #include <utility>
@@ -339,8 +340,10 @@ __device__ __forceinline__ void load_b_fragments_rows_k(uint32_t (&b)[4], const 
 template <bool LEAN>
 __device__ __forceinline__ uint32_t pack_floats_bf16x2(float lo, float hi) {
     if constexpr (LEAN) {
-        __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
-        return *reinterpret_cast<uint32_t*>(&pair);
+        const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+        uint32_t bits;
+        memcpy(&bits, &pair, sizeof bits);
+        return bits;
     }
     return (uint32_t)__bfloat16_as_ushort(__float2bfloat16(lo)) | ((uint32_t)__bfloat16_as_ushort(__float2bfloat16(hi)) << 16);
 }
@@ -631,11 +634,13 @@ __device__ __forceinline__ void online_softmax_tile_lean(RowBlockSoftmax& rb, fl
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const float m_new = fmaxf(rb.m[r], quad_max(tile_max[r]));
-        m_c[r] = m_new * c2;
+        m_c[r] = __fmul_rn(m_new, c2);
         // Earlier terms were taken relative to m_old c2: times 2^(m_old c2 - m_new c2) they are
         // relative to m_new c2, and their entropy terms gain that exponent (math.h's rescaling in
-        // base 2). Before the first tile the factor is 2^(-1.8e29) = 0, with l = a = 0.
-        const float shift = rb.m[r] * c2 - m_c[r];
+        // base 2). Both products rounded as such (__fmul_rn: never fused into the subtraction), so
+        // that the factor is exactly 1 where the maximum holds, rather than off by the rounding of
+        // m c2 at every tile. Before the first tile it is 2^(-1.8e29) = 0, with l = a = 0.
+        const float shift = __fmul_rn(rb.m[r], c2) - m_c[r];
         const float rescale = exp2_ftz(shift);
         rb.a[r] = rescale * fmaf(rb.l[r], shift, rb.a[r]);
         rb.l[r] *= rescale;
@@ -688,9 +693,14 @@ __device__ __forceinline__ void store_row_block(bf16* out, float* lse, float* ro
                 for (int nd = 0; nd < D / 8; nd++)
                     *reinterpret_cast<__nv_bfloat162*>(y + nd * 8) = __floats2bfloat162_rn(o[nd][2 * r] * inv_l, o[nd][2 * r + 1] * inv_l);
             }
+            // LEAN: the products rounded as such (__fmul_rn), so that lse = m + ln l rounds the same
+            // way with and without statistics (a fused m_raw scale + ln l would round once where
+            // the statistics' other uses of m keep the product apart): at D = 128 the scale is no
+            // power of 2.
             if (c == 0 && LEAN)
-                store_row_results<WITH_STATS>(lse, row_stats, ((size_t)b * H + h) * T + t, rows, rb.m[r] * scale, rb.l[r],
-                                              rb.a[r] * kLn2, rb.s_first[r] * scale, rb.doc[r]);
+                store_row_results<WITH_STATS>(lse, row_stats, ((size_t)b * H + h) * T + t, rows,
+                                              __fmul_rn(rb.m[r], scale), rb.l[r], rb.a[r] * kLn2,
+                                              __fmul_rn(rb.s_first[r], scale), rb.doc[r]);
             else if (c == 0)
                 store_row_results<WITH_STATS>(lse, row_stats, ((size_t)b * H + h) * T + t, rows, rb.m[r], rb.l[r], rb.a[r],
                                               rb.s_first[r], rb.doc[r]);
