@@ -31,7 +31,6 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <initializer_list>
 #include <type_traits>
 #include <utility>
@@ -335,26 +334,16 @@ __device__ __forceinline__ void load_b_fragments_rows_k(uint32_t (&b)[4], const 
     ldmatrix_x4_trans(b, tile + (k0 + lane % 8 + (lane / 8) % 2 * 8) * LD + n0 + lane / 16 * 8);
 }
 
-// Two floats rounded to bf16 (to nearest even) in one register, lo in the low half: two conversions
-// and a byte permute, or with LEAN one conversion of the pair (cvt.rn.bf16x2.f32; the same bits).
-template <bool LEAN>
 __device__ __forceinline__ uint32_t pack_floats_bf16x2(float lo, float hi) {
-    if constexpr (LEAN) {
-        const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
-        uint32_t bits;
-        memcpy(&bits, &pair, sizeof bits);
-        return bits;
-    }
     return (uint32_t)__bfloat16_as_ushort(__float2bfloat16(lo)) | ((uint32_t)__bfloat16_as_ushort(__float2bfloat16(hi)) << 16);
 }
 
 // The A operand of a 16 x 16 block from the accumulators of its left and right 16 x 8 halves.
-template <bool LEAN>
 __device__ __forceinline__ void accumulators_to_a_fragment(uint32_t (&a)[4], const float (&left)[4], const float (&right)[4]) {
-    a[0] = pack_floats_bf16x2<LEAN>(left[0], left[1]);
-    a[1] = pack_floats_bf16x2<LEAN>(left[2], left[3]);
-    a[2] = pack_floats_bf16x2<LEAN>(right[0], right[1]);
-    a[3] = pack_floats_bf16x2<LEAN>(right[2], right[3]);
+    a[0] = pack_floats_bf16x2(left[0], left[1]);
+    a[1] = pack_floats_bf16x2(left[2], left[3]);
+    a[2] = pack_floats_bf16x2(right[0], right[1]);
+    a[3] = pack_floats_bf16x2(right[2], right[3]);
 }
 
 // LEAN: the mma kernels with fewer instructions a score (ATTENTION_MMA_LEAN, a candidate). Their
@@ -499,14 +488,14 @@ __device__ __forceinline__ void mma_shared_blocks_times_tile_transposed(float (&
 // C (MB blocks of 16 x D) += A tile, A (16 x K per block) from the accumulators `left` of a
 // product above, tile K x D: a product over the tile's rows (O += P V, dQ += dS K, dV += P^T dO,
 // dK += dS^T Q), each B fragment loaded once for all MB blocks as above.
-template <int D, int LD, int MB, int K, bool LEAN = false>
+template <int D, int LD, int MB, int K>
 __device__ __forceinline__ void mma_block_scores_times_tile(float (&acc)[MB][D / 8][4], const float (&left)[MB][K / 8][4],
                                                             const bf16* tile, int lane) {
 #pragma unroll
     for (int kk = 0; kk < K / 16; kk++) {
         uint32_t a[MB][4];
 #pragma unroll
-        for (int mb = 0; mb < MB; mb++) accumulators_to_a_fragment<LEAN>(a[mb], left[mb][2 * kk], left[mb][2 * kk + 1]);
+        for (int mb = 0; mb < MB; mb++) accumulators_to_a_fragment(a[mb], left[mb][2 * kk], left[mb][2 * kk + 1]);
 #pragma unroll
         for (int nd = 0; nd < D / 8; nd += 2) {
             uint32_t b[4];
@@ -789,7 +778,7 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_forward_mma
                 else
                     online_softmax_tile<D, WITH_STATS>(rb[mb], s[mb], o[mb], j0, T, diagonal, tile_bits, scale, c);
             }
-            if (!STATS_ONLY) mma_block_scores_times_tile<D, LD, MB, kMmaTile, LEAN>(o, s, v_tiles[buffer], lane);
+            if (!STATS_ONLY) mma_block_scores_times_tile<D, LD, MB, kMmaTile>(o, s, v_tiles[buffer], lane);
         }
         __syncthreads();  // every warp is done with this buffer before the next iteration refills it
     }
@@ -932,7 +921,7 @@ constexpr int attention_dkdv_mma_smem_bytes() {
 //   dP^T = V dO^T, dS^T = P^T (dP^T - Delta), dV += P^T dO, dK += dS^T Q.
 // MB = 1 is what ./train runs; MB = 2 (each B fragment serves two blocks of keys) is mma_wide.
 // LEAN: P^T = 2^(S^T c2 - lse log2(e)), c2 = log2(e) / sqrt(D), one product-add and one ex2 a score
-// (see kLog2e), and the bf16 pairs of P^T and dS^T converted by one instruction each.
+// (see kLog2e).
 template <int D, int MB, int MIN_BLOCKS = 0, bool LEAN = false>
 __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_backward_dkdv_mma_kernel(bf16* dqk, bf16* dqkv,
         const bf16* dout, const float* lse, const float* delta, const bf16* qk, const bf16* qkv, int T, int H, int Hkv) {
@@ -1029,8 +1018,8 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_backward_dk
                     }
                 }
             }
-            mma_block_scores_times_tile<D, LD, MB, kChunk, LEAN>(dv, st, dout_chunk, lane);
-            mma_block_scores_times_tile<D, LD, MB, kChunk, LEAN>(dk, dpt, q_chunk, lane);
+            mma_block_scores_times_tile<D, LD, MB, kChunk>(dv, st, dout_chunk, lane);
+            mma_block_scores_times_tile<D, LD, MB, kChunk>(dk, dpt, q_chunk, lane);
         }
         __syncthreads();  // every warp is done with this buffer before the next step refills it
     }
@@ -1170,7 +1159,7 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_backward_dq
                     }
                 }
             }
-            mma_block_scores_times_tile<D, LD, MB, kChunk, LEAN>(dq, s, k_chunk, lane);
+            mma_block_scores_times_tile<D, LD, MB, kChunk>(dq, s, k_chunk, lane);
         }
         __syncthreads();  // every warp is done with this buffer before the next iteration refills it
     }

@@ -344,8 +344,8 @@ static void check_wide_matches_mma(const Problem& p) {
     report(same, prefix + "backward gives mma's bits (dq, dk, dv)", same ? "" : "they differ");
 }
 
-// mma_lean (a candidate: the softmax in base 2 on unscaled scores, ex2 flushing to zero, one
-// conversion a bf16 pair) against mma on the same inputs. Its probabilities differ from mma's by the
+// mma_lean (a candidate: the softmax in base 2 on unscaled scores, ex2 flushing to zero) against
+// mma on the same inputs. Its probabilities differ from mma's by the
 // rounding of their exponents' arguments: of m c2, an offset of each row that cancels in out but not
 // in lse, p_t0 or max p, and of s c2 - m c2 against (s/sqrt(D) - m) log2(e), a few 1e-7 of |s - m|;
 // a few 1e-6 relative in all, so that a few bf16 outputs in 1,000 round the other way, by one unit
