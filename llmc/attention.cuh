@@ -11,7 +11,8 @@
 //           block on the side each kernel keeps (two blocks of 16 rows a warp): the same bits, no
 //           faster on an H100 (dev_attention measures it; nothing else asks for it). mma_lean (a
 //           candidate, the LEAN kernels): the same tiles with fewer instructions a score, the
-//           softmax in base 2 on unscaled scores (see kLog2e); the candidate build runs it.
+//           softmax in base 2 on unscaled scores (see kLog2e); the candidate build runs it where
+//           cuDNN does not take the shape.
 // attention_forward / attention_backward pick what attention_auto says: mma at D = 64 and 128
 // where the device has the shared memory for it, simple otherwise; attention_row_stats computes
 // the rows' statistics alone (for a step whose output comes from cuDNN's kernels,
@@ -628,7 +629,7 @@ __device__ __forceinline__ void online_softmax_tile_lean(RowBlockSoftmax& rb, fl
         // relative to m_new c2, and their entropy terms gain that exponent (math.h's rescaling in
         // base 2). Both products rounded as such (__fmul_rn: never fused into the subtraction), so
         // that the factor is exactly 1 where the maximum holds, rather than off by the rounding of
-        // m c2 at every tile. Before the first tile it is 2^(-1.8e29) = 0, with l = a = 0.
+        // m c2 at every tile. Before the first tile it is 2^(-1e29 or less) = 0, with l = a = 0.
         const float shift = __fmul_rn(rb.m[r], c2) - m_c[r];
         const float rescale = exp2_ftz(shift);
         rb.a[r] = rescale * fmaf(rb.l[r], shift, rb.a[r]);
@@ -640,7 +641,7 @@ __device__ __forceinline__ void online_softmax_tile_lean(RowBlockSoftmax& rb, fl
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int r = e / 2;
-            const float x = fmaf(s[nb][e], c2, -m_c[r]);  // (s - m) c2: kLeanMasked gives about -1.8e29
+            const float x = fmaf(s[nb][e], c2, -m_c[r]);  // (s - m) c2: kLeanMasked gives -1e29 or less
             const float p = exp2_ftz(x);
             rb.l[r] += p;
             if (WITH_STATS) rb.a[r] = fmaf(p, x, rb.a[r]);
@@ -862,7 +863,7 @@ __global__ void __launch_bounds__(kMmaThreads) attention_row_stats_from_lse_kern
                     for (int e = 0; e < 4; e++) {
                         const int j = j0 + nb * 8 + 2 * c + e % 2, r = e / 2;
                         const float raw = diagonal && (j > t[r] || j >= T) ? kLeanMasked : s[0][nb][e];
-                        const float x = fmaf(raw, c2, -row_lse2[r]);  // (s - lse) log2(e); about -1.8e29 where masked
+                        const float x = fmaf(raw, c2, -row_lse2[r]);  // (s - lse) log2(e); -1e29 or less where masked
                         const float p = exp2_ftz(x);                   // 0 where masked
                         max_raw[r] = fmaxf(max_raw[r], raw);
                         neg_entropy2[r] = fmaf(p, x, neg_entropy2[r]);

@@ -347,15 +347,16 @@ static void check_wide_matches_mma(const Problem& p) {
 }
 
 // mma_lean (a candidate: the softmax in base 2 on unscaled scores, ex2 flushing to zero) against
-// mma on the same inputs. Its probabilities differ from mma's by the
-// rounding of their exponents' arguments: of m c2, an offset of each row that cancels in out but not
-// in lse, p_t0 or max p, and of s c2 - m c2 against (s/sqrt(D) - m) log2(e), a few 1e-7 of |s - m|;
-// a few 1e-6 relative in all, so that a few bf16 outputs in 1,000 round the other way, by one unit
-// in 256: the RMS difference of each bf16 tensor stays near 1e-4 of its RMS, and must stay under
-// 1e-3, ten times below what validate() lets through against the CPU (a scale or a rescaling gone
-// wrong moves every row), plus 1e-6 for dq and dk at T = 1, rounding residues of about 1e-8 there. lse and the statistics in float: within 1e-5 (lse, the probabilities:
-// 1e-5 relative), the entropy 1e-4 (its sum weighs each error by |s - m|, up to some tens in the
-// sharp shape), the largest logit bit for bit (the same scaled maximum: rounding is monotonic). Both
+// mma on the same inputs. Its probabilities differ from mma's by the rounding of their exponents'
+// arguments: of m c2, an offset of each row that cancels in out but not in lse, p_t0 or max p, and
+// of s c2 - m c2 against (s/sqrt(D) - m) log2(e), a few 1e-7 of |s - m|; a few 1e-6 relative in
+// all, so that a few bf16 outputs in 1,000 round the other way, by one unit in 256. The RMS
+// difference of each bf16 tensor (out, dq, dk, dv) stays near 1e-4 of its RMS, and must stay under
+// 1e-3 of it plus 1e-6, ten times below what validate() lets through against the CPU (a scale or a
+// rescaling gone wrong moves every row); the 1e-6 covers dq and dk at T = 1, rounding residues of
+// about 1e-8. lse and the statistics in float: within 1e-5 (lse, the probabilities: 1e-5
+// relative), the entropy 1e-4 (its sum weighs each error by |s - m|, up to some tens in the sharp
+// shape), the largest logit bit for bit (the same scaled maximum: rounding is monotonic). Both
 // backward passes read mma's out and lse, so that they differ by their own kernels alone.
 static void check_lean_near_mma(const Problem& p) {
     const Shape& s = p.s;
