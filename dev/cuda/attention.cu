@@ -42,8 +42,6 @@ static std::string shape_name(const Shape& s) {
     return buf;
 }
 
-static const char* impl_name(AttentionImpl impl) { return attention_impl_name(impl); }
-
 // ---------------------------------------------------------------------------------------------
 // Host-side helpers
 
@@ -79,11 +77,6 @@ static double max_abs(const std::vector<float>& v) {
     return m;
 }
 
-// A bf16 tensor: element-wise |got - want| <= atol + 0.079 |want| with atol = 0.01 max|want| + 1e-4,
-// and an RMS error of at most 0.01 RMS(want) + 1e-4 (bf16 rounding alone gives about 0.002), which
-// catches small systematic errors (a key too many in a long row) that the element-wise bound lets
-// by. The 1e-4 floor, far below the bf16 resolution of the O(1) inputs, covers tensors that are
-// zero up to rounding (dq and dk at T = 1, where ds = p (dp - Delta) vanishes).
 // The RMS error of a whole tensor within `fraction` of the reference's RMS, plus `floor`.
 static void check_rms_error(const std::string& name, const std::vector<float>& got, const std::vector<float>& want,
                             double fraction, double floor) {
@@ -98,6 +91,11 @@ static void check_rms_error(const std::string& name, const std::vector<float>& g
                  strprintf("RMS error %.3g of the reference's RMS %.3g", rms_ref > 0 ? rms_err / rms_ref : 0.0, rms_ref));
 }
 
+// A bf16 tensor: element-wise |got - want| <= atol + 0.079 |want| with atol = 0.01 max|want| + 1e-4,
+// and an RMS error of at most 0.01 RMS(want) + 1e-4 (bf16 rounding alone gives about 0.002), which
+// catches small systematic errors (a key too many in a long row) that the element-wise bound lets
+// by. The 1e-4 floor, far below the bf16 resolution of the O(1) inputs, covers tensors that are
+// zero up to rounding (dq and dk at T = 1, where ds = p (dp - Delta) vanishes).
 static void check_bf16_tensor(const std::string& name, const std::vector<float>& got, const std::vector<float>& want) {
     check_close(name, got.data(), want.data(), got.size(), 0.079, 0.01 * max_abs(want) + 1e-4);
     check_rms_error(name, got, want, 0.01, 1e-4);
@@ -227,7 +225,7 @@ static CpuForward cpu_forward_reference(const Problem& p) {
 
 static void validate(const Problem& p, const CpuForward& ref, AttentionImpl impl) {
     const Shape& s = p.s;
-    const std::string prefix = std::string(impl_name(impl)) + " " + shape_name(s) + " ";
+    const std::string prefix = std::string(attention_impl_name(impl)) + " " + shape_name(s) + " ";
 
     // Forward with statistics, against the CPU.
     poison(p.d_out, p.out_size);
@@ -567,10 +565,10 @@ static void benchmark(const Shape& s) {
             attention_backward(p.d_dqk, p.d_dqkv, p.d_delta, p.d_dout, p.d_out, p.d_lse, p.d_qk, p.d_qkv, s.B, s.T, s.H,
                                s.Hkv, s.D, 0, impl);
         }, reps);
-        printf("%-8s %-24s %10.3f %10.1f\n", impl_name(impl), "forward", fwd, fwd_flops / (fwd * 1e-3) * 1e-12);
-        printf("%-8s %-24s %10.3f %10.1f\n", impl_name(impl), "forward + statistics", fwd_stats,
+        printf("%-8s %-24s %10.3f %10.1f\n", attention_impl_name(impl), "forward", fwd, fwd_flops / (fwd * 1e-3) * 1e-12);
+        printf("%-8s %-24s %10.3f %10.1f\n", attention_impl_name(impl), "forward + statistics", fwd_stats,
                fwd_flops / (fwd_stats * 1e-3) * 1e-12);
-        printf("%-8s %-24s %10.3f %10.1f\n", impl_name(impl), "backward", bwd, bwd_flops / (bwd * 1e-3) * 1e-12);
+        printf("%-8s %-24s %10.3f %10.1f\n", attention_impl_name(impl), "backward", bwd, bwd_flops / (bwd * 1e-3) * 1e-12);
     }
     // The statistics alone (attention_row_stats: the mma kernel without P V), FLOPs counted as the
     // forward's, so that the column compares with the rows above.
@@ -658,7 +656,7 @@ int main(int argc, char** argv) {
         CpuForward ref = cpu_forward_reference(p);
         for (AttentionImpl impl : {ATTENTION_SIMPLE, ATTENTION_MMA, ATTENTION_MMA_WIDE, ATTENTION_MMA_LEAN}) {
             if (!attention_supports(impl, s.D)) {
-                printf("(%s does not take D = %d)\n", impl_name(impl), s.D);
+                printf("(%s does not take D = %d)\n", attention_impl_name(impl), s.D);
                 continue;
             }
             validate(p, ref, impl);
