@@ -687,13 +687,12 @@ __device__ __forceinline__ void store_row_block(bf16* out, float* lse, float* ro
             // way with and without statistics (a fused m_raw scale + ln l would round once where
             // the statistics' other uses of m keep the product apart): at D = 128 the scale is no
             // power of 2.
-            if (c == 0 && LEAN)
-                store_row_results<WITH_STATS>(lse, row_stats, ((size_t)b * H + h) * T + t, rows,
-                                              __fmul_rn(rb.m[r], scale), rb.l[r], rb.a[r] * kLn2,
-                                              __fmul_rn(rb.s_first[r], scale), rb.doc[r]);
-            else if (c == 0)
-                store_row_results<WITH_STATS>(lse, row_stats, ((size_t)b * H + h) * T + t, rows, rb.m[r], rb.l[r], rb.a[r],
-                                              rb.s_first[r], rb.doc[r]);
+            const float m = LEAN ? __fmul_rn(rb.m[r], scale) : rb.m[r];
+            const float a = LEAN ? rb.a[r] * kLn2 : rb.a[r];
+            const float s_first = LEAN ? __fmul_rn(rb.s_first[r], scale) : rb.s_first[r];
+            if (c == 0)
+                store_row_results<WITH_STATS>(lse, row_stats, ((size_t)b * H + h) * T + t, rows, m, rb.l[r], a, s_first,
+                                              rb.doc[r]);
         }
     }
 }
@@ -752,7 +751,7 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_forward_mma
             load_a_fragment<LD>(q_frag[mb][kc], row < kMmaTile ? k_tiles[1] : v_tiles[1], row % kMmaTile, kc * 16, lane);
         rb[mb].t[0] = q0 + row + g;
         rb[mb].t[1] = q0 + row + g + 8;
-        if (LEAN) rb[mb].m[0] = rb[mb].m[1] = kLeanMasked;
+        if constexpr (LEAN) rb[mb].m[0] = rb[mb].m[1] = kLeanMasked;
     }
     __syncthreads();
 
@@ -774,7 +773,7 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_forward_mma
             const uint64_t tile_bits = WITH_STATS ? tile_document_starts(row_bits, j0, words) : 0;
 #pragma unroll
             for (int mb = 0; mb < MB; mb++) {
-                if (LEAN)
+                if constexpr (LEAN)
                     online_softmax_tile_lean<D, WITH_STATS>(rb[mb], s[mb], o[mb], j0, T, diagonal, tile_bits, scale * kLog2e, c);
                 else
                     online_softmax_tile<D, WITH_STATS>(rb[mb], s[mb], o[mb], j0, T, diagonal, tile_bits, scale, c);
