@@ -45,6 +45,7 @@
 #include "llmc/classifier.cuh"
 #include "llmc/cudnn_attention.cuh"
 #include "llmc/cuda_common.cuh"
+#include "llmc/cuda_graph.cuh"
 #include "llmc/encoder.cuh"
 #include "llmc/matmul.cuh"
 #include "llmc/nccl.cuh"
@@ -123,6 +124,7 @@ struct GpuModel : ModelShape {  // and backend.h's ModelShape
     double *norm_partial, *grad_sq;
     float* grad_norm;
     KernelClock clock;  // --profile 2
+    PassGraphs graphs;  // TRAIN_CUDA_GRAPH=1 (cuda_graph.cuh)
     ParamSegment* segments;
     int max_segments = 0, num_segments = 0;  // room carved; in use (frozen kinds and other shards have none)
     // On the host: pinned buffers the device copies into, and the host copy of the weights and
@@ -242,6 +244,7 @@ static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T, 
     cudaCheck(cudaStreamCreate(&g.stream));
     matmul_init(g.mm);
     g.mm.tune = kCandidateKernels;  // candidate: algorithms tuned among those with the first choice's bits
+    g.graphs.on = pass_graphs_wanted();
 
     Arena count;
     gpu_carve(g, count);
@@ -273,6 +276,8 @@ static void model_free(GpuModel& g) {
     cudaCheck(cudaFreeHost(g.losses_host));
     matmul_print_tuning(g.mm);
     matmul_free(g.mm);
+    pass_graphs_print(g.graphs);
+    pass_graphs_free(g.graphs);
     nccl_free(g.nccl);
     cudnn_attention_free(g.cudnn);
     for (cudaEvent_t e : g.clock.events) cudaCheck(cudaEventDestroy(e));
@@ -350,27 +355,16 @@ static void layer_attention_backward(GpuModel& g, Activations<bf16>& la, int B, 
                        c.n_kv_head, c.head_dim, g.stream, attention_impl(c.head_dim));
 }
 
-// Forward pass; same contract as the CPU's model_forward. Leaves the logits on the device (row
-// stride Vp).
-static float model_forward(GpuModel& g, const int* tokens, const int* targets, int B, int T, bool tm) {
+// The forward pass's work on the device, from the tokens and targets (`targets`: whether there are
+// any) already there: the embedding to the losses, copied into host memory. Queues it all on the
+// stream and waits for none of it.
+static void forward_pass(GpuModel& g, bool targets, int B, int T, bool tm) {
     const ModelConfig& c = g.cfg;
-    if (B > g.max_B || T > g.max_T) fail("internal: batch %dx%d exceeds the allocated %dx%d", B, T, g.max_B, g.max_T);
-    g.B = B;
-    g.T = T;
     int N = B * T, C = c.d_model, F = c.d_ff, L = c.n_layer, H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim;
     int A = c.attn_dim(), QKV = c.qkv_dim();
     Activations<bf16>& a = g.acts;
     cudaStream_t s = g.stream;
     auto mark = [&](const char* work) { g.clock.mark(work, s); };  // --profile 2
-    mark("inputs to the device");
-    cudaCheck(cudaMemcpyAsync(g.tokens, tokens, N * sizeof(int), cudaMemcpyHostToDevice, s));
-    if (targets) cudaCheck(cudaMemcpyAsync(g.targets, targets, N * sizeof(int), cudaMemcpyHostToDevice, s));
-    if (tm) {  // the document starts: counted on the host, their bits for the attention kernels
-        g.stats_tokens += (double)N;
-        g.stats_doc_view += micro_batch_document_starts(g.host_doc_bits, tokens, B, T, g.eot_token);
-        cudaCheck(cudaMemcpyAsync(g.doc_bits, g.host_doc_bits.data(), g.host_doc_bits.size() * sizeof(uint32_t),
-                                  cudaMemcpyHostToDevice, s));
-    }
     mark("embedding");
     embedding_forward(a.emb, g.tokens, gpu_param(g, P_WTE), N, C, s);
     ActivationDims dims = activation_dims(c, B, T, g.Vp);
@@ -411,13 +405,38 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
                     c.norm_eps, s);
     mark("classifier forward: matrix product, softmax and loss");
     matmul_forward(g.mm, a.logits, a.lnf, gpu_param(g, output_projection(c)), nullptr, N, C, c.vocab_size, s, g.Vp);
-    float mean = 0.0f;
     if (targets) {
         classifier(a.logits, a.losses, a.logit_lse, g.targets, N, c.vocab_size, g.Vp, 0.0f, s);
         mark("losses to the host");
         cudaCheck(cudaMemcpyAsync(g.losses_host, a.losses, N * sizeof(float), cudaMemcpyDeviceToHost, s));
     }
+}
+
+// Forward pass; same contract as the CPU's model_forward. Leaves the logits on the device (row
+// stride Vp). A pass that trains or evaluates without statistics, untimed by --profile 2, runs
+// from a CUDA graph where TRAIN_CUDA_GRAPH=1 asks for it (cuda_graph.cuh).
+static float model_forward(GpuModel& g, const int* tokens, const int* targets, int B, int T, bool tm) {
+    if (B > g.max_B || T > g.max_T) fail("internal: batch %dx%d exceeds the allocated %dx%d", B, T, g.max_B, g.max_T);
+    g.B = B;
+    g.T = T;
+    const int N = B * T;
+    cudaStream_t s = g.stream;
+    g.clock.mark("inputs to the device", s);
+    cudaCheck(cudaMemcpyAsync(g.tokens, tokens, N * sizeof(int), cudaMemcpyHostToDevice, s));
+    if (targets) cudaCheck(cudaMemcpyAsync(g.targets, targets, N * sizeof(int), cudaMemcpyHostToDevice, s));
+    if (tm) {  // the document starts: counted on the host, their bits for the attention kernels
+        g.stats_tokens += (double)N;
+        g.stats_doc_view += micro_batch_document_starts(g.host_doc_bits, tokens, B, T, g.eot_token);
+        cudaCheck(cudaMemcpyAsync(g.doc_bits, g.host_doc_bits.data(), g.host_doc_bits.size() * sizeof(uint32_t),
+                                  cudaMemcpyHostToDevice, s));
+    }
+    auto pass = [&] { forward_pass(g, targets != nullptr, B, T, tm); };
+    if (targets && !tm && !g.clock.on)
+        pass_graph_run(g.graphs, {0, B, T, 0.0f, g.cudnn.workspace_generation}, s, pass);
+    else
+        pass();
     cudaCheck(cudaStreamSynchronize(s));
+    float mean = 0.0f;
     if (targets) {
         double sum = 0;
         for (int n = 0; n < N; n++) sum += g.losses_host[n];
@@ -426,10 +445,10 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
     return mean;
 }
 
-// Backward pass of the last forward pass (which had targets, already on the device); adds into
-// g.grads.
-static void model_backward(GpuModel& g, const int* tokens, const int* targets, float loss_scale) {
-    (void)targets;
+// The backward pass's work on the device from the classifier down to the first layer's input (the
+// embedding's gradient is model_backward's), adding into g.grads. Queues it all on the stream and
+// waits for none of it.
+static void backward_pass(GpuModel& g, float loss_scale) {
     const ModelConfig& c = g.cfg;
     int B = g.B, T = g.T, N = B * T, C = c.d_model, F = c.d_ff, L = c.n_layer, H = c.n_head, Hkv = c.n_kv_head;
     int D = c.head_dim, A = c.attn_dim(), QKV = c.qkv_dim(), V = c.vocab_size, out = output_projection(c);
@@ -472,9 +491,24 @@ static void model_backward(GpuModel& g, const int* tokens, const int* targets, f
         rmsnorm_backward(a.dres, gpu_grad(g, P_ATTN_NORM, l), g.dgain_scratch, a.dln, x, la.ln1_rstd,
                          gpu_param(g, P_ATTN_NORM, l), N, C, s);
     }
-    mark("embedding backward");
+}
+
+// Backward pass of the last forward pass (which had targets, already on the device); adds into
+// g.grads. Untimed by --profile 2, all but the embedding's gradient (whose launch depends on the
+// tokens) runs from a CUDA graph where TRAIN_CUDA_GRAPH=1 asks for it (cuda_graph.cuh).
+static void model_backward(GpuModel& g, const int* tokens, const int* targets, float loss_scale) {
+    (void)targets;
+    const ModelConfig& c = g.cfg;
+    const int N = g.B * g.T, V = c.vocab_size;
+    cudaStream_t s = g.stream;
+    auto pass = [&] { backward_pass(g, loss_scale); };
+    if (!g.clock.on)
+        pass_graph_run(g.graphs, {1, g.B, g.T, loss_scale, g.cudnn.workspace_generation}, s, pass);
+    else
+        pass();
+    g.clock.mark("embedding backward", s);
     group_positions_by_token(g.host_buckets, tokens, N, V);
-    embedding_backward(gpu_grad(g, P_WTE), a.dres, g.host_buckets, g.buckets, N, C, s);
+    embedding_backward(gpu_grad(g, P_WTE), g.acts.dres, g.host_buckets, g.buckets, N, c.d_model, s);
     // Frozen parameters have no gradient: they stay out of the gradient norm.
     for (int kind = 0; kind < P_NUM_KINDS; kind++)
         if (g.frozen & param_kind_bit(kind))

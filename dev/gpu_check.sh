@@ -12,7 +12,8 @@
 #   cuda_parity   test_gpt_cuda: forward, gradients, statistics, AdamW against the reference, for
 #                 the QK-norm variants, a frozen set, the Qwen3 and Llama shapes, determinism and
 #                 gradient accumulation (its PASS and FAIL lines counted)
-#   cuda_parity_candidates  the same with the candidate kernels (kCandidateKernels) in place of the defaults
+#   cuda_parity_candidates  the same with the candidate kernels (kCandidateKernels) in place of the defaults,
+#                 and passes replayed from CUDA graphs against the same passes run directly
 #   dev_*         every dev/cuda kernel check against its CPU reference (likewise), and cuDNN's fused
 #                 attention against ./train's (dev_cudnn_attention, cuDNN from PyTorch's wheels)
 #   d6 runs       training with statistics, validation, checkpoints and samples, a resume that must give the

@@ -9,7 +9,10 @@
 # 8 x 2048 with the reports' statistics every 10 steps and never (one process: it compiles the step
 # with and without statistics once, a minute or more); then the phases of one run of each build,
 # statistics every 10 steps, and the device's time per kind of work in its steps with and without
-# statistics (--profile 2); every run's printed output into OUT/gpu_speed_logs.tar.gz. Both builds run with
+# statistics (--profile 2); every run's printed output into OUT/gpu_speed_logs.tar.gz. Before
+# torch.compile, one more run of train_candidates at the first of SPEED_BATCHES with statistics every
+# 10 steps, its passes replayed from CUDA graphs (TRAIN_CUDA_GRAPH=1): its time, and whether its
+# losses and gradient norms are the run's without, bit for bit. Both builds run with
 # the wheels' libraries on the path (gpu_env.sh's with_cudnn: train_candidates loads cuDNN from
 # there), so that they use the same ones. The first train_candidates run's lines of what runs its
 # attention (cuDNN's kernels, or why not) and of what tuning its matrix products' algorithms did are
@@ -41,6 +44,7 @@ for B in ${SPEED_BATCHES:-8 4}; do
             if timeout 60 "${with_cudnn[@]}" CUDNN_LOGLEVEL_DBG=2 "CUDNN_LOGDEST_DBG=$runs/$name.cudnn.log" \
                 "$g/bin/$binary" "${data[@]}" -m d22 -b "$B" -t 2048 -x 33 -s "$every" --device cuda \
                 -o "$runs/$name" >"$runs/$name.log" 2>&1; then
+                touch "$runs/$name.ok"
                 printf '  %-18s %d x 2048, statistics every %-2s %s ms, final loss %s\n' "./$binary" "$B" "$every" \
                     "$(mean_ms "$runs/$name/run.attnlog")" "$(final_loss "$runs/$name/run.attnlog")"
             else
@@ -54,6 +58,31 @@ for B in ${SPEED_BATCHES:-8 4}; do
         done
     done
 done
+# The candidates with their passes replayed from CUDA graphs (TRAIN_CUDA_GRAPH=1, a candidate of its
+# own), beside the same run without (the same binary, command and cuDNN log settings): the time, and
+# whether every step's loss and gradient norm are the same bits. Its window (steps 2-31) holds the
+# step that captures the forward pass's graph (step 2; the backward pass's is captured at step 1,
+# step 0 being a statistics step whose forward pass runs directly), a cost of milliseconds once.
+B=${SPEED_BATCHES:-8}
+B=${B%% *}
+name=d22_b${B}_s10_train_candidates
+if [ -x "$g/bin/train_candidates" ] && [ -e "$runs/$name.ok" ]; then
+    if timeout 60 env TRAIN_CUDA_GRAPH=1 "${with_cudnn[@]}" CUDNN_LOGLEVEL_DBG=2 \
+        "CUDNN_LOGDEST_DBG=$runs/${name}_graphs.cudnn.log" "$g/bin/train_candidates" "${data[@]}" -m d22 -b "$B" \
+        -t 2048 -x 33 -s 10 --device cuda -o "$runs/${name}_graphs" >"$runs/${name}_graphs.log" 2>&1; then
+        same=$(PYTHONPATH=scripts "$py" -c 'import sys, attnlog
+a, b = (attnlog.open_log(p) for p in sys.argv[1:])
+same = all(a.scalars(k)[1].tobytes() == b.scalars(k)[1].tobytes() for k in ("loss", "grad_norm"))
+print("the same losses and norms, bit for bit" if same else "LOSSES OR NORMS DIFFER")' "$runs/$name/run.attnlog" \
+            "$runs/${name}_graphs/run.attnlog" 2>&1) || same="the comparison FAILED: $(tail -1 <<<"$same")"
+        printf '  %-18s %d x 2048, statistics every 10 %s ms, CUDA graphs: %s\n' ./train_candidates "$B" \
+            "$(mean_ms "$runs/${name}_graphs/run.attnlog")" "$same"
+    else
+        printf '  %-18s %d x 2048, statistics every 10 with CUDA graphs FAILED: %s\n' ./train_candidates "$B" \
+            "$(tail -1 "$runs/${name}_graphs.log" | cut -c1-150)"
+    fi
+    grep -E '^CUDA graphs' "$runs/${name}_graphs.log" | cut -c1-200 | sed 's/^/    /'
+fi
 left=$((deadline - SECONDS))
 if [ "$left" -gt 20 ]; then  # one process, one compilation: every 10 steps (the goal's comparison) first
     timeout "$left" env PYTHONPATH=scripts PYTHONUNBUFFERED=1 "$py" -c 'import sys, types, attnlog, bench, torch

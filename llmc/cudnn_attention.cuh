@@ -492,6 +492,7 @@ struct CudnnAttention {
     std::vector<Plans> shapes;       // every shape met
     void* workspace = nullptr;       // the largest any plan needs
     int64_t workspace_bytes = 0;
+    int workspace_generation = 0;    // times the workspace moved (a pass's CUDA graph holds its address)
 };
 
 inline bool operator==(const CudnnShape& a, const CudnnShape& b) {
@@ -541,6 +542,7 @@ inline CudnnAttention::Plans* cudnn_attention_plans(CudnnAttention& c, const Cud
             cudaCheck(cudaFree(c.workspace));
             c.workspace = larger;
             c.workspace_bytes = need;
+            c.workspace_generation++;
         } else {
             cudaGetLastError();  // not a sticky error: clear it, and leave this shape to attention.cuh
             why = strprintf("no device memory for its %.1f MiB of workspace", need / 1048576.0);
@@ -603,6 +605,7 @@ inline void cudnn_attention_free(CudnnAttention& c) {
 // Built without cuDNN's headers: nothing is handed to cuDNN (said once, in the candidate build).
 struct CudnnAttention {
     bool said = false;
+    int workspace_generation = 0;  // no workspace: never moves
 };
 inline bool cudnn_attention_said_missing(CudnnAttention& c) {
     if (!c.said && g_fail_rank <= 0) printf("attention: ./train's kernels (this build has no cuDNN: no cudnn_graph.h)\n");

@@ -4,7 +4,9 @@
 // the trained state whose deeper layers' keys are close to low rank; the --qk-norm variants and
 // frozen parameters; two models of the shapes of pretrained Qwen3 and Llama (head_dim 128, an
 // attention width other than d_model, untied embeddings, Llama 3 RoPE scaling). Also checks that
-// two runs give the same bits, and that gradients accumulated over micro-batches are the batch's.
+// two runs give the same bits, that gradients accumulated over micro-batches are the batch's, and
+// (the candidates' build) that passes replayed from CUDA graphs give the bits of the passes run
+// directly.
 //   test_gpt_cuda REFERENCE_DIR
 #define TESTING
 #include "../train_gpt.cu"
@@ -151,6 +153,61 @@ static void check_adamw_steps(GpuModel& g, const std::string& label, const std::
                               {kBf16Rtol, kGradAtolFrac, opt.beta2});
 }
 
+// CUDA graphs (TRAIN_CUDA_GRAPH=1, cuda_graph.cuh). A step, on one of two batches (the tokens and
+// the same tokens shifted by one): the batch's forward and backward passes, its first sequence's as
+// a micro-batch (another shape: two more graphs), then a statistics forward pass of the batch (run
+// directly) and a backward pass after it. Six steps with graphs, the batches in turn, take every
+// pass through its direct run, its capture and launch, and launches of its graph; each step must
+// give the loss and every gradient of the same step run directly, bit for bit. Before each step the
+// host's copy of the losses and the device's logits are filled with NaN, so that a replay that left
+// either alone shows. And the four passes must have been captured.
+static void check_graphs(const std::string& ckpt, const std::vector<int>& tokens, const std::vector<int>& targets,
+                         int B, int T) {
+    GpuModel g;
+    model_init(g, checkpoint_read_header(ckpt).config, B, T);
+    HostState h = host_state(g);
+    checkpoint_read(ckpt, h.params, nullptr, nullptr);
+    model_upload(g);
+    std::vector<int> shifted(tokens.begin() + 1, tokens.end());
+    shifted.push_back(tokens[0]);
+    const std::vector<int>* batches[2] = {&tokens, &shifted};
+    auto step = [&](int batch, std::vector<float>& grads) {
+        const int* x = batches[batch]->data();
+        std::fill(g.losses_host, g.losses_host + (size_t)B * T, NAN);
+        cudaCheck(cudaMemsetAsync(g.acts.logits, 0xFF, (size_t)B * T * g.Vp * sizeof(bf16), g.stream));
+        model_zero_grad(g);
+        float loss = model_forward(g, x, targets.data(), B, T, false);
+        model_backward(g, x, targets.data(), 1.0f);
+        loss += model_forward(g, x, targets.data(), 1, T, false);
+        model_backward(g, x, targets.data(), 0.5f);
+        Telemetry stats;
+        loss += forward_with_stats(g, x, targets.data(), B, T, stats);
+        model_backward(g, x, targets.data(), 1.0f);
+        grads.resize(g.P);
+        cudaCheck(cudaStreamSynchronize(g.stream));
+        cudaCheck(cudaMemcpy(grads.data(), g.grads, g.P * sizeof(float), cudaMemcpyDeviceToHost));
+        return loss;
+    };
+    g.graphs.on = false;
+    std::vector<float> direct[2], graphed;
+    float direct_loss[2];
+    for (int batch = 0; batch < 2; batch++) direct_loss[batch] = step(batch, direct[batch]);
+    g.graphs.on = true;
+    for (int k = 0; k < 6; k++) {
+        const int batch = k % 2;
+        const float loss = step(batch, graphed);
+        const bool same = memcmp(&loss, &direct_loss[batch], sizeof loss) == 0 &&
+                          memcmp(graphed.data(), direct[batch].data(), g.P * sizeof(float)) == 0;
+        report(same, strprintf("cuda graphs: step %d (batch %d): the direct step's loss and gradients, bit for bit", k + 1,
+                               batch + 1));
+    }
+    int captured = 0;
+    for (const PassGraphs::Entry& e : g.graphs.entries) captured += e.exec != nullptr;
+    report(captured == 4 && g.graphs.refused.empty(), "cuda graphs: the four passes were captured",
+           strprintf("%d captured%s%s", captured, g.graphs.refused.empty() ? "" : "; refused: ", g.graphs.refused.c_str()));
+    model_free(g);
+}
+
 int main(int argc, char** argv) {
     if (argc != 2) fail("usage: test_gpt_cuda REFERENCE_DIR");
     setvbuf(stdout, nullptr, _IOLBF, 0);  // lines appear in order with errors on stderr
@@ -282,5 +339,9 @@ int main(int argc, char** argv) {
         }
         model_free(g);
     }
+
+    // The candidates' build only, as CUDA graphs are a candidate (asked for by TRAIN_CUDA_GRAPH=1 in
+    // either build); last, as a capture that a call inside it fails ends the program.
+    if (kCandidateKernels) check_graphs(ckpt, tokens, targets, B, T);
     return test_exit_code();
 }
