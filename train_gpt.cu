@@ -326,9 +326,10 @@ static float* gpu_grad(GpuModel& g, int kind, int l = 0) { return g.grads + para
 // forward pass (its lse and output into buffers free until the backward: att_delta, datty), so
 // that taking statistics never changes what the model computes. Either backward takes the out and
 // lse of either forward. attention.cuh's kernels are, in the candidate build, the mma kernels' lean
-// form where the mma kernels take the head width.
+// form in tile_block's order (longest tiles first across heads) where the mma kernels take the head
+// width.
 static AttentionImpl attention_impl(int D) {
-    return kCandidateKernels && attention_auto(D) == ATTENTION_MMA ? ATTENTION_MMA_LEAN : ATTENTION_AUTO;
+    return kCandidateKernels && attention_auto(D) == ATTENTION_MMA ? ATTENTION_MMA_LEAN_LPT : ATTENTION_AUTO;
 }
 static void layer_attention_forward(GpuModel& g, Activations<bf16>& la, bool stats, bool cudnn, int B, int T) {
     const ModelConfig& c = g.cfg;

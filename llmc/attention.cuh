@@ -11,8 +11,9 @@
 //           block on the side each kernel keeps (two blocks of 16 rows a warp): the same bits, no
 //           faster on an H100 (dev_attention measures it; nothing else asks for it). mma_lean (a
 //           candidate, the LEAN kernels): the same tiles with fewer instructions a score, the
-//           softmax in base 2 on unscaled scores (see kLog2e); the candidate build runs it where
-//           cuDNN does not take the shape.
+//           softmax in base 2 on unscaled scores (see kLog2e). mma_lpt and mma_lean_lpt (candidates,
+//           LPT): mma's and mma_lean's blocks started longest tile first across heads (tile_block),
+//           the same bits; the candidate build runs mma_lean_lpt where cuDNN does not take the shape.
 // attention_forward / attention_backward pick what attention_auto says: mma at D = 64 and 128
 // where the device has the shared memory for it, simple otherwise; attention_row_stats computes
 // the rows' statistics alone (for a step whose output comes from cuDNN's kernels,
@@ -365,6 +366,61 @@ __device__ __forceinline__ float exp2_ftz(float x) {
     return y;
 }
 
+// Which tile of which head and batch element a block of the mma kernels takes. A tile's rank orders
+// a head's tiles by their work: rank 0 is the longest (the last query tile, which sees every key;
+// in the dK/dV kernel the first key tile, which every query sees). The device starts a grid's
+// blocks in order, x fastest. ./train's grid is (tiles, heads, B): a head's tiles start longest
+// first, but one head after another, so the last heads' longest tiles start near the end and run
+// on while most of the device has nothing left. A list-scheduling model of d22's causal layer (32
+// tiles of 1 to 32 steps a head, at 2 and 3 blocks an SM on 132 SMs) takes 1.15-1.23x the even
+// share of the work at 8 x 2048 and 1.30-1.46x at 4 x 2048 in that order; the dev_attention times
+// of the d22 layer on an H100 (B4 0.122 ms forward, 0.370 backward; B8 inside a training step 0.206
+// and 0.615) are consistent with it: 1.2x less work a second at B4. LPT (longest processing time
+// first, a candidate): the (batch element, head) pairs in groups of about kLptHeads (a group is
+// 2^s whole batch elements, heads 2^s <= kLptHeads where heads allow), the partial group first,
+// each group's tiles rank by rank with its pairs side by side; the same model takes 1.00-1.13x. The
+// grid is (heads, tiles 2^s, groups): x the head, y = rank 2^s + the batch element's place in its
+// group, z the group, so that decoding a block is shifts and masks of its indices (a division
+// would move them off the uniform datapath and cost the kernels tens of registers); the partial
+// group's missing batch elements are blocks that return at once (valid false). A group bounds the
+// keys and values in flight (32 heads' at d22: 16 MiB), which stay in L2 for the many blocks that
+// read them. The work of a block is the same in either order: so are its bits.
+constexpr int kLptHeads = 32;
+struct TileBlock {
+    int rank, head, b;
+    bool valid;
+};
+// s: the largest with heads 2^s <= kLptHeads (0 where heads > kLptHeads). With h in (2^(k-1), 2^k],
+// 2^s = 32 / 2^k, and k = ceil(log2 h) = 32 - clz(h - 1).
+__host__ __device__ inline int lpt_shift(int heads) {
+    static_assert(kLptHeads == 32, "the shift below is 5 - ceil(log2 heads)");
+#ifdef __CUDA_ARCH__
+    const int leading = __clz(heads - 1);
+#else
+    const int leading = heads > 1 ? __builtin_clz((unsigned)(heads - 1)) : 32;
+#endif
+    return leading > 27 ? leading - 27 : 0;
+}
+template <bool LPT>
+__device__ __forceinline__ TileBlock tile_block(int heads, int B) {
+    if constexpr (!LPT) {
+        return {(int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z, true};
+    } else {
+        const int s = lpt_shift(heads), missing = ((int)gridDim.z << s) - B;  // batch elements, in the first group
+        const int b = ((int)blockIdx.z << s) + (int)(blockIdx.y & ((1u << s) - 1)) - missing;
+        return {(int)(blockIdx.y >> s), (int)blockIdx.x, b, b >= 0};
+    }
+}
+// The grid of `tiles` ranks of heads x B pairs in tile_block's order.
+inline dim3 tile_grid(bool lpt, int tiles, int heads, int B) {
+    if (!lpt) return dim3(tiles, heads, B);
+    const int s = lpt_shift(heads);
+    if (((long long)tiles << s) > 65535)
+        fail("attention: %d tiles of %d (batch element, head) pairs are more than the LPT order's grid takes", tiles,
+             heads);
+    return dim3(heads, tiles << s, (B + (1 << s) - 1) >> s);
+}
+
 // cp.async (sm_80+): global-to-shared copies that complete in the background, so that the next
 // tile loads while the current one is in use. A thread commits its copies in groups and waits
 // until at most `pending` of its groups are still in flight; a __syncthreads() after the wait makes
@@ -707,8 +763,8 @@ __device__ __forceinline__ void store_row_block(bf16* out, float* lse, float* ro
 // STATS_ONLY: the rows' statistics and lse alone, no output (out unused): no values are read and no
 // P V product is made, for a step whose output comes from elsewhere (cuDNN's kernels). The
 // statistics are the same bits as the full kernel's: the same instructions make them. LEAN: the
-// softmax of online_softmax_tile_lean (ATTENTION_MMA_LEAN, a candidate).
-template <int D, int MB, bool WITH_STATS, int MIN_BLOCKS = 0, bool STATS_ONLY = false, bool LEAN = false>
+// softmax of online_softmax_tile_lean (ATTENTION_MMA_LEAN, a candidate). LPT: tile_block's order.
+template <int D, int MB, bool WITH_STATS, int MIN_BLOCKS = 0, bool STATS_ONLY = false, bool LEAN = false, bool LPT = false>
 __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_forward_mma_kernel(bf16* out, float* lse,
         float* row_stats, const uint32_t* doc_bits, const bf16* qk, const bf16* qkv, int B, int T, int H, int Hkv) {
     static_assert(D % 32 == 0, "D must be a multiple of 32");
@@ -718,8 +774,11 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_forward_mma
     extern __shared__ __align__(16) unsigned char kv_shared[];  // attention_kv_buffers_smem_bytes<D>()
     bf16 (*k_tiles)[kMmaTile * LD] = reinterpret_cast<bf16 (*)[kMmaTile * LD]>(kv_shared);  // 2 buffers
     bf16 (*v_tiles)[kMmaTile * LD] = k_tiles + 2;                                            // 2 buffers
-    const int q_tile = (int)gridDim.x - 1 - (int)blockIdx.x;
-    const int h = blockIdx.y, b = blockIdx.z, kv_head = h / (H / Hkv);
+    const TileBlock work = tile_block<LPT>(H, B);
+    if (!work.valid) return;
+    const int q_tiles = LPT ? (T + kQueryTile - 1) / kQueryTile : (int)gridDim.x;
+    const int q_tile = q_tiles - 1 - work.rank;
+    const int h = work.head, b = work.b, kv_head = h / (H / Hkv);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
     const size_t qk_stride = (size_t)(H + Hkv) * D, qkv_stride = (size_t)(H + 2 * Hkv) * D;
     const bf16* queries = qk + (size_t)b * T * qk_stride + (size_t)h * D;
@@ -921,10 +980,11 @@ constexpr int attention_dkdv_mma_smem_bytes() {
 //   dP^T = V dO^T, dS^T = P^T (dP^T - Delta), dV += P^T dO, dK += dS^T Q.
 // MB = 1 is what ./train runs; MB = 2 (each B fragment serves two blocks of keys) is mma_wide.
 // LEAN: P^T = 2^(S^T c2 - lse log2(e)), c2 = log2(e) / sqrt(D), one product-add and one ex2 a score
-// (see kLog2e).
-template <int D, int MB, int MIN_BLOCKS = 0, bool LEAN = false>
+// (see kLog2e). LPT: tile_block's order (rank: the key tile).
+template <int D, int MB, int MIN_BLOCKS = 0, bool LEAN = false, bool LPT = false>
 __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_backward_dkdv_mma_kernel(bf16* dqk, bf16* dqkv,
-        const bf16* dout, const float* lse, const float* delta, const bf16* qk, const bf16* qkv, int T, int H, int Hkv) {
+        const bf16* dout, const float* lse, const float* delta, const bf16* qk, const bf16* qkv, int B, int T, int H,
+        int Hkv) {
     static_assert(D % 32 == 0, "D must be a multiple of 32");
     static_assert(MB == 1 || MB == 2, "a key tile of 64 or 128");
     constexpr int LD = D + kMmaTilePad, kTileElements = kMmaTile * LD;
@@ -939,16 +999,18 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_backward_dk
     bf16* dout_tiles = q_tiles + 2 * kTileElements;                  // 2 buffers
     float* lse_tiles = reinterpret_cast<float*>(dout_tiles + 2 * kTileElements);  // 2 buffers of 64
     float* delta_tiles = lse_tiles + 2 * kMmaTile;                                // 2 buffers of 64
-    const int kv_head = blockIdx.y, b = blockIdx.z, group = H / Hkv;
+    const TileBlock work = tile_block<LPT>(Hkv, B);  // rank: the key tile
+    if (!work.valid) return;
+    const int kv_head = work.head, b = work.b, group = H / Hkv;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
     const size_t qk_stride = (size_t)(H + Hkv) * D, qkv_stride = (size_t)(H + 2 * Hkv) * D, out_stride = (size_t)H * D;
     const bf16* keys = qk + (size_t)b * T * qk_stride + (size_t)(H + kv_head) * D;
     const bf16* values = qkv + (size_t)b * T * qkv_stride + (size_t)(H + Hkv + kv_head) * D;
     const float scale = 1.0f / sqrtf((float)D);
-    const int k0 = blockIdx.x * kKeyTile, warp_k0 = k0 + warp * 16 * MB;  // the block's and the warp's first key
+    const int k0 = work.rank * kKeyTile, warp_k0 = k0 + warp * 16 * MB;  // the block's and the warp's first key
 
     // Step i: query head h_first + i / q_tiles_per_head, query tile first_q_tile + i % q_tiles_per_head.
-    const int first_q_tile = blockIdx.x * MB, q_tiles_per_head = (T + kMmaTile - 1) / kMmaTile - first_q_tile;
+    const int first_q_tile = work.rank * MB, q_tiles_per_head = (T + kMmaTile - 1) / kMmaTile - first_q_tile;
     const int steps = group * q_tiles_per_head, h_first = kv_head * group;
     auto load_step_async = [&](int step, int buffer) {
         const int h = h_first + step / q_tiles_per_head, t0 = (first_q_tile + step % q_tiles_per_head) * kMmaTile;
@@ -1052,10 +1114,11 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_backward_dk
 // S = Q K^T, P = e^(S / sqrt(D) - lse) (0 for future keys and keys beyond T), dP = dO V^T,
 // dS = P (dP - Delta), dQ += dS K. Key/value tiles are double-buffered as in the forward pass.
 // MB = 1 is what ./train runs; MB = 2 (each B fragment serves two blocks of queries) is mma_wide.
-// LEAN: P as in the dK/dV kernel's LEAN form.
-template <int D, int MB, int MIN_BLOCKS = 0, bool LEAN = false>
+// LEAN: P as in the dK/dV kernel's LEAN form. LPT: tile_block's order.
+template <int D, int MB, int MIN_BLOCKS = 0, bool LEAN = false, bool LPT = false>
 __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_backward_dq_mma_kernel(bf16* dqk,
-        const bf16* dout, const float* lse, const float* delta, const bf16* qk, const bf16* qkv, int T, int H, int Hkv) {
+        const bf16* dout, const float* lse, const float* delta, const bf16* qk, const bf16* qkv, int B, int T, int H,
+        int Hkv) {
     static_assert(D % 32 == 0, "D must be a multiple of 32");
     static_assert(MB == 1 || MB == 2, "a query tile stages in one or both of the key/value buffers");
     constexpr int LD = D + kMmaTilePad, kQueryTile = MB * kMmaTile, kChunk = MB == 1 && D == 64 ? kMmaTile : 16;
@@ -1063,8 +1126,11 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_backward_dq
     extern __shared__ __align__(16) unsigned char kv_shared[];  // attention_kv_buffers_smem_bytes<D>()
     bf16 (*k_tiles)[kMmaTile * LD] = reinterpret_cast<bf16 (*)[kMmaTile * LD]>(kv_shared);  // 2 buffers
     bf16 (*v_tiles)[kMmaTile * LD] = k_tiles + 2;                                            // 2 buffers
-    const int q_tile = (int)gridDim.x - 1 - (int)blockIdx.x;
-    const int h = blockIdx.y, b = blockIdx.z, kv_head = h / (H / Hkv);
+    const TileBlock work = tile_block<LPT>(H, B);
+    if (!work.valid) return;
+    const int q_tiles = LPT ? (T + kQueryTile - 1) / kQueryTile : (int)gridDim.x;
+    const int q_tile = q_tiles - 1 - work.rank;
+    const int h = work.head, b = work.b, kv_head = h / (H / Hkv);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
     const size_t qk_stride = (size_t)(H + Hkv) * D, qkv_stride = (size_t)(H + 2 * Hkv) * D, out_stride = (size_t)H * D;
     const bf16* queries = qk + (size_t)b * T * qk_stride + (size_t)h * D;
@@ -1190,6 +1256,8 @@ enum AttentionImpl {
     ATTENTION_MMA,       // D = 64 or 128
     ATTENTION_MMA_WIDE,  // D = 64: mma with tiles of 128 (MB = 2: the forward's and dQ's queries, dK/dV's keys)
     ATTENTION_MMA_LEAN,  // D = 64 or 128: mma with fewer instructions a score (LEAN; a candidate)
+    ATTENTION_MMA_LPT,   // D = 64 or 128: mma, the blocks in tile_block's order (LPT; a candidate)
+    ATTENTION_MMA_LEAN_LPT,  // both
 };
 
 inline bool attention_is_mma(AttentionImpl impl) { return impl != ATTENTION_SIMPLE && impl != ATTENTION_AUTO; }
@@ -1200,8 +1268,25 @@ inline const char* attention_impl_name(AttentionImpl impl) {
     return impl == ATTENTION_MMA        ? "mma"
            : impl == ATTENTION_MMA_WIDE ? "mma_wide"
            : impl == ATTENTION_MMA_LEAN ? "mma_lean"
+           : impl == ATTENTION_MMA_LPT  ? "mma_lpt"
+           : impl == ATTENTION_MMA_LEAN_LPT ? "mma_lean_lpt"
            : impl == ATTENTION_SIMPLE   ? "simple"
                                         : "auto";
+}
+
+// Calls f(mb, lean, lpt) with the mma kernels' template arguments MB, LEAN and LPT of impl, as
+// std::integral_constant values; false, with nothing called, where impl is not an mma one.
+template <typename F>
+inline bool attention_mma_variant(AttentionImpl impl, F&& f) {
+    using one = std::integral_constant<int, 1>;
+    switch (impl) {
+        case ATTENTION_MMA: f(one(), std::false_type(), std::false_type()); return true;
+        case ATTENTION_MMA_WIDE: f(std::integral_constant<int, 2>(), std::false_type(), std::false_type()); return true;
+        case ATTENTION_MMA_LEAN: f(one(), std::true_type(), std::false_type()); return true;
+        case ATTENTION_MMA_LPT: f(one(), std::false_type(), std::true_type()); return true;
+        case ATTENTION_MMA_LEAN_LPT: f(one(), std::true_type(), std::true_type()); return true;
+        default: return false;
+    }
 }
 
 // The shared memory a block of the mma kernels of impl at head width D takes: the dK/dV kernel's,
@@ -1313,58 +1398,60 @@ inline void allow_shared_memory(Kernel kernel, int bytes) {
 // to hold at once, which caps each thread's registers. ./train's is 0, none given: ptxas then
 // allocates on its own (dK/dV 177 registers, dQ 174, the forward 135 at D = 64 on sm_90), and a 1
 // lets it take up to 255. dev_attention measures what other values do. STATS_ONLY: the kernel's
-// form without the output (row_stats required). LEAN: ATTENTION_MMA_LEAN's kernels.
-template <int D, int MB, int MIN_BLOCKS = 0, bool STATS_ONLY = false, bool LEAN = false>
+// form without the output (row_stats required). LEAN: ATTENTION_MMA_LEAN's kernels. LPT: the
+// blocks in tile_block's order (ATTENTION_MMA_LPT).
+template <int D, int MB, int MIN_BLOCKS = 0, bool STATS_ONLY = false, bool LEAN = false, bool LPT = false>
 inline void attention_forward_mma(bf16* out, float* lse, float* row_stats, const uint32_t* doc_bits, const bf16* qk,
                                   const bf16* qkv, int B, int T, int H, int Hkv, cudaStream_t stream) {
     constexpr int smem = attention_kv_buffers_smem_bytes<D>();
-    dim3 grid(ceil_div(T, MB * kMmaTile), H, B);
+    const dim3 grid = tile_grid(LPT, ceil_div(T, MB * kMmaTile), H, B);
     if constexpr (STATS_ONLY) {
         if (!row_stats) fail("internal: the attention's statistics alone, without row_stats");
-        allow_shared_memory(attention_forward_mma_kernel<D, MB, true, MIN_BLOCKS, true, LEAN>, smem);
-        attention_forward_mma_kernel<D, MB, true, MIN_BLOCKS, true, LEAN>
+        allow_shared_memory(attention_forward_mma_kernel<D, MB, true, MIN_BLOCKS, true, LEAN, LPT>, smem);
+        attention_forward_mma_kernel<D, MB, true, MIN_BLOCKS, true, LEAN, LPT>
             <<<grid, kMmaThreads, smem, stream>>>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv);
     } else if (row_stats) {
-        allow_shared_memory(attention_forward_mma_kernel<D, MB, true, MIN_BLOCKS, false, LEAN>, smem);
-        attention_forward_mma_kernel<D, MB, true, MIN_BLOCKS, false, LEAN>
+        allow_shared_memory(attention_forward_mma_kernel<D, MB, true, MIN_BLOCKS, false, LEAN, LPT>, smem);
+        attention_forward_mma_kernel<D, MB, true, MIN_BLOCKS, false, LEAN, LPT>
             <<<grid, kMmaThreads, smem, stream>>>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv);
     } else {
-        allow_shared_memory(attention_forward_mma_kernel<D, MB, false, MIN_BLOCKS, false, LEAN>, smem);
-        attention_forward_mma_kernel<D, MB, false, MIN_BLOCKS, false, LEAN>
+        allow_shared_memory(attention_forward_mma_kernel<D, MB, false, MIN_BLOCKS, false, LEAN, LPT>, smem);
+        attention_forward_mma_kernel<D, MB, false, MIN_BLOCKS, false, LEAN, LPT>
             <<<grid, kMmaThreads, smem, stream>>>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv);
     }
     cuda_check_launch();
 }
 
-template <int D, int MB, int MIN_BLOCKS = 0, bool LEAN = false>
+template <int D, int MB, int MIN_BLOCKS = 0, bool LEAN = false, bool LPT = false>
 inline void attention_backward_dkdv_mma(bf16* dqk, bf16* dqkv, const float* delta, const bf16* dout, const float* lse,
                                         const bf16* qk, const bf16* qkv, int B, int T, int H, int Hkv,
                                         cudaStream_t stream) {
     constexpr int smem = attention_dkdv_mma_smem_bytes<D, MB>();
-    allow_shared_memory(attention_backward_dkdv_mma_kernel<D, MB, MIN_BLOCKS, LEAN>, smem);
-    attention_backward_dkdv_mma_kernel<D, MB, MIN_BLOCKS, LEAN><<<dim3(ceil_div(T, MB * kMmaTile), Hkv, B), kMmaThreads,
-                                                                  smem, stream>>>(dqk, dqkv, dout, lse, delta, qk, qkv,
-                                                                                  T, H, Hkv);
+    auto kernel = attention_backward_dkdv_mma_kernel<D, MB, MIN_BLOCKS, LEAN, LPT>;
+    allow_shared_memory(kernel, smem);
+    kernel<<<tile_grid(LPT, ceil_div(T, MB * kMmaTile), Hkv, B), kMmaThreads, smem, stream>>>(dqk, dqkv, dout, lse, delta,
+                                                                                               qk, qkv, B, T, H, Hkv);
     cuda_check_launch();
 }
 
-template <int D, int MB, int MIN_BLOCKS = 0, bool LEAN = false>
+template <int D, int MB, int MIN_BLOCKS = 0, bool LEAN = false, bool LPT = false>
 inline void attention_backward_dq_mma(bf16* dqk, const float* delta, const bf16* dout, const float* lse, const bf16* qk,
                                       const bf16* qkv, int B, int T, int H, int Hkv, cudaStream_t stream) {
     constexpr int smem = attention_kv_buffers_smem_bytes<D>();
-    allow_shared_memory(attention_backward_dq_mma_kernel<D, MB, MIN_BLOCKS, LEAN>, smem);
-    attention_backward_dq_mma_kernel<D, MB, MIN_BLOCKS, LEAN><<<dim3(ceil_div(T, MB * kMmaTile), H, B), kMmaThreads, smem,
-                                                                stream>>>(dqk, dout, lse, delta, qk, qkv, T, H, Hkv);
+    auto kernel = attention_backward_dq_mma_kernel<D, MB, MIN_BLOCKS, LEAN, LPT>;
+    allow_shared_memory(kernel, smem);
+    kernel<<<tile_grid(LPT, ceil_div(T, MB * kMmaTile), H, B), kMmaThreads, smem, stream>>>(dqk, dout, lse, delta, qk, qkv,
+                                                                                             B, T, H, Hkv);
     cuda_check_launch();
 }
 
 // The tensor-core backward, from Delta (computed first): key tiles of MB * 64 for dK and dV, query
 // tiles of MB * 64 for dQ.
-template <int D, int MB, bool LEAN = false>
+template <int D, int MB, bool LEAN = false, bool LPT = false>
 inline void attention_backward_mma(bf16* dqk, bf16* dqkv, const float* delta, const bf16* dout, const float* lse,
                                    const bf16* qk, const bf16* qkv, int B, int T, int H, int Hkv, cudaStream_t stream) {
-    attention_backward_dkdv_mma<D, MB, 0, LEAN>(dqk, dqkv, delta, dout, lse, qk, qkv, B, T, H, Hkv, stream);
-    attention_backward_dq_mma<D, MB, 0, LEAN>(dqk, delta, dout, lse, qk, qkv, B, T, H, Hkv, stream);
+    attention_backward_dkdv_mma<D, MB, 0, LEAN, LPT>(dqk, dqkv, delta, dout, lse, qk, qkv, B, T, H, Hkv, stream);
+    attention_backward_dq_mma<D, MB, 0, LEAN, LPT>(dqk, delta, dout, lse, qk, qkv, B, T, H, Hkv, stream);
 }
 
 // out, lse (and row_stats when non-null, else no statistics are computed) from qk and qkv; the
@@ -1373,17 +1460,18 @@ inline void attention_forward(bf16* out, float* lse, float* row_stats, const uin
                               const bf16* qkv, int B, int T, int H, int Hkv, int D, cudaStream_t stream,
                               AttentionImpl impl = ATTENTION_AUTO) {
     impl = attention_prepare(impl, B, T, H, Hkv, D, {out, qk, qkv}, {lse});
-    if (impl == ATTENTION_MMA && D == 64) {
-        attention_forward_mma<64, 1>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, stream);
-    } else if (impl == ATTENTION_MMA && D == 128) {
-        attention_forward_mma<128, 1>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, stream);
-    } else if (impl == ATTENTION_MMA_WIDE && D == 64) {
-        attention_forward_mma<64, 2>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, stream);
-    } else if (impl == ATTENTION_MMA_LEAN && D == 64) {
-        attention_forward_mma<64, 1, 0, false, true>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, stream);
-    } else if (impl == ATTENTION_MMA_LEAN && D == 128) {
-        attention_forward_mma<128, 1, 0, false, true>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, stream);
-    } else if (impl != ATTENTION_SIMPLE) {
+    const bool mma = attention_mma_variant(impl, [&](auto mb, auto lean, auto lpt) {
+        if (D == 64)
+            return attention_forward_mma<64, mb, 0, false, lean, lpt>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv,
+                                                                     stream);
+        if constexpr (mb == 1)  // MB = 2 takes D = 64 only
+            if (D == 128)
+                return attention_forward_mma<128, 1, 0, false, lean, lpt>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H,
+                                                                         Hkv, stream);
+        fail("internal: attention implementation %d at head_dim %d", (int)impl, D);
+    });
+    if (mma) return;
+    if (impl != ATTENTION_SIMPLE) {
         fail("internal: attention implementation %d at head_dim %d", (int)impl, D);
     } else if (D <= 64) {
         attention_forward_simple<1>(out, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, D, stream);
@@ -1438,17 +1526,18 @@ inline void attention_backward(bf16* dqk, bf16* dqkv, float* delta_scratch, cons
     attention_delta_kernel<<<attention_simple_blocks((long long)B * H * T), 128, 0, stream>>>(delta_scratch, dout, out,
                                                                                              B, T, H, D);
     cuda_check_launch();
-    if (impl == ATTENTION_MMA && D == 64) {
-        attention_backward_mma<64, 1>(dqk, dqkv, delta_scratch, dout, lse, qk, qkv, B, T, H, Hkv, stream);
-    } else if (impl == ATTENTION_MMA && D == 128) {
-        attention_backward_mma<128, 1>(dqk, dqkv, delta_scratch, dout, lse, qk, qkv, B, T, H, Hkv, stream);
-    } else if (impl == ATTENTION_MMA_WIDE && D == 64) {
-        attention_backward_mma<64, 2>(dqk, dqkv, delta_scratch, dout, lse, qk, qkv, B, T, H, Hkv, stream);
-    } else if (impl == ATTENTION_MMA_LEAN && D == 64) {
-        attention_backward_mma<64, 1, true>(dqk, dqkv, delta_scratch, dout, lse, qk, qkv, B, T, H, Hkv, stream);
-    } else if (impl == ATTENTION_MMA_LEAN && D == 128) {
-        attention_backward_mma<128, 1, true>(dqk, dqkv, delta_scratch, dout, lse, qk, qkv, B, T, H, Hkv, stream);
-    } else if (impl != ATTENTION_SIMPLE) {
+    const bool mma = attention_mma_variant(impl, [&](auto mb, auto lean, auto lpt) {
+        if (D == 64)
+            return attention_backward_mma<64, mb, lean, lpt>(dqk, dqkv, delta_scratch, dout, lse, qk, qkv, B, T, H, Hkv,
+                                                             stream);
+        if constexpr (mb == 1)  // MB = 2 takes D = 64 only
+            if (D == 128)
+                return attention_backward_mma<128, 1, lean, lpt>(dqk, dqkv, delta_scratch, dout, lse, qk, qkv, B, T, H,
+                                                                 Hkv, stream);
+        fail("internal: attention implementation %d at head_dim %d", (int)impl, D);
+    });
+    if (mma) return;
+    if (impl != ATTENTION_SIMPLE) {
         fail("internal: attention implementation %d at head_dim %d", (int)impl, D);
     } else if (D <= 64) {
         attention_backward_simple<1>(dqk, dqkv, delta_scratch, dout, lse, qk, qkv, B, T, H, Hkv, D, stream);

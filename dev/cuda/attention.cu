@@ -302,15 +302,17 @@ static void validate(const Problem& p, const CpuForward& ref, AttentionImpl impl
            touched ? std::to_string(touched) + " elements written" : "");
 }
 
-// impl's forward pass with statistics, its outputs poisoned first: out, lse, row_stats. They stay
-// on the device for a backward pass to read.
+// impl's forward pass with statistics (without: row_stats stays poisoned), its outputs poisoned
+// first: out, lse, row_stats. They stay on the device for a backward pass to read.
 static std::tuple<std::vector<bf16>, std::vector<float>, std::vector<float>> forward_outputs(const Problem& p,
-                                                                                          AttentionImpl impl) {
+                                                                                          AttentionImpl impl,
+                                                                                          bool stats = true) {
     const Shape& s = p.s;
     poison(p.d_out, p.out_size);
     poison(p.d_lse, p.rows);
     poison(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
-    attention_forward(p.d_out, p.d_lse, p.d_stats, p.d_doc_bits, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0, impl);
+    attention_forward(p.d_out, p.d_lse, stats ? p.d_stats : nullptr, p.d_doc_bits, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv,
+                      s.D, 0, impl);
     cudaCheck(cudaDeviceSynchronize());
     return std::make_tuple(host_copy(p.d_out, p.out_size), host_copy(p.d_lse, p.rows),
                            host_copy(p.d_stats, ATTN_NUM_ROW_STATS * p.rows));
@@ -327,21 +329,26 @@ static std::pair<std::vector<bf16>, std::vector<bf16>> backward_outputs(const Pr
     return std::make_pair(host_copy(p.d_dqk, p.qk_size), host_copy(p.d_dqkv, p.qkv_size));
 }
 
-// The candidate against the default on the same inputs, bit for bit: with MB = 2 every sum takes its
-// terms in the order MB = 1 takes them (a chunk it skips is one whose products MB = 1 adds as
-// zeros), so a difference points at a tiling error rather than at rounding. Both backward passes
-// read the default forward pass's out and lse.
-static void check_wide_matches_mma(const Problem& p) {
-    const std::string prefix = "mma_wide " + shape_name(p.s) + " ";
-    auto fwd_mma = forward_outputs(p, ATTENTION_MMA);
-    auto bwd_mma = backward_outputs(p, ATTENTION_MMA);
-    auto bwd_wide = backward_outputs(p, ATTENTION_MMA_WIDE);
-    auto fwd_wide = forward_outputs(p, ATTENTION_MMA_WIDE);
-    bool same = same_bits(std::get<0>(fwd_mma), std::get<0>(fwd_wide)) &&
-                same_bits(std::get<1>(fwd_mma), std::get<1>(fwd_wide)) && same_bits(std::get<2>(fwd_mma), std::get<2>(fwd_wide));
-    report(same, prefix + "forward gives mma's bits (out, lse, statistics)", same ? "" : "they differ");
-    same = same_bits(bwd_mma.first, bwd_wide.first) && same_bits(bwd_mma.second, bwd_wide.second);
-    report(same, prefix + "backward gives mma's bits (dq, dk, dv)", same ? "" : "they differ");
+// A candidate against the implementation it rearranges, on the same inputs, bit for bit: the
+// forward pass with and without statistics (out, lse, statistics), and the backward pass (dq, dk, dv)
+// from the base's out and lse. mma_wide against mma: with MB = 2 every sum takes its terms in the
+// order MB = 1 takes them (a chunk it skips is one whose products MB = 1 adds as zeros). The LPT
+// forms against theirs: the same blocks doing the same work, started in another order. So a
+// difference points at a tiling or indexing error rather than at rounding.
+static void check_same_bits(const Problem& p, AttentionImpl base, AttentionImpl impl) {
+    const std::string prefix = std::string(attention_impl_name(impl)) + " " + shape_name(p.s) + " ";
+    const std::string of = std::string("gives ") + attention_impl_name(base) + "'s bits";
+    bool same = true;
+    for (bool stats : {false, true}) {
+        auto a = forward_outputs(p, impl, stats), b = forward_outputs(p, base, stats);
+        same &= same_bits(std::get<0>(a), std::get<0>(b)) && same_bits(std::get<1>(a), std::get<1>(b)) &&
+                same_bits(std::get<2>(a), std::get<2>(b));
+    }
+    report(same, prefix + "forward " + of + " (out, lse, statistics; without statistics too)", same ? "" : "they differ");
+    auto bwd_base = backward_outputs(p, base);  // both from the base's out and lse, left by the forward above
+    auto bwd = backward_outputs(p, impl);
+    same = same_bits(bwd_base.first, bwd.first) && same_bits(bwd_base.second, bwd.second);
+    report(same, prefix + "backward " + of + " (dq, dk, dv)", same ? "" : "they differ");
 }
 
 // mma_lean (a candidate: the softmax in base 2 on unscaled scores, ex2 flushing to zero) against
@@ -553,8 +560,9 @@ static void benchmark(const Shape& s) {
     double fwd_flops = 2.0 * 2.0 * s.B * s.H * (double)s.T * s.T * s.D / 2.0, bwd_flops = 2.5 * fwd_flops;
     printf("\ntiming %s (forward %.1f GFLOP, backward %.1f GFLOP)\n", shape_name(s).c_str(), fwd_flops * 1e-9,
            bwd_flops * 1e-9);
-    printf("%-8s %-24s %10s %10s\n", "impl", "pass", "ms", "TFLOP/s");
-    for (AttentionImpl impl : {ATTENTION_MMA, ATTENTION_MMA_LEAN, ATTENTION_MMA_WIDE, ATTENTION_SIMPLE}) {
+    printf("%-12s %-24s %10s %10s\n", "impl", "pass", "ms", "TFLOP/s");
+    for (AttentionImpl impl : {ATTENTION_MMA, ATTENTION_MMA_LPT, ATTENTION_MMA_LEAN, ATTENTION_MMA_LEAN_LPT,
+                               ATTENTION_MMA_WIDE, ATTENTION_SIMPLE}) {
         if (!attention_supports(impl, s.D)) continue;
         int reps = attention_is_mma(impl) ? 20 : 3;
         float fwd = time_ms([&] { attention_forward(p.d_out, p.d_lse, nullptr, nullptr, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0, impl); }, reps);
@@ -565,23 +573,23 @@ static void benchmark(const Shape& s) {
             attention_backward(p.d_dqk, p.d_dqkv, p.d_delta, p.d_dout, p.d_out, p.d_lse, p.d_qk, p.d_qkv, s.B, s.T, s.H,
                                s.Hkv, s.D, 0, impl);
         }, reps);
-        printf("%-8s %-24s %10.3f %10.1f\n", attention_impl_name(impl), "forward", fwd, fwd_flops / (fwd * 1e-3) * 1e-12);
-        printf("%-8s %-24s %10.3f %10.1f\n", attention_impl_name(impl), "forward + statistics", fwd_stats,
+        printf("%-12s %-24s %10.3f %10.1f\n", attention_impl_name(impl), "forward", fwd, fwd_flops / (fwd * 1e-3) * 1e-12);
+        printf("%-12s %-24s %10.3f %10.1f\n", attention_impl_name(impl), "forward + statistics", fwd_stats,
                fwd_flops / (fwd_stats * 1e-3) * 1e-12);
-        printf("%-8s %-24s %10.3f %10.1f\n", attention_impl_name(impl), "backward", bwd, bwd_flops / (bwd * 1e-3) * 1e-12);
+        printf("%-12s %-24s %10.3f %10.1f\n", attention_impl_name(impl), "backward", bwd, bwd_flops / (bwd * 1e-3) * 1e-12);
     }
     // The statistics alone (attention_row_stats: the mma kernel without P V), FLOPs counted as the
     // forward's, so that the column compares with the rows above.
     float alone = time_ms([&] {
         attention_row_stats(p.d_lse, p.d_stats, p.d_out, p.d_doc_bits, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0);
     }, 20);
-    printf("%-8s %-24s %10.3f %10.1f\n", "auto", "statistics alone", alone, fwd_flops / (alone * 1e-3) * 1e-12);
+    printf("%-12s %-24s %10.3f %10.1f\n", "auto", "statistics alone", alone, fwd_flops / (alone * 1e-3) * 1e-12);
     // The same from the forward's lse (attention_row_stats_from_lse), where the mma kernels run.
     if (attention_auto(s.D) == ATTENTION_MMA) {
         float from_lse = time_ms([&] {
             attention_row_stats_from_lse(p.d_stats, p.d_lse, p.d_doc_bits, p.d_qk, s.B, s.T, s.H, s.Hkv, s.D, 0);
         }, 20);
-        printf("%-8s %-24s %10.3f %10.1f\n", "auto", "statistics from lse", from_lse,
+        printf("%-12s %-24s %10.3f %10.1f\n", "auto", "statistics from lse", from_lse,
                fwd_flops / (from_lse * 1e-3) * 1e-12);
     }
     cudaCheck(cudaDeviceSynchronize());
@@ -633,7 +641,10 @@ int main(int argc, char** argv) {
     // The d22 layer's timings first: what decides between the implementations comes back even where
     // a device call's time ends during the validation below (whose PASS and FAIL lines then say how
     // far it got).
-    if (timing) benchmark({4, 2048, 8, 8, 64, 1.0f});
+    if (timing) {
+        benchmark({4, 2048, 8, 8, 64, 1.0f});
+        benchmark({8, 2048, 8, 8, 64, 1.0f});  // the speed goal's batch
+    }
 
     const Shape shapes[] = {
         {2, 1, 4, 2, 64, 1.0f},     // a single position
@@ -641,6 +652,8 @@ int main(int argc, char** argv) {
         {1, 200, 4, 4, 64, 1.0f},   // H == Hkv, partial last tile
         {2, 130, 4, 2, 64, 1.0f},   // two rows past a 128-row tile
         {3, 64, 2, 1, 64, 1.0f},    // exactly one tile
+        {4, 70, 8, 8, 64, 1.0f},    // one whole LPT group (4 batch elements of 8 heads) in every kernel
+        {9, 130, 8, 4, 64, 1.0f},   // LPT groups of 4 (8 heads) and 8 (4 key heads) batch elements, a partial one first
         {1, 333, 4, 1, 64, 4.0f},   // all query heads on one key head, sharp attention
         {1, 2048, 8, 8, 64, 1.0f},  // the d22 layer at its full length
         {2, 100, 4, 2, 128, 1.0f},  // D = 128 (Qwen3's and Llama's heads): simple and mma
@@ -661,8 +674,10 @@ int main(int argc, char** argv) {
             }
             validate(p, ref, impl);
         }
-        if (attention_supports(ATTENTION_MMA_WIDE, s.D)) check_wide_matches_mma(p);
+        if (attention_supports(ATTENTION_MMA_WIDE, s.D)) check_same_bits(p, ATTENTION_MMA, ATTENTION_MMA_WIDE);
+        if (attention_supports(ATTENTION_MMA_LPT, s.D)) check_same_bits(p, ATTENTION_MMA, ATTENTION_MMA_LPT);
         if (attention_supports(ATTENTION_MMA_LEAN, s.D)) check_lean_near_mma(p);
+        if (attention_supports(ATTENTION_MMA_LEAN_LPT, s.D)) check_same_bits(p, ATTENTION_MMA_LEAN, ATTENTION_MMA_LEAN_LPT);
         check_row_stats_alone(p);
         check_row_stats_from_lse(p, ref);
         free_problem(p);
