@@ -341,7 +341,7 @@ static void layer_attention_forward(GpuModel& g, Activations<bf16>& la, bool sta
         attention_forward(la.atty, la.att_lse, stats ? la.row_stats : nullptr, g.doc_bits, la.qk_rope, la.qkv, B, T, H,
                           Hkv, D, g.stream, attention_impl(D));
     else if (stats && !attention_row_stats_from_lse(la.row_stats, la.att_lse, g.doc_bits, la.qk_rope, B, T, H, Hkv, D,
-                                                    g.stream))
+                                                    g.stream, kCandidateKernels))
         attention_row_stats(a.att_delta, la.row_stats, a.datty, g.doc_bits, la.qk_rope, la.qkv, B, T, H, Hkv, D,
                             g.stream);
 }

@@ -854,21 +854,24 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_forward_mma
 // telemetry.md defines them: entropy -sum_j p (s - lse), p at key 0, e^(max_j s - lse), max_j s, and
 // the mass on document starts; they agree with the forward kernel's to float rounding, and the
 // largest logit bit for bit (the same scaled scores). Candidate (kCandidateKernels): ./train's
-// statistics steps beside cuDNN's forward; dev_attention checks and times it.
+// statistics steps beside cuDNN's forward, in tile_block's LPT order; dev_attention checks and
+// times it in both orders.
 template <int D>
 constexpr int attention_stats_from_lse_smem_bytes() {
     return 2 * kMmaTile * (D + kMmaTilePad) * (int)sizeof(bf16);
 }
 
-template <int D>
+template <int D, bool LPT = false>
 __global__ void __launch_bounds__(kMmaThreads) attention_row_stats_from_lse_kernel(float* row_stats, const float* lse,
         const uint32_t* doc_bits, const bf16* qk, int B, int T, int H, int Hkv) {
     static_assert(D % 32 == 0, "D must be a multiple of 32");
     constexpr int LD = D + kMmaTilePad;
     extern __shared__ __align__(16) unsigned char keys_shared[];  // attention_stats_from_lse_smem_bytes<D>()
     bf16 (*k_tiles)[kMmaTile * LD] = reinterpret_cast<bf16 (*)[kMmaTile * LD]>(keys_shared);  // 2 buffers
-    const int q_tile = (int)gridDim.x - 1 - (int)blockIdx.x;
-    const int h = blockIdx.y, b = blockIdx.z, kv_head = h / (H / Hkv);
+    const TileBlock work = tile_block<LPT>(H, B);
+    if (!work.valid) return;
+    const int q_tile = (LPT ? (T + kMmaTile - 1) / kMmaTile : (int)gridDim.x) - 1 - work.rank;
+    const int h = work.head, b = work.b, kv_head = h / (H / Hkv);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
     const size_t qk_stride = (size_t)(H + Hkv) * D;
     const bf16* queries = qk + (size_t)b * T * qk_stride + (size_t)h * D;
@@ -1501,18 +1504,22 @@ inline void attention_row_stats(float* lse, float* row_stats, bf16* out_scratch,
 }
 
 // The rows' statistics (row_stats) from the lse of a forward pass made elsewhere, through
-// attention_row_stats_from_lse_kernel where the mma kernels take D (true), else nothing (false).
+// attention_row_stats_from_lse_kernel where the mma kernels take D (true), else nothing (false);
+// lpt: its blocks in tile_block's LPT order (the same bits).
 inline bool attention_row_stats_from_lse(float* row_stats, const float* lse, const uint32_t* doc_bits, const bf16* qk,
-                                         int B, int T, int H, int Hkv, int D, cudaStream_t stream) {
+                                         int B, int T, int H, int Hkv, int D, cudaStream_t stream, bool lpt = false) {
     if (attention_auto(D) != ATTENTION_MMA) return false;
     attention_prepare(ATTENTION_MMA, B, T, H, Hkv, D, {qk}, {lse, row_stats});
-    const dim3 grid(ceil_div(T, kMmaTile), H, B);
+    const dim3 grid = tile_grid(lpt, ceil_div(T, kMmaTile), H, B);
+    auto launch = [&](auto kernel, int smem) {
+        kernel<<<grid, kMmaThreads, smem, stream>>>(row_stats, lse, doc_bits, qk, B, T, H, Hkv);
+    };
     if (D == 64)
-        attention_row_stats_from_lse_kernel<64><<<grid, kMmaThreads, attention_stats_from_lse_smem_bytes<64>(), stream>>>(
-            row_stats, lse, doc_bits, qk, B, T, H, Hkv);
+        lpt ? launch(attention_row_stats_from_lse_kernel<64, true>, attention_stats_from_lse_smem_bytes<64>())
+            : launch(attention_row_stats_from_lse_kernel<64, false>, attention_stats_from_lse_smem_bytes<64>());
     else
-        attention_row_stats_from_lse_kernel<128><<<grid, kMmaThreads, attention_stats_from_lse_smem_bytes<128>(), stream>>>(
-            row_stats, lse, doc_bits, qk, B, T, H, Hkv);
+        lpt ? launch(attention_row_stats_from_lse_kernel<128, true>, attention_stats_from_lse_smem_bytes<128>())
+            : launch(attention_row_stats_from_lse_kernel<128, false>, attention_stats_from_lse_smem_bytes<128>());
     cuda_check_launch();
     return true;
 }
