@@ -370,54 +370,61 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 // a head's tiles by their work: rank 0 is the longest (the last query tile, which sees every key;
 // in the dK/dV kernel the first key tile, which every query sees). The device starts a grid's
 // blocks in order, x fastest. ./train's grid is (tiles, heads, B): a head's tiles start longest
-// first, but one head after another, so the last heads' longest tiles start near the end and run
-// on while most of the device has nothing left. A list-scheduling model of d22's causal layer (32
+// first, but one head after another, so the last heads' longest tiles start near the end and run on
+// while most of the device has nothing left. A list-scheduling model of d22's causal layer (32
 // tiles of 1 to 32 steps a head, at 2 and 3 blocks an SM on 132 SMs) takes 1.15-1.23x the even
 // share of the work at 8 x 2048 and 1.30-1.46x at 4 x 2048 in that order; the dev_attention times
 // of the d22 layer on an H100 (B4 0.122 ms forward, 0.370 backward; B8 inside a training step 0.206
 // and 0.615) are consistent with it: 1.2x less work a second at B4. LPT (longest processing time
-// first, a candidate): the (batch element, head) pairs in groups of about kLptHeads (a group is
-// 2^s whole batch elements, heads 2^s <= kLptHeads where heads allow), the partial group first,
-// each group's tiles rank by rank with its pairs side by side; the same model takes 1.00-1.13x. The
-// grid is (heads, tiles 2^s, groups): x the head, y = rank 2^s + the batch element's place in its
-// group, z the group, so that decoding a block is shifts and masks of its indices (a division
-// would move them off the uniform datapath and cost the kernels tens of registers); the partial
-// group's missing batch elements are blocks that return at once (valid false). A group bounds the
-// keys and values in flight (32 heads' at d22: 16 MiB), which stay in L2 for the many blocks that
-// read them. The work of a block is the same in either order: so are its bits.
+// first, a candidate): the (batch element, head) pairs in groups of about kLptHeads (a group is 2^s
+// whole batch elements, heads 2^s <= kLptHeads where heads allow, no more than B), the partial
+// group first, each group's tiles rank by rank with its pairs side by side; the same model takes
+// 1.00-1.13x. The grid is (heads, tiles 2^s, groups): x the head, y = rank 2^s + the batch
+// element's place in its group, z the group, so that decoding a block is shifts and masks of its
+// indices (a division would move them off the uniform datapath and cost the kernels tens of
+// registers); the partial group's missing batch elements are blocks that return at once (valid
+// false). A group bounds the keys and values in flight (32 heads' at d22: 16 MiB), which stay in L2
+// for the many blocks that read them. The work of a block is the same in either order: so are its
+// bits.
 constexpr int kLptHeads = 32;
 struct TileBlock {
     int rank, head, b;
     bool valid;
 };
-// s: the largest with heads 2^s <= kLptHeads (0 where heads > kLptHeads). With h in (2^(k-1), 2^k],
-// 2^s = 32 / 2^k, and k = ceil(log2 h) = 32 - clz(h - 1).
-__host__ __device__ inline int lpt_shift(int heads) {
-    static_assert(kLptHeads == 32, "the shift below is 5 - ceil(log2 heads)");
+// ceil(log2 x) for x >= 1, 32 - clz(x - 1), the same on the host and the device.
+__host__ __device__ inline int ceil_log2(int x) {
 #ifdef __CUDA_ARCH__
-    const int leading = __clz(heads - 1);
+    return 32 - __clz(x - 1);
 #else
-    const int leading = heads > 1 ? __builtin_clz((unsigned)(heads - 1)) : 32;
+    return x > 1 ? 32 - __builtin_clz((unsigned)(x - 1)) : 0;
 #endif
-    return leading > 27 ? leading - 27 : 0;
+}
+// s, a group's 2^s batch elements: the most with heads 2^s <= kLptHeads (with h in (2^(k-1), 2^k],
+// 2^(5 - k); one batch element where heads > kLptHeads), and no more than B needs.
+__host__ __device__ inline int lpt_shift(int heads, int B) {
+    static_assert(kLptHeads == 32, "the shift below is 5 - ceil(log2 heads)");
+    const int by_heads = 5 - ceil_log2(heads), by_batch = ceil_log2(B);
+    const int s = by_heads > 0 ? by_heads : 0;
+    return s < by_batch ? s : by_batch;
 }
 template <bool LPT>
 __device__ __forceinline__ TileBlock tile_block(int heads, int B) {
     if constexpr (!LPT) {
         return {(int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z, true};
     } else {
-        const int s = lpt_shift(heads), missing = ((int)gridDim.z << s) - B;  // batch elements, in the first group
+        const int s = lpt_shift(heads, B), missing = ((int)gridDim.z << s) - B;  // batch elements, in the first group
         const int b = ((int)blockIdx.z << s) + (int)(blockIdx.y & ((1u << s) - 1)) - missing;
         return {(int)(blockIdx.y >> s), (int)blockIdx.x, b, b >= 0};
     }
 }
-// The grid of `tiles` ranks of heads x B pairs in tile_block's order.
+// Whether the LPT grid takes `tiles` ranks (its y dimension, tiles 2^s, at most 65535: T up to 131,008
+// at one head, 1,048,512 at d22's 8). Where it does not, the launchers run ./train's order: the same bits.
+inline bool lpt_grid_fits(int tiles, int heads, int B) { return ((long long)tiles << lpt_shift(heads, B)) <= 65535; }
+// The grid of `tiles` ranks of heads x B (batch element, head) pairs in tile_block's order.
 inline dim3 tile_grid(bool lpt, int tiles, int heads, int B) {
     if (!lpt) return dim3(tiles, heads, B);
-    const int s = lpt_shift(heads);
-    if (((long long)tiles << s) > 65535)
-        fail("attention: %d tiles of %d (batch element, head) pairs are more than the LPT order's grid takes", tiles,
-             heads);
+    if (!lpt_grid_fits(tiles, heads, B)) fail("internal: %d tiles of %d heads in the LPT grid", tiles, heads);
+    const int s = lpt_shift(heads, B);
     return dim3(heads, tiles << s, (B + (1 << s) - 1) >> s);
 }
 
@@ -1406,6 +1413,10 @@ inline void allow_shared_memory(Kernel kernel, int bytes) {
 template <int D, int MB, int MIN_BLOCKS = 0, bool STATS_ONLY = false, bool LEAN = false, bool LPT = false>
 inline void attention_forward_mma(bf16* out, float* lse, float* row_stats, const uint32_t* doc_bits, const bf16* qk,
                                   const bf16* qkv, int B, int T, int H, int Hkv, cudaStream_t stream) {
+    if constexpr (LPT)
+        if (!lpt_grid_fits(ceil_div(T, MB * kMmaTile), H, B))
+            return attention_forward_mma<D, MB, MIN_BLOCKS, STATS_ONLY, LEAN, false>(out, lse, row_stats, doc_bits, qk, qkv,
+                                                                                    B, T, H, Hkv, stream);
     constexpr int smem = attention_kv_buffers_smem_bytes<D>();
     const dim3 grid = tile_grid(LPT, ceil_div(T, MB * kMmaTile), H, B);
     if constexpr (STATS_ONLY) {
@@ -1429,6 +1440,10 @@ template <int D, int MB, int MIN_BLOCKS = 0, bool LEAN = false, bool LPT = false
 inline void attention_backward_dkdv_mma(bf16* dqk, bf16* dqkv, const float* delta, const bf16* dout, const float* lse,
                                         const bf16* qk, const bf16* qkv, int B, int T, int H, int Hkv,
                                         cudaStream_t stream) {
+    if constexpr (LPT)
+        if (!lpt_grid_fits(ceil_div(T, MB * kMmaTile), Hkv, B))
+            return attention_backward_dkdv_mma<D, MB, MIN_BLOCKS, LEAN, false>(dqk, dqkv, delta, dout, lse, qk, qkv, B, T,
+                                                                              H, Hkv, stream);
     constexpr int smem = attention_dkdv_mma_smem_bytes<D, MB>();
     auto kernel = attention_backward_dkdv_mma_kernel<D, MB, MIN_BLOCKS, LEAN, LPT>;
     allow_shared_memory(kernel, smem);
@@ -1440,6 +1455,10 @@ inline void attention_backward_dkdv_mma(bf16* dqk, bf16* dqkv, const float* delt
 template <int D, int MB, int MIN_BLOCKS = 0, bool LEAN = false, bool LPT = false>
 inline void attention_backward_dq_mma(bf16* dqk, const float* delta, const bf16* dout, const float* lse, const bf16* qk,
                                       const bf16* qkv, int B, int T, int H, int Hkv, cudaStream_t stream) {
+    if constexpr (LPT)
+        if (!lpt_grid_fits(ceil_div(T, MB * kMmaTile), H, B))
+            return attention_backward_dq_mma<D, MB, MIN_BLOCKS, LEAN, false>(dqk, delta, dout, lse, qk, qkv, B, T, H, Hkv,
+                                                                            stream);
     constexpr int smem = attention_kv_buffers_smem_bytes<D>();
     auto kernel = attention_backward_dq_mma_kernel<D, MB, MIN_BLOCKS, LEAN, LPT>;
     allow_shared_memory(kernel, smem);
@@ -1505,11 +1524,12 @@ inline void attention_row_stats(float* lse, float* row_stats, bf16* out_scratch,
 
 // The rows' statistics (row_stats) from the lse of a forward pass made elsewhere, through
 // attention_row_stats_from_lse_kernel where the mma kernels take D (true), else nothing (false);
-// lpt: its blocks in tile_block's LPT order (the same bits).
+// lpt: its blocks in tile_block's LPT order where its grid takes the shape (the same bits).
 inline bool attention_row_stats_from_lse(float* row_stats, const float* lse, const uint32_t* doc_bits, const bf16* qk,
                                          int B, int T, int H, int Hkv, int D, cudaStream_t stream, bool lpt = false) {
     if (attention_auto(D) != ATTENTION_MMA) return false;
     attention_prepare(ATTENTION_MMA, B, T, H, Hkv, D, {qk}, {lse, row_stats});
+    lpt = lpt && lpt_grid_fits(ceil_div(T, kMmaTile), H, B);
     const dim3 grid = tile_grid(lpt, ceil_div(T, kMmaTile), H, B);
     auto launch = [&](auto kernel, int smem) {
         kernel<<<grid, kMmaThreads, smem, stream>>>(row_stats, lse, doc_bits, qk, B, T, H, Hkv);

@@ -663,10 +663,12 @@ int main(int argc, char** argv) {
         {3, 64, 2, 1, 64, 1.0f},    // exactly one tile
         {4, 70, 8, 8, 64, 1.0f},    // one whole LPT group (4 batch elements of 8 heads) in every kernel
         {9, 130, 8, 4, 64, 1.0f},   // LPT groups of 4 (8 heads) and 8 (4 key heads) batch elements, a partial one first
+        {5, 70, 6, 3, 64, 1.0f},    // heads not a power of 2: LPT groups of 4 and 8 batch elements, partial ones first
         {1, 333, 4, 1, 64, 4.0f},   // all query heads on one key head, sharp attention
         {1, 2048, 8, 8, 64, 1.0f},  // the d22 layer at its full length
         {2, 100, 4, 2, 128, 1.0f},  // D = 128 (Qwen3's and Llama's heads): simple and mma
         {1, 300, 4, 1, 128, 4.0f},  // the same, all query heads on one key head, sharp, partial last tile
+        {9, 100, 8, 4, 128, 1.0f},  // D = 128 in LPT groups of 4 and 8 batch elements, partial ones first
         {1, 50, 2, 1, 32, 1.0f},    // D = 32
         {1, 40, 2, 2, 34, 1.0f},    // D = 34: lanes with no pair, and a partial 64-wide group
         {1, 70, 2, 1, 192, 1.0f},   // D = 192: the widest lane layout
