@@ -35,15 +35,20 @@ final_loss() {  # a run's log: its last step's loss (./train_candidates must tra
 _, loss = attnlog.open_log(sys.argv[1]).scalars("loss")
 print("%.4f" % float(loss[-1]))' "$1"
 }
+run_d22() {  # name, binary, B, statistics every, then env's assignments: a 33-step d22 run into $runs/name
+    local name=$1 binary=$2 B=$3 every=$4
+    shift 4
+    timeout 60 env "$@" "${with_cudnn[@]}" CUDNN_LOGLEVEL_DBG=2 "CUDNN_LOGDEST_DBG=$runs/$name.cudnn.log" \
+        "$g/bin/$binary" "${data[@]}" -m d22 -b "$B" -t 2048 -x 33 -s "$every" --device cuda -o "$runs/$name" \
+        >"$runs/$name.log" 2>&1
+}
 echo "speed, d22 ($(cat "$g/COMMIT" 2>/dev/null)): ms/step, mean of steps 2-31 (from 0)"
 for B in ${SPEED_BATCHES:-8 4}; do
     for every in 0 10 1; do
         for binary in train train_candidates; do
             [ "$binary" = train ] || [ -x "$g/bin/$binary" ] || continue
             name=d22_b${B}_s${every}_$binary
-            if timeout 60 "${with_cudnn[@]}" CUDNN_LOGLEVEL_DBG=2 "CUDNN_LOGDEST_DBG=$runs/$name.cudnn.log" \
-                "$g/bin/$binary" "${data[@]}" -m d22 -b "$B" -t 2048 -x 33 -s "$every" --device cuda \
-                -o "$runs/$name" >"$runs/$name.log" 2>&1; then
+            if run_d22 "$name" "$binary" "$B" "$every"; then
                 touch "$runs/$name.ok"
                 printf '  %-18s %d x 2048, statistics every %-2s %s ms, final loss %s\n' "./$binary" "$B" "$every" \
                     "$(mean_ms "$runs/$name/run.attnlog")" "$(final_loss "$runs/$name/run.attnlog")"
@@ -67,9 +72,7 @@ B=${SPEED_BATCHES:-8}
 B=${B%% *}
 name=d22_b${B}_s10_train_candidates
 if [ -x "$g/bin/train_candidates" ] && [ -e "$runs/$name.ok" ]; then
-    if timeout 60 env TRAIN_CUDA_GRAPH=1 "${with_cudnn[@]}" CUDNN_LOGLEVEL_DBG=2 \
-        "CUDNN_LOGDEST_DBG=$runs/${name}_graphs.cudnn.log" "$g/bin/train_candidates" "${data[@]}" -m d22 -b "$B" \
-        -t 2048 -x 33 -s 10 --device cuda -o "$runs/${name}_graphs" >"$runs/${name}_graphs.log" 2>&1; then
+    if run_d22 "${name}_graphs" train_candidates "$B" 10 TRAIN_CUDA_GRAPH=1; then
         same=$(PYTHONPATH=scripts "$py" -c 'import sys, attnlog
 a, b = (attnlog.open_log(p) for p in sys.argv[1:])
 same = all(a.scalars(k)[1].tobytes() == b.scalars(k)[1].tobytes() for k in ("loss", "grad_norm"))

@@ -418,7 +418,7 @@ __device__ __forceinline__ TileBlock tile_block(int heads, int B) {
     }
 }
 // Whether the LPT grid takes `tiles` ranks (its y dimension, tiles 2^s, at most 65535: T up to 131,008
-// at one head, 1,048,512 at d22's 8). Where it does not, the launchers run ./train's order: the same bits.
+// at one head, 1,048,512 at d22's 8). Where it does not, attention_prepare picks ./train's order.
 inline bool lpt_grid_fits(int tiles, int heads, int B) { return ((long long)tiles << lpt_shift(heads, B)) <= 65535; }
 // The grid of `tiles` ranks of heads x B (batch element, head) pairs in tile_block's order.
 inline dim3 tile_grid(bool lpt, int tiles, int heads, int B) {
@@ -1359,6 +1359,11 @@ inline AttentionImpl attention_prepare(AttentionImpl impl, int B, int T, int H, 
         if (!attention_aligned(p, alignment)) fail("attention: a bf16 tensor is null or not %zu-byte aligned", alignment);
     for (const float* p : float_tensors)
         if (!attention_aligned(p, sizeof(float))) fail("attention: a float tensor is null or misaligned");
+    // A grid too tall for the LPT order runs the same kernels in ./train's order: the same bits.
+    const int tiles = ceil_div(T, kMmaTile);
+    const bool lpt_fits = lpt_grid_fits(tiles, H, B) && lpt_grid_fits(tiles, Hkv, B);
+    if (impl == ATTENTION_MMA_LPT && !lpt_fits) impl = ATTENTION_MMA;
+    if (impl == ATTENTION_MMA_LEAN_LPT && !lpt_fits) impl = ATTENTION_MMA_LEAN;
     return impl;
 }
 
@@ -1413,10 +1418,6 @@ inline void allow_shared_memory(Kernel kernel, int bytes) {
 template <int D, int MB, int MIN_BLOCKS = 0, bool STATS_ONLY = false, bool LEAN = false, bool LPT = false>
 inline void attention_forward_mma(bf16* out, float* lse, float* row_stats, const uint32_t* doc_bits, const bf16* qk,
                                   const bf16* qkv, int B, int T, int H, int Hkv, cudaStream_t stream) {
-    if constexpr (LPT)
-        if (!lpt_grid_fits(ceil_div(T, MB * kMmaTile), H, B))
-            return attention_forward_mma<D, MB, MIN_BLOCKS, STATS_ONLY, LEAN, false>(out, lse, row_stats, doc_bits, qk, qkv,
-                                                                                    B, T, H, Hkv, stream);
     constexpr int smem = attention_kv_buffers_smem_bytes<D>();
     const dim3 grid = tile_grid(LPT, ceil_div(T, MB * kMmaTile), H, B);
     if constexpr (STATS_ONLY) {
@@ -1440,10 +1441,6 @@ template <int D, int MB, int MIN_BLOCKS = 0, bool LEAN = false, bool LPT = false
 inline void attention_backward_dkdv_mma(bf16* dqk, bf16* dqkv, const float* delta, const bf16* dout, const float* lse,
                                         const bf16* qk, const bf16* qkv, int B, int T, int H, int Hkv,
                                         cudaStream_t stream) {
-    if constexpr (LPT)
-        if (!lpt_grid_fits(ceil_div(T, MB * kMmaTile), Hkv, B))
-            return attention_backward_dkdv_mma<D, MB, MIN_BLOCKS, LEAN, false>(dqk, dqkv, delta, dout, lse, qk, qkv, B, T,
-                                                                              H, Hkv, stream);
     constexpr int smem = attention_dkdv_mma_smem_bytes<D, MB>();
     auto kernel = attention_backward_dkdv_mma_kernel<D, MB, MIN_BLOCKS, LEAN, LPT>;
     allow_shared_memory(kernel, smem);
@@ -1455,10 +1452,6 @@ inline void attention_backward_dkdv_mma(bf16* dqk, bf16* dqkv, const float* delt
 template <int D, int MB, int MIN_BLOCKS = 0, bool LEAN = false, bool LPT = false>
 inline void attention_backward_dq_mma(bf16* dqk, const float* delta, const bf16* dout, const float* lse, const bf16* qk,
                                       const bf16* qkv, int B, int T, int H, int Hkv, cudaStream_t stream) {
-    if constexpr (LPT)
-        if (!lpt_grid_fits(ceil_div(T, MB * kMmaTile), H, B))
-            return attention_backward_dq_mma<D, MB, MIN_BLOCKS, LEAN, false>(dqk, delta, dout, lse, qk, qkv, B, T, H, Hkv,
-                                                                            stream);
     constexpr int smem = attention_kv_buffers_smem_bytes<D>();
     auto kernel = attention_backward_dq_mma_kernel<D, MB, MIN_BLOCKS, LEAN, LPT>;
     allow_shared_memory(kernel, smem);
