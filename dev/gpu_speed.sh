@@ -43,6 +43,9 @@ run_d22() {  # name, binary, B, statistics every, then env's assignments: a 33-s
         >"$runs/$name.log" 2>&1
 }
 echo "speed, d22 ($(cat "$g/COMMIT" 2>/dev/null)): ms/step, mean of steps 2-31 (from 0)"
+# Both builds run with the wheels' folders on the path, where a CUDA 13 wheel's cuBLAS comes before
+# the machine's: the one they load (gpu_check.sh's parity runs load the machine's)
+echo "  cuBLASLt: $("${with_cudnn[@]}" ldd "$g/bin/train" 2>/dev/null | awk '/libcublasLt/ {print $3}')"
 for B in ${SPEED_BATCHES:-8 4}; do
     for every in 0 10 1; do
         for binary in train train_candidates; do

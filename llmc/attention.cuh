@@ -1284,17 +1284,40 @@ inline const char* attention_impl_name(AttentionImpl impl) {
                                         : "auto";
 }
 
-// Calls f(mb, lean, lpt) with the mma kernels' template arguments MB, LEAN and LPT of impl, as
-// std::integral_constant values; false, with nothing called, where impl is not an mma one.
+// Whether this program holds impl's kernels. Each mma variant is its own set of kernels, so a
+// program compiles only those it can run: ./train's (mma), train_candidates' (mma_lean_lpt, and
+// mma_lean, which it falls back to), or, with LLMC_ATTENTION_VARIANTS defined (dev_attention), every
+// one. All of them would make ./train's build half again as long (72 s against 46 s on 2 cores,
+// for sm_80 and sm_90).
+constexpr bool attention_built(AttentionImpl impl) {
+#ifdef LLMC_ATTENTION_VARIANTS
+    return true;
+#else
+    return impl == ATTENTION_AUTO || impl == ATTENTION_SIMPLE || impl == ATTENTION_MMA ||
+           (kCandidateKernels && (impl == ATTENTION_MMA_LEAN || impl == ATTENTION_MMA_LEAN_LPT));
+#endif
+}
+
+// f(mb, lean, lpt) with MB, LEAN and LPT as std::integral_constant values, where this program
+// holds the variant I.
+template <AttentionImpl I, int MB, bool LEAN, bool LPT, typename F>
+inline void attention_call_variant(F&& f) {
+    if constexpr (attention_built(I))
+        f(std::integral_constant<int, MB>(), std::bool_constant<LEAN>(), std::bool_constant<LPT>());
+    else
+        fail("internal: the %s attention kernels are not built into this program", attention_impl_name(I));
+}
+
+// Calls f(mb, lean, lpt) with the mma kernels' template arguments MB, LEAN and LPT of impl (above);
+// false, with nothing called, where impl is not an mma one.
 template <typename F>
 inline bool attention_mma_variant(AttentionImpl impl, F&& f) {
-    using one = std::integral_constant<int, 1>;
     switch (impl) {
-        case ATTENTION_MMA: f(one(), std::false_type(), std::false_type()); return true;
-        case ATTENTION_MMA_WIDE: f(std::integral_constant<int, 2>(), std::false_type(), std::false_type()); return true;
-        case ATTENTION_MMA_LEAN: f(one(), std::true_type(), std::false_type()); return true;
-        case ATTENTION_MMA_LPT: f(one(), std::false_type(), std::true_type()); return true;
-        case ATTENTION_MMA_LEAN_LPT: f(one(), std::true_type(), std::true_type()); return true;
+        case ATTENTION_MMA: attention_call_variant<ATTENTION_MMA, 1, false, false>(f); return true;
+        case ATTENTION_MMA_WIDE: attention_call_variant<ATTENTION_MMA_WIDE, 2, false, false>(f); return true;
+        case ATTENTION_MMA_LEAN: attention_call_variant<ATTENTION_MMA_LEAN, 1, true, false>(f); return true;
+        case ATTENTION_MMA_LPT: attention_call_variant<ATTENTION_MMA_LPT, 1, false, true>(f); return true;
+        case ATTENTION_MMA_LEAN_LPT: attention_call_variant<ATTENTION_MMA_LEAN_LPT, 1, true, true>(f); return true;
         default: return false;
     }
 }
@@ -1323,7 +1346,7 @@ inline int device_shared_memory_per_block() {
 
 // Whether impl can run at head width D on the current device.
 inline bool attention_supports(AttentionImpl impl, int D) {
-    if (!attention_takes_head_dim(impl, D)) return false;
+    if (!attention_built(impl) || !attention_takes_head_dim(impl, D)) return false;
     return !attention_is_mma(impl) || attention_mma_smem_bytes(impl, D) <= device_shared_memory_per_block();
 }
 
@@ -1349,6 +1372,7 @@ inline AttentionImpl attention_prepare(AttentionImpl impl, int B, int T, int H, 
     if (B > 65535 || H > 65535) fail("attention: B=%d or H=%d above 65535 (grid limit)", B, H);
     if (impl == ATTENTION_AUTO) impl = attention_auto(D);
     const char* name = attention_impl_name(impl);
+    if (!attention_built(impl)) fail("attention: the %s kernels are not built into this program", name);
     if (!attention_takes_head_dim(impl, D))
         fail("attention: the %s kernels take head_dim %s, not %d", name, impl == ATTENTION_MMA_WIDE ? "64" : "64 or 128", D);
     if (!attention_supports(impl, D))

@@ -302,10 +302,10 @@ int main(int argc, char** argv) {
     // The --qk-norm variants and frozen parameters: the forward pass, and AdamW steps that leave
     // the frozen tensors exactly as they were (plain and none hold their unused gains fixed); weight
     // decay on every kind (--decay all, at a rate that moves the gains past the checks). Then
-    // the shapes of pretrained models: head_dim 128 (the simple attention kernels; mma in the
-    // candidates' build), an attention width of 4 x 128 against d_model 192 (the output
-    // projection's product), GQA; untied embeddings (lm_head's product and gradient) in the Qwen3,
-    // Llama 3 RoPE scaling (the host's tables) with qk-norm none in the Llama.
+    // the shapes of pretrained models: head_dim 128 (the mma attention kernels, as at 64; the
+    // simple ones are dev_attention's to check), an attention width of 4 x 128 against d_model
+    // 192 (the output projection's product), GQA; untied embeddings (lm_head's product and
+    // gradient) in the Qwen3, Llama 3 RoPE scaling (the host's tables) with qk-norm none in the Llama.
     struct { const char* label; const char* ckpt; const char* dbg; bool freezes; } variants[] = {
         {"cuda qk-norm plain: ", "plain.ckpt", "debug_plain.bin", true},
         {"cuda qk-norm none: ", "none.ckpt", "debug_none.bin", true},

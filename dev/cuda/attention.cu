@@ -21,6 +21,7 @@
 //   nvcc -std=c++17 -O3 -I. -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 //        -Xcompiler -fopenmp dev/cuda/attention.cu -o build/dev_attention -lopenblas -lgomp
 // Run: ./build/dev_attention [--check-only]   (--check-only skips the timings, e.g. under compute-sanitizer)
+#define LLMC_ATTENTION_VARIANTS  // every mma variant, not only those ./train runs
 #include <cstring>
 #include <string>
 #include <tuple>
