@@ -385,11 +385,9 @@ static void forward_pass(GpuModel& g, bool targets, int B, int T, bool tm) {
                              qk_norm_normalises(c.qk_norm), s);
         mark("attention forward");
         layer_attention_forward(g, la, tm, cudnn, B, T);
-        if (tm) {
-            mark("statistics");
+        if (tm)
             telemetry_layer(g.stat_sums, g.stats_layout, g.stats_partial, a.keys_f64, g.mm, la.qk_normed, la.row_stats,
-                            gpu_param_f32(g, P_Q_GAIN, l), gpu_param_f32(g, P_K_GAIN, l), B, T, c, l, s);
-        }
+                            gpu_param_f32(g, P_Q_GAIN, l), gpu_param_f32(g, P_K_GAIN, l), B, T, c, l, s, mark);
         mark("matrix products of the layers, forward");
         matmul_forward(g.mm, la.res_attn, la.atty, gpu_param(g, P_WO, l), x, N, A, C, s);  // + residual
         mark("RMSNorm forward");

@@ -8,6 +8,7 @@
 // tensor cores, at other widths from float64 copies of the keys by cuBLAS.
 #pragma once
 #include <algorithm>
+#include <functional>
 #include "config.h"
 #include "cuda_common.cuh"
 #include "math.h"
@@ -486,13 +487,21 @@ inline void key_gram(double* sums, const TelemetrySums& lay, float* partial, dou
 // The sums of one layer's statistics added into `sums` (device). qk_normed [N, NH, D] (post-norm,
 // pre-RoPE, float32), row_stats from the attention forward pass, g_q and g_k the layer's float
 // gains; partial and keys_f64 are scratch (telemetry_partial_floats, Hkv * N * (D+1) doubles).
+// mark(label), where given, is called before each part with its name (./train's --profile 2 times
+// them apart).
 inline void telemetry_layer(double* sums, const TelemetrySums& lay, float* partial, double* keys_f64,
                             Matmul& mm, const float* qk_normed, const float* row_stats, const float* g_q,
-                            const float* g_k, int B, int T, const ModelConfig& c, int layer, cudaStream_t s) {
+                            const float* g_k, int B, int T, const ModelConfig& c, int layer, cudaStream_t s,
+                            const std::function<void(const char*)>& mark = {}) {
     int N = B * T;
+    auto part = [&](const char* label) { if (mark) mark(label); };
+    part("statistics: the heads' norms, components, unit vectors");
     head_statistics(sums, lay, partial, qk_normed, N, c, layer, s);
+    part("statistics: each attention row's, summed per head");
     attention_statistics(sums, lay, partial, row_stats, B, T, c, layer, s);
+    part("statistics: the keys' Gram matrices");
     key_gram(sums, lay, partial, keys_f64, mm, qk_normed, N, c, layer, s);
+    part("statistics: the gains");
     gains_to_sums_kernel<<<1, 128, 0, s>>>(sums, lay, g_q, g_k, c.head_dim, layer);
     cuda_check_launch();
 }
