@@ -393,7 +393,7 @@ __global__ void __launch_bounds__(D * 4) gram_products_mma_kernel(double* partia
 
 // Scratch of the telemetry, in floats, used by one part after another: the per-chunk records of the
 // head statistics, the candidate's records of the attention statistics, and at head_dim 64 the
-// slices' Gram matrices of gram_products_mma.
+// slices' Gram matrices of gram_products_mma (and of the candidate gram_products_sym, fewer).
 inline size_t telemetry_partial_floats(int N, const ModelConfig& c) {
     size_t records = (size_t)(c.n_head + c.n_kv_head) * ceil_div(N, kStatRowsPerBlock) * head_record_size(c.head_dim);
     size_t slices = c.head_dim == 64 ? 2 * gram_split_doubles(c.n_kv_head, c.head_dim + 1, kGramMmaSlices) : 0;
@@ -411,6 +411,128 @@ inline void gram_products_mma(double* gram_sums, double* partial, const float* q
     gram_products_mma_kernel<64><<<dim3(slices, Hkv), 64 * 4, 0, s>>>(partial, qk_normed, N, H, Hkv, slices);
     cuda_check_launch();
     gram_slices_sum(gram_sums, partial, Hkv, slices, W * W, s);
+}
+
+// Candidate (kCandidateKernels; dev_telemetry checks it against the DGEMM and times it beside the
+// kernel above): the same products at D = 64 with no shared memory in the loop and only the tiles
+// on and above the diagonal. The kernel above computes all 64 tiles of 8 x 8 where the matrix's
+// symmetry needs 36, reads every operand from shared memory (about as many bytes an SM a clock as
+// its float64 tensor cores take), and writes 64 slices' matrices, half as many bytes as it reads
+// of keys. Here the columns are grouped by class: tile row or column t, place g, is the key's column
+// 8g + t, so that lane (g = l / 4, c = l % 4) holds columns 8g .. 8g + 7 of key c of a step of 4
+// keys (two 16-byte loads), and its value x[t] is both its A operand of the tiles (t, j) and its B
+// operand of the tiles (i, t) (as in the kernel above: A[m][k] at lane 4m + k, B[k][n] at lane
+// 4n + k). Tile (i, j)'s accumulators at lane (g, c) are the entries (8g + i, 8(2c + e) + j),
+// e = 0, 1, written with their mirror images where i != j. Block (slice, key head) of
+// kGramSymWarps warps, 32 slices; a warp takes every fourth step of its slice, the next step's keys
+// loaded while the current one's 36 products run; the warps' sums are added in warp order through
+// shared memory, then the slices' in slice order (gram_slices_sum): the same keys give the same
+// bits, though not the bits of the kernel above, which sums in another order.
+static const int kGramSymSlices = 32;
+static const int kGramSymWarps = 4;
+static_assert(kGramSymSlices <= kGramMmaSlices, "telemetry_partial_floats holds kGramMmaSlices matrices");
+
+inline int gram_sym_slices(int N) { return std::max(1, std::min(kGramSymSlices, N / 64)); }
+
+// The 36 tiles (i <= j) of an 8 x 8 grid of tiles, row by row.
+__host__ __device__ constexpr int gram_tile_index(int i, int j) { return i * 8 - i * (i - 1) / 2 + (j - i); }
+
+__global__ void __launch_bounds__(kGramSymWarps * 32) gram_products_sym_kernel(double* partial, const float* qk_normed,
+                                                                               int N, int H, int Hkv, int slices) {
+    constexpr int D = 64, W = D + 1, kTiles = 36, kHalf = kTiles / 2, kStep = 4 * kGramSymWarps;
+    __shared__ double2 tile_spill[kGramSymWarps - 1][kHalf][32];  // warps 1.. : half of their tiles at a time
+    __shared__ double column_spill[kGramSymWarps - 1][8][8];      // warps 1.. : [g][t], the sums of column 8g + t
+    const int h = blockIdx.y, slice = blockIdx.x, rows = (N + slices - 1) / slices;
+    const int first = min(N, slice * rows), end = min(N, first + rows);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+    const size_t stride = (size_t)(H + Hkv) * D;
+    const float* lane_columns = qk_normed + (size_t)(H + h) * D + 8 * g;  // key n's columns 8g .. at n * stride
+
+    auto load = [&](int n, float4 (&x)[2]) {  // columns 8g .. 8g + 7 of key n, zeros at or beyond the slice's end
+        if (n < end) {
+            const float4* p = reinterpret_cast<const float4*>(lane_columns + (size_t)n * stride);
+            x[0] = p[0];
+            x[1] = p[1];
+        } else {
+            x[0] = x[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    };
+    double acc[kTiles][2] = {};
+    double column[8] = {};  // this lane's share of the sums of columns 8g .. 8g + 7
+    float4 next[2];
+    load(first + 4 * warp + c, next);
+    for (int step0 = first + 4 * warp; step0 < end; step0 += kStep) {
+        const double x[8] = {next[0].x, next[0].y, next[0].z, next[0].w, next[1].x, next[1].y, next[1].z, next[1].w};
+        load(step0 + kStep + c, next);
+#pragma unroll
+        for (int t = 0; t < 8; t++) column[t] += x[t];
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int j = i; j < 8; j++) mma_f64_8x8x4(acc[gram_tile_index(i, j)], x[i], x[j]);
+    }
+#pragma unroll
+    for (int t = 0; t < 8; t++) {
+        column[t] += __shfl_xor_sync(0xffffffffu, column[t], 1);
+        column[t] += __shfl_xor_sync(0xffffffffu, column[t], 2);
+    }
+
+    // The warps' sums into warp 0's, in warp order.
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        __syncthreads();  // warp 0 is done with the previous half
+        if (warp > 0) {
+#pragma unroll
+            for (int k = 0; k < kHalf; k++) tile_spill[warp - 1][k][lane] = make_double2(acc[half * kHalf + k][0], acc[half * kHalf + k][1]);
+            if (half == 0 && c == 0)
+#pragma unroll
+                for (int t = 0; t < 8; t++) column_spill[warp - 1][g][t] = column[t];
+        }
+        __syncthreads();
+        if (warp == 0) {
+            for (int w = 0; w < kGramSymWarps - 1; w++) {
+#pragma unroll
+                for (int k = 0; k < kHalf; k++) {
+                    const double2 v = tile_spill[w][k][lane];
+                    acc[half * kHalf + k][0] += v.x;
+                    acc[half * kHalf + k][1] += v.y;
+                }
+                if (half == 0)
+#pragma unroll
+                    for (int t = 0; t < 8; t++) column[t] += column_spill[w][g][t];
+            }
+        }
+    }
+    if (warp > 0) return;
+
+    double* out = partial + ((size_t)h * slices + slice) * W * W;  // row-major W x W (symmetric)
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int j = i; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int r = 8 * g + i, col = 8 * (2 * c + e) + j;
+                const double v = acc[gram_tile_index(i, j)][e];
+                out[(size_t)r * W + col] = v;
+                if (i != j) out[(size_t)col * W + r] = v;
+            }
+    if (c == 0)
+#pragma unroll
+        for (int t = 0; t < 8; t++) out[(size_t)(8 * g + t) * W + D] = out[(size_t)D * W + 8 * g + t] = column[t];
+    if (lane == 0) out[(size_t)D * W + D] = (double)(end - first);
+}
+
+// As gram_products_mma, with the candidate kernel above. Its 16-byte loads need qk_normed 16-byte
+// aligned; false, with nothing done, where it is not.
+inline bool gram_products_sym(double* gram_sums, double* partial, const float* qk_normed, int N, int H, int Hkv, int D,
+                              cudaStream_t s) {
+    if (D != 64 || (uintptr_t)qk_normed % 16 != 0) return false;
+    const int slices = gram_sym_slices(N), W = D + 1;
+    gram_products_sym_kernel<<<dim3(slices, Hkv), kGramSymWarps * 32, 0, s>>>(partial, qk_normed, N, H, Hkv, slices);
+    cuda_check_launch();
+    gram_slices_sum(gram_sums, partial, Hkv, slices, W * W, s);
+    return true;
 }
 
 // As gram_products; partial: gram_split_doubles(Hkv, W) doubles. The slices of every head follow
@@ -472,16 +594,20 @@ inline void attention_statistics(double* sums, const TelemetrySums& lay, float* 
 // products straight from the float32 keys, with partial (once head_statistics is done with it) as
 // their scratch: 3.0x faster than the copy and DGEMM on an H100 at d22 (0.066 against 0.200 ms a
 // layer). Other widths copy the keys into keys_f64 (Hkv * N * (D+1) doubles) for cuBLAS's DGEMM;
-// dev_telemetry checks and times the products split over slices beside it.
+// dev_telemetry checks and times the products split over slices beside it. `sym` takes the
+// candidate (gram_products_sym) where it applies.
 inline void key_gram(double* sums, const TelemetrySums& lay, float* partial, double* keys_f64, Matmul& mm,
-                     const float* qk_normed, int N, const ModelConfig& c, int layer, cudaStream_t s) {
+                     const float* qk_normed, int N, const ModelConfig& c, int layer, cudaStream_t s,
+                     bool sym = kCandidateKernels) {
     int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, W = D + 1;
+    double* gram = sums + lay.gram(layer, 0);
+    if (sym && gram_products_sym(gram, reinterpret_cast<double*>(partial), qk_normed, N, H, Hkv, D, s)) return;
     if (D == 64) {
-        gram_products_mma(sums + lay.gram(layer, 0), reinterpret_cast<double*>(partial), qk_normed, N, H, Hkv, D, s);
+        gram_products_mma(gram, reinterpret_cast<double*>(partial), qk_normed, N, H, Hkv, D, s);
         return;
     }
     keys_to_f64(keys_f64, qk_normed, N, H, Hkv, D, s);
-    gram_products(sums + lay.gram(layer, 0), keys_f64, mm, N, Hkv, W, s);
+    gram_products(gram, keys_f64, mm, N, Hkv, W, s);
 }
 
 // The sums of one layer's statistics added into `sums` (device). qk_normed [N, NH, D] (post-norm,

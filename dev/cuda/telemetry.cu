@@ -2,10 +2,11 @@
 // and query_attention_sums: every statistic of one layer (through telemetry_from_sums) from the
 // same post-norm queries and keys (float32) and the same per-row attention accumulators, the
 // effective ranks and mean share via the float64 Gram matrices, and the same bits on a second run;
-// the Gram products on the float64 tensor cores from the float32 keys (D = 64, what ./train takes
-// there) and split over the rows (an alternative) against the copy to float64 and one DGEMM, and the
-// candidate head statistics against the default kernel. Times one layer's telemetry, its parts, each
-// way of the Gram products and both head statistics kernels.
+// the Gram products on the float64 tensor cores from the float32 keys (D = 64: what ./train takes
+// there, and the candidate with the upper tiles from registers) and split over the rows (an
+// alternative) against the copy to float64 and one DGEMM, and the candidate head statistics against
+// the default kernel. Times one layer's telemetry, its parts, each way of the Gram products and both
+// head statistics kernels.
 // Build: make build/dev_telemetry.
 #include <cstring>
 #include "dev/cuda/common.h"
@@ -48,40 +49,61 @@ static void check_gram_split(Matmul& mm, const float* d_qk, int N, int H, int Hk
     for (void* p : {(void*)d_dgemm, (void*)d_split, (void*)d_partial, (void*)d_keys_f64}) cudaCheck(cudaFree(p));
 }
 
-// The float64 tensor-core products from the float32 keys (gram_products_mma, ./train's at D = 64)
-// against the copy to float64 and one DGEMM (./train's at other widths): as for the split products, the two differ only by the order of the
-// sums. Then the same bits twice, and both times (the DGEMM with its copy).
-static void check_gram_mma(Matmul& mm, const float* d_qk, int N, int H, int Hkv, int D, const std::string& tag) {
+// The float64 tensor-core products from the float32 keys, ./train's (gram_products_mma, at D = 64)
+// and the candidate's (gram_products_sym), against the copy to float64 and one DGEMM (./train's at
+// other widths): as for the split products, they differ only by the order of the sums. The scratch
+// is poisoned with NaN first, so a slice's entry a kernel does not write shows. Then the same bits
+// twice, and the times of all three (the DGEMM with its copy).
+static void check_gram_from_float32(Matmul& mm, const float* d_qk, int N, int H, int Hkv, int D, const std::string& tag) {
     const int W = D + 1;
-    size_t n = (size_t)Hkv * W * W;
-    double *d_dgemm, *d_mma, *d_partial, *d_keys_f64;
+    size_t n = (size_t)Hkv * W * W, partial_doubles = gram_split_doubles(Hkv, W, kGramMmaSlices);
+    double *d_dgemm, *d_got, *d_partial, *d_keys_f64;
     cudaCheck(cudaMalloc(&d_dgemm, n * sizeof(double)));
-    cudaCheck(cudaMalloc(&d_mma, n * sizeof(double)));
-    cudaCheck(cudaMalloc(&d_partial, gram_split_doubles(Hkv, W, kGramMmaSlices) * sizeof(double)));
+    cudaCheck(cudaMalloc(&d_got, n * sizeof(double)));
+    cudaCheck(cudaMalloc(&d_partial, partial_doubles * sizeof(double)));
     cudaCheck(cudaMalloc(&d_keys_f64, (size_t)Hkv * N * W * sizeof(double)));
     auto run_dgemm = [&] {
         cudaCheck(cudaMemset(d_dgemm, 0, n * sizeof(double)));
         keys_to_f64(d_keys_f64, d_qk, N, H, Hkv, D, 0);
         gram_products(d_dgemm, d_keys_f64, mm, N, Hkv, W, 0);
     };
-    auto run_mma = [&] {
-        cudaCheck(cudaMemset(d_mma, 0, n * sizeof(double)));
-        gram_products_mma(d_mma, d_partial, d_qk, N, H, Hkv, D, 0);
-    };
     run_dgemm();
-    cudaCheck(cudaMemset(d_partial, 0xFF, gram_split_doubles(Hkv, W, kGramMmaSlices) * sizeof(double)));  // NaN
-    run_mma();
-    std::vector<double> want = download(d_dgemm, n), got = download(d_mma, n);
+    std::vector<double> want = download(d_dgemm, n);
     double largest = 0;
     for (double w : want) largest = std::fmax(largest, std::fabs(w));
-    check_close("gram products on the float64 tensor cores over " + std::to_string(gram_mma_slices(N)) +
-                    " slices" + tag, got.data(), want.data(), n, 1e-11, 1e-11 * largest);
-    run_mma();
-    report(download(d_mma, n) == got, "gram products on the float64 tensor cores: the same bits twice" + tag);
-    float ms_dgemm = time_ms(run_dgemm), ms_mma = time_ms(run_mma);
-    printf("   keys to float64 + gram products%s: DGEMM %.3f ms, on the float64 tensor cores %.3f ms (%.2fx)\n",
-           tag.c_str(), ms_dgemm, ms_mma, ms_dgemm / ms_mma);
-    for (void* p : {(void*)d_dgemm, (void*)d_mma, (void*)d_partial, (void*)d_keys_f64}) cudaCheck(cudaFree(p));
+    const float ms_dgemm = time_ms(run_dgemm);
+    printf("   keys to float64 + gram products%s: DGEMM %.3f ms\n", tag.c_str(), ms_dgemm);
+    struct Way {
+        const char* name;
+        int slices;
+        bool (*products)(double*, double*, const float*, int, int, int, int, cudaStream_t);
+    } ways[] = {{"on the float64 tensor cores", gram_mma_slices(N),
+                 [](double* g, double* p, const float* q, int N, int H, int Hkv, int D, cudaStream_t s) {
+                     gram_products_mma(g, p, q, N, H, Hkv, D, s);
+                     return true;
+                 }},
+                {"on the float64 tensor cores, upper tiles from registers (candidate)", gram_sym_slices(N),
+                 gram_products_sym}};
+    for (const Way& way : ways) {
+        bool ran = true;
+        auto run = [&] {
+            cudaCheck(cudaMemset(d_got, 0, n * sizeof(double)));
+            ran = way.products(d_got, d_partial, d_qk, N, H, Hkv, D, 0);
+        };
+        cudaCheck(cudaMemset(d_partial, 0xFF, partial_doubles * sizeof(double)));  // NaN
+        run();
+        std::string what = std::string("gram products ") + way.name;
+        report(ran, what + " take the keys" + tag);
+        if (!ran) continue;
+        std::vector<double> got = download(d_got, n);
+        check_close(what + " over " + std::to_string(way.slices) + " slices" + tag, got.data(), want.data(), n, 1e-11,
+                    1e-11 * largest);
+        run();
+        report(download(d_got, n) == got, what + ": the same bits twice" + tag);
+        const float ms = time_ms(run);
+        printf("   gram products %s%s: %.3f ms (%.2fx the DGEMM's speed)\n", way.name, tag.c_str(), ms, ms_dgemm / ms);
+    }
+    for (void* p : {(void*)d_dgemm, (void*)d_got, (void*)d_partial, (void*)d_keys_f64}) cudaCheck(cudaFree(p));
 }
 
 // A candidate part of the telemetry against the default, on the same inputs: run(sums, partial,
@@ -239,7 +261,7 @@ static void check_layer(int B, int T, int H, int Hkv, int layer, int D = 64) {
            time_ms([&] { key_gram(d_sums, lay, d_partial, d_keys_f64, mm, d_qk, N, c, layer, 0); }));
     check_head_stats_vec(c, lay, d_qk, N, layer, tag);
     check_attention_stats_split(c, lay, d_rows, row_stats, B, T, layer, tag);
-    if (D == 64) check_gram_mma(mm, d_qk, N, H, Hkv, D, tag);
+    if (D == 64) check_gram_from_float32(mm, d_qk, N, H, Hkv, D, tag);
     check_gram_split(mm, d_qk, N, H, Hkv, D, tag);
     for (void* p : {(void*)d_qk, (void*)d_rows, (void*)d_gq, (void*)d_gk, (void*)d_sums, (void*)d_keys_f64, (void*)d_partial})
         cudaCheck(cudaFree(p));
