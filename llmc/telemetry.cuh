@@ -424,15 +424,19 @@ inline void gram_products_mma(double* gram_sums, double* partial, const float* q
 // operand of the tiles (i, t) (as in the kernel above: A[m][k] at lane 4m + k, B[k][n] at lane
 // 4n + k). Tile (i, j)'s accumulators at lane (g, c) are the entries (8g + i, 8(2c + e) + j),
 // e = 0, 1, written with their mirror images where i != j. Block (slice, key head) of
-// kGramSymWarps warps, 32 slices; a warp takes every fourth step of its slice, the next step's keys
-// loaded while the current one's 36 products run; the warps' sums are added in warp order through
+// kGramSymWarps warps (32 slices at d22's 8 key heads, gram_sym_slices); a warp takes every fourth
+// step of its slice, the next two steps' keys loaded while the current one's 36 products run (at 2
+// warps an SM sub-partition, one step's products take about one load's latency, 600-900 clocks on
+// an H100); the warps' sums are added in warp order through
 // shared memory, then the slices' in slice order (gram_slices_sum): the same keys give the same
 // bits, though not the bits of the kernel above, which sums in another order.
-static const int kGramSymSlices = 32;
 static const int kGramSymWarps = 4;
-static_assert(kGramSymSlices <= kGramMmaSlices, "telemetry_partial_floats holds kGramMmaSlices matrices");
-
-inline int gram_sym_slices(int N) { return std::max(1, std::min(kGramSymSlices, N / 64)); }
+// Slices of at least 64 keys, about kGramSymBlocks blocks in all (2 an SM on an H100's 132, at the
+// kernel's 255 registers a lane), at most kGramMmaSlices (the scratch's room).
+static const int kGramSymBlocks = 256;
+inline int gram_sym_slices(int N, int Hkv) {
+    return std::max(1, std::min({kGramMmaSlices, N / 64, ceil_div(kGramSymBlocks, Hkv)}));
+}
 
 // The 36 tiles (i <= j) of an 8 x 8 grid of tiles, row by row.
 __host__ __device__ constexpr int gram_tile_index(int i, int j) { return i * 8 - i * (i - 1) / 2 + (j - i); }
@@ -448,22 +452,26 @@ __global__ void __launch_bounds__(kGramSymWarps * 32) gram_products_sym_kernel(d
     const size_t stride = (size_t)(H + Hkv) * D;
     const float* lane_columns = qk_normed + (size_t)(H + h) * D + 8 * g;  // key n's columns 8g .. at n * stride
 
-    auto load = [&](int n, float4 (&x)[2]) {  // columns 8g .. 8g + 7 of key n, zeros at or beyond the slice's end
-        if (n < end) {
-            const float4* p = reinterpret_cast<const float4*>(lane_columns + (size_t)n * stride);
-            x[0] = p[0];
-            x[1] = p[1];
-        } else {
-            x[0] = x[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
+    // Columns 8g .. 8g + 7 of key n, zeros at or beyond the slice's end: the load always runs (key 0's
+    // where n is past the end), so that no branch stands before the warp's mma.sync.
+    auto load = [&](int n, float4 (&x)[2]) {
+        const bool valid = n < end;
+        const float4* p = reinterpret_cast<const float4*>(lane_columns + (size_t)(valid ? n : 0) * stride);
+        const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f), lo = p[0], hi = p[1];
+        x[0] = valid ? lo : zero;
+        x[1] = valid ? hi : zero;
     };
     double acc[kTiles][2] = {};
     double column[8] = {};  // this lane's share of the sums of columns 8g .. 8g + 7
-    float4 next[2];
+    // Two steps in flight: a step's 36 products take about as long as one load's latency.
+    float4 next[2], after_next[2];
     load(first + 4 * warp + c, next);
+    load(first + 4 * warp + kStep + c, after_next);
     for (int step0 = first + 4 * warp; step0 < end; step0 += kStep) {
         const double x[8] = {next[0].x, next[0].y, next[0].z, next[0].w, next[1].x, next[1].y, next[1].z, next[1].w};
-        load(step0 + kStep + c, next);
+        next[0] = after_next[0];
+        next[1] = after_next[1];
+        load(step0 + 2 * kStep + c, after_next);
 #pragma unroll
         for (int t = 0; t < 8; t++) column[t] += x[t];
 #pragma unroll
@@ -528,7 +536,7 @@ __global__ void __launch_bounds__(kGramSymWarps * 32) gram_products_sym_kernel(d
 inline bool gram_products_sym(double* gram_sums, double* partial, const float* qk_normed, int N, int H, int Hkv, int D,
                               cudaStream_t s) {
     if (D != 64 || (uintptr_t)qk_normed % 16 != 0) return false;
-    const int slices = gram_sym_slices(N), W = D + 1;
+    const int slices = gram_sym_slices(N, Hkv), W = D + 1;
     gram_products_sym_kernel<<<dim3(slices, Hkv), kGramSymWarps * 32, 0, s>>>(partial, qk_normed, N, H, Hkv, slices);
     cuda_check_launch();
     gram_slices_sum(gram_sums, partial, Hkv, slices, W * W, s);

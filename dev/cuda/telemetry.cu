@@ -82,7 +82,7 @@ static void check_gram_from_float32(Matmul& mm, const float* d_qk, int N, int H,
                      gram_products_mma(g, p, q, N, H, Hkv, D, s);
                      return true;
                  }},
-                {"on the float64 tensor cores, upper tiles from registers (candidate)", gram_sym_slices(N),
+                {"on the float64 tensor cores, upper tiles from registers (candidate)", gram_sym_slices(N, Hkv),
                  gram_products_sym}};
     for (const Way& way : ways) {
         bool ran = true;
