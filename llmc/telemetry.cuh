@@ -427,9 +427,9 @@ inline void gram_products_mma(double* gram_sums, double* partial, const float* q
 // kGramSymWarps warps (32 slices at d22's 8 key heads, gram_sym_slices); a warp takes every fourth
 // step of its slice, the next two steps' keys loaded while the current one's 36 products run (at 2
 // warps an SM sub-partition, one step's products take about one load's latency, 600-900 clocks on
-// an H100); the warps' sums are added in warp order through
-// shared memory, then the slices' in slice order (gram_slices_sum): the same keys give the same
-// bits, though not the bits of the kernel above, which sums in another order.
+// an H100); the warps' sums are added in warp order through shared memory, then the slices' in
+// slice order (gram_slices_sum): the same keys give the same bits, though not the bits of the
+// kernel above, which sums in another order.
 static const int kGramSymWarps = 4;
 // Slices of at least 64 keys, about kGramSymBlocks blocks in all (2 an SM on an H100's 132, at the
 // kernel's 255 registers a lane), at most kGramMmaSlices (the scratch's room).
@@ -535,7 +535,7 @@ __global__ void __launch_bounds__(kGramSymWarps * 32) gram_products_sym_kernel(d
 // aligned; false, with nothing done, where it is not.
 inline bool gram_products_sym(double* gram_sums, double* partial, const float* qk_normed, int N, int H, int Hkv, int D,
                               cudaStream_t s) {
-    if (D != 64 || (uintptr_t)qk_normed % 16 != 0) return false;
+    if (D != 64 || !aligned_16({qk_normed})) return false;
     const int slices = gram_sym_slices(N, Hkv), W = D + 1;
     gram_products_sym_kernel<<<dim3(slices, Hkv), kGramSymWarps * 32, 0, s>>>(partial, qk_normed, N, H, Hkv, slices);
     cuda_check_launch();
