@@ -124,7 +124,7 @@ struct GpuModel : ModelShape {  // and backend.h's ModelShape
     double *norm_partial, *grad_sq;
     float* grad_norm;
     KernelClock clock;  // --profile 2
-    PassGraphs graphs;  // TRAIN_CUDA_GRAPH=1 (cuda_graph.cuh)
+    PassGraphs graphs;  // unless TRAIN_CUDA_GRAPH=0 (cuda_graph.cuh)
     ParamSegment* segments;
     int max_segments = 0, num_segments = 0;  // room carved; in use (frozen kinds and other shards have none)
     // On the host: pinned buffers the device copies into, and the host copy of the weights and
@@ -243,7 +243,7 @@ static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T, 
     if (g.use_nccl) nccl_init(g.nccl, dist);
     cudaCheck(cudaStreamCreate(&g.stream));
     matmul_init(g.mm);
-    g.mm.tune = kCandidateKernels;  // candidate: algorithms tuned among those with the first choice's bits
+    g.mm.tune = true;  // algorithms tuned among those with the first choice's bits (matmul_tune)
     g.graphs.on = pass_graphs_wanted();
 
     Arena count;
@@ -325,11 +325,10 @@ static float* gpu_grad(GpuModel& g, int kind, int l = 0) { return g.grads + para
 // beside them: from cuDNN's lse where its mma kernels take the head width, else by its own
 // forward pass (its lse and output into buffers free until the backward: att_delta, datty), so
 // that taking statistics never changes what the model computes. Either backward takes the out and
-// lse of either forward. attention.cuh's kernels are, in the candidate build, the mma kernels' lean
-// form in tile_block's order (longest tiles first across heads) where the mma kernels take the head
-// width.
+// lse of either forward. attention.cuh's kernels are the mma kernels' lean form in tile_block's
+// order (longest tiles first across heads) where the mma kernels take the head width.
 static AttentionImpl attention_impl(int D) {
-    return kCandidateKernels && attention_auto(D) == ATTENTION_MMA ? ATTENTION_MMA_LEAN_LPT : ATTENTION_AUTO;
+    return attention_auto(D) == ATTENTION_MMA ? ATTENTION_MMA_LEAN_LPT : ATTENTION_AUTO;
 }
 static void layer_attention_forward(GpuModel& g, Activations<bf16>& la, bool stats, bool cudnn, int B, int T) {
     const ModelConfig& c = g.cfg;
@@ -341,16 +340,15 @@ static void layer_attention_forward(GpuModel& g, Activations<bf16>& la, bool sta
         attention_forward(la.atty, la.att_lse, stats ? la.row_stats : nullptr, g.doc_bits, la.qk_rope, la.qkv, B, T, H,
                           Hkv, D, g.stream, attention_impl(D));
     else if (stats && !attention_row_stats_from_lse(la.row_stats, la.att_lse, g.doc_bits, la.qk_rope, B, T, H, Hkv, D,
-                                                    g.stream, kCandidateKernels))
+                                                    g.stream, /* lpt */ true))
         attention_row_stats(a.att_delta, la.row_stats, a.datty, g.doc_bits, la.qk_rope, la.qkv, B, T, H, Hkv, D,
                             g.stream);
 }
 static void layer_attention_backward(GpuModel& g, Activations<bf16>& la, int B, int T) {
     const ModelConfig& c = g.cfg;
     Activations<bf16>& a = g.acts;
-    if (kCandidateKernels && cudnn_attention_backward(g.cudnn, a.dqk, a.dqkv, a.att_delta, a.datty, la.atty, la.att_lse,
-                                                      la.qk_rope, la.qkv, B, T, c.n_head, c.n_kv_head, c.head_dim,
-                                                      g.stream))
+    if (cudnn_attention_backward(g.cudnn, a.dqk, a.dqkv, a.att_delta, a.datty, la.atty, la.att_lse, la.qk_rope, la.qkv,
+                                 B, T, c.n_head, c.n_kv_head, c.head_dim, g.stream))
         return;
     attention_backward(a.dqk, a.dqkv, a.att_delta, a.datty, la.atty, la.att_lse, la.qk_rope, la.qkv, B, T, c.n_head,
                        c.n_kv_head, c.head_dim, g.stream, attention_impl(c.head_dim));
@@ -369,9 +367,9 @@ static void forward_pass(GpuModel& g, bool targets, int B, int T, bool tm) {
     mark("embedding");
     embedding_forward(a.emb, g.tokens, gpu_param(g, P_WTE), N, C, s);
     ActivationDims dims = activation_dims(c, B, T, g.Vp);
-    // cuDNN's attention (the candidate build) on the passes that train or evaluate, not a sample's (a
-    // new T every token, and cuDNN makes plans for each shape).
-    bool cudnn = kCandidateKernels && targets;
+    // cuDNN's attention on the passes that train or evaluate, not a sample's (a new T every token,
+    // and cuDNN makes plans for each shape).
+    bool cudnn = targets;
     for (int l = 0; l < L; l++) {
         Activations<bf16> la = layer_activations(a, dims, l);  // this layer's part of each buffer
         const bf16* x = l == 0 ? a.emb : layer_activations(a, dims, l - 1).res_mlp;
@@ -413,7 +411,7 @@ static void forward_pass(GpuModel& g, bool targets, int B, int T, bool tm) {
 
 // Forward pass; same contract as the CPU's model_forward. Leaves the logits on the device (row
 // stride Vp). A pass that trains or evaluates without statistics, untimed by --profile 2, runs
-// from a CUDA graph where TRAIN_CUDA_GRAPH=1 asks for it (cuda_graph.cuh).
+// from a CUDA graph unless TRAIN_CUDA_GRAPH=0 (cuda_graph.cuh).
 static float model_forward(GpuModel& g, const int* tokens, const int* targets, int B, int T, bool tm) {
     if (B > g.max_B || T > g.max_T) fail("internal: batch %dx%d exceeds the allocated %dx%d", B, T, g.max_B, g.max_T);
     g.B = B;
@@ -494,7 +492,7 @@ static void backward_pass(GpuModel& g, float loss_scale) {
 
 // Backward pass of the last forward pass (which had targets, already on the device); adds into
 // g.grads. Untimed by --profile 2, all but the embedding's gradient (whose launch depends on the
-// tokens) runs from a CUDA graph where TRAIN_CUDA_GRAPH=1 asks for it (cuda_graph.cuh).
+// tokens) runs from a CUDA graph unless TRAIN_CUDA_GRAPH=0 (cuda_graph.cuh).
 static void model_backward(GpuModel& g, const int* tokens, const int* targets, float loss_scale) {
     (void)targets;
     const ModelConfig& c = g.cfg;

@@ -3,9 +3,9 @@
 # into build/gpu.tar.xz, the one file that travels to a GPU machine:
 #   bin/   ./train, prepare_data, the CUDA parity test, the dev/cuda kernel checks and hf_logits (the
 #          Hugging Face import on the CPU, for the comparison with transformers), train_candidates and
-#          test_gpt_cuda_candidates (the same with the candidate kernels, kCandidateKernels), for one CUDA
-#          architecture (CUDA_ARCHS, default 90: the H100 and H200) with host code for any x86-64-v3
-#          processor
+#          test_gpt_cuda_candidates (the same with the candidate kernels, kCandidateKernels, when a
+#          kernel is one), for one CUDA architecture (CUDA_ARCHS, default 90: the H100 and H200) with
+#          host code for any x86-64-v3 processor
 #   lib/   the shared libraries they link that a machine with only the CUDA toolkit lacks
 #          (OpenBLAS, SentencePiece, the Fortran runtime OpenBLAS needs, Open MPI's libraries; not
 #          NCCL's, too large to carry: check.sh finds the machine's or PyTorch's)
@@ -28,10 +28,15 @@ archs=${CUDA_ARCHS:-90}
 rm -rf "$src" "$out" "$out.tar.xz" && mkdir -p "$src" "$out/bin" "$out/lib" "$out/data"
 git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done |
     tar --null -T - -cf - | tar -xf - -C "$src"  # the working tree as it is: a file deleted but not committed left out
+# The candidate builds only where a kernel is a candidate: a source other than cuda_common.cuh reads
+# kCandidateKernels (otherwise they would be ./train and its test again, and their runs time wasted).
+candidates=()
+grep -lw kCandidateKernels "$src"/train_gpt.cu "$src"/llmc/*.cuh | grep -qv cuda_common.cuh &&
+    candidates=(build/train_candidates build/test_gpt_cuda_candidates)
 make -s -C "$src" CPU_ARCH=x86-64-v3 CUDA_ARCHS="$archs" train prepare_data build/test_gpt_cuda build/hf_logits \
-    build/train_candidates build/test_gpt_cuda_candidates $(for f in dev/cuda/*.cu; do echo "build/dev_$(basename "$f" .cu)"; done)
+    "${candidates[@]}" $(for f in dev/cuda/*.cu; do echo "build/dev_$(basename "$f" .cu)"; done)
 cp "$src/train" "$src/prepare_data" "$src/build/test_gpt_cuda" "$src/build/hf_logits" "$src"/build/dev_* \
-    "$src/build/train_candidates" "$src/build/test_gpt_cuda_candidates" "$out/bin/"
+    "${candidates[@]/#/$src/}" "$out/bin/"
 strip "$out"/bin/*
 for lib in $(ldd "$out/bin/train" | awk '/openblas|sentencepiece|gfortran|quadmath|libmpi|open-rte|open-pal|hwloc|libevent/ {print $3}'); do cp -L "$lib" "$out/lib/"; done
 # The default corpus, prepared here (npm) and carried.

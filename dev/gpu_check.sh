@@ -11,9 +11,12 @@
 #   reference     the PyTorch reference (test/reference.py) into build/ref
 #   cuda_parity   test_gpt_cuda: forward, gradients, statistics, AdamW against the reference, for
 #                 the QK-norm variants, a frozen set, the Qwen3 and Llama shapes, determinism and
-#                 gradient accumulation (its PASS and FAIL lines counted)
-#   cuda_parity_candidates  the same with the candidate kernels (kCandidateKernels) in place of the defaults,
-#                 and passes replayed from CUDA graphs against the same passes run directly
+#                 gradient accumulation (its PASS and FAIL lines counted), and passes replayed from
+#                 CUDA graphs against the same passes run directly. ./train and test_gpt_cuda run here
+#                 with cuDNN from PyTorch's wheels (gpu_env.sh's with_cudnn), as ./train's attention is
+#                 cuDNN's where libcudnn.so.9 loads
+#   cuda_parity_candidates  the same with the candidate kernels (kCandidateKernels) in place of the
+#                 defaults, where the bundle holds them (dev/gpu_bundle.sh builds them when a kernel is one)
 #   dev_*         every dev/cuda kernel check against its CPU reference (likewise), and cuDNN's fused
 #                 attention against ./train's (dev_cudnn_attention, cuDNN from PyTorch's wheels)
 #   d6 runs       training with statistics, validation, checkpoints and samples, a resume that must give the
@@ -79,13 +82,13 @@ norm_of_step() { grep -E "^step +$2/" "$logs/$1.log" | cut -d'|' -f3 | tr -dc '0
 run_and_resume() {  # name, seconds, at, train options...
     local name=$1 seconds=$2 at=$3 after resume=()
     shift 3
-    limited "$seconds" "$name" "$g/bin/train" "$@" --device cuda -n "$at" -o "$runs/$name"
+    limited "$seconds" "$name" "${with_cudnn[@]}" "$g/bin/train" "$@" --device cuda -n "$at" -o "$runs/$name"
     run_status=$?
     cp -r "$runs/$name" "$runs/${name}_b" 2>/dev/null && rm -f "$runs/${name}_b/model.ckpt"
     while [ $# -gt 0 ]; do
         if [ "$1" = -m ]; then shift 2; else resume+=("$1"); shift; fi
     done
-    limited "$seconds" "${name}_resumed" "$g/bin/train" "${resume[@]}" --device cuda -r "$(printf '%s_b/model_step%06d.ckpt' "$runs/$name" "$at")"
+    limited "$seconds" "${name}_resumed" "${with_cudnn[@]}" "$g/bin/train" "${resume[@]}" --device cuda -r "$(printf '%s_b/model_step%06d.ckpt' "$runs/$name" "$at")"
     run_status=$((run_status + $?))
     after=$(losses "$name" | tail -n +$((at + 1)))
     resumed_same=$([ -n "$after" ] && [ "$after" = "$(losses "${name}_resumed")" ] && echo 1 || echo 0)
@@ -113,8 +116,8 @@ if part reference; then
     limited 600 reference env PYTHONPATH=scripts "$py" test/reference.py --out build/ref
     row reference $? "$(tail -1 "$logs/reference.log" | cut -c1-120)"
 fi
-part cuda_parity && checks 600 cuda_parity "$g/bin/test_gpt_cuda" build/ref
-part cuda_parity_candidates && checks 600 cuda_parity_candidates "${with_cudnn[@]}" "$g/bin/test_gpt_cuda_candidates" build/ref
+part cuda_parity && checks 600 cuda_parity "${with_cudnn[@]}" "$g/bin/test_gpt_cuda" build/ref
+part cuda_parity_candidates && [ -x "$g/bin/test_gpt_cuda_candidates" ] && checks 600 cuda_parity_candidates "${with_cudnn[@]}" "$g/bin/test_gpt_cuda_candidates" build/ref
 for k in "$g"/bin/dev_*; do
     name=$(basename "$k")
     prefix=()  # the wheels' libraries only for the program that loads cuDNN (gpu_env.sh), with
@@ -135,11 +138,11 @@ if part d6; then
     row "d6 train, resume" $((run_status != 0 || resumed_same != 1 || samples == 0)) \
         "loss $(loss_of_step train_a 1) -> $(loss_of_step train_a 30), $samples samples; resumed steps 21-30 $([ "$resumed_same" = 1 ] && echo identical || echo DIFFER)"
     cp "$runs/train_a/model.ckpt" "$runs/train_a_before.ckpt" 2>/dev/null
-    limited 300 train_init "$g/bin/train" "${common[@]}" --device cuda -e "$runs/train_a/model.ckpt" -x 5 -o "$runs/c"
+    limited 300 train_init "${with_cudnn[@]}" "$g/bin/train" "${common[@]}" --device cuda -e "$runs/train_a/model.ckpt" -x 5 -o "$runs/c"
     status_c=$?
     # A measurement of run a's final weights: its first batch is step 1 of run c (-e from the same
     # weights) before that run's first update, the same loss; the checkpoint stays as it was.
-    limited 300 measure "$g/bin/train" -i "$g/data/train_*.bin" -k "$g/data/tokenizer.model" -g 0 --device cuda \
+    limited 300 measure "${with_cudnn[@]}" "$g/bin/train" -i "$g/data/train_*.bin" -k "$g/data/tokenizer.model" -g 0 --device cuda \
         -e "$runs/train_a/model.ckpt" --measure 3 -o "$runs/measure"
     status_m=$?
     measured=$(grep -E '^batch 1/3' "$logs/measure.log" | cut -d'|' -f2 | tr -dc '0-9.')
@@ -149,7 +152,7 @@ if part d6; then
     for variant in "--qk-norm plain" "--qk-norm none" "--freeze k_gain"; do
         name=train_$(echo "$variant" | tr -dc 'a-z_')
         # shellcheck disable=SC2086  # the variant is two words
-        limited 300 "$name" "$g/bin/train" "${common[@]}" $variant --device cuda -g 0 -o "$runs/$name"
+        limited 300 "$name" "${with_cudnn[@]}" "$g/bin/train" "${common[@]}" $variant --device cuda -g 0 -o "$runs/$name"
         status=$?
         first=$(loss_of_step "$name" 1)
         final=$(loss_of_step "$name" 30)
@@ -160,7 +163,7 @@ if part d6; then
     # backend on the same batches: losses within 0.02 (bf16's ~0.005 and the drift of three steps)
     # and gradient norms within 5%.
     accum=("${data[@]}" -x 3 -b 4 -d 4096 -v 0 -g 0 -n 0)
-    limited 300 accum_gpu "$g/bin/train" "${accum[@]}" --device cuda -o "$runs/accum_gpu"
+    limited 300 accum_gpu "${with_cudnn[@]}" "$g/bin/train" "${accum[@]}" --device cuda -o "$runs/accum_gpu"
     status_g=$?
     limited 300 accum_cpu "$g/bin/train" "${accum[@]}" --device cpu -o "$runs/accum_cpu"
     status_c=$?
@@ -178,8 +181,9 @@ if part d6; then
     if [ -z "$nccl_lib" ]; then
         row "d6 nccl" 1 "no libnccl.so.2 on this machine"
     else
-        limited 300 train_nccl env LD_LIBRARY_PATH="$(dirname "$nccl_lib"):$LD_LIBRARY_PATH" TRAIN_NCCL=1 \
-            "$g/bin/train" "${common[@]}" --device cuda -n 20 -o "$runs/nccl"
+        # cuDNN's folder too (gpu_env.sh's with_cudnn), as the run it must match had it
+        limited 300 train_nccl env LD_LIBRARY_PATH="$(dirname "$nccl_lib"):$LD_LIBRARY_PATH${wheel_libs:+:$wheel_libs}" \
+            TRAIN_NCCL=1 "$g/bin/train" "${common[@]}" --device cuda -n 20 -o "$runs/nccl"
         status=$?
         steps_of() { grep -E '^step ' "$logs/$1.log" | cut -d'|' -f1-3; }
         ok=$([ "$status" -eq 0 ] && [ -n "$(steps_of train_nccl)" ] && [ "$(steps_of train_a)" = "$(steps_of train_nccl)" ] &&
@@ -212,7 +216,7 @@ if part d22; then
     row "d22 4x2048, resume" $((run_status != 0 || resumed_same != 1)) \
         "loss $(loss_of_step d22 1) -> $(loss_of_step d22 50),${ms:- no step 50}; resumed steps 26-50 $([ "$resumed_same" = 1 ] && echo identical || echo DIFFER)"
     measure=(-i "$g/data/val_*.bin" -k "$g/data/tokenizer.model" -b 4 -t 2048 -e "$runs/d22/model.ckpt" --measure 2)
-    limited 300 d22_measure_gpu "$g/bin/train" "${measure[@]}" --device cuda -o "$runs/m_gpu"
+    limited 300 d22_measure_gpu "${with_cudnn[@]}" "$g/bin/train" "${measure[@]}" --device cuda -o "$runs/m_gpu"
     status_g=$?
     limited 600 d22_measure_cpu "$g/bin/train" "${measure[@]}" --device cpu -o "$runs/m_cpu"
     status_c=$?

@@ -8,7 +8,7 @@ g=build/gpu
 py=${PYTHON:-python3}
 export LD_LIBRARY_PATH="$g/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # The library folders of PyTorch's CUDA wheels (cuDNN, NVRTC, ...), for the programs that load
-# cuDNN at run time (dev_cudnn_attention, train_candidates, test_gpt_cuda_candidates): a command
+# cuDNN at run time (./train, test_gpt_cuda, dev_cudnn_attention and the candidate builds): a command
 # prefixed with "${with_cudnn[@]}" runs with them after the rest of the path. Only those: a folder
 # on LD_LIBRARY_PATH comes before the system's own libraries (ld.so.cache), so a wheel's cuBLAS
 # would replace the machine's for every program.

@@ -62,7 +62,8 @@ run_one() {  # configuration, seed, whether to probe its final checkpoint: the r
     # shellcheck disable=SC2046  # the options are words
     command=("$g/bin/train" -i "$g/data/train_*.bin" -j "$g/data/val_*.bin" -k "$g/data/tokenizer.model" -m d22 -b 4
              -t 2048 -x 1000 -s 10 --seed "$seed" $(options_of "$config") --device cuda -o "$dir")
-    timeout --kill-after=10 $((per_run * 2)) "${command[@]}" >"$dir/stdout.txt" 2>&1
+    # with cuDNN from PyTorch's wheels (gpu_env.sh): ./train's attention where libcudnn.so.9 loads
+    timeout --kill-after=10 $((per_run * 2)) "${with_cudnn[@]}" "${command[@]}" >"$dir/stdout.txt" 2>&1
     status=$?
     printf 'command: %s\ncommit: %s\ndevice: %s\nstatus: %d\nshared: %d runs at a time on the GPU\n' "${command[*]}" \
         "$commit" "$device" "$status" "$jobs" >"$dir/MANIFEST"

@@ -5,11 +5,11 @@
 #   bash dev/gpu_session.sh verify   the default build as a whole (the reference, cuda_parity), then,
 #                                    if that passed, the reports' experiment (dev/gpu_experiment.sh) in
 #                                    the time left
-#   bash dev/gpu_session.sh speed    the candidates' parity and cuDNN's attention, dev/gpu_speed.sh at
-#                                    8 x 2048, then the attention and telemetry kernels' checks, every
-#                                    algorithm cuBLASLt offers for the d22 products timed
-#                                    (OUT/matmul_algorithms.txt), then Nsight Compute on the attention
-#                                    kernels (OUT/ncu_attention.txt)
+#   bash dev/gpu_session.sh speed    the candidates' parity (where the bundle has them) and cuDNN's
+#                                    attention, dev/gpu_speed.sh at 8 x 2048, then the attention and
+#                                    telemetry kernels' checks, every algorithm cuBLASLt offers for
+#                                    the d22 products timed (OUT/matmul_algorithms.txt), then Nsight
+#                                    Compute on the attention kernels (OUT/ncu_attention.txt)
 # Each ends within SESSION_SECONDS; the tables print as they come, the logs and the experiment's
 # archives go into OUT. The two calls share a session's device time (900 s, the machine's start of
 # a minute or two included), so verify defaults to 300 s and speed to 480 s: give speed what the

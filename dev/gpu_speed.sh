@@ -4,19 +4,18 @@
 # Prints one line per run: ./train on the reports' model (d22) at 8 x 2048 and 4 x 2048
 # (SPEED_BATCHES) with the statistics never, every 10 steps and every step (mean ms of steps 2 .. 31
 # of 33, from the run's log, and the final loss), each followed by the same run of
-# train_candidates (the candidate kernels in place of the defaults) when the bundle has it; then,
+# train_candidates (the candidate kernels in place of the defaults) when the bundle has them; then,
 # while SPEED_SECONDS (default 150) last, PyTorch's torch.compile recipe of scripts/bench.py at
 # 8 x 2048 with the reports' statistics every 10 steps and never (one process: it compiles the step
 # with and without statistics once, a minute or more); then the phases of one run of each build,
 # statistics every 10 steps, and the device's time per kind of work in its steps with and without
 # statistics (--profile 2); every run's printed output into OUT/gpu_speed_logs.tar.gz. Before
-# torch.compile, one more run of train_candidates at the first of SPEED_BATCHES with statistics every
-# 10 steps, its passes replayed from CUDA graphs (TRAIN_CUDA_GRAPH=1): its time, and whether its
-# losses and gradient norms are the run's without, bit for bit. Both builds run with
-# the wheels' libraries on the path (gpu_env.sh's with_cudnn: train_candidates loads cuDNN from
-# there), so that they use the same ones. The first train_candidates run's lines of what runs its
-# attention (cuDNN's kernels, or why not) and of what tuning its matrix products' algorithms did are
-# printed. scripts/bench.py gpu is the full
+# torch.compile, one more run of ./train at the first of SPEED_BATCHES with statistics every 10
+# steps, its passes run directly (TRAIN_CUDA_GRAPH=0) where ./train replays them from CUDA graphs:
+# its time, and whether its losses and gradient norms are the run's with graphs, bit for bit. Both
+# builds run with the wheels' libraries on the path (gpu_env.sh's with_cudnn: they load cuDNN from
+# there), so that they use the same ones. The first ./train run's lines of what runs its attention
+# (cuDNN's kernels, or why not) and of what tuning its matrix products' algorithms did are printed. scripts/bench.py gpu is the full
 # benchmark; this is its part that fits what is left of a device call.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
@@ -59,35 +58,35 @@ for B in ${SPEED_BATCHES:-8 4}; do
                 printf '  %-18s %d x 2048, statistics every %-2s FAILED: %s\n' "./$binary" "$B" "$every" \
                     "$(tail -1 "$runs/$name.log" | cut -c1-150)"
             fi
-            if [ "$binary" = train_candidates ] && [ -z "${attention_said:-}" ]; then
+            if [ -z "${attention_said:-}" ]; then
                 grep -E '^(attention|cuBLASLt algorithms tuned)' "$runs/$name.log" | cut -c1-200 | sed 's/^/    /'
                 attention_said=1
             fi
         done
     done
 done
-# The candidates with their passes replayed from CUDA graphs (TRAIN_CUDA_GRAPH=1, a candidate of its
-# own), beside the same run without (the same binary, command and cuDNN log settings): the time, and
-# whether every step's loss and gradient norm are the same bits. Its window (steps 2-31) holds the
+# ./train with its passes run directly (TRAIN_CUDA_GRAPH=0), beside the same run replaying them from
+# CUDA graphs (the same binary, command and cuDNN log settings): the time, and whether every step's
+# loss and gradient norm are the same bits. The window (steps 2-31) of the run with graphs holds the
 # step that captures the forward pass's graph (step 2; the backward pass's is captured at step 1,
 # step 0 being a statistics step whose forward pass runs directly), a cost of milliseconds once.
 B=${SPEED_BATCHES:-8}
 B=${B%% *}
-name=d22_b${B}_s10_train_candidates
-if [ -x "$g/bin/train_candidates" ] && [ -e "$runs/$name.ok" ]; then
-    if run_d22 "${name}_graphs" train_candidates "$B" 10 TRAIN_CUDA_GRAPH=1; then
+name=d22_b${B}_s10_train
+if [ -e "$runs/$name.ok" ]; then
+    if run_d22 "${name}_direct" train "$B" 10 TRAIN_CUDA_GRAPH=0; then
         same=$(PYTHONPATH=scripts "$py" -c 'import sys, attnlog
 a, b = (attnlog.open_log(p) for p in sys.argv[1:])
 same = all(a.scalars(k)[1].tobytes() == b.scalars(k)[1].tobytes() for k in ("loss", "grad_norm"))
 print("the same losses and norms, bit for bit" if same else "LOSSES OR NORMS DIFFER")' "$runs/$name/run.attnlog" \
-            "$runs/${name}_graphs/run.attnlog" 2>&1) || same="the comparison FAILED: $(tail -1 <<<"$same")"
-        printf '  %-18s %d x 2048, statistics every 10 %s ms, CUDA graphs: %s\n' ./train_candidates "$B" \
-            "$(mean_ms "$runs/${name}_graphs/run.attnlog")" "$same"
+            "$runs/${name}_direct/run.attnlog" 2>&1) || same="the comparison FAILED: $(tail -1 <<<"$same")"
+        printf '  %-18s %d x 2048, statistics every 10 %s ms without CUDA graphs: %s\n' ./train "$B" \
+            "$(mean_ms "$runs/${name}_direct/run.attnlog")" "$same"
     else
-        printf '  %-18s %d x 2048, statistics every 10 with CUDA graphs FAILED: %s\n' ./train_candidates "$B" \
-            "$(tail -1 "$runs/${name}_graphs.log" | cut -c1-150)"
+        printf '  %-18s %d x 2048, statistics every 10 without CUDA graphs FAILED: %s\n' ./train "$B" \
+            "$(tail -1 "$runs/${name}_direct.log" | cut -c1-150)"
     fi
-    grep -E '^CUDA graphs' "$runs/${name}_graphs.log" | cut -c1-200 | sed 's/^/    /'
+    grep -E '^CUDA graphs' "$runs/$name.log" | cut -c1-200 | sed 's/^/    /'
 fi
 left=$((deadline - SECONDS))
 if [ "$left" -gt 20 ]; then  # one process, one compilation: every 10 steps (the goal's comparison) first

@@ -28,8 +28,7 @@ __global__ void classifier_kernel(bf16* logits, float* losses, const int* target
     }
 }
 
-// Candidate (dev_elementwise checks and times it; ./train uses it only when built with
-// kCandidateKernels): the kernel above reads a row 2 bytes a thread, in two passes for the loss and
+// ./train's (dev_elementwise checks it against the kernel above and times both): the kernel above reads a row 2 bytes a thread, in two passes for the loss and
 // three more for the gradient, each term through expf. Here the forward pass reads the row once, 16
 // bytes a thread, keeping a running maximum and a sum rescaled when it rises (the thread's sums then
 // meet at the row's maximum), and keeps the row's log-sum-exp (lse [N]); the backward pass is then
@@ -107,11 +106,11 @@ __global__ void __launch_bounds__(256) classifier_backward_vec_kernel(bf16* logi
 }
 
 // The losses of N rows of logits, and with a non-zero dloss their gradient in place of the logits.
-// lse [N]: the rows' log-sum-exp, which the candidate's forward writes and its backward reads (the
-// default kernel neither). `vec` takes the candidate; its backward (dloss != 0) needs the lse of a
+// lse [N]: the rows' log-sum-exp, which the vectorised forward writes and its backward reads (the
+// kernel above neither). `vec` takes the vectorised kernels; their backward (dloss != 0) needs the lse of a
 // forward (dloss = 0) of the same logits, and leaves the losses as that forward wrote them.
 inline void classifier(bf16* logits, float* losses, float* lse, const int* targets, int N, int V, int Vp, float dloss,
-                       cudaStream_t s, bool vec = kCandidateKernels) {
+                       cudaStream_t s, bool vec = true) {
     if (!vec || !classifier_vec_supports(logits, Vp)) {
         classifier_kernel<<<N, 512, 0, s>>>(logits, losses, targets, V, Vp, dloss);
     } else if (dloss == 0.0f) {

@@ -1,11 +1,12 @@
-// Passes replayed from CUDA graphs (a candidate: TRAIN_CUDA_GRAPH=1 asks for it, in either build).
+// Passes replayed from CUDA graphs (./train's unless TRAIN_CUDA_GRAPH=0 turns them off).
 // A training micro-batch queues some 700 kernels at d22 (a layer's forward about 10, its backward
 // about 20), always the same ones, with the same arguments and buffers. Launched one by one, each
 // costs the host a few microseconds and the device a short gap while it takes the next launch
 // from the stream; a graph (cudaStreamBeginCapture ... cudaStreamEndCapture, then cudaGraphLaunch)
 // hands the device the whole sequence in one launch. The kernels are the same, with the same
 // arguments, in the same order: a replay is meant to give the bits of the direct run
-// (test_gpt_cuda_candidates checks that on a GPU).
+// (test_gpt_cuda checks that on a GPU; on an H200 at d22, 8 x 2048, graphs took 0.5 ms off a step
+// of 31.5, with the same losses and norms bit for bit).
 //
 // A pass is identified by a key that fixes everything its kernels' arguments depend on (the
 // caller's: the batch shape, the loss scale, the workspaces' generation). Its first run is direct:
@@ -39,10 +40,10 @@ struct PassGraphs {
     std::string refused;  // why a capture failed (every pass runs directly since)
 };
 
-// TRAIN_CUDA_GRAPH=1 in the environment.
+// Unless TRAIN_CUDA_GRAPH=0 in the environment.
 inline bool pass_graphs_wanted() {
     const char* v = getenv("TRAIN_CUDA_GRAPH");
-    return v && std::string(v) == "1";
+    return !(v && std::string(v) == "0");
 }
 
 // Runs work() on stream s, directly or through the pass's graph (see the top of the file). work()

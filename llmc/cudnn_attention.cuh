@@ -11,8 +11,8 @@
 //
 // libcudnn.so.9 is loaded at run time (dlopen), as nccl.cuh loads NCCL: a GPU machine with PyTorch
 // has it in its wheels (nvidia/cudnn/lib). dev/cuda/cudnn_attention.cu checks these graphs against
-// attention.cuh's kernels and times them; the candidate build of ./train (kCandidateKernels) hands
-// its attention to them (CudnnAttention below). A failed cuDNN call throws std::runtime_error with
+// attention.cuh's kernels and times them; ./train hands its attention to them where they take the
+// shape (CudnnAttention below). A failed cuDNN call throws std::runtime_error with
 // cuDNN's own account of it; CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr make cuDNN say more.
 //
 // Built with -DUSE_CUDNN (the Makefile sets it when cudnn_graph.h is found); without it, the
@@ -475,7 +475,7 @@ inline void cudnn_attention_run_backward(cudnnHandle_t handle, CudnnPlan& plan, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// ./train's attention through cuDNN (the candidate build). The library, a handle and each shape's
+// ./train's attention through cuDNN. The library, a handle and each shape's
 // two plans are made when first needed; a shape cuDNN cannot take (the library missing, a version
 // or shape above, no plan, no memory for the workspace) keeps attention.cuh's kernels, and one line
 // says which it is. The rows' statistics stay with attention.cuh's forward kernel (train_gpt.cu's
@@ -602,7 +602,7 @@ inline void cudnn_attention_free(CudnnAttention& c) {
     c = CudnnAttention();
 }
 #else
-// Built without cuDNN's headers: nothing is handed to cuDNN (said once, in the candidate build).
+// Built without cuDNN's headers: nothing is handed to cuDNN (said once).
 struct CudnnAttention {
     bool said = false;
     int workspace_generation = 0;  // no workspace: never moves

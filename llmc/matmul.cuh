@@ -33,8 +33,8 @@ struct Matmul {
     // The heuristic's choice for each problem shape, asked once: the same shape then always runs
     // the same algorithm, which keeps results bit-identical from step to step.
     std::map<MatmulKey, cublasLtMatmulHeuristicResult_t> algos;
-    // Candidate (train_candidates sets it, kCandidateKernels): each shape's algorithm tuned once
-    // among those that give the heuristic's first choice's bits (matmul_tune); what that did.
+    // ./train sets it: each shape's algorithm tuned once among those that give the heuristic's first
+    // choice's bits (matmul_tune); what that did.
     bool tune = false;
     int tuned = 0, tuned_other = 0;           // products tuned, of them on another algorithm than the first
     int tuned_refused = 0;                    // tuned algorithms the real problem refused (the first choice runs)
@@ -161,7 +161,7 @@ inline void matmul_run(Matmul& mm, const MatmulProblem& p, const MatmulDescs& md
     cublasCheck(matmul_try(mm, p, md, algo, stream));
 }
 
-// -- Candidate: the algorithm tuned among those that give the first choice's bits -----------------
+// -- The algorithm tuned among those that give the first choice's bits ----------------------------
 //
 // Algorithms that sum each output element in the same order give the same bits on every input. So
 // matmul_tune tunes only products whose first choice does not split K, allows only algorithms that
@@ -348,20 +348,25 @@ struct MatmulStandIn {
     }
 };
 
+// Whether the product is tuned among the heuristic's algorithms (first choice first): large enough
+// (matmul_tunable), more than one offered, and a first choice that does not split K. Such a first
+// choice adds the splits' sums at the end: the cancelling stand-in's large terms would then fall in
+// the first and last splits only, and reorderings inside the others would show in almost no bf16
+// output. Such products keep the first choice.
+inline bool matmul_tunes(const MatmulProblem& p, const std::vector<cublasLtMatmulHeuristicResult_t>& algos) {
+    return algos.size() >= 2 && matmul_tunable(p) && algorithm_split(algos[0].algo).first == 1;
+}
+
 // The heuristic's algorithms (its list, first choice first) that split K as the first choice does
 // and give its bits on both stand-ins, with their times; the first choice first. Empty when the
-// product is not tuned (matmul_tunable, one algorithm offered) or its stand-in could not run.
+// product is not tuned (matmul_tunes) or its stand-in could not run.
 inline std::vector<SameBitsAlgorithm> matmul_same_bits_algorithms(Matmul& mm, const MatmulProblem& p,
                                                                   const MatmulDescs& md,
                                                                   const std::vector<cublasLtMatmulHeuristicResult_t>& algos,
                                                                   cudaStream_t stream) {
     std::vector<SameBitsAlgorithm> passed;
-    if (algos.size() < 2 || !matmul_tunable(p)) return passed;
-    // A first choice that splits K adds the splits' sums at the end: the cancelling stand-in's large
-    // terms would then fall in the first and last splits only, and reorderings inside the others
-    // would show in almost no bf16 output. Such products keep the first choice.
+    if (!matmul_tunes(p, algos)) return passed;
     const std::pair<int32_t, uint32_t> first_split = algorithm_split(algos[0].algo);
-    if (first_split.first != 1) return passed;
     std::vector<int> candidates;
     for (size_t i = 1; i < algos.size(); i++)
         if (algorithm_split(algos[i].algo) == first_split) candidates.push_back((int)i);

@@ -219,14 +219,13 @@ __global__ void qk_norm_rope_backward_vec_kernel(bf16* dqkv, float* dg_partial, 
         bf16x8_to_float(*reinterpret_cast<const uint4*>((h < H ? g_q : g_k) + 8 * j), g);
         load_float8(c, rope_cos + (size_t)t * half + i);
         load_float8(minus_s, rope_sin + (size_t)t * half + i);
-        // Candidate (kCandidateKernels): the item's rstd is read here, with its other inputs, so that
-        // an item waits on one memory latency instead of two (the default reads it after the
-        // rotation's shuffles, and the compiler keeps it there). The same value: the same bits.
-        const float r_early = kCandidateKernels && valid ? qk_rstd[item] : 1.0f;
+        // The item's rstd is read here, with its other inputs, so that an item waits on one memory
+        // latency instead of two (read where it is used, after the rotation's shuffles, it would be
+        // a second: the compiler keeps a load where it is written).
+        const float r = valid ? qk_rstd[item] : 1.0f;
 #pragma unroll
         for (int k = 0; k < 8; k++) minus_s[k] = -minus_s[k];
         rope_rotate_group<G>(dy, dz, c, minus_s, j < G / 2);  // turned back: the gradient of the normed vector
-        const float r = kCandidateKernels ? r_early : valid ? qk_rstd[item] : 1.0f;
         float dot = 0.0f;
 #pragma unroll
         for (int k = 0; k < 8; k++) dot += rmsnorm_dot_term(g[k], dy[k], x[k], r);

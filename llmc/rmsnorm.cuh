@@ -25,9 +25,9 @@ __global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, const bf16* x, co
     for (int i = lane; i < C; i += 32) o[i] = __float2bfloat16(rmsnorm_out(__bfloat162float(xr[i]), r, __bfloat162float(g[i])));
 }
 
-// Candidate (dev_norms checks and times it; ./train uses it only when built with kCandidateKernels):
-// the kernel above reads a row 2 bytes a lane, twice, one load after another: 0.0176 ms for a d22
-// row block at B8 (16,384 x 512) on an H100, 1.9 TB/s. Here lane j of the row's warp loads chunks
+// ./train's forward (dev_norms checks it against the kernel above and times both): the kernel above
+// reads a row 2 bytes a lane, twice, one load after another: 0.0176 ms for a d22 row block at B8
+// (16,384 x 512) on an H100, 1.9 TB/s. Here lane j of the row's warp loads chunks
 // j, j + 32, ... of 8 values (16 bytes) at once, keeps them in registers (K chunks at most: C up to
 // 256 K), and stores 16 bytes a chunk; the row's sum of squares in another order than the default's.
 inline bool rmsnorm_forward_vec_supports(int C, std::initializer_list<const void*> arrays) {
@@ -65,7 +65,7 @@ __global__ void rmsnorm_forward_vec_kernel(bf16* out, float* rstd, const bf16* x
 }
 
 inline void rmsnorm_forward(bf16* out, float* rstd, const bf16* x, const bf16* g, int N, int C, float eps, cudaStream_t s,
-                            bool vec = kCandidateKernels) {
+                            bool vec = true) {
     const int warps = 8, blocks = ceil_div(N, warps);
     if (vec && rmsnorm_forward_vec_supports(C, {out, x, g})) {
         const int chunks = ceil_div(C, 256);  // a lane's chunks
@@ -118,18 +118,15 @@ __global__ void rmsnorm_backward_kernel(bf16* dx, float* dg_partial, const bf16*
 // out[i] += sum over p of partial[p * stride + i], for i < cols. A block of 32 x G threads takes 32
 // columns; thread row g adds the parts g, g + G, g + 2G, ... in order, then row 0 adds the G sums
 // in order: a fixed order (the same bits every run) with G times the parallelism of one thread per
-// column. ./train's G is 8 (a d22 layer's 1,024 partial rows: 128 loads a thread, which the
-// compiler unrolls by 4: 32 memory latencies); the candidate's (kCandidateKernels) is 32, with 8
-// loads in flight (DEEP): 4 latencies.
-template <int G, bool DEEP>
+// column. G is 32, with 8 loads in flight: a d22 layer's 1,024 partial rows wait on 4 memory
+// latencies (G = 8, unrolled by the compiler's 4, waited on 32).
+template <int G>
 __global__ void column_sum_kernel(float* out, const float* partial, int parts, int cols, int stride) {
     __shared__ float sums[G][32];
     int col = blockIdx.x * 32 + threadIdx.x, g = threadIdx.y;
     float acc = 0.0f;
-    if (col < cols && DEEP) {
+    if (col < cols) {
 #pragma unroll 8
-        for (int p = g; p < parts; p += G) acc += partial[(size_t)p * stride + col];
-    } else if (col < cols) {
         for (int p = g; p < parts; p += G) acc += partial[(size_t)p * stride + col];
     }
     sums[g][threadIdx.x] = acc;
@@ -142,10 +139,7 @@ __global__ void column_sum_kernel(float* out, const float* partial, int parts, i
 }
 
 inline void column_sum(float* out, const float* partial, int parts, int cols, int stride, cudaStream_t s) {
-    if (kCandidateKernels)
-        column_sum_kernel<32, true><<<ceil_div(cols, 32), dim3(32, 32), 0, s>>>(out, partial, parts, cols, stride);
-    else
-        column_sum_kernel<8, false><<<ceil_div(cols, 32), dim3(32, 8), 0, s>>>(out, partial, parts, cols, stride);
+    column_sum_kernel<32><<<ceil_div(cols, 32), dim3(32, 32), 0, s>>>(out, partial, parts, cols, stride);
     cuda_check_launch();
 }
 
@@ -191,15 +185,13 @@ __global__ void rmsnorm_backward_vec_kernel(bf16* dx, float* dg_partial, const b
         for (int k = 0; k < K; k++) {
             bf16x8_to_float(xr[k * 32 + lane], xv[k]);
             bf16x8_to_float(dyr[k * 32 + lane], dyv[k]);
-            // Candidate (kCandidateKernels): the gradient dx adds to is read here, with x and dy, so
-            // that a row waits on one memory latency instead of two (the default reads it after the
-            // row's reduction). The same values in the same order: the same bits.
-            if (kCandidateKernels) bf16x8_to_float(dxr[k * 32 + lane], acc[k]);
+            // The gradient dx adds to is read here, with x and dy, so that a row waits on one memory
+            // latency instead of two (after the row's reduction below it would be a second).
+            bf16x8_to_float(dxr[k * 32 + lane], acc[k]);
             for (int j = 0; j < 8; j++) dot += rmsnorm_dot_term(gain[k][j], dyv[k][j], xv[k][j], r);
         }
         dot = warp_sum(dot) / C;
         for (int k = 0; k < K; k++) {
-            if (!kCandidateKernels) bf16x8_to_float(dxr[k * 32 + lane], acc[k]);
             for (int j = 0; j < 8; j++) {
                 acc[k][j] += rmsnorm_dx(gain[k][j], dyv[k][j], xv[k][j], r, dot);
                 dg[k][j] += rmsnorm_dgain(dyv[k][j], xv[k][j], r);
@@ -217,7 +209,7 @@ __global__ void rmsnorm_backward_vec_kernel(bf16* dx, float* dg_partial, const b
     }
 }
 
-// Whether the candidate takes these rows: C a multiple of 256 up to 1,024 (the presets' and
+// Whether rmsnorm_backward_vec takes these rows: C a multiple of 256 up to 1,024 (the presets' and
 // Qwen3-0.6B's widths; wider rows would spill the registers that hold a lane's 4 x 8 K values), the
 // bf16 arrays 16-byte aligned (the rows are then too, C * 2 bytes being a multiple of 16).
 inline bool rmsnorm_backward_vec_supports(int C, const void* dx, const void* dy, const void* x, const void* g) {

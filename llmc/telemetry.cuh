@@ -62,8 +62,8 @@ __global__ void head_row_stats_kernel(float* partial, const float* qk_normed, in
     }
 }
 
-// Candidate (dev_telemetry checks and times it; ./train uses it only when built with
-// kCandidateKernels, cuda_common.cuh): the same records laid out for bandwidth. The kernel above
+// ./train's (dev_telemetry checks it against the kernel above and times both): the same records laid
+// out for bandwidth. The kernel above
 // gives each row a warp whose lanes read 4 bytes each, twice, and reduces every row's sums over 32
 // lanes: at d22 (16,384 tokens, 16 heads, D = 64) 0.101 ms a layer on an H100, about 4x the time
 // its 67 MB of keys take to read. Here a group of G = D / 4 lanes takes a row, lane j holding
@@ -192,8 +192,8 @@ __global__ void attention_stats_finish_kernel(double* sums, TelemetrySums lay, c
     }
 }
 
-// Candidate (dev_telemetry checks and times it; ./train uses it only when built with
-// kCandidateKernels): the same sums from many blocks. The kernel above gives each query head one
+// ./train's (dev_telemetry checks it against the kernel above and times both): the same sums from many
+// blocks. The kernel above gives each query head one
 // block, 8 blocks at d22 on a GPU of 132 multiprocessors, each thread walking 64 rows of 5 arrays:
 // 0.037 ms a layer on an H100 for 2.6 MB. Here block (head, chunk) sums kAttnStatRows rows into a
 // record of ATTN_NUM_ROW_STATS floats (partial [H][chunks][5]), and one thread per head adds its
@@ -392,8 +392,8 @@ __global__ void __launch_bounds__(D * 4) gram_products_mma_kernel(double* partia
 }
 
 // Scratch of the telemetry, in floats, used by one part after another: the per-chunk records of the
-// head statistics, the candidate's records of the attention statistics, and at head_dim 64 the
-// slices' Gram matrices of gram_products_mma (and of the candidate gram_products_sym, fewer).
+// head statistics, the split records of the attention statistics, and at head_dim 64 the slices'
+// Gram matrices of gram_products_mma (and of gram_products_sym, fewer).
 inline size_t telemetry_partial_floats(int N, const ModelConfig& c) {
     size_t records = (size_t)(c.n_head + c.n_kv_head) * ceil_div(N, kStatRowsPerBlock) * head_record_size(c.head_dim);
     size_t slices = c.head_dim == 64 ? 2 * gram_split_doubles(c.n_kv_head, c.head_dim + 1, kGramMmaSlices) : 0;
@@ -413,8 +413,8 @@ inline void gram_products_mma(double* gram_sums, double* partial, const float* q
     gram_slices_sum(gram_sums, partial, Hkv, slices, W * W, s);
 }
 
-// Candidate (kCandidateKernels; dev_telemetry checks it against the DGEMM and times it beside the
-// kernel above): the same products at D = 64 with no shared memory in the loop and only the tiles
+// ./train's (dev_telemetry checks it against the DGEMM and times it beside the kernel above): the
+// same products at D = 64 with no shared memory in the loop and only the tiles
 // on and above the diagonal. The kernel above computes all 64 tiles of 8 x 8 where the matrix's
 // symmetry needs 36, reads every operand from shared memory (about as many bytes an SM a clock as
 // its float64 tensor cores take), and writes 64 slices' matrices, half as many bytes as it reads
@@ -531,7 +531,7 @@ __global__ void __launch_bounds__(kGramSymWarps * 32) gram_products_sym_kernel(d
     if (lane == 0) out[(size_t)D * W + D] = (double)(end - first);
 }
 
-// As gram_products_mma, with the candidate kernel above. Its 16-byte loads need qk_normed 16-byte
+// As gram_products_mma, with the kernel above. Its 16-byte loads need qk_normed 16-byte
 // aligned; false, with nothing done, where it is not.
 inline bool gram_products_sym(double* gram_sums, double* partial, const float* qk_normed, int N, int H, int Hkv, int D,
                               cudaStream_t s) {
@@ -560,9 +560,9 @@ inline void gram_products_split(double* gram_sums, double* partial, const double
 // times each). qk_normed [N, NH, D] is post-norm, pre-RoPE, float32.
 //
 // The per-head records (norms; for keys largest component, participation ratio, unit-vector sums):
-// partial takes the blocks' records. `vec` takes the candidate kernel where it applies.
+// partial takes the blocks' records. `vec` takes head_row_stats_vec_kernel where it applies.
 inline void head_statistics(double* sums, const TelemetrySums& lay, float* partial, const float* qk_normed, int N,
-                            const ModelConfig& c, int layer, cudaStream_t s, bool vec = kCandidateKernels) {
+                            const ModelConfig& c, int layer, cudaStream_t s, bool vec = true) {
     int H = c.n_head, NH = H + c.n_kv_head, D = c.head_dim, chunks = ceil_div(N, kStatRowsPerBlock);
     if (N > kStatMaxTokens) fail("internal: %d tokens in a micro-batch is more than the statistics take", N);
     const int threads = kStatWarps * 32;
@@ -583,9 +583,9 @@ inline void head_statistics(double* sums, const TelemetrySums& lay, float* parti
 }
 
 // The attention's row statistics (row_stats from the forward pass) summed per query head. `split`
-// takes the candidate, with partial (free once head_statistics is done) for its records.
+// takes the kernels that sum them from many blocks, with partial (free once head_statistics is done) for its records.
 inline void attention_statistics(double* sums, const TelemetrySums& lay, float* partial, const float* row_stats, int B,
-                                 int T, const ModelConfig& c, int layer, cudaStream_t s, bool split = kCandidateKernels) {
+                                 int T, const ModelConfig& c, int layer, cudaStream_t s, bool split = true) {
     if (!split) {
         attention_stats_finish_kernel<<<c.n_head, 256, 0, s>>>(sums, lay, row_stats, B, T, c.n_head, layer);
         cuda_check_launch();
@@ -602,11 +602,12 @@ inline void attention_statistics(double* sums, const TelemetrySums& lay, float* 
 // products straight from the float32 keys, with partial (once head_statistics is done with it) as
 // their scratch: 3.0x faster than the copy and DGEMM on an H100 at d22 (0.066 against 0.200 ms a
 // layer). Other widths copy the keys into keys_f64 (Hkv * N * (D+1) doubles) for cuBLAS's DGEMM;
-// dev_telemetry checks and times the products split over slices beside it. `sym` takes the
-// candidate (gram_products_sym) where it applies.
+// dev_telemetry checks and times the products split over slices beside it. `sym` takes
+// gram_products_sym where it applies (0.047 against gram_products_mma's 0.063 ms a d22 layer at
+// 8 x 2048 on an H200).
 inline void key_gram(double* sums, const TelemetrySums& lay, float* partial, double* keys_f64, Matmul& mm,
                      const float* qk_normed, int N, const ModelConfig& c, int layer, cudaStream_t s,
-                     bool sym = kCandidateKernels) {
+                     bool sym = true) {
     int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, W = D + 1;
     double* gram = sums + lay.gram(layer, 0);
     if (sym && gram_products_sym(gram, reinterpret_cast<double*>(partial), qk_normed, N, H, Hkv, D, s)) return;

@@ -160,7 +160,7 @@ def main():
     else:
         print("== CUDA parity: skipped (no GPU on this machine)")
     if os.path.exists(os.path.join(ROOT, "build/dev_cudnn_attention")):  # cuDNN's graphs need the library, not a GPU
-        run_cpp("cuDNN attention graphs of ./train's candidate build", ["build/dev_cudnn_attention", "--graph-only"], totals)
+        run_cpp("cuDNN attention graphs of ./train", ["build/dev_cudnn_attention", "--graph-only"], totals)
     tests = sorted(f"{folder}/{f}" for folder in ("test", "test/fuzz") for f in os.listdir(os.path.join(ROOT, folder))
                    if f.startswith("test_") and f.endswith(".py"))
     run_pytest(tests, totals)

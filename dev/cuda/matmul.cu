@@ -2,10 +2,10 @@
 // forward product (with and without the fused residual), both backward products (the weight
 // gradient accumulates in float32), a padded output stride as the classifier uses, and the
 // batched Gram matrices of the telemetry. Shapes of the d22 model and of the parity test's model.
-// Then the candidate that tunes each product's algorithm (matmul_tune, train_candidates) on the same
-// data: the algorithms it may keep give the first choice's bits (check_candidate), and its times.
+// Then the tuning of each product's algorithm (matmul_tune, ./train's) on the same
+// data: the algorithms it may keep give the first choice's bits (check_tuning), and its times.
 // With --algorithms it instead times every algorithm cuBLASLt's heuristic offers for the products of
-// the d22 model's layers and runs check_candidate on them (sweep_algorithms below), on inputs filled
+// the d22 model's layers and runs check_tuning on them (sweep_algorithms below), on inputs filled
 // on the device: quick enough for a device session. Build: make build/dev_matmul. Each shape is
 // announced before it runs, so an unsupported one is named by the last line printed.
 #include "dev/cuda/common.h"
@@ -17,14 +17,14 @@ static std::vector<unsigned char> download_bytes(const void* d, size_t bytes) {
     return download((const unsigned char*)d, bytes);
 }
 
-// The candidate (matmul_tune) on one product, on this program's data: `first`, the output's bytes
+// The tuning (matmul_tune) on one product, on this program's data: `first`, the output's bytes
 // from the heuristic's first choice; `reset`, the output's initial bytes restored before each run.
 //   every algorithm it may keep (matmul_same_bits_algorithms, judged on its own stand-ins) gives them;
 //   a product it tunes had its stand-ins run (else the line above would pass on nothing);
-//   the tuned Matmul's product, as train_candidates runs it, gives them;
-//   a fresh untuned Matmul's (./train's, the heuristic asked for one algorithm) gives them: the first
-//   of the eight the candidate is offered is ./train's choice.
-static void check_candidate(Matmul& mm, Matmul& tuned, const std::string& name, const MatmulProblem& p, size_t out_bytes,
+//   the tuned Matmul's product, as ./train runs it, gives them;
+//   a fresh untuned Matmul's (the heuristic asked for one algorithm) gives them: the first
+//   of the eight the tuning is offered is the untuned choice.
+static void check_tuning(Matmul& mm, Matmul& tuned, const std::string& name, const MatmulProblem& p, size_t out_bytes,
                             const std::vector<unsigned char>& first, const std::function<void()>& reset) {
     MatmulDescs md = matmul_describe(p);
     std::vector<cublasLtMatmulHeuristicResult_t> algos = matmul_heuristics(mm, md, kTuneAlgorithms);
@@ -40,19 +40,20 @@ static void check_candidate(Matmul& mm, Matmul& tuned, const std::string& name, 
         }
     }
     matmul_release(md);
-    report(differ.empty(), "matmul candidate: the algorithms it may keep give the first choice's bits, " + name,
+    report(differ.empty(), "matmul tuning: the algorithms it may keep give the first choice's bits, " + name,
            (passed.empty() ? std::string("it keeps the first choice") : "it may keep" + kept) + strprintf(" of %zu", algos.size()) +
                (differ.empty() ? "" : "; on this data these do not:" + differ));
-    bool tunable = matmul_tunable(p) && algos.size() > 1;
-    report(!tunable || (!passed.empty() && passed[0].index == 0), "matmul candidate: its stand-ins run, " + name,
-           tunable ? strprintf("%zu timed", passed.size()) : "not tuned (too small, or one algorithm offered)");
+    bool tunable = matmul_tunes(p, algos);
+    report(!tunable || (!passed.empty() && passed[0].index == 0), "matmul tuning: its stand-ins run, " + name,
+           tunable ? strprintf("%zu timed", passed.size())
+                   : "not tuned (too small, one algorithm offered, or a first choice that splits K)");
     Matmul fresh;  // no choice cached yet
     matmul_init(fresh);
     for (Matmul* m : {&tuned, &fresh}) {
         reset();
         matmul_lt(*m, p, 0);
         bool same = download_bytes(p.d, out_bytes) == first;
-        report(same, std::string(m == &tuned ? "matmul candidate: the tuned product gives" : "matmul: ./train's product gives") +
+        report(same, std::string(m == &tuned ? "matmul tuning: the tuned product gives" : "matmul: the untuned product gives") +
                          " the first of the eight algorithms' bits, " + name, same ? "the same bits" : "other bits");
     }
     matmul_free(fresh);
@@ -97,21 +98,21 @@ static void check_linear(Matmul& mm, Matmul& tuned, int N, int IC, int OC, int l
     compare_to_reference("matmul forward " + tag, got_packed, out);
     compare_to_reference("matmul backward dinp " + tag, download_bf16(d_dinp, dinp.size()), dinp);
     compare_to_reference("matmul backward dW (accumulated) " + tag, download(d_dW, dW.size()), dW);
-    // The candidate (matmul_tune) keeps the first choice's bits, on this data too.
+    // The tuning (matmul_tune) keeps the first choice's bits, on this data too.
     const std::vector<unsigned char> first_out = download_bytes(d_out, out_bytes), first_dinp = download_bytes(d_dinp, dinp_bytes),
                                      first_dW = download_bytes(d_dW, dW_bytes);
-    check_candidate(mm, tuned, "forward " + tag, linear_forward_problem(d_out, d_inp, d_W, residual ? d_res : nullptr, N, IC, OC, ld_out),
+    check_tuning(mm, tuned, "forward " + tag, linear_forward_problem(d_out, d_inp, d_W, residual ? d_res : nullptr, N, IC, OC, ld_out),
                     out_bytes, first_out, nan_out);
-    check_candidate(mm, tuned, "dinp " + tag, linear_dinp_problem(d_dinp, d_dout, d_W, N, IC, OC, ld_out), dinp_bytes, first_dinp,
+    check_tuning(mm, tuned, "dinp " + tag, linear_dinp_problem(d_dinp, d_dout, d_W, N, IC, OC, ld_out), dinp_bytes, first_dinp,
                     nan_dinp);
-    check_candidate(mm, tuned, "dW " + tag, linear_dweight_problem(d_dW, d_dout, d_inp, N, IC, OC, ld_out), dW_bytes, first_dW,
+    check_tuning(mm, tuned, "dW " + tag, linear_dweight_problem(d_dW, d_dout, d_inp, N, IC, OC, ld_out), dW_bytes, first_dW,
                     initial_dW);
     auto forward = [&](Matmul& m) { matmul_forward(m, d_out, d_inp, d_W, residual ? d_res : nullptr, N, IC, OC, 0, ld_out); };
     auto backward = [&](Matmul& m) { matmul_backward(m, d_dinp, d_dW, d_dout, d_inp, d_W, N, IC, OC, 0, ld_out); };
     float fwd = time_ms([&] { forward(mm); }), bwd = time_ms([&] { backward(mm); });
     float t_fwd = time_ms([&] { forward(tuned); }), t_bwd = time_ms([&] { backward(tuned); });
     double flop = 2.0 * N * IC * OC;
-    printf("   %s: forward %.3f ms (%.0f TFLOP/s), backward %.3f ms (%.0f TFLOP/s); tuned (candidate) %.3f and %.3f ms\n",
+    printf("   %s: forward %.3f ms (%.0f TFLOP/s), backward %.3f ms (%.0f TFLOP/s); tuned %.3f and %.3f ms\n",
            tag.c_str(), fwd, flop / fwd / 1e9, bwd, 2 * flop / bwd / 1e9, t_fwd, t_bwd);
     for (void* p : {(void*)d_inp, (void*)d_W, (void*)d_res, (void*)d_dout, (void*)d_out, (void*)d_dinp, (void*)d_dW})
         cudaCheck(cudaFree(p));
@@ -146,10 +147,10 @@ static void check_gram(Matmul& mm, int N, int H, int Hkv) {
 // --algorithms: the algorithms cuBLASLt's heuristic offers for a product (up to kSweepAlgorithms),
 // each timed, with its configuration and whether it gives the heuristic's first choice's bits: one
 // that is faster and gives the same bits could replace the first choice without changing any run
-// (split-K sums in another order; other tiles and stages need not). ./train takes the first choice.
+// (split-K sums in another order; other tiles and stages need not). ./train tunes among them.
 static const int kSweepAlgorithms = 8;
 
-// Milliseconds of a d22 step's products: with the heuristic's first choice, with the candidate's
+// Milliseconds of a d22 step's products: with the heuristic's first choice, with the tuned one
 // (matmul_tune), with the fastest algorithm that gives the first choice's bits here, with the
 // fastest of all.
 struct SweepTotals {
@@ -206,8 +207,8 @@ static void sweep_product(Matmul& mm, Matmul& tuned, const std::string& name, co
         totals.first += calls * first_ms;
         totals.same_bits += calls * same_ms;
         totals.fastest += calls * fastest_ms;
-        // the candidate's checks, on this data (another pattern than its stand-ins'), and its time
-        check_candidate(mm, tuned, name, p, out_bytes, first_bits, reset);
+        // the tuning's checks, on this data (another pattern than its stand-ins'), and its time
+        check_tuning(mm, tuned, name, p, out_bytes, first_bits, reset);
         const cublasLtMatmulAlgo_t& kept = tuned.algos.at(md.key).algo;  // as the other times: no descriptors made
         totals.tuned += calls * time_ms([&] { matmul_run(mm, p, md, kept, 0); });
     }
@@ -260,7 +261,7 @@ static void sweep_algorithms(Matmul& mm, Matmul& tuned) {
         sweep_linear(mm, tuned, N, 512, 3072, 3072, false, L, t);
         sweep_linear(mm, tuned, N, 1536, 512, 512, true, L, t);
         sweep_linear(mm, tuned, N, 512, 8192, 8192, false, 1, t);
-        printf("d22 at %d x 2048, a step's matrix products: the heuristic's first choices %.3f ms, the candidate's %.3f ms "
+        printf("d22 at %d x 2048, a step's matrix products: the heuristic's first choices %.3f ms, the tuned %.3f ms "
                "(%.3fx), the fastest with the first choices' bits here %.3f ms (%.3fx), the fastest of all %.3f ms (%.3fx)\n",
                B, t.first, t.tuned, t.first / t.tuned, t.same_bits, t.first / t.same_bits, t.fastest, t.first / t.fastest);
     }
