@@ -96,6 +96,27 @@ struct KernelClock {
     }
 };
 
+// Candidate (kCandidateKernels): a statistics step's per-layer statistics on a second stream, beside
+// the next layers' forward pass, instead of between them on the model's stream, where they take
+// 6.2 ms of a d22 step at 8 x 2048 (an H200 at b31e86d: the rows' statistics beside cuDNN's forward
+// 2.5, the heads' records 1.2, the Gram products 1.1, the rest 1.4). They only read what their
+// layer's forward pass wrote, and they are memory-bound where most of the forward pass is bound by
+// the tensor cores, so the device can run them in the gaps and tails of the model's kernels: the
+// model's stream takes the higher priority, so that its blocks go first and the statistics' fill
+// what they leave. The float32 queries and keys and the rows' statistics alternate between two
+// buffers (an odd layer's here, an even layer's in the activations' table), so that layer l + 1 runs
+// while layer l is measured; layer l + 2 waits for layer l's statistics before writing over them,
+// and the forward pass ends waiting for the last layer's. The same kernels on the same inputs in the
+// same order on their stream: the same bits (test_gpt_cuda_candidates checks it). --profile 2 keeps
+// them on the model's stream, timed one by one.
+struct StatsBeside {
+    bool on = kCandidateKernels;
+    cudaStream_t stream = nullptr;
+    cudaEvent_t ready = nullptr;   // a layer's forward pass done: its statistics may start
+    cudaEvent_t done[2] = {};      // the statistics of the last layer that used each pair of buffers
+    float *qk_normed = nullptr, *row_stats = nullptr;  // an odd layer's
+};
+
 struct GpuModel : ModelShape {  // and backend.h's ModelShape
     int Vp = 0;  // the vocabulary rounded up to 128, the logits' row stride
     size_t P = 0;
@@ -104,7 +125,8 @@ struct GpuModel : ModelShape {  // and backend.h's ModelShape
     // train (trains false) has no grads, adam_m or adam_v.
     bool use_nccl = false;  // several processes (or TRAIN_NCCL=1): the collectives of nccl.cuh
     Nccl nccl;
-    CudnnAttention cudnn;   // the candidate build's attention (cudnn_attention.cuh)
+    CudnnAttention cudnn;   // the attention where libcudnn.so.9 loads (cudnn_attention.cuh)
+    StatsBeside beside;
     // Everything on the device lives in one allocation, `memory`, carved by gpu_carve.
     void* memory = nullptr;
     float *params, *grads, *adam_m, *adam_v;  // float32, the layout of config.h
@@ -170,6 +192,8 @@ static void gpu_carve(GpuModel& g, Arena& a) {
                                              (size_t)qk_norm_rope_backward_blocks((int)N, (int)NH) * 2 * D));
     g.stat_sums = a.take<double>(g.stats_layout.total);
     g.stats_partial = a.take<float>(telemetry_partial_floats((int)N, c));
+    g.beside.qk_normed = a.take<float>(kCandidateKernels ? N * NH * D : 0);
+    g.beside.row_stats = a.take<float>(kCandidateKernels ? (size_t)ATTN_NUM_ROW_STATS * N * c.n_head : 0);
     g.doc_bits = a.take<uint32_t>((size_t)g.max_B * document_start_words(g.max_T));
     g.tokens = a.take<int>(N);
     g.targets = a.take<int>(N);
@@ -241,7 +265,16 @@ static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T, 
     gpu_set_shape(g, c, max_B, max_T, dist, trains);
     g.use_nccl = nccl_wanted(dist);
     if (g.use_nccl) nccl_init(g.nccl, dist);
-    cudaCheck(cudaStreamCreate(&g.stream));
+    if (kCandidateKernels) {  // the model's stream first, the statistics' beside it (StatsBeside)
+        int least = 0, greatest = 0;
+        cudaCheck(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+        cudaCheck(cudaStreamCreateWithPriority(&g.stream, cudaStreamDefault, greatest));
+        cudaCheck(cudaStreamCreateWithPriority(&g.beside.stream, cudaStreamNonBlocking, least));
+        cudaCheck(cudaEventCreateWithFlags(&g.beside.ready, cudaEventDisableTiming));
+        for (cudaEvent_t& e : g.beside.done) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    } else {
+        cudaCheck(cudaStreamCreate(&g.stream));
+    }
     matmul_init(g.mm);
     g.mm.tune = true;  // algorithms tuned among those with the first choice's bits (matmul_tune)
     g.graphs.on = pass_graphs_wanted();
@@ -283,6 +316,12 @@ static void model_free(GpuModel& g) {
     for (cudaEvent_t e : g.clock.events) cudaCheck(cudaEventDestroy(e));
     g.clock = KernelClock();
     cudaCheck(cudaStreamDestroy(g.stream));
+    if (g.beside.stream) {
+        cudaCheck(cudaStreamDestroy(g.beside.stream));
+        cudaCheck(cudaEventDestroy(g.beside.ready));
+        for (cudaEvent_t e : g.beside.done) cudaCheck(cudaEventDestroy(e));
+    }
+    g.beside = StatsBeside();
     g.memory = nullptr;
     g.losses_host = nullptr;
     g.stat_sums_host = nullptr;
@@ -330,19 +369,26 @@ static float* gpu_grad(GpuModel& g, int kind, int l = 0) { return g.grads + para
 static AttentionImpl attention_impl(int D) {
     return attention_auto(D) == ATTENTION_MMA ? ATTENTION_MMA_LEAN_LPT : ATTENTION_AUTO;
 }
-static void layer_attention_forward(GpuModel& g, Activations<bf16>& la, bool stats, bool cudnn, int B, int T) {
+// Whether the rows' statistics are still to be computed (layer_attention_row_stats): cuDNN's forward
+// ran on a statistics step.
+static bool layer_attention_forward(GpuModel& g, Activations<bf16>& la, bool stats, bool cudnn, int B, int T) {
     const ModelConfig& c = g.cfg;
-    Activations<bf16>& a = g.acts;
     const int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim;
     bool fused = cudnn && cudnn_attention_forward(g.cudnn, la.atty, la.att_lse, la.qk_rope, la.qkv, B, T, H, Hkv, D,
                                                   g.stream);
     if (!fused)
         attention_forward(la.atty, la.att_lse, stats ? la.row_stats : nullptr, g.doc_bits, la.qk_rope, la.qkv, B, T, H,
                           Hkv, D, g.stream, attention_impl(D));
-    else if (stats && !attention_row_stats_from_lse(la.row_stats, la.att_lse, g.doc_bits, la.qk_rope, B, T, H, Hkv, D,
-                                                    g.stream, /* lpt */ true))
-        attention_row_stats(a.att_delta, la.row_stats, a.datty, g.doc_bits, la.qk_rope, la.qkv, B, T, H, Hkv, D,
-                            g.stream);
+    return fused && stats;
+}
+// The rows' statistics beside cuDNN's forward, on stream s.
+static void layer_attention_row_stats(GpuModel& g, Activations<bf16>& la, int B, int T, cudaStream_t s) {
+    const ModelConfig& c = g.cfg;
+    Activations<bf16>& a = g.acts;
+    const int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim;
+    if (!attention_row_stats_from_lse(la.row_stats, la.att_lse, g.doc_bits, la.qk_rope, B, T, H, Hkv, D, s,
+                                      /* lpt */ true))
+        attention_row_stats(a.att_delta, la.row_stats, a.datty, g.doc_bits, la.qk_rope, la.qkv, B, T, H, Hkv, D, s);
 }
 static void layer_attention_backward(GpuModel& g, Activations<bf16>& la, int B, int T) {
     const ModelConfig& c = g.cfg;
@@ -370,22 +416,37 @@ static void forward_pass(GpuModel& g, bool targets, int B, int T, bool tm) {
     // cuDNN's attention on the passes that train or evaluate, not a sample's (a new T every token,
     // and cuDNN makes plans for each shape).
     bool cudnn = targets;
+    const bool beside = tm && g.beside.on && !g.clock.on;  // the statistics beside the layers (StatsBeside)
     for (int l = 0; l < L; l++) {
         Activations<bf16> la = layer_activations(a, dims, l);  // this layer's part of each buffer
+        if (beside && l % 2 == 1) {
+            la.qk_normed = g.beside.qk_normed;
+            la.row_stats = g.beside.row_stats;
+        }
         const bf16* x = l == 0 ? a.emb : layer_activations(a, dims, l - 1).res_mlp;
         mark("RMSNorm forward");
         rmsnorm_forward(la.ln1, la.ln1_rstd, x, gpu_param(g, P_ATTN_NORM, l), N, C, c.norm_eps, s);
         mark("matrix products of the layers, forward");
         matmul_forward(g.mm, la.qkv, la.ln1, gpu_param(g, P_WQ, l), nullptr, N, C, QKV, s);  // [Wq; Wk; Wv] in one product
         mark("QK-norm + RoPE forward");
+        if (beside && l >= 2) cudaCheck(cudaStreamWaitEvent(s, g.beside.done[l % 2], 0));  // its buffers measured
         qk_norm_rope_forward(la.qk_rope, tm ? la.qk_normed : nullptr, la.qk_rstd, la.qkv, gpu_param(g, P_Q_GAIN, l),
                              gpu_param(g, P_K_GAIN, l), g.rope_cos, g.rope_sin, N, T, H, Hkv, D, c.norm_eps,
                              qk_norm_normalises(c.qk_norm), s);
         mark("attention forward");
-        layer_attention_forward(g, la, tm, cudnn, B, T);
-        if (tm)
+        const bool rows_left = layer_attention_forward(g, la, tm, cudnn, B, T);
+        if (tm) {
+            cudaStream_t ts = s;  // the statistics' stream
+            if (beside) {
+                cudaCheck(cudaEventRecord(g.beside.ready, s));
+                cudaCheck(cudaStreamWaitEvent(g.beside.stream, g.beside.ready, 0));
+                ts = g.beside.stream;
+            }
+            if (rows_left) layer_attention_row_stats(g, la, B, T, ts);
             telemetry_layer(g.stat_sums, g.stats_layout, g.stats_partial, a.keys_f64, g.mm, la.qk_normed, la.row_stats,
-                            gpu_param_f32(g, P_Q_GAIN, l), gpu_param_f32(g, P_K_GAIN, l), B, T, c, l, s, mark);
+                            gpu_param_f32(g, P_Q_GAIN, l), gpu_param_f32(g, P_K_GAIN, l), B, T, c, l, ts, mark);
+            if (beside) cudaCheck(cudaEventRecord(g.beside.done[l % 2], ts));
+        }
         mark("matrix products of the layers, forward");
         matmul_forward(g.mm, la.res_attn, la.atty, gpu_param(g, P_WO, l), x, N, A, C, s);  // + residual
         mark("RMSNorm forward");
@@ -407,6 +468,7 @@ static void forward_pass(GpuModel& g, bool targets, int B, int T, bool tm) {
         mark("losses to the host");
         cudaCheck(cudaMemcpyAsync(g.losses_host, a.losses, N * sizeof(float), cudaMemcpyDeviceToHost, s));
     }
+    if (beside) cudaCheck(cudaStreamWaitEvent(s, g.beside.done[(L - 1) % 2], 0));  // every layer measured
 }
 
 // Forward pass; same contract as the CPU's model_forward. Leaves the logits on the device (row

@@ -256,6 +256,16 @@ int main(int argc, char** argv) {
     bool same = memcmp(grads.data(), grads2.data(), P * sizeof(float)) == 0;
     for (int k = 0; k < M_NUM_METRICS; k++) same &= stats.values[k] == stats2.values[k];
     report(same, "cuda determinism: two runs give identical gradients and statistics");
+    if (kCandidateKernels) {  // the statistics above ran beside the layers (StatsBeside); now between them
+        g.beside.on = false;
+        Telemetry between;
+        forward_with_stats(g, tokens.data(), targets.data(), B, T, between);
+        g.beside.on = true;
+        bool same_stats = true;
+        for (int k = 0; k < M_NUM_METRICS; k++) same_stats &= stats.values[k] == between.values[k];
+        report(same_stats, "cuda statistics beside the layers' forward pass (candidate) are those taken between "
+                           "them, bit for bit");
+    }
 
     // Gradient accumulation as the training loop does it: the batch's B sequences as B micro-batches,
     // each backward pass scaled by 1/B and added into the gradients, give the whole batch's gradient.
