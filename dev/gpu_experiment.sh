@@ -5,9 +5,10 @@
 #   gain       --qk-norm gain (the default)          plain      --qk-norm plain
 #   none       --qk-norm none                        decay_all  --decay all (the gains decayed too)
 #   freeze_k   --freeze k_gain
-# (CONFIGS, default all five in that order; SEEDS, default 1337 42 7). A run takes about 40 s alone
-# on an H200, a quarter of it on the host (reading the corpus, starting cuBLAS, writing the final
-# checkpoint), so JOBS runs (default 2) share the GPU at a time, each filling the other's host time;
+# (CONFIGS, default all five in that order; SEEDS, default 1337 42 7), but those kept in the
+# repository already (KEPT, default docs/runs/d22: a folder <configuration>_seed<N> with its log).
+# A run takes about 40 s alone on an H200, a quarter of it on the host (reading the corpus, starting
+# cuBLAS, writing the final checkpoint), so JOBS runs (default 2) share the GPU at a time, each filling the other's host time;
 # each run gives the bits it would give alone, and its ms a step are those of a shared GPU. Runs
 # start while EXPERIMENT_SECONDS (default 560) allow one more (RUN_SECONDS, default 60, the time of
 # a run beside another; one may end up to RUN_SECONDS after EXPERIMENT_SECONDS, and a device call
@@ -25,6 +26,7 @@ source "$(dirname "$0")/gpu_env.sh"
 out=${OUT:-$(mktemp -d)}
 deadline=$((SECONDS + ${EXPERIMENT_SECONDS:-560}))
 per_run=${RUN_SECONDS:-60}
+kept=${KEPT:-docs/runs/d22}  # the runs kept in the repository (dev/keep_experiment.sh), not made again
 once() { tr ' ' '\n' <<<"$1" | awk 'NF && !seen[$0]++' | tr '\n' ' '; }  # each word once, in order
 # each seed and configuration once (a repeat would run into its twin's folder)
 read -r -a seeds <<<"$(once "${SEEDS:-1337 42 7}")"
@@ -117,8 +119,12 @@ for config in "${configs[@]}"; do
             printf '%-10s %6s %-6s\n' "$config" "$seed" "no time"
             continue
         fi
+        if [ -e "$kept/${config}_seed$seed/run.attnlog.xz" ]; then
+            printf '%-10s %6s %-6s\n' "$config" "$seed" "kept"
+            continue
+        fi
         probe=0
-        [ "${PROBES:-1}" != 0 ] && [ -z "${started[$config]:-}" ] && probe=1  # the configuration's first run
+        [ "${PROBES:-1}" != 0 ] && [ -z "${started[$config]:-}" ] && probe=1  # the configuration's first run made
         started[$config]="${started[$config]:-} ${config}_seed$seed"
         run_one "$config" "$seed" "$probe" &
     done

@@ -28,9 +28,11 @@ case ${1:-} in
             echo "the experiment's runs not made: they must come from a build that passed its checks"
             exit 1
         fi
-        # Runs first (PROBES=0 unless asked): the probes cost a run's time each, and one more run of a
-        # configuration, with PROBES=1 and one seed, makes the checkpoint they need in a later call.
-        PROBES=${PROBES:-0} EXPERIMENT_SECONDS=$(left) bash dev/gpu_experiment.sh
+        # The runs not kept in docs/runs/d22 yet: --freeze k_gain first, then a fourth seed of each
+        # configuration, each configuration's first run made here probed (its final checkpoint: the
+        # probes' outputs kept with the run).
+        CONFIGS=${CONFIGS:-freeze_k gain plain none decay_all} SEEDS=${SEEDS:-1337 42 7 2026} PROBES=${PROBES:-1} \
+            EXPERIMENT_SECONDS=$(left) bash dev/gpu_experiment.sh
         ;;
     speed)  # what decides the defaults first: the candidates' correctness and cuDNN's, then the times
         CHECK_PARTS="$(reference) cuda_parity_candidates dev_cudnn_attention" \
