@@ -9,7 +9,8 @@
 #                                    attention, dev/gpu_speed.sh at 8 x 2048, then the attention and
 #                                    telemetry kernels' checks, every algorithm cuBLASLt offers for
 #                                    the d22 products timed (OUT/matmul_algorithms.txt), then Nsight
-#                                    Compute on the attention kernels (OUT/ncu_attention.txt)
+#                                    Compute on ./train's memory-bound kernels
+#                                    (OUT/ncu_memory_bound.txt)
 # Each ends within SESSION_SECONDS; the tables print as they come, the logs and the experiment's
 # archives go into OUT. The two calls share a session's device time (900 s, the machine's start of
 # a minute or two included), so verify defaults to 300 s and speed to 480 s: give speed what the
@@ -49,17 +50,22 @@ case ${1:-} in
         echo "cuBLASLt's algorithms: status $?"
         grep -E "a step's matrix products|^FAIL|passed, [0-9]+ failed" "${OUT:-/tmp}/matmul_algorithms.txt" | cut -c1-250 |
             sed 's/^/  /'
-        # With what is left: Nsight Compute's reading of the attention kernels on the d22 layer (where
-        # the machine lets it read the counters), what bounds them, for work without a GPU.
+        # With what is left: Nsight Compute's reading of ./train's memory-bound kernels in a d22 step at
+        # 8 x 2048, the largest share first (the attention is cuDNN's), one run of ./train each (its
+        # passes run directly, its 26th launch of the kernel read), into OUT/ncu_memory_bound.txt:
+        # what bounds them, for work without a GPU.
         ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-        if [ -n "$ncu" ] && [ "$(left)" -gt 25 ]; then
-            (source dev/gpu_env.sh && timeout $(( $(left) - 5 )) "$ncu" --clock-control none -k regex:attention \
-                --launch-skip 7 --launch-count 7 --section SpeedOfLight --section Occupancy --section LaunchStats \
-                --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
-                --section MemoryWorkloadAnalysis --section InstructionStats "$g/bin/dev_attention" --profile-d22 \
-                >"${OUT:-/tmp}/ncu_attention.txt" 2>&1)
-            echo "ncu on the d22 attention kernels: status $?, $(grep -c '^  [a-z_]*attention' "${OUT:-/tmp}/ncu_attention.txt") kernels read"
-        fi
+        for kernel in qk_norm_rope_backward_vec rmsnorm_backward_vec swiglu_backward_vec swiglu_forward_vec \
+            qk_norm_rope_forward_vec rmsnorm_forward_vec column_sum; do
+            [ -n "$ncu" ] && [ "$(left)" -gt 25 ] || break
+            seconds=$(( $(left) - 5 < 45 ? $(left) - 5 : 45 ))
+            (source dev/gpu_env.sh && timeout "$seconds" "${with_cudnn[@]}" TRAIN_CUDA_GRAPH=0 "$ncu" --clock-control none \
+                -k "regex:^${kernel}_kernel" --launch-skip 25 --launch-count 1 --section SpeedOfLight --section Occupancy \
+                --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+                "$g/bin/train" -i "$g/data/train_*.bin" -k "$g/data/tokenizer.model" -m d22 -b 8 -t 2048 -x 2 -s 0 \
+                -v 0 -g 0 -n 0 --device cuda -o "$(mktemp -d)" >>"${OUT:-/tmp}/ncu_memory_bound.txt" 2>&1)
+            echo "ncu on ./train's ${kernel}_kernel: status $?"
+        done
         ;;
     *)
         echo "usage: bash dev/gpu_session.sh verify|speed" >&2
