@@ -33,7 +33,7 @@
     X(lnf, act_t, BOTH, 1, (N, C), "rmsnorm(last layer's output) * final_norm")                                        \
     X(lnf_rstd, float, BOTH, 1, (N), "1 / rms of the last layer's output")                                             \
     X(logits, act_t, BOTH, 1, (N, Vp), "lnf @ wte^T (lm_head^T untied); made dlogits in place by the backward pass")   \
-    X(logit_lse, float, BOTH, 1, (N), "log-sum-exp of each logits row (on the GPU, the candidate classifier's)")       \
+    X(logit_lse, float, BOTH, 1, (N), "log-sum-exp of each logits row (on the GPU, the vectorised classifier's)")      \
     X(losses, float, BOTH, 1, (N), "cross-entropy of each position")                                                   \
     /* telemetry, one layer at a time, on stats steps */                                                               \
     X(qk_normed, float, BOTH, 1, (N, NH, D), "queries and keys after the norm and gain, before RoPE")                   \
