@@ -99,18 +99,23 @@ struct KernelClock {
 // Candidate (kCandidateKernels): a statistics step's per-layer statistics on a second stream, beside
 // the next layers' forward pass, instead of between them on the model's stream, where they take
 // 6.2 ms of a d22 step at 8 x 2048 (an H200 at b31e86d: the rows' statistics beside cuDNN's forward
-// 2.5, the heads' records 1.2, the Gram products 1.1, the rest 1.4). They only read what their
-// layer's forward pass wrote, and they are memory-bound where most of the forward pass is bound by
-// the tensor cores, so the device can run them in the gaps and tails of the model's kernels: the
-// model's stream takes the higher priority, so that its blocks go first and the statistics' fill
-// what they leave. The float32 queries and keys and the rows' statistics alternate between two
-// buffers (an odd layer's here, an even layer's in the activations' table), so that layer l + 1 runs
-// while layer l is measured; layer l + 2 waits for layer l's statistics before writing over them,
-// and the forward pass ends waiting for the last layer's. The same kernels on the same inputs in the
-// same order on their stream: the same bits (test_gpt_cuda_candidates checks it). --profile 2 keeps
-// them on the model's stream, timed one by one.
+// 2.5, the heads' records 1.2, the Gram products 1.1, the rest 1.4). They read what their layer's
+// forward pass wrote, the document starts and the gains, none of which the model's stream writes
+// again before the pass ends, and they write only scratch and sums that nothing else touches during a
+// forward pass (stats_partial, keys_f64, stat_sums; att_delta and datty where the rows' statistics
+// need their own forward pass): a change must keep it so. They are memory-bound where most of the
+// forward pass is bound by the tensor cores, so the device can run them in the gaps and tails of the
+// model's kernels: the model's stream takes the higher priority, so that its blocks go first and the
+// statistics' fill what they leave. The float32 queries and keys and the rows' statistics alternate
+// between two buffers (an odd layer's here, an even layer's in the activations' table), so that
+// layer l + 1 runs while layer l is measured; layer l + 2 waits for layer l's statistics before
+// writing over them, and the forward pass ends waiting for the last layer's. The same kernels on the
+// same inputs in the same order on their stream: the same bits (test_gpt_cuda_candidates checks it).
+// --profile 2 keeps them on the model's stream, timed one by one, and so does a model's first forward
+// pass, which times the matrix products' algorithms (matmul_tune) and must have the GPU alone.
 struct StatsBeside {
     bool on = kCandidateKernels;
+    bool warm = false;  // a forward pass has run (its products' algorithms tuned)
     cudaStream_t stream = nullptr;
     cudaEvent_t ready = nullptr;   // a layer's forward pass done: its statistics may start
     cudaEvent_t done[2] = {};      // the statistics of the last layer that used each pair of buffers
@@ -304,6 +309,7 @@ static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T, 
 
 static void model_free(GpuModel& g) {
     cudaCheck(cudaStreamSynchronize(g.stream));
+    if (g.beside.stream) cudaCheck(cudaStreamSynchronize(g.beside.stream));
     cudaCheck(cudaFree(g.memory));
     cudaCheck(cudaFreeHost(g.stat_sums_host));
     cudaCheck(cudaFreeHost(g.losses_host));
@@ -416,7 +422,8 @@ static void forward_pass(GpuModel& g, bool targets, int B, int T, bool tm) {
     // cuDNN's attention on the passes that train or evaluate, not a sample's (a new T every token,
     // and cuDNN makes plans for each shape).
     bool cudnn = targets;
-    const bool beside = tm && g.beside.on && !g.clock.on;  // the statistics beside the layers (StatsBeside)
+    // the statistics beside the layers (StatsBeside)
+    const bool beside = tm && g.beside.on && g.beside.stream && g.beside.warm && !g.clock.on;
     for (int l = 0; l < L; l++) {
         Activations<bf16> la = layer_activations(a, dims, l);  // this layer's part of each buffer
         if (beside && l % 2 == 1) {
@@ -469,6 +476,7 @@ static void forward_pass(GpuModel& g, bool targets, int B, int T, bool tm) {
         cudaCheck(cudaMemcpyAsync(g.losses_host, a.losses, N * sizeof(float), cudaMemcpyDeviceToHost, s));
     }
     if (beside) cudaCheck(cudaStreamWaitEvent(s, g.beside.done[(L - 1) % 2], 0));  // every layer measured
+    g.beside.warm = true;
 }
 
 // Forward pass; same contract as the CPU's model_forward. Leaves the logits on the device (row

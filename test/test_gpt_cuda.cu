@@ -152,6 +152,31 @@ static void check_adamw_steps(GpuModel& g, const std::string& label, const std::
                               {kBf16Rtol, kGradAtolFrac, opt.beta2});
 }
 
+// The candidate build's statistics beside the layers (StatsBeside, train_gpt.cu) are those taken
+// between them, bit for bit. First a pass on other tokens (the batch shifted by one), so that a
+// read of a buffer the pass before left would show; then every buffer of the float32 queries and
+// keys and of the rows' statistics set to NaN, so that a read before its write would too.
+static void check_stats_beside(GpuModel& g, const std::string& label, const std::vector<int>& tokens,
+                               const std::vector<int>& targets, int B, int T) {
+    if (!kCandidateKernels) return;
+    std::vector<int> shifted(tokens.size());
+    for (size_t i = 0; i < tokens.size(); i++) shifted[i] = tokens[(i + 1) % tokens.size()];
+    Telemetry other, beside, between;
+    forward_with_stats(g, shifted.data(), targets.data(), B, T, other);
+    const ModelConfig& c = g.cfg;
+    size_t N = (size_t)B * T, keys = N * (c.n_head + c.n_kv_head) * c.head_dim, rows = ATTN_NUM_ROW_STATS * N * c.n_head;
+    for (float* p : {g.acts.qk_normed, g.beside.qk_normed}) cudaCheck(cudaMemsetAsync(p, 0xff, keys * sizeof(float), g.stream));
+    for (float* p : {g.acts.row_stats, g.beside.row_stats}) cudaCheck(cudaMemsetAsync(p, 0xff, rows * sizeof(float), g.stream));
+    forward_with_stats(g, tokens.data(), targets.data(), B, T, beside);
+    g.beside.on = false;
+    forward_with_stats(g, tokens.data(), targets.data(), B, T, between);
+    g.beside.on = true;
+    bool same = true;
+    for (int k = 0; k < M_NUM_METRICS; k++) same &= beside.values[k] == between.values[k];
+    report(same, label + "statistics beside the layers' forward pass (candidate) are those taken between them, bit "
+                         "for bit");
+}
+
 // CUDA graphs (./train's unless TRAIN_CUDA_GRAPH=0, cuda_graph.cuh). A step, on one of two batches (the tokens and
 // the same tokens shifted by one): the batch's forward and backward passes, its first sequence's as
 // a micro-batch (another shape: two more graphs), then a statistics forward pass of the batch (run
@@ -256,16 +281,7 @@ int main(int argc, char** argv) {
     bool same = memcmp(grads.data(), grads2.data(), P * sizeof(float)) == 0;
     for (int k = 0; k < M_NUM_METRICS; k++) same &= stats.values[k] == stats2.values[k];
     report(same, "cuda determinism: two runs give identical gradients and statistics");
-    if (kCandidateKernels) {  // the statistics above ran beside the layers (StatsBeside); now between them
-        g.beside.on = false;
-        Telemetry between;
-        forward_with_stats(g, tokens.data(), targets.data(), B, T, between);
-        g.beside.on = true;
-        bool same_stats = true;
-        for (int k = 0; k < M_NUM_METRICS; k++) same_stats &= stats.values[k] == between.values[k];
-        report(same_stats, "cuda statistics beside the layers' forward pass (candidate) are those taken between "
-                           "them, bit for bit");
-    }
+    check_stats_beside(g, "cuda ", tokens, targets, B, T);
 
     // Gradient accumulation as the training loop does it: the batch's B sequences as B micro-batches,
     // each backward pass scaled by 1/B and added into the gradients, give the whole batch's gradient.
@@ -331,6 +347,7 @@ int main(int argc, char** argv) {
         g.eot_token = eot;
         const ModelConfig& vc = g.cfg;
         check_forward(g, v.label, vckpt, vdbg, tokens, targets, B, T, stats);
+        check_stats_beside(g, v.label, tokens, targets, B, T);
         compare_gradients(g, v.label, backward_gradients(g, tokens, targets, B, T), vdbg);
         // Frozen: no gradient (so out of the norm), and AdamW leaves the tensors as they were.
         model_freeze(g, (uint32_t)tensor_or_fail(read_tensorfile(vdbg), "freeze", vdbg).values[0]);
