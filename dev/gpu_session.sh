@@ -6,7 +6,7 @@
 #                                    if that passed, the reports' experiment (dev/gpu_experiment.sh) in
 #                                    the time left
 #   bash dev/gpu_session.sh speed    the candidates' parity (where the bundle has them) and cuDNN's
-#                                    attention, dev/gpu_speed.sh at 8 x 2048, then the attention and
+#                                    attention, dev/gpu_speed.sh at 8 and 4 x 2048, then the attention and
 #                                    telemetry kernels' checks, every algorithm cuBLASLt offers for
 #                                    the d22 products timed (OUT/matmul_algorithms.txt), then Nsight
 #                                    Compute on ./train's memory-bound kernels
@@ -40,7 +40,7 @@ case ${1:-} in
             CHECK_SECONDS=$(( $(left) < 200 ? $(left) : 200 )) bash dev/gpu_check.sh
         # its torch.compile runs within what is left but 45 s (its two --profile runs) and 90 s (below:
         # the kernels' checks, then cuBLASLt's algorithms in 30 s, then ncu in what is left)
-        SPEED_BATCHES=8 SPEED_SECONDS=$(( $(left) - 135 )) bash dev/gpu_speed.sh
+        SPEED_BATCHES="8 4" SPEED_SECONDS=$(( $(left) - 135 )) bash dev/gpu_speed.sh
         mkdir -p "${OUT:-/tmp}/kernels"  # the second table's logs beside the first's
         CHECK_PARTS="dev_attention dev_telemetry" CHECK_SECONDS=$(( $(left) - 60 )) OUT=${OUT:-/tmp}/kernels bash dev/gpu_check.sh
         # Every algorithm cuBLASLt offers for the d22 products, timed (OUT/matmul_algorithms.txt): whether
