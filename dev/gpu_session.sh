@@ -6,10 +6,10 @@
 #                                    if that passed, the reports' experiment (dev/gpu_experiment.sh) in
 #                                    the time left
 #   bash dev/gpu_session.sh speed    the candidates' parity (where the bundle has them) and cuDNN's
-#                                    attention, dev/gpu_speed.sh at 8 and 4 x 2048, then the attention and
-#                                    telemetry kernels' checks, every algorithm cuBLASLt offers for
-#                                    the d22 products timed (OUT/matmul_algorithms.txt), then Nsight
-#                                    Compute on ./train's memory-bound kernels
+#                                    attention, dev/gpu_speed.sh at 8 and 4 x 2048, then the
+#                                    attention and telemetry kernels' checks, every algorithm cuBLASLt
+#                                    offers for the d22 products timed (OUT/matmul_algorithms.txt),
+#                                    then Nsight Compute on ./train's memory-bound kernels
 #                                    (OUT/ncu_memory_bound.txt)
 # Each ends within SESSION_SECONDS; the tables print as they come, the logs and the experiment's
 # archives go into OUT. The two calls share a session's device time (900 s, the machine's start of
