@@ -11,9 +11,10 @@
 # never overwritten, except that a second run of its command with probes (gpu_experiment.sh's
 # PROBES=1) adds them when its losses are the kept run's, bit for bit. A run that cannot be kept (no
 # log, an unreadable one, a status other than 0: stopped at its time limit, say) is reported and the
-# others are kept; the status is then 1. Prints each run and the size of DEST. Then, from the
-# repository root, one command redraws the experiment's report:
-#   /usr/bin/python3 scripts/report.py DEST/*/run.attnlog.xz -o DEST/report
+# others are kept; the status is then 1. Prints each run and the size of DEST. When it kept a run,
+# it then writes the experiment's tables and figures again (scripts/experiment.py DEST, into
+# DEST/report), which docs/research.md quotes: test/test_experiment.py fails until its tables are
+# those of the new DEST/report/results.md.
 # Usage: bash dev/keep_experiment.sh FOLDER [DEST]
 set -uo pipefail
 [ $# -ge 1 ] && [ -d "$1" ] || { echo "usage: bash dev/keep_experiment.sh FOLDER [DEST]: FOLDER holds experiment_*.tar.xz" >&2; exit 2; }
@@ -63,6 +64,7 @@ sys.exit(0 if len(a) > 0 and list(a) == list(b) else 1)' "$run/run.attnlog" "$ke
 }
 
 failed=0
+added=0
 for archive in "${archives[@]}"; do
     unpacked=$work/$(basename "$archive" .tar.xz)
     mkdir -p "$unpacked"
@@ -77,6 +79,7 @@ for archive in "${archives[@]}"; do
             echo "$name: kept already in $kept, left as it is"
         elif why=$(keep_run "$run" "$work/staged_$name"); then
             mv "$work/staged_$name" "$kept"
+            added=1
             echo "$name: $(du -k "$kept/run.attnlog.xz" | cut -f1) KiB log, $(du -sk "$kept" | cut -f1) KiB in all"
         else
             echo "$name: not kept: $why"
@@ -85,4 +88,8 @@ for archive in "${archives[@]}"; do
     done
 done
 echo "$dest: $(du -sh --exclude=.keeping.* "$dest" | cut -f1) in all"
+if [ "$added" = 1 ]; then
+    "$py" "$root/scripts/experiment.py" "$dest" || failed=1
+    echo "docs/research.md quotes $dest/report/results.md: bring its tables up to date"
+fi
 exit $failed

@@ -19,10 +19,12 @@ from attnlog import commands
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "scripts" / "attnlog"
 COMMANDS = {"attnlog": "attnlog.py", "attnlog-report": "report.py", "attnlog-probe": "probe.py",
-            "attnlog-export-hf": "export_hf.py", "attnlog-tokenize-hf": "tokenize_hf.py"}  # installed name: its script
+            "attnlog-export-hf": "export_hf.py", "attnlog-tokenize-hf": "tokenize_hf.py",
+            "attnlog-experiment": "experiment.py"}  # installed name: its script
 # Arguments each command takes (the inputs need not exist) and an option none of them knows.
 BAD_OPTION = {"attnlog.py": ["info", "x.attnlog"], "report.py": ["x.attnlog"], "probe.py": ["svd", "x.ckpt"],
-              "export_hf.py": ["x.ckpt", "out"], "tokenize_hf.py": ["encode", "tokenizer.json", "text"], "bench.py": ["cpu"]}
+              "export_hf.py": ["x.ckpt", "out"], "tokenize_hf.py": ["encode", "tokenizer.json", "text"], "bench.py": ["cpu"],
+              "experiment.py": ["runs"]}
 
 
 # -- pip install -e . ----------------------------------------------------------------------------------

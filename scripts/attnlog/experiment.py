@@ -574,7 +574,7 @@ def main(argv=None):
 
 
 def parse(argv):
-    parser = ArgumentParser(prog="experiment.py", description="The research notes' claims over the seeds of every "
+    parser = ArgumentParser(description="The research notes' claims over the seeds of every "
                             "configuration kept in a folder of runs, the configurations side by side, and the "
                             "repetition of the training data.")
     parser.add_argument("folder", metavar="FOLDER", help="the folder of the runs: one subfolder per run, holding "
