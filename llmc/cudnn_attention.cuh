@@ -56,7 +56,9 @@ inline CudnnApi g_cudnn;
 inline bool cudnn_load(std::string* why) {
     void* lib = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_GLOBAL);
     if (!lib) {
-        *why = std::string("cannot load libcudnn.so.9: ") + dlerror();
+        // where it is likely to be, and how to point the loader at it
+        *why = std::string("cannot load libcudnn.so.9 (") + dlerror() + "); put its folder on LD_LIBRARY_PATH: " +
+               "PyTorch's CUDA wheels carry it in site-packages/nvidia/cudnn/lib";
         return false;
     }
     bool ok = true;
