@@ -28,14 +28,14 @@ __global__ void classifier_kernel(bf16* logits, float* losses, const int* target
     }
 }
 
-// ./train's (dev_elementwise checks it against the kernel above and times both): the kernel above reads a row 2 bytes a thread, in two passes for the loss and
-// three more for the gradient, each term through expf. Here the forward pass reads the row once, 16
-// bytes a thread, keeping a running maximum and a sum rescaled when it rises (the thread's sums then
-// meet at the row's maximum), and keeps the row's log-sum-exp (lse [N]); the backward pass is then
-// one elementwise pass, dlogits = (e^(z - lse) - onehot(target)) dloss, its terms through __expf
-// (one ex2.approx: a few 1e-6 relative for the terms above 1e-9, under bf16's 4e-3). Padding
-// (columns V .. Vp - 1) is never read into a sum and never changed. Rows start 16-byte aligned
-// (Vp is a multiple of 128).
+// ./train's (dev_elementwise checks it against the kernel above and times both): the kernel above
+// reads a row 2 bytes a thread, in two passes for the loss and three more for the gradient, each
+// term through expf. Here the forward pass reads the row once, 16 bytes a thread, keeping a running
+// maximum and a sum rescaled when it rises (the thread's sums then meet at the row's maximum), and
+// keeps the row's log-sum-exp (lse [N]); the backward pass is then one elementwise pass, dlogits =
+// (e^(z - lse) - onehot(target)) dloss, its terms through __expf (one ex2.approx: a few 1e-6
+// relative for the terms above 1e-9, under bf16's 4e-3). Padding (columns V .. Vp - 1) is never
+// read into a sum and never changed. Rows start 16-byte aligned (Vp is a multiple of 128).
 inline bool classifier_vec_supports(const bf16* logits, int Vp) { return Vp % 8 == 0 && aligned_16({logits}); }
 
 // The 8 logits of the 16 bytes at z + i as floats, those at V or beyond (padding) as -inf: in no
@@ -107,8 +107,9 @@ __global__ void __launch_bounds__(256) classifier_backward_vec_kernel(bf16* logi
 
 // The losses of N rows of logits, and with a non-zero dloss their gradient in place of the logits.
 // lse [N]: the rows' log-sum-exp, which the vectorised forward writes and its backward reads (the
-// kernel above neither). `vec` takes the vectorised kernels; their backward (dloss != 0) needs the lse of a
-// forward (dloss = 0) of the same logits, and leaves the losses as that forward wrote them.
+// kernel above neither). `vec` takes the vectorised kernels; their backward (dloss != 0) needs the
+// lse of a forward (dloss = 0) of the same logits, and leaves the losses as that forward wrote
+// them.
 inline void classifier(bf16* logits, float* losses, float* lse, const int* targets, int N, int V, int Vp, float dloss,
                        cudaStream_t s, bool vec = true) {
     if (!vec || !classifier_vec_supports(logits, Vp)) {

@@ -27,9 +27,9 @@ __global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, const bf16* x, co
 
 // ./train's forward (dev_norms checks it against the kernel above and times both): the kernel above
 // reads a row 2 bytes a lane, twice, one load after another: 0.0176 ms for a d22 row block at B8
-// (16,384 x 512) on an H100, 1.9 TB/s. Here lane j of the row's warp loads chunks
-// j, j + 32, ... of 8 values (16 bytes) at once, keeps them in registers (K chunks at most: C up to
-// 256 K), and stores 16 bytes a chunk; the row's sum of squares in another order than the default's.
+// (16,384 x 512) on an H100, 1.9 TB/s. Here lane j of the row's warp loads chunks j, j + 32, ... of
+// 8 values (16 bytes) at once, keeps them in registers (K chunks at most: C up to 256 K), and
+// stores 16 bytes a chunk; the row's sum of squares in another order than the default's.
 inline bool rmsnorm_forward_vec_supports(int C, std::initializer_list<const void*> arrays) {
     return C % 8 == 0 && C <= 2048 && aligned_16(arrays);
 }

@@ -62,15 +62,15 @@ __global__ void head_row_stats_kernel(float* partial, const float* qk_normed, in
     }
 }
 
-// ./train's (dev_telemetry checks it against the kernel above and times both): the same records laid
-// out for bandwidth. The kernel above
-// gives each row a warp whose lanes read 4 bytes each, twice, and reduces every row's sums over 32
-// lanes: at d22 (16,384 tokens, 16 heads, D = 64) 0.101 ms a layer on an H100, about 4x the time
-// its 67 MB of keys take to read. Here a group of G = D / 4 lanes takes a row, lane j holding
-// elements 4j .. 4j + 3 from one 16-byte load, so a warp reads 32 / G rows at once, each row's
-// sums reduce over G lanes, and each lane keeps its 4 columns' unit-vector sums in registers across
-// its rows. The groups' records are added in group order at the end, so the same keys give the same
-// bits. D must be 64 or 128 (the widths the CUDA backend runs) and qk_normed 16-byte aligned.
+// ./train's (dev_telemetry checks it against the kernel above and times both): the same records
+// laid out for bandwidth. The kernel above gives each row a warp whose lanes read 4 bytes each,
+// twice, and reduces every row's sums over 32 lanes: at d22 (16,384 tokens, 16 heads, D = 64) 0.101
+// ms a layer on an H100, about 4x the time its 67 MB of keys take to read. Here a group of G = D /
+// 4 lanes takes a row, lane j holding elements 4j .. 4j + 3 from one 16-byte load, so a warp reads
+// 32 / G rows at once, each row's sums reduce over G lanes, and each lane keeps its 4 columns'
+// unit-vector sums in registers across its rows. The groups' records are added in group order at
+// the end, so the same keys give the same bits. D must be 64 or 128 (the widths the CUDA backend
+// runs) and qk_normed 16-byte aligned.
 inline bool head_row_stats_vec_supports(int D, const float* qk_normed) {
     return (D == 64 || D == 128) && aligned_16({qk_normed});
 }
@@ -192,12 +192,12 @@ __global__ void attention_stats_finish_kernel(double* sums, TelemetrySums lay, c
     }
 }
 
-// ./train's (dev_telemetry checks it against the kernel above and times both): the same sums from many
-// blocks. The kernel above gives each query head one
-// block, 8 blocks at d22 on a GPU of 132 multiprocessors, each thread walking 64 rows of 5 arrays:
-// 0.037 ms a layer on an H100 for 2.6 MB. Here block (head, chunk) sums kAttnStatRows rows into a
-// record of ATTN_NUM_ROW_STATS floats (partial [H][chunks][5]), and one thread per head adds its
-// chunks' records in chunk order, in double: a fixed order, so the same rows give the same bits.
+// ./train's (dev_telemetry checks it against the kernel above and times both): the same sums from
+// many blocks. The kernel above gives each query head one block, 8 blocks at d22 on a GPU of 132
+// multiprocessors, each thread walking 64 rows of 5 arrays: 0.037 ms a layer on an H100 for 2.6 MB.
+// Here block (head, chunk) sums kAttnStatRows rows into a record of ATTN_NUM_ROW_STATS floats
+// (partial [H][chunks][5]), and one thread per head adds its chunks' records in chunk order, in
+// double: a fixed order, so the same rows give the same bits.
 static const int kAttnStatRows = 1024;
 
 inline int attention_stat_chunks(int B, int T) { return ceil_div(B * T, kAttnStatRows); }
@@ -414,22 +414,22 @@ inline void gram_products_mma(double* gram_sums, double* partial, const float* q
 }
 
 // ./train's (dev_telemetry checks it against the DGEMM and times it beside the kernel above): the
-// same products at D = 64 with no shared memory in the loop and only the tiles
-// on and above the diagonal. The kernel above computes all 64 tiles of 8 x 8 where the matrix's
-// symmetry needs 36, reads every operand from shared memory (about as many bytes an SM a clock as
-// its float64 tensor cores take), and writes 64 slices' matrices, half as many bytes as it reads
-// of keys. Here the columns are grouped by class: tile row or column t, place g, is the key's column
-// 8g + t, so that lane (g = l / 4, c = l % 4) holds columns 8g .. 8g + 7 of key c of a step of 4
-// keys (two 16-byte loads), and its value x[t] is both its A operand of the tiles (t, j) and its B
-// operand of the tiles (i, t) (as in the kernel above: A[m][k] at lane 4m + k, B[k][n] at lane
-// 4n + k). Tile (i, j)'s accumulators at lane (g, c) are the entries (8g + i, 8(2c + e) + j),
-// e = 0, 1, written with their mirror images where i != j. Block (slice, key head) of
-// kGramSymWarps warps (32 slices at d22's 8 key heads, gram_sym_slices); a warp takes every fourth
-// step of its slice, the next two steps' keys loaded while the current one's 36 products run (at 2
-// warps an SM sub-partition, one step's products take about one load's latency, 600-900 clocks on
-// an H100); the warps' sums are added in warp order through shared memory, then the slices' in
-// slice order (gram_slices_sum): the same keys give the same bits, though not the bits of the
-// kernel above, which sums in another order.
+// same products at D = 64 with no shared memory in the loop and only the tiles on and above the
+// diagonal. The kernel above computes all 64 tiles of 8 x 8 where the matrix's symmetry needs 36,
+// reads every operand from shared memory (about as many bytes an SM a clock as its float64 tensor
+// cores take), and writes 64 slices' matrices, half as many bytes as it reads of keys. Here the
+// columns are grouped by class: tile row or column t, place g, is the key's column 8g + t, so that
+// lane (g = l / 4, c = l % 4) holds columns 8g .. 8g + 7 of key c of a step of 4 keys (two 16-byte
+// loads), and its value x[t] is both its A operand of the tiles (t, j) and its B operand of the
+// tiles (i, t) (as in the kernel above: A[m][k] at lane 4m + k, B[k][n] at lane 4n + k). Tile (i,
+// j)'s accumulators at lane (g, c) are the entries (8g + i, 8(2c + e) + j), e = 0, 1, written with
+// their mirror images where i != j. Block (slice, key head) of kGramSymWarps warps (32 slices at
+// d22's 8 key heads, gram_sym_slices); a warp takes every fourth step of its slice, the next two
+// steps' keys loaded while the current one's 36 products run (at 2 warps an SM sub-partition, one
+// step's products take about one load's latency, 600-900 clocks on an H100); the warps' sums are
+// added in warp order through shared memory, then the slices' in slice order (gram_slices_sum): the
+// same keys give the same bits, though not the bits of the kernel above, which sums in another
+// order.
 static const int kGramSymWarps = 4;
 // Slices of at least 64 keys, about kGramSymBlocks blocks in all (2 an SM on an H100's 132, at the
 // kernel's 255 registers a lane), at most kGramMmaSlices (the scratch's room).
@@ -583,7 +583,8 @@ inline void head_statistics(double* sums, const TelemetrySums& lay, float* parti
 }
 
 // The attention's row statistics (row_stats from the forward pass) summed per query head. `split`
-// takes the kernels that sum them from many blocks, with partial (free once head_statistics is done) for its records.
+// takes the kernels that sum them from many blocks, with partial (free once head_statistics is
+// done) for its records.
 inline void attention_statistics(double* sums, const TelemetrySums& lay, float* partial, const float* row_stats, int B,
                                  int T, const ModelConfig& c, int layer, cudaStream_t s, bool split = true) {
     if (!split) {
