@@ -186,7 +186,8 @@ def test_runs_grouped_into_configurations(made):
     assert [c["name"] for c in results["configurations"]] == ["gain", "plain", "decay_all"]
     for name, (_, _, seeds) in CONFIGS.items():
         c = configuration(results, name)
-        assert c["seeds"] == sorted(seeds, key=str) and c["runs"] == [f"{name}_seed{s}" for s in c["seeds"]]
+        # by their numbers (7, 42, 1337), not their text (1337, 42, 7)
+        assert c["seeds"] == sorted(seeds) and c["runs"] == [f"{name}_seed{s}" for s in c["seeds"]]
     logs = {run["label"]: run["log"] for run in results["runs"]}
     assert logs["gain_seed1337"] == "gain_seed1337/run.attnlog.xz" and logs["gain_seed42"] == "gain_seed42/run.attnlog"
     assert table_row(text, "## The runs", "gain_seed1337")[4] == "commit 0123abc"

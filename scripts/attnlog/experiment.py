@@ -57,13 +57,14 @@ FIRST_PASS = [("k_norm", "early"), ("k_norm", "middle"), ("k_norm", "final"), ("
 
 
 def find_runs(folder):
-    """[(label, log path, manifest)] of every subfolder of folder that holds a run log, by name; the
-    label is the subfolder's name."""
+    """[(label, log path, manifest)] of every subfolder of folder that holds a run log, by name with
+    its numbers in their order (gain_seed7 before gain_seed42); the label is the subfolder's name."""
     folder = Path(folder)
     if not folder.is_dir():
         raise UserError(f"{folder}: no such folder")
     found = []
-    for sub in sorted(p for p in folder.iterdir() if p.is_dir()):
+    natural = lambda p: [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", p.name)]
+    for sub in sorted((p for p in folder.iterdir() if p.is_dir()), key=natural):
         logs = [sub / name for name in LOG_NAMES if (sub / name).is_file()]
         if len(logs) > 1:
             raise UserError(f"{sub}: holds both {' and '.join(LOG_NAMES)}; which one is the run is not clear")
