@@ -96,25 +96,26 @@ struct KernelClock {
     }
 };
 
-// Candidate (kCandidateKernels): a statistics step's per-layer statistics on a second stream, beside
-// the next layers' forward pass, instead of between them on the model's stream, where they take
-// 6.2 ms of a d22 step at 8 x 2048 (an H200 at b31e86d: the rows' statistics beside cuDNN's forward
-// 2.5, the heads' records 1.2, the Gram products 1.1, the rest 1.4). They read what their layer's
-// forward pass wrote, the document starts and the gains, none of which the model's stream writes
-// again before the pass ends, and they write only scratch and sums that nothing else touches during a
-// forward pass (stats_partial, keys_f64, stat_sums; att_delta and datty where the rows' statistics
-// need their own forward pass): a change must keep it so. They are memory-bound where most of the
-// forward pass is bound by the tensor cores, so the device can run them in the gaps and tails of the
-// model's kernels: the model's stream takes the higher priority, so that its blocks go first and the
-// statistics' fill what they leave. The float32 queries and keys and the rows' statistics alternate
-// between two buffers (an odd layer's here, an even layer's in the activations' table), so that
-// layer l + 1 runs while layer l is measured; layer l + 2 waits for layer l's statistics before
-// writing over them, and the forward pass ends waiting for the last layer's. The same kernels on the
-// same inputs in the same order on their stream: the same bits (test_gpt_cuda_candidates checks it).
-// --profile 2 keeps them on the model's stream, timed one by one, and so does a model's first forward
-// pass, which times the matrix products' algorithms (matmul_tune) and must have the GPU alone.
+// A statistics step's per-layer statistics run on a second stream, beside the next layers' forward
+// pass, not between them on the model's stream, where they took 6.2 ms of a d22 step at 8 x 2048 (an
+// H200 at b31e86d: the rows' statistics beside cuDNN's forward 2.5, the heads' records 1.2, the Gram
+// products 1.1, the rest 1.4). They read what their layer's forward pass wrote, the document starts
+// and the gains, none of which the model's stream writes again before the pass ends, and they write
+// only scratch and sums that nothing else touches during a forward pass (stats_partial, keys_f64,
+// stat_sums; att_delta and datty where the rows' statistics need their own forward pass): a change
+// must keep it so. They are memory-bound where most of the forward pass is bound by the tensor cores,
+// so the device can run them in the gaps and tails of the model's kernels: the model's stream takes
+// the higher priority, so that its blocks go first and the statistics' fill what they leave. The
+// float32 queries and keys and the rows' statistics alternate between two buffers (an odd layer's
+// here, an even layer's in the activations' table), so that layer l + 1 runs while layer l is
+// measured; layer l + 2 waits for layer l's statistics before writing over them, and the forward pass
+// ends waiting for the last layer's. The same kernels on the same inputs in the same order on their
+// stream: the same bits (test_gpt_cuda checks it). Measured on an H200 (d22, statistics every step):
+// 35.00 -> 34.43 ms a step at 8 x 2048, 24.88 -> 23.73 ms at 4 x 2048. --profile 2 keeps them on the
+// model's stream, timed one by one, and so does a model's first forward pass, which times the matrix
+// products' algorithms (matmul_tune) and must have the GPU alone.
 struct StatsBeside {
-    bool on = kCandidateKernels;
+    bool on = true;
     bool warm = false;  // a forward pass has run (its products' algorithms tuned)
     cudaStream_t stream = nullptr;
     cudaEvent_t ready = nullptr;   // a layer's forward pass done: its statistics may start
@@ -197,8 +198,8 @@ static void gpu_carve(GpuModel& g, Arena& a) {
                                              (size_t)qk_norm_rope_backward_blocks((int)N, (int)NH) * 2 * D));
     g.stat_sums = a.take<double>(g.stats_layout.total);
     g.stats_partial = a.take<float>(telemetry_partial_floats((int)N, c));
-    g.beside.qk_normed = a.take<float>(kCandidateKernels ? N * NH * D : 0);
-    g.beside.row_stats = a.take<float>(kCandidateKernels ? (size_t)ATTN_NUM_ROW_STATS * N * c.n_head : 0);
+    g.beside.qk_normed = a.take<float>(N * NH * D);
+    g.beside.row_stats = a.take<float>((size_t)ATTN_NUM_ROW_STATS * N * c.n_head);
     g.doc_bits = a.take<uint32_t>((size_t)g.max_B * document_start_words(g.max_T));
     g.tokens = a.take<int>(N);
     g.targets = a.take<int>(N);
@@ -270,16 +271,13 @@ static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T, 
     gpu_set_shape(g, c, max_B, max_T, dist, trains);
     g.use_nccl = nccl_wanted(dist);
     if (g.use_nccl) nccl_init(g.nccl, dist);
-    if (kCandidateKernels) {  // the model's stream first, the statistics' beside it (StatsBeside)
-        int least = 0, greatest = 0;
-        cudaCheck(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-        cudaCheck(cudaStreamCreateWithPriority(&g.stream, cudaStreamDefault, greatest));
-        cudaCheck(cudaStreamCreateWithPriority(&g.beside.stream, cudaStreamNonBlocking, least));
-        cudaCheck(cudaEventCreateWithFlags(&g.beside.ready, cudaEventDisableTiming));
-        for (cudaEvent_t& e : g.beside.done) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    } else {
-        cudaCheck(cudaStreamCreate(&g.stream));
-    }
+    // the model's stream first, the statistics' beside it (StatsBeside)
+    int least = 0, greatest = 0;
+    cudaCheck(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    cudaCheck(cudaStreamCreateWithPriority(&g.stream, cudaStreamDefault, greatest));
+    cudaCheck(cudaStreamCreateWithPriority(&g.beside.stream, cudaStreamNonBlocking, least));
+    cudaCheck(cudaEventCreateWithFlags(&g.beside.ready, cudaEventDisableTiming));
+    for (cudaEvent_t& e : g.beside.done) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     matmul_init(g.mm);
     g.mm.tune = true;  // algorithms tuned among those with the first choice's bits (matmul_tune)
     g.graphs.on = pass_graphs_wanted();
@@ -481,7 +479,12 @@ static void forward_pass(GpuModel& g, bool targets, int B, int T, bool tm) {
 
 // Forward pass; same contract as the CPU's model_forward. Leaves the logits on the device (row
 // stride Vp). A pass that trains or evaluates without statistics, untimed by --profile 2, runs
-// from a CUDA graph unless TRAIN_CUDA_GRAPH=0 (cuda_graph.cuh).
+// from a CUDA graph unless TRAIN_CUDA_GRAPH=0 (cuda_graph.cuh). Candidate (kCandidateKernels): a
+// pass with statistics from its own graph too, its second stream's work (StatsBeside) forked from
+// the model's stream and joined back into it inside the capture. Launched one by one, a d22 pass
+// with statistics queues about twice the kernels of one without, and at 4 x 2048 (an H200 at
+// 0a29dbc) a statistics step cost 8.4 ms against 5.3 at 8 x 2048, where the device's own work for
+// the statistics is half as large: the host, not the device, is the likely bound there.
 static float model_forward(GpuModel& g, const int* tokens, const int* targets, int B, int T, bool tm) {
     if (B > g.max_B || T > g.max_T) fail("internal: batch %dx%d exceeds the allocated %dx%d", B, T, g.max_B, g.max_T);
     g.B = B;
@@ -498,8 +501,8 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
                                   cudaMemcpyHostToDevice, s));
     }
     auto pass = [&] { forward_pass(g, targets != nullptr, B, T, tm); };
-    if (targets && !tm && !g.clock.on)
-        pass_graph_run(g.graphs, {0, B, T, 0.0f, g.cudnn.workspace_generation}, s, pass);
+    if (targets && (!tm || kCandidateKernels) && !g.clock.on)
+        pass_graph_run(g.graphs, {tm ? 2 : 0, B, T, 0.0f, g.cudnn.workspace_generation}, s, pass);
     else
         pass();
     cudaCheck(cudaStreamSynchronize(s));
@@ -700,6 +703,7 @@ struct Run {
     bool writes() const { return dist.rank == 0; }  // the log, checkpoints and what is printed
     bool measuring() const { return o.measure > 0; }  // --measure: the checkpoint of -e measured, nothing trained
     std::future<void> stats_done;  // rank 0: the statistics being finished (collect_stats)
+    double stats_host_seconds = 0;  // the last statistics' time on the host, from their sums
 };
 
 // Threads per process: the cores it may run on, shared with the other processes of this machine
@@ -944,6 +948,14 @@ struct Profile {
     enum Phase { FORWARD, BACKWARD, OPTIMIZER, STEP, NUM_PHASES };
     bool on = false, kernels = false, counting = false, stats_step = false;
     double sum[2][NUM_PHASES] = {}, steps[2] = {}, mark = 0;
+    double stats_host = 0, stats_waited = 0;  // the statistics from their sums on the host; the step's wait for them
+
+    // A stats step's statistics, finished on the host (wait_stats) after `waited` seconds of waiting.
+    void stats_finished(const Run& r, double waited) {
+        if (!counting) return;
+        stats_host += r.stats_host_seconds;
+        stats_waited += waited;
+    }
 
     template <typename Model>
     void begin_step(Model& m, bool count, bool stats, double now) {
@@ -978,6 +990,10 @@ struct Profile {
             printf("profile, %s (%.0f steps): forward %.2f ms, backward %.2f ms, optimiser %.2f ms, step %.2f ms\n",
                    which, n, 1e3 * sum[k][FORWARD] / n, 1e3 * sum[k][BACKWARD] / n, 1e3 * sum[k][OPTIMIZER] / n,
                    1e3 * sum[k][STEP] / n);
+            if (k == 1 && stats_host > 0)
+                printf("profile, steps with statistics: the statistics from their sums on the host (an eigenvalue problem "
+                       "per key head, beside the backward pass) %.2f ms, the step waiting for them %.2f ms\n",
+                       1e3 * stats_host / n, 1e3 * stats_waited / n);
             WorkTimes w = kernels ? model_profile_times(m, k) : WorkTimes{};
             if (!w.empty()) print_work(w, which, n);
             untimed |= kernels && w.empty();
@@ -1006,8 +1022,12 @@ static void collect_stats(Model& m, Run& r, Telemetry* out) {
     telemetry_sums_reduce(r.dist, sums, lay);
     if (!r.writes()) return;
     ModelConfig c = r.c;
-    r.stats_done = std::async(r.on_gpu ? std::launch::async : std::launch::deferred,
-                              [out, sums, lay, c] { telemetry_from_sums(*out, sums, lay, c); });
+    double* seconds = &r.stats_host_seconds;  // read after stats_done.get(), which orders the write before it
+    r.stats_done = std::async(r.on_gpu ? std::launch::async : std::launch::deferred, [out, sums, lay, c, seconds] {
+        double start = now_seconds();
+        telemetry_from_sums(*out, sums, lay, c);
+        *seconds = now_seconds() - start;
+    });
 }
 
 static void wait_stats(Run& r) {
@@ -1256,7 +1276,11 @@ static int train(Model& m, Run& r) {
         model_adamw_step(m, opt, step + 1, norm, o.clip);
         model_param_sync(m);  // every process's updated shard to every process
         model_wait(m);        // the step's time includes the update
-        if (stats_step) wait_stats(r);  // and the statistics
+        if (stats_step) {     // and the statistics
+            double waiting = now_seconds();
+            wait_stats(r);
+            prof.stats_finished(r, now_seconds() - waiting);
+        }
         prof.end_phase(m, Profile::OPTIMIZER);
         double dt = now_seconds() - t0;
         prof.end_step(m, dt);

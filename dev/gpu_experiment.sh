@@ -18,9 +18,11 @@
 # $OUT/experiment_<configuration>.tar.xz: each run's folder
 # with its log (run.attnlog), its printed output and a MANIFEST (the command, the commit, the
 # device), without checkpoints (a d22 checkpoint with its AdamW state is about 0.9 GB). With PROBES
-# (default 1) the first seed's final checkpoint of each configuration is probed first (scripts/probe.py
-# sweep and ablate on the GPU, svd; each within PROBE_SECONDS, default 90): their tables, figures
-# and JSON go into the run's folder, probes/.
+# (default 1) the final checkpoint of each configuration's first run made is probed (scripts/probe.py
+# sweep and ablate on the GPU, svd; each within PROBE_SECONDS, default 150, with the CPU's cores
+# shared among the JOBS): their tables, figures and JSON go into the run's folder, probes/. A kept
+# run is made again where it is a configuration's first seed and its probes are not all kept
+# (probes/ablate.json): dev/keep_experiment.sh adds them to it when the losses are the kept run's.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 out=${OUT:-$(mktemp -d)}
@@ -73,11 +75,12 @@ run_one() {  # configuration, seed, whether to probe its final checkpoint: the r
         mkdir -p "$dir/probes"
         for kind in sweep svd ablate; do
             left=$((deadline - SECONDS - per_run))
-            seconds=$(( left < ${PROBE_SECONDS:-90} ? left : ${PROBE_SECONDS:-90} ))
+            seconds=$(( left < ${PROBE_SECONDS:-150} ? left : ${PROBE_SECONDS:-150} ))
             [ "$seconds" -gt 10 ] || { echo "  probe $kind of $name: no time"; continue; }
             on=(); [ "$kind" = svd ] || on=(--device cuda)
             start=$SECONDS
-            timeout --kill-after=10 "$seconds" env PYTHONPATH=scripts "$py" scripts/probe.py "$kind" "$dir/model.ckpt" \
+            timeout --kill-after=10 "$seconds" env PYTHONPATH=scripts OMP_NUM_THREADS="$probe_threads" \
+                "$py" scripts/probe.py "$kind" "$dir/model.ckpt" \
                 --data "$g/data" "${on[@]}" --out "$dir/probes" --json "$dir/probes/$kind.json" \
                 >"$dir/probes/$kind.txt" 2>&1
             echo "  probe $kind of $name: status $? in $((SECONDS - start)) s"
@@ -105,6 +108,9 @@ archive_ended() {  # each configuration whose runs were all started and have all
 
 jobs=${JOBS:-2}
 [[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "JOBS must be a number of runs at a time, 1 or more, not '$jobs'" >&2; exit 2; }
+# the CPU's threads shared by the probes that may run at once: PyTorch's small float64 products and
+# SVDs slow down by orders of magnitude when several processes each take every core
+probe_threads=$(( $(nproc) / jobs > 1 ? $(nproc) / jobs : 1 ))
 declare -A started considered archived  # configuration: its runs' names; its seeds all gone through; archived
 echo "d22, 4 x 2048, 1000 steps, statistics every 10 steps, $jobs runs at a time; $device; $commit"
 printf '%-10s %6s %-6s %10s %10s %8s\n' configuration seed status "final loss" "val loss" "ms/step"
@@ -119,12 +125,14 @@ for config in "${configs[@]}"; do
             printf '%-10s %6s %-6s\n' "$config" "$seed" "no time"
             continue
         fi
-        if [ -e "$kept/${config}_seed$seed/run.attnlog.xz" ]; then
+        probe=0
+        [ "${PROBES:-1}" != 0 ] && [ -z "${started[$config]:-}" ] && probe=1  # the configuration's first run made
+        # a kept run is made again only to be probed, where its probes are not all kept
+        if [ -e "$kept/${config}_seed$seed/run.attnlog.xz" ] &&
+            { [ "$probe" = 0 ] || [ -e "$kept/${config}_seed$seed/probes/ablate.json" ]; }; then
             printf '%-10s %6s %-6s\n' "$config" "$seed" "kept"
             continue
         fi
-        probe=0
-        [ "${PROBES:-1}" != 0 ] && [ -z "${started[$config]:-}" ] && probe=1  # the configuration's first run made
         started[$config]="${started[$config]:-} ${config}_seed$seed"
         run_one "$config" "$seed" "$probe" &
     done

@@ -29,18 +29,19 @@ case ${1:-} in
             echo "the experiment's runs not made: they must come from a build that passed its checks"
             exit 1
         fi
-        # The runs not kept in docs/runs/d22 yet: --freeze k_gain first, then a fourth seed of each
-        # configuration, each configuration's first run made here probed (its final checkpoint: the
-        # probes' outputs kept with the run).
-        CONFIGS=${CONFIGS:-freeze_k gain plain none decay_all} SEEDS=${SEEDS:-1337 42 7 2026} PROBES=${PROBES:-1} \
+        # The probes of each configuration's seed 2026 (its final checkpoint; the run made again
+        # where it is kept without them, a new one where it is not), then the seeds not kept in
+        # docs/runs/d22 yet
+        CONFIGS=${CONFIGS:-gain plain none freeze_k decay_all} SEEDS=${SEEDS:-2026 7 42 1337} PROBES=${PROBES:-1} \
             EXPERIMENT_SECONDS=$(left) bash dev/gpu_experiment.sh
         ;;
     speed)  # what decides the defaults first: the candidates' correctness and cuDNN's, then the times
         CHECK_PARTS="$(reference) cuda_parity_candidates dev_cudnn_attention" \
             CHECK_SECONDS=$(( $(left) < 200 ? $(left) : 200 )) bash dev/gpu_check.sh
-        # its torch.compile runs within what is left but 45 s (its two --profile runs) and 90 s (below:
-        # the kernels' checks, then cuBLASLt's algorithms in 30 s, then ncu in what is left)
-        SPEED_BATCHES="8 4" SPEED_SECONDS=$(( $(left) - 135 )) bash dev/gpu_speed.sh
+        # its torch.compile runs within what is left but 75 s (its --profile runs at both shapes) and
+        # 90 s (below: the kernels' checks, then cuBLASLt's algorithms in 30 s, then ncu in what is left)
+        SPEED_BATCHES="8 4" SPEED_TORCH_BATCHES=${SPEED_TORCH_BATCHES:-8 4} SPEED_SECONDS=$(( $(left) - 165 )) \
+            bash dev/gpu_speed.sh
         mkdir -p "${OUT:-/tmp}/kernels"  # the second table's logs beside the first's
         CHECK_PARTS="dev_attention dev_telemetry" CHECK_SECONDS=$(( $(left) - 60 )) OUT=${OUT:-/tmp}/kernels bash dev/gpu_check.sh
         # Every algorithm cuBLASLt offers for the d22 products, timed (OUT/matmul_algorithms.txt): whether

@@ -4,19 +4,21 @@
 # Prints one line per run: ./train on the reports' model (d22) at 8 x 2048 and 4 x 2048
 # (SPEED_BATCHES) with the statistics never, every 10 steps and every step (mean ms of steps 2 .. 31
 # of 33, from the run's log, and the final loss), each followed by the same run of
-# train_candidates (the candidate kernels in place of the defaults) when the bundle has them; then,
-# while SPEED_SECONDS (default 150) last, PyTorch's torch.compile recipe of scripts/bench.py at
-# 8 x 2048 with the reports' statistics every 10 steps and never (one process: it compiles the step
-# with and without statistics once, a minute or more); then the phases of one run of each build,
-# statistics every 10 steps, and the device's time per kind of work in its steps with and without
-# statistics (--profile 2); every run's printed output into OUT/gpu_speed_logs.tar.gz. Before
-# torch.compile, one more run of ./train at the first of SPEED_BATCHES with statistics every 10
-# steps, its passes run directly (TRAIN_CUDA_GRAPH=0) where ./train replays them from CUDA graphs:
-# its time, and whether its losses and gradient norms are the run's with graphs, bit for bit. Both
-# builds run with the wheels' libraries on the path (gpu_env.sh's with_cudnn: they load cuDNN from
-# there), so that they use the same ones. The first ./train run's lines of what runs its attention
-# (cuDNN's kernels, or why not) and of what tuning its matrix products' algorithms did are printed. scripts/bench.py gpu is the full
-# benchmark; this is its part that fits what is left of a device call.
+# train_candidates (the candidate kernels in place of the defaults) when the bundle has them and
+# SPEED_CANDIDATE_STATS (default "0 10 1") names the statistics' interval. Then one more run of
+# ./train at the first of SPEED_BATCHES with statistics every 10 steps, its passes run directly
+# (TRAIN_CUDA_GRAPH=0) where ./train replays them from CUDA graphs: its time, and whether its losses
+# and gradient norms are the run's with graphs, bit for bit. Then, while SPEED_SECONDS (default 150)
+# last, PyTorch's torch.compile recipe of scripts/bench.py at each of SPEED_TORCH_BATCHES (default 8)
+# x 2048 with the reports' statistics every 10 steps and never (one process: it compiles the step
+# with and without statistics once a shape, a minute or more). Last, at each of SPEED_BATCHES, the
+# phases of one run of each build, statistics every 10 steps, and the device's time per kind of work
+# in its steps with and without statistics (--profile 2). Every run's printed output goes into
+# OUT/gpu_speed_logs.tar.gz. Both builds run with the wheels' libraries on the path (gpu_env.sh's
+# with_cudnn: they load cuDNN from there), so that they use the same ones. The first ./train run's
+# lines of what runs its attention (cuDNN's kernels, or why not) and of what tuning its matrix
+# products' algorithms did are printed. scripts/bench.py gpu is the full benchmark; this is its part
+# that fits what is left of a device call.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 deadline=$((SECONDS + ${SPEED_SECONDS:-150}))
@@ -48,7 +50,8 @@ echo "  cuBLASLt: $("${with_cudnn[@]}" ldd "$g/bin/train" 2>/dev/null | awk '/li
 for B in ${SPEED_BATCHES:-8 4}; do
     for every in 0 10 1; do
         for binary in train train_candidates; do
-            [ "$binary" = train ] || [ -x "$g/bin/$binary" ] || continue
+            [ "$binary" = train ] || { [ -x "$g/bin/$binary" ] && [[ " ${SPEED_CANDIDATE_STATS:-0 10 1} " == *" $every "* ]]; } ||
+                continue
             name=d22_b${B}_s${every}_$binary
             if run_d22 "$name" "$binary" "$B" "$every"; then
                 touch "$runs/$name.ok"
@@ -90,24 +93,32 @@ print("the same losses and norms, bit for bit" if same else "LOSSES OR NORMS DIF
 fi
 left=$((deadline - SECONDS))
 if [ "$left" -gt 20 ]; then  # one process, one compilation: every 10 steps (the goal's comparison) first
+    # shellcheck disable=SC2086  # the batch sizes are words
     timeout "$left" env PYTHONPATH=scripts PYTHONUNBUFFERED=1 "$py" -c 'import sys, types, attnlog, bench, torch
 args = types.SimpleNamespace(warmup=2)
-name = f"  PyTorch {torch.__version__} torch.compile 8 x 2048, statistics every"
-report = lambda every, ms: print(f"{name} {every:<2} {ms:.2f} ms")
-if bench.bench_torch_gpu(args, attnlog.open_log(sys.argv[1]).config, 8, 2048, 32, True, [10, 0], report) is None:
-    print(f"{name} 10 and 0: needs PyTorch >= 2.5 with CUDA")' "$runs/d22_b8_s0_train/run.attnlog" >"$runs/torch_compile.log" 2>&1
+config = attnlog.open_log(sys.argv[1]).config
+for B in map(int, sys.argv[2:]):
+    print(f"torch.compile {B} x 2048: compiling and timing", flush=True)
+    name = f"  PyTorch {torch.__version__} torch.compile {B} x 2048, statistics every"
+    report = lambda every, ms: print(f"{name} {every:<2} {ms:.2f} ms")
+    if bench.bench_torch_gpu(args, config, B, 2048, 32, True, [10, 0], report) is None:
+        print(f"{name} 10 and 0: needs PyTorch >= 2.5 with CUDA")' "$runs/d22_b8_s0_train/run.attnlog" \
+        ${SPEED_TORCH_BATCHES:-8} >"$runs/torch_compile.log" 2>&1
     status=$?
     grep '^  PyTorch' "$runs/torch_compile.log"
-    [ "$status" -ne 124 ] || echo "  torch.compile 8 x 2048: stopped after ${left} s"
-    [ "$status" -eq 0 ] || [ "$status" -eq 124 ] || echo "  torch.compile 8 x 2048 FAILED: $(tail -1 "$runs/torch_compile.log" | cut -c1-150)"
+    [ "$status" -ne 124 ] || echo "  torch.compile: stopped after ${left} s, at: $(tail -1 "$runs/torch_compile.log" | cut -c1-150)"
+    [ "$status" -eq 0 ] || [ "$status" -eq 124 ] || echo "  torch.compile FAILED: $(tail -1 "$runs/torch_compile.log" | cut -c1-150)"
 else
-    echo "  torch.compile 8 x 2048: no time left"
+    echo "  torch.compile: no time left"
 fi
-for binary in train train_candidates; do
-    [ "$binary" = train ] || [ -x "$g/bin/$binary" ] || continue
-    echo "  ./$binary, d22 8 x 2048, statistics every 10 steps, --profile 2:"
-    timeout 60 "${with_cudnn[@]}" "$g/bin/$binary" "${data[@]}" -m d22 -b 8 -t 2048 -x 30 -s 10 --profile 2 --device cuda \
-        -o "$runs/profile_$binary" 2>&1 | tee "$runs/profile_$binary.log" | sed -n '/^profile/,/^  sum/p' | sed 's/^/  /'
+for B in ${SPEED_BATCHES:-8 4}; do
+    for binary in train train_candidates; do
+        [ "$binary" = train ] || [ -x "$g/bin/$binary" ] || continue
+        echo "  ./$binary, d22 $B x 2048, statistics every 10 steps, --profile 2:"
+        timeout 60 "${with_cudnn[@]}" "$g/bin/$binary" "${data[@]}" -m d22 -b "$B" -t 2048 -x 30 -s 10 --profile 2 \
+            --device cuda -o "$runs/profile_b${B}_$binary" 2>&1 | tee "$runs/profile_b${B}_$binary.log" |
+            sed -n '/^profile/,/^  sum/p' | sed 's/^/  /'
+    done
 done
 # every run's printed output, for what a table line leaves out (no checkpoints, no logs of the runs;
 # cuDNN's warnings and errors in each run's .cudnn.log, at most its first 2 MB)

@@ -9,7 +9,7 @@
 #   probes/          the probes' tables, JSON and figures, when the run was probed
 # A run is staged inside DEST and renamed into place whole; a run kept already is left as it is,
 # never overwritten, except that a second run of its command with probes (gpu_experiment.sh's
-# PROBES=1) adds them when its losses are the kept run's, bit for bit. A run that cannot be kept (no
+# PROBES=1) adds those the kept run lacks when its losses are the kept run's, bit for bit. A run that cannot be kept (no
 # log, an unreadable one, a status other than 0: stopped at its time limit, say) is reported and the
 # others are kept; the status is then 1. Prints each run and the size of DEST. When it kept a run,
 # it then writes the experiment's tables and figures again (scripts/experiment.py DEST, into
@@ -44,11 +44,18 @@ keep_run() {  # the unpacked run's folder, its staging folder: the files to keep
     if [ -d "$run/probes" ]; then cp -r "$run/probes" "$staged/" || return 1; fi
 }
 
-# The probes of a run kept without them, from a second run of its command: added only when the two
-# runs' losses are the same, every step, bit for bit (./train gives the same bits for the same command,
-# commit and device), so that they are the kept run's probes.
+# The probes of a run kept without them all, from a second run of its command: each probe (sweep, svd,
+# ablate) that the kept run lacks (its JSON) and the second run made, its table, JSON and figure; added
+# only when the two runs' losses are the same, every step, bit for bit (./train gives the same bits
+# for the same command and device), so that they are the kept run's probes.
+missing_probes() {  # the unpacked run, the kept run: the probes the second has not and the first made
+    local kind
+    for kind in sweep svd ablate; do
+        [ -e "$1/probes/$kind.json" ] && [ ! -e "$2/probes/$kind.json" ] && echo "$kind"
+    done
+}
 add_probes() {  # the unpacked run, the kept run
-    local run=$1 kept=$2 name
+    local run=$1 kept=$2 name kind
     name=$(basename "$kept")
     if ! PYTHONPATH="$root/scripts" "$py" -c 'import sys, attnlog
 a, b = (attnlog.open_log(p).scalars("loss")[1] for p in sys.argv[1:])
@@ -57,10 +64,22 @@ sys.exit(0 if len(a) > 0 and list(a) == list(b) else 1)' "$run/run.attnlog" "$ke
         failed=1
         return
     fi
-    cp -r "$run/probes" "$work/probes_$name" && mv "$work/probes_$name" "$kept/probes" &&
-        echo "probes: from a second run of the same command, the same losses ($(grep -E '^(commit|device):' "$run/MANIFEST" | tr '\n' ' '))" \
-            >>"$kept/MANIFEST" && echo "$name: kept already; its probes added from a second run with the same losses" ||
-        { echo "$name: its probes could not be added"; failed=1; }
+    local kinds
+    kinds=$(missing_probes "$run" "$kept" | tr '\n' ' ')
+    mkdir -p "$work/probes_$name" && cp -r "$kept/probes/." "$work/probes_$name/" 2>/dev/null
+    for kind in $kinds; do
+        cp "$run/probes/$kind".* "$run/probes/"*"_$kind".png "$work/probes_$name/" 2>/dev/null
+    done
+    # the kept probes and the new ones in a folder beside, then swapped in by renames
+    if rm -rf "$work/old_probes_$name" && { [ ! -e "$kept/probes" ] || mv "$kept/probes" "$work/old_probes_$name"; } &&
+        mv "$work/probes_$name" "$kept/probes"; then
+        echo "probes ${kinds% }: from a second run of the same command, the same losses ($(grep -E '^(commit|device):' \
+            "$run/MANIFEST" | tr '\n' ' '))" >>"$kept/MANIFEST"
+        echo "$name: kept already; its probes ${kinds% } added from a second run with the same losses"
+    else
+        echo "$name: its probes could not be added"
+        failed=1
+    fi
 }
 
 failed=0
@@ -73,7 +92,7 @@ for archive in "${archives[@]}"; do
         run=${run%/}
         name=$(basename "$run")
         kept=$dest/$name
-        if [ -e "$kept" ] && [ ! -e "$kept/probes" ] && [ -d "$run/probes" ]; then
+        if [ -e "$kept" ] && [ -n "$(missing_probes "$run" "$kept")" ]; then
             add_probes "$run" "$kept"
         elif [ -e "$kept" ]; then
             echo "$name: kept already in $kept, left as it is"

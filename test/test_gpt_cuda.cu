@@ -152,13 +152,12 @@ static void check_adamw_steps(GpuModel& g, const std::string& label, const std::
                               {kBf16Rtol, kGradAtolFrac, opt.beta2});
 }
 
-// The candidate build's statistics beside the layers (StatsBeside, train_gpt.cu) are those taken
-// between them, bit for bit. First a pass on other tokens (the batch shifted by one), so that a
+// The statistics beside the layers (StatsBeside, train_gpt.cu) are those taken between them, bit for
+// bit. First a pass on other tokens (the batch shifted by one), so that a
 // read of a buffer the pass before left would show; then every buffer of the float32 queries and
 // keys and of the rows' statistics set to NaN, so that a read before its write would too.
 static void check_stats_beside(GpuModel& g, const std::string& label, const std::vector<int>& tokens,
                                const std::vector<int>& targets, int B, int T) {
-    if (!kCandidateKernels) return;
     std::vector<int> shifted(tokens.size());
     for (size_t i = 0; i < tokens.size(); i++) shifted[i] = tokens[(i + 1) % tokens.size()];
     Telemetry other, beside, between;
@@ -173,18 +172,18 @@ static void check_stats_beside(GpuModel& g, const std::string& label, const std:
     g.beside.on = true;
     bool same = true;
     for (int k = 0; k < M_NUM_METRICS; k++) same &= beside.values[k] == between.values[k];
-    report(same, label + "statistics beside the layers' forward pass (candidate) are those taken between them, bit "
-                         "for bit");
+    report(same, label + "statistics beside the layers' forward pass are those taken between them, bit for bit");
 }
 
 // CUDA graphs (./train's unless TRAIN_CUDA_GRAPH=0, cuda_graph.cuh). A step, on one of two batches (the tokens and
 // the same tokens shifted by one): the batch's forward and backward passes, its first sequence's as
 // a micro-batch (another shape: two more graphs), then a statistics forward pass of the batch (run
-// directly) and a backward pass after it. Six steps with graphs, the batches in turn, take every
-// pass through its direct run, its capture and launch, and launches of its graph; each step must
-// give the loss and every gradient of the same step run directly, bit for bit. Before each step the
-// host's copy of the losses and the device's logits are filled with NaN, so that a replay that left
-// either alone shows. And the four passes must have been captured.
+// directly; from a graph of its own in the candidate build) and a backward pass after it. Six steps
+// with graphs, the batches in turn, take every pass through its direct run, its capture and launch,
+// and launches of its graph; each step must give the loss, every gradient and every statistic of
+// the same step run directly, bit for bit. Before each step the host's copy of the losses and the
+// device's logits are filled with NaN, so that a replay that left either alone shows. And the four
+// passes (five in the candidate build) must have been captured.
 static void check_graphs(const std::string& ckpt, const std::vector<int>& tokens, const std::vector<int>& targets,
                          int B, int T) {
     GpuModel g;
@@ -195,7 +194,7 @@ static void check_graphs(const std::string& ckpt, const std::vector<int>& tokens
     std::vector<int> shifted(tokens.begin() + 1, tokens.end());
     shifted.push_back(tokens[0]);
     const std::vector<int>* batches[2] = {&tokens, &shifted};
-    auto step = [&](int batch, std::vector<float>& grads) {
+    auto step = [&](int batch, std::vector<float>& grads, Telemetry& stats) {
         const int* x = batches[batch]->data();
         std::fill(g.losses_host, g.losses_host + (size_t)B * T, NAN);
         cudaCheck(cudaMemsetAsync(g.acts.logits, 0xFF, (size_t)B * T * g.Vp * sizeof(bf16), g.stream));
@@ -204,7 +203,6 @@ static void check_graphs(const std::string& ckpt, const std::vector<int>& tokens
         model_backward(g, x, targets.data(), 1.0f);
         loss += model_forward(g, x, targets.data(), 1, T, false);
         model_backward(g, x, targets.data(), 0.5f);
-        Telemetry stats;
         loss += forward_with_stats(g, x, targets.data(), B, T, stats);
         model_backward(g, x, targets.data(), 1.0f);
         grads.resize(g.P);
@@ -214,20 +212,26 @@ static void check_graphs(const std::string& ckpt, const std::vector<int>& tokens
     };
     g.graphs.on = false;
     std::vector<float> direct[2], graphed;
+    Telemetry direct_stats[2];
     float direct_loss[2];
-    for (int batch = 0; batch < 2; batch++) direct_loss[batch] = step(batch, direct[batch]);
+    for (int batch = 0; batch < 2; batch++) direct_loss[batch] = step(batch, direct[batch], direct_stats[batch]);
     g.graphs.on = true;
     for (int k = 0; k < 6; k++) {
         const int batch = k % 2;
-        const float loss = step(batch, graphed);
-        const bool same = memcmp(&loss, &direct_loss[batch], sizeof loss) == 0 &&
-                          memcmp(graphed.data(), direct[batch].data(), g.P * sizeof(float)) == 0;
-        report(same, strprintf("cuda graphs: step %d (batch %d): the direct step's loss and gradients, bit for bit", k + 1,
-                               batch + 1));
+        Telemetry stats;
+        const float loss = step(batch, graphed, stats);
+        bool same = memcmp(&loss, &direct_loss[batch], sizeof loss) == 0 &&
+                    memcmp(graphed.data(), direct[batch].data(), g.P * sizeof(float)) == 0;
+        for (int m = 0; m < M_NUM_METRICS; m++)
+            same &= stats.values[m].size() == direct_stats[batch].values[m].size() &&
+                    memcmp(stats.values[m].data(), direct_stats[batch].values[m].data(),
+                           stats.values[m].size() * sizeof(float)) == 0;
+        report(same, strprintf("cuda graphs: step %d (batch %d): the direct step's loss, gradients and statistics, bit "
+                               "for bit", k + 1, batch + 1));
     }
-    int captured = 0;
+    int captured = 0, want = kCandidateKernels ? 5 : 4;
     for (const PassGraphs::Entry& e : g.graphs.entries) captured += e.exec != nullptr;
-    report(captured == 4 && g.graphs.refused.empty(), "cuda graphs: the four passes were captured",
+    report(captured == want && g.graphs.refused.empty(), strprintf("cuda graphs: the %d passes were captured", want),
            strprintf("%d captured%s%s", captured, g.graphs.refused.empty() ? "" : "; refused: ", g.graphs.refused.c_str()));
     model_free(g);
 }

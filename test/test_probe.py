@@ -317,6 +317,23 @@ def test_ablate(trained, batch, logged):
     assert again["increase"][1, 2] == 0.0 and again["mean_increase"][1, 2] == 0.0
 
 
+def test_pass_from_a_layer_is_the_whole_pass(trained, batch):
+    """forward from layer l's input (start) gives the whole pass's logits bit for bit, with head 1 of
+    layer l ablated too: what ablate relies on when it skips the layers before the ablated one."""
+    c, params = trained
+    tokens, _ = batch[0]
+    inputs = {}
+    with torch.no_grad():
+        whole = forward(params, c, tokens, inputs=inputs)[0]
+        assert sorted(inputs) == list(range(c.n_layer))
+        for l in range(c.n_layer):
+            assert torch.equal(forward(params, c, tokens, start=(l, inputs[l]))[0], whole)
+            cut = {(l, 1): torch.zeros(c.head_dim, dtype=torch.float64)}
+            ablated = forward(params, c, tokens, ablate=cut)[0]
+            assert not torch.equal(ablated, whole)
+            assert torch.equal(forward(params, c, tokens, start=(l, inputs[l]), ablate=cut)[0], ablated)
+
+
 def constant_head_model():
     """Random weights of 2 layers of 2 heads (one kv head each, D = 4, C = 8) whose embeddings all have
     the norm sqrt(C) and first coordinate 1: layer 0's normed input has first coordinate

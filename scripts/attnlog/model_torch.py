@@ -137,7 +137,7 @@ def keep(t):
     return t
 
 
-def forward(p, c, tokens, targets=None, taps=None, logit_scale=None, ablate=(), store=keep):
+def forward(p, c, tokens, targets=None, taps=None, logit_scale=None, ablate=(), store=keep, inputs=None, start=None):
     """Logits [B, T, V] and the mean cross-entropy (None without targets).
 
     taps, if a dict, receives per layer l a dict: the queries and keys after their norms and before
@@ -153,13 +153,18 @@ def forward(p, c, tokens, targets=None, taps=None, logit_scale=None, ablate=(), 
     (the kernels of other head_dims keep them in float32), its output, the MLP's products, the
     logits); with a rounding to bf16 (and bf16 weights) it emulates that backend's
     rounding. The keys and queries after their norms stay as computed: the GPU keeps them in float32.
+    inputs, if a dict, receives per layer l the residual stream at its input [B, T, C]; start, a pair
+    (l, that input), runs from layer l on, the layers before it skipped: the same numbers as the
+    whole pass, for less work when only layer l and those after it change (an ablation of layer l).
     """
     B, T = tokens.shape
     H, Hkv, D = c.n_head, c.n_kv_head, c.head_dim
     cos, sin = (t.to(tokens.device) for t in rope_tables(c, T, p["wte"].dtype))
-    x = store(p["wte"][tokens])
+    first, x = start if start is not None else (0, store(p["wte"][tokens]))
     causal = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
-    for l in range(c.n_layer):
+    for l in range(first, c.n_layer):
+        if inputs is not None:
+            inputs[l] = x
         w = lambda name: p[f"layers.{l}.{name}"]
         h = store(rmsnorm(x, w("attn_norm"), c.norm_eps))
         q = store(h @ w("wq").T).view(B, T, H, D)
@@ -287,7 +292,7 @@ def read_checkpoint(path):
     copies = 3 if flags & 1 else 1
     if len(data) != CKPT_HEADER + 4 * P * copies:
         raise bad(f"checkpoint is {len(data)} bytes, expected {CKPT_HEADER + 4 * P * copies}")
-    if zlib.crc32(data[CKPT_HEADER:]) != crc_payload:
+    if zlib.crc32(memoryview(data)[CKPT_HEADER:]) != crc_payload:  # a view: a d22 checkpoint is 0.9 GB
         raise bad("checkpoint data is damaged (checksum mismatch)")
     flat = np.frombuffer(data, dtype="<f4", count=P, offset=CKPT_HEADER)
     params, off = {}, 0

@@ -302,12 +302,19 @@ def ablate(params, c, batches):
     mean-ablation, which keeps what the head adds on average and removes only what depends on the
     input). Each with its standard error over the sequences (standard_error of the per-sequence
     differences, "increase_se", "mean_increase_se"; "loss_se" for the intact loss)."""
-    intact = sequence_losses(params, c, batches)
+    layer_inputs = [{} for _ in batches]  # per batch, each layer's input: an ablation runs from its layer on
+    intact = np.concatenate([sequence_losses(params, c, [batch], inputs=inputs)
+                             for batch, inputs in zip(batches, layer_inputs)])
     means = head_means(params, c, batches)
     zeros = torch.zeros(c.head_dim, dtype=torch.float64, device=batches[0][0].device)
     out = {"loss": float(intact.mean()), "loss_se": float(standard_error(intact)), "sequences": len(intact)}
+
+    def ablated(l, h, fill):  # each sequence's loss with head h of layer l replaced by fill
+        return np.concatenate([sequence_losses(params, c, [batch], ablate={(l, h): fill}, start=(l, inputs[l]))
+                               for batch, inputs in zip(batches, layer_inputs)])
+
     for name, fill in (("increase", lambda l, h: zeros), ("mean_increase", lambda l, h: means[l, h])):
-        change = np.array([[sequence_losses(params, c, batches, ablate={(l, h): fill(l, h)}) - intact
+        change = np.array([[ablated(l, h, fill(l, h)) - intact
                             for h in range(c.n_head)] for l in range(c.n_layer)])  # [L, H, sequences]
         out[name], out[f"{name}_se"] = change.mean(-1), standard_error(change)
     return out
