@@ -501,6 +501,8 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
                                   cudaMemcpyHostToDevice, s));
     }
     auto pass = [&] { forward_pass(g, targets != nullptr, B, T, tm); };
+    // A graph keeps the way its pass ran when captured: with the statistics beside the layers or
+    // between them (g.beside.on), which the key leaves out; the two give the same bits.
     if (targets && (!tm || kCandidateKernels) && !g.clock.on)
         pass_graph_run(g.graphs, {tm ? 2 : 0, B, T, 0.0f, g.cudnn.workspace_generation}, s, pass);
     else

@@ -5,10 +5,11 @@
 # (SPEED_BATCHES) with the statistics never, every 10 steps and every step (mean ms of steps 2 .. 31
 # of 33, from the run's log, and the final loss), each followed by the same run of
 # train_candidates (the candidate kernels in place of the defaults) when the bundle has them and
-# SPEED_CANDIDATE_STATS (default "0 10 1") names the statistics' interval. Then one more run of
-# ./train at the first of SPEED_BATCHES with statistics every 10 steps, its passes run directly
-# (TRAIN_CUDA_GRAPH=0) where ./train replays them from CUDA graphs: its time, and whether its losses
-# and gradient norms are the run's with graphs, bit for bit. Then, while SPEED_SECONDS (default 150)
+# SPEED_CANDIDATE_STATS (default "0 10 1") names the statistics' interval. Then, at the first of
+# SPEED_BATCHES, one more run of ./train with statistics every 10 steps (and of train_candidates
+# with statistics every step), its passes run directly (TRAIN_CUDA_GRAPH=0) where it replays them
+# from CUDA graphs: its time, and whether its losses, gradient norms and statistics are the run's
+# with graphs, bit for bit. Then, while SPEED_SECONDS (default 150)
 # last, PyTorch's torch.compile recipe of scripts/bench.py at each of SPEED_TORCH_BATCHES (default 8)
 # x 2048 with the reports' statistics every 10 steps and never (one process: it compiles the step
 # with and without statistics once a shape, a minute or more). Last, at each of SPEED_BATCHES, the
@@ -68,29 +69,34 @@ for B in ${SPEED_BATCHES:-8 4}; do
         done
     done
 done
-# ./train with its passes run directly (TRAIN_CUDA_GRAPH=0), beside the same run replaying them from
+# A build with its passes run directly (TRAIN_CUDA_GRAPH=0), beside the same run replaying them from
 # CUDA graphs (the same binary, command and cuDNN log settings): the time, and whether every step's
-# loss and gradient norm are the same bits. The window (steps 2-31) of the run with graphs holds the
-# step that captures the forward pass's graph (step 2; the backward pass's is captured at step 1,
-# step 0 being a statistics step whose forward pass runs directly), a cost of milliseconds once.
+# loss, gradient norm and statistics are the same bits. ./train at statistics every 10 steps, and
+# train_candidates, where the bundle has it, at statistics every step (its passes with statistics
+# come from a graph too). The window (steps 2-31) of a run with graphs holds the steps that capture
+# the passes' graphs, a cost of milliseconds once.
 B=${SPEED_BATCHES:-8}
 B=${B%% *}
-name=d22_b${B}_s10_train
-if [ -e "$runs/$name.ok" ]; then
-    if run_d22 "${name}_direct" train "$B" 10 TRAIN_CUDA_GRAPH=0; then
+for direct in train:10 train_candidates:1; do
+    binary=${direct%:*} every=${direct#*:}
+    name=d22_b${B}_s${every}_$binary
+    [ -e "$runs/$name.ok" ] || continue
+    if run_d22 "${name}_direct" "$binary" "$B" "$every" TRAIN_CUDA_GRAPH=0; then
         same=$(PYTHONPATH=scripts "$py" -c 'import sys, attnlog
 a, b = (attnlog.open_log(p) for p in sys.argv[1:])
 same = all(a.scalars(k)[1].tobytes() == b.scalars(k)[1].tobytes() for k in ("loss", "grad_norm"))
-print("the same losses and norms, bit for bit" if same else "LOSSES OR NORMS DIFFER")' "$runs/$name/run.attnlog" \
+stats = all(a.metric(k)[1].tobytes() == b.metric(k)[1].tobytes() for k in a.metric_names())
+print("the same losses, norms and statistics, bit for bit" if same and stats else
+      ("LOSSES OR NORMS DIFFER" if not same else "STATISTICS DIFFER"))' "$runs/$name/run.attnlog" \
             "$runs/${name}_direct/run.attnlog" 2>&1) || same="the comparison FAILED: $(tail -1 <<<"$same")"
-        printf '  %-18s %d x 2048, statistics every 10 %s ms without CUDA graphs: %s\n' ./train "$B" \
+        printf '  %-18s %d x 2048, statistics every %-2s %s ms without CUDA graphs: %s\n' "./$binary" "$B" "$every" \
             "$(mean_ms "$runs/${name}_direct/run.attnlog")" "$same"
     else
-        printf '  %-18s %d x 2048, statistics every 10 without CUDA graphs FAILED: %s\n' ./train "$B" \
+        printf '  %-18s %d x 2048, statistics every %-2s without CUDA graphs FAILED: %s\n' "./$binary" "$B" "$every" \
             "$(tail -1 "$runs/${name}_direct.log" | cut -c1-150)"
     fi
     grep -E '^CUDA graphs' "$runs/$name.log" | cut -c1-200 | sed 's/^/    /'
-fi
+done
 left=$((deadline - SECONDS))
 if [ "$left" -gt 20 ]; then  # one process, one compilation: every 10 steps (the goal's comparison) first
     # shellcheck disable=SC2086  # the batch sizes are words

@@ -15,8 +15,8 @@ typedef __nv_bfloat16 bf16;
 // checked and timed by dev/cuda) replace the defaults only in a build with -DLLMC_CANDIDATE_KERNELS
 // (make build/train_candidates, build/test_gpt_cuda_candidates; dev/gpu_bundle.sh carries both when
 // a kernel reads kCandidateKernels), so that a GPU machine can check and time whole steps with them
-// before they become the defaults. None is a candidate at present: those measured on an H200 at
-// b31e86d are ./train's (docs/benchmarks.md).
+// before they become the defaults. docs/benchmarks.md lists them ("Written since") with what each
+// is predicted to gain.
 #ifdef LLMC_CANDIDATE_KERNELS
 constexpr bool kCandidateKernels = true;
 #else

@@ -72,7 +72,10 @@ void pass_graph_run(PassGraphs& pg, const PassKey& key, cudaStream_t s, Work&& w
         work();
         cudaGraph_t graph = nullptr;
         cudaError_t err = cudaStreamEndCapture(s, &graph);
-        if (err == cudaSuccess) err = cudaGraphInstantiate(&e->exec, graph, 0);
+        // A kernel node keeps the priority of the stream it was captured from (the statistics' second
+        // stream is below the model's, StatsBeside) only when the graph is made to honour it.
+        const unsigned long long flags = kCandidateKernels ? cudaGraphInstantiateFlagUseNodePriority : 0;
+        if (err == cudaSuccess) err = cudaGraphInstantiateWithFlags(&e->exec, graph, flags);
         if (graph) cudaCheck(cudaGraphDestroy(graph));
         if (err != cudaSuccess) {
             cudaGetLastError();  // the capture's error is not sticky: clear it

@@ -193,12 +193,24 @@ __global__ void qk_norm_rope_forward_vec_kernel(bf16* qk_rope, float* qk_normed,
     *reinterpret_cast<uint4*>(qk_rope + item * D + 8 * j) = float_to_bf16x8(z);
 }
 
+// Candidate (kCandidateKernels): the backward held to 64 registers a thread (68 without, no spills
+// with it), so that an SM holds four of its 256-thread blocks instead of three. On an H200 at d22,
+// 8 x 2048 (0a29dbc), Nsight Compute read it at 39% of the memory's speed with 3 blocks an SM (its
+// registers' limit), 0.78 eligible warps a scheduler, most waiting on loads, and its 1,024 blocks in
+// 2.59 waves, the last partial; with four an SM, a third more warps hide the loads' latency and the
+// blocks fit 1.94 waves. The same instructions: the same bits.
+#ifdef LLMC_CANDIDATE_KERNELS
+#define QK_NORM_ROPE_BACKWARD_BOUNDS __launch_bounds__(256, 4)
+#else
+#define QK_NORM_ROPE_BACKWARD_BOUNDS
+#endif
+
 // Backward: a block takes kQkItemsPerBlock items, as the kernel above, so that the partial gain
 // gradients [blocks][2D] and their reduction are the same. Each lane keeps the gain gradients of
 // its 8 elements, for the query gain and the key gain, across the items it takes; then the block
 // adds its groups' sums in a fixed order.
 template <int D>
-__global__ void qk_norm_rope_backward_vec_kernel(bf16* dqkv, float* dg_partial, const bf16* dqk, const bf16* qkv,
+__global__ void QK_NORM_ROPE_BACKWARD_BOUNDS qk_norm_rope_backward_vec_kernel(bf16* dqkv, float* dg_partial, const bf16* dqk, const bf16* qkv,
                                                  const float* qk_rstd, const bf16* g_q, const bf16* g_k,
                                                  const float* rope_cos, const float* rope_sin, int N, int T, int H,
                                                  int NH, int QKV, int normalise) {
@@ -267,6 +279,7 @@ inline void with_head_dim(int D, F&& f) {
 }
 
 static const int kQkVecThreads = 256;
+static_assert(kQkVecThreads == 256, "QK_NORM_ROPE_BACKWARD_BOUNDS names the block size");
 
 // The vectorised forward and backward, with the arguments of the simple kernels' functions.
 inline void qk_norm_rope_forward_vec(bf16* qk_rope, float* qk_normed, float* qk_rstd, const bf16* qkv, const bf16* g_q,
