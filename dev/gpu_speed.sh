@@ -12,9 +12,9 @@
 # with graphs, bit for bit. Then, while SPEED_SECONDS (default 150)
 # last, PyTorch's torch.compile recipe of scripts/bench.py at each of SPEED_TORCH_BATCHES (default 8)
 # x 2048 with the reports' statistics every 10 steps and never (one process: it compiles the step
-# with and without statistics once a shape, a minute or more). Last, at each of SPEED_BATCHES, the
-# phases of one run of each build, statistics every 10 steps, and the device's time per kind of work
-# in its steps with and without statistics (--profile 2). Every run's printed output goes into
+# with and without statistics once a shape, a minute or more). Last, the phases of one run of
+# ./train at each of SPEED_BATCHES and of train_candidates at the first, statistics every 10 steps,
+# and the device's time per kind of work in its steps with and without statistics (--profile 2). Every run's printed output goes into
 # OUT/gpu_speed_logs.tar.gz. Both builds run with the wheels' libraries on the path (gpu_env.sh's
 # with_cudnn: they load cuDNN from there), so that they use the same ones. The first ./train run's
 # lines of what runs its attention (cuDNN's kernels, or why not) and of what tuning its matrix
@@ -117,9 +117,11 @@ for B in map(int, sys.argv[2:]):
 else
     echo "  torch.compile: no time left"
 fi
+first_batch=${SPEED_BATCHES:-8}
+first_batch=${first_batch%% *}
 for B in ${SPEED_BATCHES:-8 4}; do
-    for binary in train train_candidates; do
-        [ "$binary" = train ] || [ -x "$g/bin/$binary" ] || continue
+    for binary in train train_candidates; do  # the candidates at the first batch size
+        [ "$binary" = train ] || { [ -x "$g/bin/$binary" ] && [ "$B" = "$first_batch" ]; } || continue
         echo "  ./$binary, d22 $B x 2048, statistics every 10 steps, --profile 2:"
         timeout 60 "${with_cudnn[@]}" "$g/bin/$binary" "${data[@]}" -m d22 -b "$B" -t 2048 -x 30 -s 10 --profile 2 \
             --device cuda -o "$runs/profile_b${B}_$binary" 2>&1 | tee "$runs/profile_b${B}_$binary.log" |
