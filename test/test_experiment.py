@@ -139,7 +139,28 @@ def folder(tmp_path_factory):
                       loss, val_loss)
             if n == 0:
                 (sub / "MANIFEST").write_text(f"command: ./train --seed {seed}\ncommit: commit 0123abc\n")
+    probes = root / "gain_seed42" / "probes"
+    probes.mkdir()
+    for probe, numbers in PROBED.items():
+        (probes / f"{probe}.json").write_text(json.dumps(dict(numbers, probe=probe, checkpoint="model.ckpt")))
     return root
+
+
+# The probes' JSON (scripts/probe.py --json) kept with one run, gain_seed42: a sweep of three scales;
+# svd with layer l's head h at the effective rank 2 l + h (layer 0's head 0 NaN, as JSON's null);
+# ablate with the increase 0.01 (l + 1) + 0.001 h zeroed, 0.005 less mean-ablated.
+SWEEP_SCALES, SWEEP_LOSS, SWEEP_SE = [0.5, 1, 2], [5.5, 5.0, 5.2], [0.01, 0.0, 0.02]
+ERANK = [[None if (l, h) == (0, 0) else 2.0 * l + h for h in range(HEADS)] for l in range(LAYERS)]
+INCREASE = [[0.01 * (l + 1) + 0.001 * h for h in range(HEADS)] for l in range(LAYERS)]
+PROBED = {
+    "sweep": {"scales": SWEEP_SCALES, "loss": SWEEP_LOSS, "loss_change_se": SWEEP_SE, "sequences": 8, "seq_len": T},
+    "svd": {"effective_rank": ERANK, "cos_mean": [[0.25] * HEADS] * LAYERS, "chance_cos_mean": 0.125,
+            "chance_cos_mean_se": 0.002, "qk_row_cos_abs_mean": [[0.1] * HEADS] * LAYERS,
+            "chance_qk_row_cos_abs_mean": 0.05, "chance_qk_row_cos_abs_mean_se": 0.001},
+    "ablate": {"loss": 5.0, "loss_se": 0.03, "increase": INCREASE, "increase_se": [[0.002] * HEADS] * LAYERS,
+               "mean_increase": [[x - 0.005 for x in row] for row in INCREASE],
+               "mean_increase_se": [[0.001] * HEADS] * LAYERS, "sequences": 8},
+}
 
 
 def experiment_py(*args):
@@ -281,6 +302,26 @@ def test_dampened_early_keys_counted(made):
     for name in CONFIGS:
         below = sum(m < 8 * 0.95 for m in window_means("early", name))
         assert table_row(text, "**Dampened early keys.**", name)[2] == f"{below} of {len(CONFIGS[name][2])}"
+
+
+def test_probes_of_a_run(made):
+    """The probes a run's folder keeps, in results.md: the sweep's loss changes against s = 1, svd's
+    effective rank averaged over each layer group's heads (NaN left out) and its cosines beside
+    chance, ablate's group means and the three heads whose zeroing costs most."""
+    results, text, _ = made
+    assert [p["run"] for p in results["probes"]] == ["gain_seed42"] and results["probes"][0]["configuration"] == "gain"
+    sweep = table_row(text, "**Attention logits times s**", "gain_seed42")
+    assert sweep == ["gain_seed42", "gain", f"8 x {T}", "5.0000", "+0.5000 ± 0.0100", "+0.2000 ± 0.0200"]
+    svd = table_row(text, "**The heads' score forms**", "gain_seed42")
+    ranks = [np.mean([x for l in layers for x in ERANK[l] if x is not None]) for layers in (EARLY, MIDDLE, FINAL)]
+    assert ranks[0] == 2.0  # heads (0, 1), (1, 0), (1, 1): 1, 2, 3
+    assert svd == ["gain_seed42", "gain"] + [f"{r:.1f}" for r in ranks] + \
+        ["0.250 (chance 0.125 ± 0.002)", "0.100 (chance 0.050 ± 0.001)"]
+    ablate = table_row(text, "**Each head removed**", "gain_seed42")
+    zeroed = [np.mean([INCREASE[l] for l in layers]) for layers in (EARLY, MIDDLE, FINAL)]
+    assert ablate == ["gain_seed42", "gain", "5.0000 ± 0.0300"] + [f"{m:+.4f}" for m in zeroed] + \
+        [f"{m - 0.005:+.4f}" for m in zeroed] + \
+        ["5.1 (+0.0610 ± 0.0020), 5.0 (+0.0600 ± 0.0020), 4.1 (+0.0510 ± 0.0020)"]
 
 
 def test_figures_drawn(made, folder):

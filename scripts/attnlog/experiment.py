@@ -488,6 +488,107 @@ def figure_blocks(outdir, configs, runs_of, head_dim, seq_len):
 # -- the document ------------------------------------------------------------------------------------
 
 
+PROBES = ("sweep", "svd", "ablate")  # scripts/probe.py's probes whose --json a run's probes/ folder keeps
+
+
+def read_probes(folder, found, configs):
+    """[{"run", "configuration", probe: its JSON}] of every run whose folder keeps a probe's
+    probes/<probe>.json, in the runs' order."""
+    config_of = {label: c["name"] for c in configs for label in c["runs"]}
+    out = []
+    for label, _, _ in found:
+        kept = {}
+        for probe in PROBES:
+            path = Path(folder) / label / "probes" / f"{probe}.json"
+            if path.is_file():
+                try:
+                    kept[probe] = json.loads(path.read_text())
+                except (OSError, ValueError) as e:
+                    raise UserError(f"{path}: not a probe's JSON ({e})") from None
+        if kept:
+            out.append(dict(kept, run=label, configuration=config_of[label]))
+    return out
+
+
+def change(value, se):
+    """'+0.0123 ± 0.0004': a loss difference and its standard error over the sequences."""
+    return f"{value:+.4f} ± " + ("n/a" if se is None else f"{se:.4f}")
+
+
+def group_mean(table, layers):
+    """The mean over the heads of the layers of a [L, H] table (None: NaN), None where none is finite."""
+    values = np.array([[np.nan if v is None else v for v in table[l]] for l in layers], float)
+    return float(np.nanmean(values)) if np.isfinite(values).any() else None
+
+
+def probe_blocks(probed, groups):
+    """The probes of the runs' final checkpoints that their folders keep: the loss with the attention
+    logits scaled (sweep), the heads' score forms against chance (svd), and the loss without each
+    head (ablate)."""
+    if not probed:
+        return []
+    spans = {g: f"{g} (layers {figures.layer_span(groups[g])})" for g in GROUPS}
+    blocks = [("h2", "The probes of the final checkpoints"),
+              ("p", f"{code('scripts/probe.py')} on the final checkpoint of a run, where its folder keeps the "
+                    f"probe's output ({code('probes/<probe>.json')}, with its table and figure). Each loss difference "
+                    "comes with its standard error over the validation sequences the probe evaluated.")]
+    swept = [p for p in probed if "sweep" in p]
+    if swept:
+        scales = sorted({s for p in swept for s in p["sweep"]["scales"]})
+        rows = []
+        for p in swept:
+            r = p["sweep"]
+            at = dict(zip(r["scales"], zip(r["loss"], r["loss_change_se"])))
+            one = at.get(1, (None, None))[0]
+            rows.append([p["run"], p["configuration"], f"{r['sequences']} x {r['seq_len']}",
+                         "" if one is None else f"{one:.4f}"] +
+                        ["" if s not in at or s == 1 or one is None else change(at[s][0] - one, at[s][1])
+                         for s in scales if s != 1])
+        blocks += [("p", "**Attention logits times s** (`sweep`): the validation loss at s = 1 and its change at "
+                         "each other s."),
+                   ("table", ["run", "configuration", "sequences x tokens", "loss at s = 1"] +
+                    [f"s = {s:g}" for s in scales if s != 1], rows)]
+    svds = [p for p in probed if "svd" in p]
+    if svds:
+        rows = []
+        for p in svds:
+            r = p["svd"]
+            rows.append([p["run"], p["configuration"]] +
+                        [number(group_mean(r["effective_rank"], groups[g]), "{:.1f}") for g in GROUPS] +
+                        [f"{number(group_mean(r[name], range(len(r[name]))), '{:.3f}')} (chance "
+                         f"{r[f'chance_{name}']:.3f} ± {r[f'chance_{name}_se']:.3f})"
+                         for name in ("cos_mean", "qk_row_cos_abs_mean")])
+        blocks += [("p", "**The heads' score forms** (`svd`): the effective rank of W_Q,h^T diag(g_q g_k) W_K, "
+                         "the mean over each layer group's heads; the mean principal cosine between the row spaces "
+                         "of W_Q,h and W_K, and the mean |cosine| between their rows, over every head, each "
+                         "beside its value for random weights (chance)."),
+                   ("table", ["run", "configuration"] + [f"effective rank, {spans[g]}" for g in GROUPS] +
+                    ["principal cosine", "|cosine| of W_Q and W_K rows"], rows)]
+    ablated = [p for p in probed if "ablate" in p]
+    if ablated:
+        rows = []
+        for p in ablated:
+            r = p["ablate"]
+            zeroed = np.array([[np.nan if v is None else v for v in row] for row in r["increase"]], float)
+            top = np.argsort(-np.nan_to_num(zeroed, nan=-np.inf), axis=None)[:3]
+            needed = ", ".join(f"{l}.{h} ({change(r['increase'][l][h], r['increase_se'][l][h])})"
+                               for l, h in zip(*np.unravel_index(top, zeroed.shape)))
+            rows.append([p["run"], p["configuration"], f"{r['loss']:.4f} ± {r['loss_se']:.4f}"] +
+                        [number(group_mean(r[name], groups[g]), "{:+.4f}") for name in ("increase", "mean_increase")
+                         for g in GROUPS] + [needed])
+        blocks += [("p", "**Each head removed** (`ablate`): the intact validation loss, the mean increase of the "
+                         "loss over each layer group's heads with a head's output zeroed and with it replaced by its "
+                         "mean, and the three heads (layer.head) whose zeroing raises the loss most."),
+                   ("table", ["run", "configuration", "intact loss"] +
+                    [f"{what}, {spans[g]}" for what in ("zeroed", "mean-ablated") for g in GROUPS] +
+                    ["the heads the loss needs most"], rows)]
+    return blocks
+
+
+def number(value, fmt):
+    return "n/a" if value is None else fmt.format(value)
+
+
 def runs_blocks(folder_name, summaries, manifests, configs):
     rows = []
     for c in configs:
@@ -552,6 +653,8 @@ def make_experiment(folder, outdir):
     blocks += dampening_blocks(configs, summaries_of)
     blocks += verdict_blocks(configs, summaries_of)
     blocks += repetition_blocks(configs, summaries)
+    probed = read_probes(folder, found, configs)
+    blocks += probe_blocks(probed, first["groups"])
     blocks += figure_blocks(outdir, configs, runs_of, first["head_dim"], first["seq_len"])
     write_whole(outdir / "results.md", to_markdown(blocks))
     results = {"folder": name, "window": window,
@@ -561,7 +664,8 @@ def make_experiment(folder, outdir):
                          "verdicts": {k: h["verdict"] for k, h in s["hypotheses"].items()}}
                         for s, (_, path, manifest) in zip(summaries, found)],
                "configurations": [{k: c[k] for k in ("name", "variant", "runs", "seeds", "claims", "hypotheses",
-                                                     "numbers")} for c in configs]}
+                                                     "numbers")} for c in configs],
+               "probes": probed}
     write_whole(outdir / "results.json", json.dumps(json_ready(results), indent=1, ensure_ascii=False) + "\n")
     return results
 
