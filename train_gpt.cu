@@ -307,7 +307,7 @@ static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T, 
 
 static void model_free(GpuModel& g) {
     cudaCheck(cudaStreamSynchronize(g.stream));
-    if (g.beside.stream) cudaCheck(cudaStreamSynchronize(g.beside.stream));
+    cudaCheck(cudaStreamSynchronize(g.beside.stream));
     cudaCheck(cudaFree(g.memory));
     cudaCheck(cudaFreeHost(g.stat_sums_host));
     cudaCheck(cudaFreeHost(g.losses_host));
@@ -320,11 +320,9 @@ static void model_free(GpuModel& g) {
     for (cudaEvent_t e : g.clock.events) cudaCheck(cudaEventDestroy(e));
     g.clock = KernelClock();
     cudaCheck(cudaStreamDestroy(g.stream));
-    if (g.beside.stream) {
-        cudaCheck(cudaStreamDestroy(g.beside.stream));
-        cudaCheck(cudaEventDestroy(g.beside.ready));
-        for (cudaEvent_t e : g.beside.done) cudaCheck(cudaEventDestroy(e));
-    }
+    cudaCheck(cudaStreamDestroy(g.beside.stream));
+    cudaCheck(cudaEventDestroy(g.beside.ready));
+    for (cudaEvent_t e : g.beside.done) cudaCheck(cudaEventDestroy(e));
     g.beside = StatsBeside();
     g.memory = nullptr;
     g.losses_host = nullptr;
@@ -421,7 +419,7 @@ static void forward_pass(GpuModel& g, bool targets, int B, int T, bool tm) {
     // and cuDNN makes plans for each shape).
     bool cudnn = targets;
     // the statistics beside the layers (StatsBeside)
-    const bool beside = tm && g.beside.on && g.beside.stream && g.beside.warm && !g.clock.on;
+    const bool beside = tm && g.beside.on && g.beside.warm && !g.clock.on;
     for (int l = 0; l < L; l++) {
         Activations<bf16> la = layer_activations(a, dims, l);  // this layer's part of each buffer
         if (beside && l % 2 == 1) {
@@ -1032,8 +1030,11 @@ static void collect_stats(Model& m, Run& r, Telemetry* out) {
     });
 }
 
-static void wait_stats(Run& r) {
+// Waits for the statistics being finished (collect_stats); returns the seconds it waited.
+static double wait_stats(Run& r) {
+    double start = now_seconds();
     if (r.stats_done.valid()) r.stats_done.get();
+    return now_seconds() - start;
 }
 
 // The forward and backward passes of one optimiser step: this process's r.local_accum of the
@@ -1278,11 +1279,7 @@ static int train(Model& m, Run& r) {
         model_adamw_step(m, opt, step + 1, norm, o.clip);
         model_param_sync(m);  // every process's updated shard to every process
         model_wait(m);        // the step's time includes the update
-        if (stats_step) {     // and the statistics
-            double waiting = now_seconds();
-            wait_stats(r);
-            prof.stats_finished(r, now_seconds() - waiting);
-        }
+        if (stats_step) prof.stats_finished(r, wait_stats(r));  // and the statistics
         prof.end_phase(m, Profile::OPTIMIZER);
         double dt = now_seconds() - t0;
         prof.end_step(m, dt);
@@ -1332,7 +1329,7 @@ static int measure(Model& m, Run& r) {
         prof.begin_step(m, step > 0, true, t0);
         float loss = forward_backward(m, r, &data_position, &stats, prof);
         model_wait(m);
-        wait_stats(r);
+        prof.stats_finished(r, wait_stats(r));
         double dt = now_seconds() - t0;
         prof.end_step(m, dt);
         batch_seconds_avg = step == 0 ? dt : 0.9 * batch_seconds_avg + 0.1 * dt;

@@ -29,9 +29,10 @@ rm -rf "$src" "$out" "$out.tar.xz" && mkdir -p "$src" "$out/bin" "$out/lib" "$ou
 git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done |
     tar --null -T - -cf - | tar -xf - -C "$src"  # the working tree as it is: a file deleted but not committed left out
 # The candidate builds only where a kernel is a candidate: a source other than cuda_common.cuh reads
-# kCandidateKernels (otherwise they would be ./train and its test again, and their runs time wasted).
+# kCandidateKernels or tests LLMC_CANDIDATE_KERNELS (otherwise they would be ./train and its test
+# again, and their runs time wasted).
 candidates=()
-grep -lw kCandidateKernels "$src"/train_gpt.cu "$src"/llmc/*.cuh | grep -qv cuda_common.cuh &&
+grep -lwE 'kCandidateKernels|LLMC_CANDIDATE_KERNELS' "$src"/train_gpt.cu "$src"/llmc/*.cuh | grep -qv cuda_common.cuh &&
     candidates=(build/train_candidates build/test_gpt_cuda_candidates)
 make -s -C "$src" CPU_ARCH=x86-64-v3 CUDA_ARCHS="$archs" train prepare_data build/test_gpt_cuda build/hf_logits \
     "${candidates[@]}" $(for f in dev/cuda/*.cu; do echo "build/dev_$(basename "$f" .cu)"; done)

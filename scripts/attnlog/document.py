@@ -23,6 +23,12 @@ MARKS = re.compile(r"(`[^`]*`|\*\*)")  # the marks text may hold: `code`, and **
 SPECIAL = re.compile(r"\\|\*|(?<!\w)_|_(?!\w)")
 
 
+def plus_minus(value, se):
+    """'+0.0123 ± 0.0004': a difference (of losses, say) and its standard error; n/a for a missing
+    or NaN one (a single sequence has none)."""
+    return f"{value:+.4f} ± " + ("n/a" if se is None or se != se else f"{se:.4f}")
+
+
 def code(text):
     return "`" + str(text).replace("`", "'") + "`"
 

@@ -30,9 +30,9 @@ import numpy as np
 from attnlog import claims, figures, verdicts
 from attnlog.analysis import group_curves, load_run, uniform_entropy, uniform_sink, values
 from attnlog.commands import ArgumentParser, UserError, run
-from attnlog.document import code, plain, to_markdown
+from attnlog.document import code, plain, plus_minus, to_markdown
 from attnlog.layout import QK_NORMS
-from attnlog.report import epochs_text, variant_text, write_whole
+from attnlog.report import epochs_text, number, variant_text, write_whole
 from attnlog.summary import json_ready, summarise
 
 import matplotlib.pyplot as plt  # after attnlog.figures, which has chosen the backend that writes files only
@@ -510,11 +510,6 @@ def read_probes(folder, found, configs):
     return out
 
 
-def change(value, se):
-    """'+0.0123 ± 0.0004': a loss difference and its standard error over the sequences."""
-    return f"{value:+.4f} ± " + ("n/a" if se is None else f"{se:.4f}")
-
-
 def group_mean(table, layers):
     """The mean over the heads of the layers of a [L, H] table (None: NaN), None where none is finite."""
     values = np.array([[np.nan if v is None else v for v in table[l]] for l in layers], float)
@@ -542,7 +537,7 @@ def probe_blocks(probed, groups):
             one = at.get(1, (None, None))[0]
             rows.append([p["run"], p["configuration"], f"{r['sequences']} x {r['seq_len']}",
                          "" if one is None else f"{one:.4f}"] +
-                        ["" if s not in at or s == 1 or one is None else change(at[s][0] - one, at[s][1])
+                        ["" if s not in at or s == 1 or one is None else plus_minus(at[s][0] - one, at[s][1])
                          for s in scales if s != 1])
         blocks += [("p", "**Attention logits times s** (`sweep`): the validation loss at s = 1 and its change at "
                          "each other s."),
@@ -571,7 +566,7 @@ def probe_blocks(probed, groups):
             r = p["ablate"]
             zeroed = np.array([[np.nan if v is None else v for v in row] for row in r["increase"]], float)
             top = np.argsort(-np.nan_to_num(zeroed, nan=-np.inf), axis=None)[:3]
-            needed = ", ".join(f"{l}.{h} ({change(r['increase'][l][h], r['increase_se'][l][h])})"
+            needed = ", ".join(f"{l}.{h} ({plus_minus(r['increase'][l][h], r['increase_se'][l][h])})"
                                for l, h in zip(*np.unravel_index(top, zeroed.shape)))
             rows.append([p["run"], p["configuration"], f"{r['loss']:.4f} ± {r['loss_se']:.4f}"] +
                         [number(group_mean(r[name], groups[g]), "{:+.4f}") for name in ("increase", "mean_increase")
@@ -583,10 +578,6 @@ def probe_blocks(probed, groups):
                     [f"{what}, {spans[g]}" for what in ("zeroed", "mean-ablated") for g in GROUPS] +
                     ["the heads the loss needs most"], rows)]
     return blocks
-
-
-def number(value, fmt):
-    return "n/a" if value is None else fmt.format(value)
 
 
 def runs_blocks(folder_name, summaries, manifests, configs):

@@ -39,6 +39,7 @@ import torch
 from attnlog import figures  # the Agg backend and the house style of the report's figures
 import matplotlib.pyplot as plt  # noqa: E402  (after figures, which chose the backend)
 from attnlog.commands import DEFAULT_DATA, ArgumentParser, UserError, positive_int, run
+from attnlog.document import plus_minus
 from attnlog.model_torch import forward, read_checkpoint
 
 SHARD_MAGIC, SHARD_HEADER_BYTES = 20240520, 256 * 4
@@ -458,11 +459,6 @@ def checked_device(name):
     if name == "cuda" and not torch.cuda.is_available():
         raise ProbeError("--device cuda: this PyTorch has no CUDA device (use --device cpu)")
     return name
-
-
-def plus_minus(value, se):
-    """'+0.0123 ± 0.0004': a difference of losses and its standard error (n/a for one sequence)."""
-    return f"{value:+.4f} ± " + ("n/a" if np.isnan(se) else f"{se:.4f}")
 
 
 def output_path(args, probe):
