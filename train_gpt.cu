@@ -143,6 +143,13 @@ struct GpuModel : ModelShape {  // and backend.h's ModelShape
     // per-block partial sums behind them (telemetry.cuh), the inputs, the gradient norm (and its
     // square, summed over the processes), and the AdamW segments.
     float *dgain_scratch, *stats_partial;
+    // Candidate (kCandidateKernels): the gain gradients' column sums deferred to the end of the
+    // backward pass and run in one launch (rmsnorm.cuh's ColumnSumJob), each norm's partial rows
+    // then in a part of their own of dgain_deferred (room for the 2L + 1 RMSNorms' and L QK-norms',
+    // taken in the order the backward pass calls them). Carved in the candidate build only.
+    bool defer_gain_sums = true;
+    float* dgain_deferred;
+    ColumnSumJobs gain_sum_jobs;
     double* stat_sums;
     double stats_tokens = 0;    // tokens measured since model_stats_begin
     double stats_doc_view = 0;  // of those, the queries with a document start in view
@@ -194,8 +201,12 @@ static void gpu_carve(GpuModel& g, Arena& a) {
     g.rope_cos = a.take<float>((size_t)c.max_seq_len * D / 2);
     g.rope_sin = a.take<float>((size_t)c.max_seq_len * D / 2);
     carve_activations(g.acts, activation_dims(c, g.max_B, g.max_T, g.Vp), Where::GPU, a);
-    g.dgain_scratch = a.take<float>(std::max(rmsnorm_backward_scratch_floats((int)N, c.d_model),
-                                             (size_t)qk_norm_rope_backward_blocks((int)N, (int)NH) * 2 * D));
+    const size_t norm_partial_floats = rmsnorm_backward_scratch_floats((int)N, c.d_model),
+                 qk_partial_floats = (size_t)qk_norm_rope_backward_blocks((int)N, (int)NH) * 2 * D;
+    g.dgain_scratch = a.take<float>(std::max(norm_partial_floats, qk_partial_floats));
+    g.dgain_deferred = a.take<float>(g.trains && kCandidateKernels
+                                         ? (2 * c.n_layer + 1) * norm_partial_floats + c.n_layer * qk_partial_floats
+                                         : 0);
     g.stat_sums = a.take<double>(g.stats_layout.total);
     g.stats_partial = a.take<float>(telemetry_partial_floats((int)N, c));
     g.beside.qk_normed = a.take<float>(N * NH * D);
@@ -526,13 +537,25 @@ static void backward_pass(GpuModel& g, float loss_scale) {
     ActivationDims dims = activation_dims(c, B, T, g.Vp);
     cudaStream_t s = g.stream;
     auto mark = [&](const char* work) { g.clock.mark(work, s); };  // --profile 2
+    // The partial rows of a norm's gain gradient: the one buffer when their column sums run at once,
+    // the next free part of dgain_deferred when they wait for the end of the pass.
+    ColumnSumJobs* defer = kCandidateKernels && g.defer_gain_sums ? &g.gain_sum_jobs : nullptr;
+    float* next_partial = g.dgain_deferred;
+    auto partial = [&](size_t floats) {
+        if (!defer) return g.dgain_scratch;
+        float* p = next_partial;
+        next_partial += floats;
+        return p;
+    };
+    const size_t norm_floats = rmsnorm_backward_scratch_floats(N, C),
+                 qk_floats = (size_t)qk_norm_rope_backward_blocks(N, H + Hkv) * 2 * D;
     mark("classifier backward: softmax gradient, matrix products");
     classifier(a.logits, a.losses, a.logit_lse, g.targets, N, V, g.Vp, loss_scale / N, s);  // logits -> dlogits
     matmul_backward(g.mm, a.dln, gpu_grad(g, out), a.logits, a.lnf, gpu_param(g, out), N, C, V, s, g.Vp);
     mark("RMSNorm backward");
     cudaCheck(cudaMemsetAsync(a.dres, 0, (size_t)N * C * sizeof(bf16), s));
-    rmsnorm_backward(a.dres, gpu_grad(g, P_FINAL_NORM), g.dgain_scratch, a.dln, layer_activations(a, dims, L - 1).res_mlp,
-                     a.lnf_rstd, gpu_param(g, P_FINAL_NORM), N, C, s);
+    rmsnorm_backward(a.dres, gpu_grad(g, P_FINAL_NORM), partial(norm_floats), a.dln,
+                     layer_activations(a, dims, L - 1).res_mlp, a.lnf_rstd, gpu_param(g, P_FINAL_NORM), N, C, s, defer);
     for (int l = L - 1; l >= 0; l--) {
         Activations<bf16> la = layer_activations(a, dims, l);
         const bf16* x = l == 0 ? a.emb : layer_activations(a, dims, l - 1).res_mlp;
@@ -544,22 +567,26 @@ static void backward_pass(GpuModel& g, float loss_scale) {
         mark("matrix products of the layers, backward");
         matmul_backward(g.mm, a.dln, gpu_grad(g, P_W1, l), a.dfc13, la.ln2, gpu_param(g, P_W1, l), N, C, 2 * F, s);
         mark("RMSNorm backward");
-        rmsnorm_backward(a.dres, gpu_grad(g, P_MLP_NORM, l), g.dgain_scratch, a.dln, la.res_attn, la.ln2_rstd,
-                         gpu_param(g, P_MLP_NORM, l), N, C, s);
+        rmsnorm_backward(a.dres, gpu_grad(g, P_MLP_NORM, l), partial(norm_floats), a.dln, la.res_attn, la.ln2_rstd,
+                         gpu_param(g, P_MLP_NORM, l), N, C, s, defer);
         // Attention block.
         mark("matrix products of the layers, backward");
         matmul_backward(g.mm, a.datty, gpu_grad(g, P_WO, l), a.dres, la.atty, gpu_param(g, P_WO, l), N, A, C, s);
         mark("attention backward");
         layer_attention_backward(g, la, B, T);
         mark("QK-norm + RoPE backward");
-        qk_norm_rope_backward(a.dqkv, gpu_grad(g, P_Q_GAIN, l), gpu_grad(g, P_K_GAIN, l), g.dgain_scratch, a.dqk, la.qkv,
-                              la.qk_rstd, gpu_param(g, P_Q_GAIN, l), gpu_param(g, P_K_GAIN, l), g.rope_cos, g.rope_sin, N,
-                              T, H, Hkv, D, qk_norm_normalises(c.qk_norm), s);
+        qk_norm_rope_backward(a.dqkv, gpu_grad(g, P_Q_GAIN, l), gpu_grad(g, P_K_GAIN, l), partial(qk_floats), a.dqk,
+                              la.qkv, la.qk_rstd, gpu_param(g, P_Q_GAIN, l), gpu_param(g, P_K_GAIN, l), g.rope_cos,
+                              g.rope_sin, N, T, H, Hkv, D, qk_norm_normalises(c.qk_norm), s, defer);
         mark("matrix products of the layers, backward");
         matmul_backward(g.mm, a.dln, gpu_grad(g, P_WQ, l), a.dqkv, la.ln1, gpu_param(g, P_WQ, l), N, C, QKV, s);
         mark("RMSNorm backward");
-        rmsnorm_backward(a.dres, gpu_grad(g, P_ATTN_NORM, l), g.dgain_scratch, a.dln, x, la.ln1_rstd,
-                         gpu_param(g, P_ATTN_NORM, l), N, C, s);
+        rmsnorm_backward(a.dres, gpu_grad(g, P_ATTN_NORM, l), partial(norm_floats), a.dln, x, la.ln1_rstd,
+                         gpu_param(g, P_ATTN_NORM, l), N, C, s, defer);
+    }
+    if (defer) {
+        mark("the gain gradients' column sums, deferred");
+        column_sums_run(g.gain_sum_jobs, s);
     }
 }
 

@@ -7,7 +7,7 @@
 #include <type_traits>
 #include "cuda_common.cuh"
 #include "math.h"
-#include "rmsnorm.cuh"  // warp_row_rstd, column_sum
+#include "rmsnorm.cuh"  // warp_row_rstd, column_sum_or_defer
 
 // qkv [N, QKV] raw projections (queries, keys, values); heads 0..H-1 are queries, H..H+Hkv-1 keys.
 // Writes qk_rope [N, NH, D], qk_rstd [N, NH] and, when qk_normed is non-null, qk_normed [N, NH, D]
@@ -106,15 +106,15 @@ inline int qk_norm_rope_backward_blocks(int N, int NH) { return ceil_div((long l
 inline void qk_norm_rope_backward_simple(bf16* dqkv, float* dg_q, float* dg_k, float* scratch, const bf16* dqk, const bf16* qkv,
                                   const float* qk_rstd, const bf16* g_q, const bf16* g_k, const float* rope_cos,
                                   const float* rope_sin, int N, int T, int H, int Hkv, int D, bool normalise,
-                                  cudaStream_t s) {
+                                  cudaStream_t s, ColumnSumJobs* defer = nullptr) {
     const int warps = 8;
     int NH = H + Hkv, QKV = (H + 2 * Hkv) * D, blocks = qk_norm_rope_backward_blocks(N, NH);
     size_t smem = (size_t)warps * 2 * D * sizeof(float);
     qk_norm_rope_backward_kernel<<<blocks, warps * 32, smem, s>>>(dqkv, scratch, dqk, qkv, qk_rstd, g_q, g_k, rope_cos,
                                                                   rope_sin, N, T, H, NH, D, QKV, normalise);
     cuda_check_launch();
-    column_sum(dg_q, scratch, blocks, D, 2 * D, s);
-    column_sum(dg_k, scratch + D, blocks, D, 2 * D, s);
+    column_sum_or_defer(dg_q, scratch, blocks, D, 2 * D, s, defer);
+    column_sum_or_defer(dg_k, scratch + D, blocks, D, 2 * D, s, defer);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -193,24 +193,30 @@ __global__ void qk_norm_rope_forward_vec_kernel(bf16* qk_rope, float* qk_normed,
     *reinterpret_cast<uint4*>(qk_rope + item * D + 8 * j) = float_to_bf16x8(z);
 }
 
-// Candidate (kCandidateKernels): the backward held to 64 registers a thread (68 without, no spills
-// with it), so that an SM holds four of its 256-thread blocks instead of three. On an H200 at d22,
-// 8 x 2048 (0a29dbc), Nsight Compute read it at 39% of the memory's speed with 3 blocks an SM (its
-// registers' limit), 0.78 eligible warps a scheduler, most waiting on loads, and its 1,024 blocks in
-// 2.59 waves, the last partial; with four an SM, a third more warps hide the loads' latency and the
-// blocks fit 1.94 waves. The same instructions: the same bits.
-#ifdef LLMC_CANDIDATE_KERNELS
-#define QK_NORM_ROPE_BACKWARD_BOUNDS __launch_bounds__(256, 4)
-#else
-#define QK_NORM_ROPE_BACKWARD_BOUNDS
-#endif
+// The end of a vectorised backward block: its groups' gain gradients (each lane's 8 of the query
+// gain's and 8 of the key gain's) added in group order into the block's partial row [2D].
+template <int D>
+__device__ __forceinline__ void qk_backward_block_gain_sums(float* dg_partial, float* group_dg, const float (&dgq)[8],
+                                                            const float (&dgk)[8], int groups, int group, int j) {
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        group_dg[(size_t)group * 2 * D + 8 * j + k] = dgq[k];
+        group_dg[(size_t)group * 2 * D + D + 8 * j + k] = dgk[k];
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < 2 * D; c += blockDim.x) {
+        float acc = 0.0f;
+        for (int w = 0; w < groups; w++) acc += group_dg[(size_t)w * 2 * D + c];
+        dg_partial[(size_t)blockIdx.x * 2 * D + c] = acc;
+    }
+}
 
 // Backward: a block takes kQkItemsPerBlock items, as the kernel above, so that the partial gain
 // gradients [blocks][2D] and their reduction are the same. Each lane keeps the gain gradients of
 // its 8 elements, for the query gain and the key gain, across the items it takes; then the block
 // adds its groups' sums in a fixed order.
 template <int D>
-__global__ void QK_NORM_ROPE_BACKWARD_BOUNDS qk_norm_rope_backward_vec_kernel(bf16* dqkv, float* dg_partial, const bf16* dqk, const bf16* qkv,
+__global__ void qk_norm_rope_backward_vec_kernel(bf16* dqkv, float* dg_partial, const bf16* dqk, const bf16* qkv,
                                                  const float* qk_rstd, const bf16* g_q, const bf16* g_k,
                                                  const float* rope_cos, const float* rope_sin, int N, int T, int H,
                                                  int NH, int QKV, int normalise) {
@@ -252,17 +258,80 @@ __global__ void QK_NORM_ROPE_BACKWARD_BOUNDS qk_norm_rope_backward_vec_kernel(bf
         }
         *reinterpret_cast<uint4*>(dqkv + n * QKV + (size_t)h * D + 8 * j) = float_to_bf16x8(dx);
     }
+    qk_backward_block_gain_sums<D>(dg_partial, group_dg, dgq, dgk, groups, group, j);
+}
+
+// Candidate (kCandidateKernels): the backward above, changed where Nsight Compute (H200, d22 at
+// 8 x 2048, 0a29dbc) found it waiting: at 39% of the memory's speed, 0.78 eligible warps a
+// scheduler, stalled on its loads 58% of the time, 3 blocks an SM (68 registers) in 2.59 waves.
+//  - The next item's dz, x and rstd are loaded one item ahead: a group's loads for item k + 1 go
+//    out before it computes item k, where above it waits a whole memory latency per item.
+//  - dx is stored with one 16-byte instruction (__stwb), where above the compiler splits the store
+//    into four of 4 bytes (the only kernel of the build where it does).
+//  - 64 registers a thread (__launch_bounds__(256, 4); 64 without it too, no spills at any head
+//    width): four blocks an SM, the 1,024 blocks of d22 at 8 x 2048 in 1.94 waves.
+// The same arithmetic in the same order on the same values: the same bits as the kernel above
+// (dev/cuda/norms.cu checks them equal and times both). A copy of its body until a GPU has timed
+// the two: then one of them goes (shared through a function, the compiler allocates both kernels'
+// registers otherwise, 72 instead of 68 above and spills here).
+template <int D>
+__device__ __forceinline__ void qk_backward_item_inputs(uint4& dz, uint4& x, float& r, long long item, long long end,
+                                                        const bf16* dqk, const bf16* qkv, const float* qk_rstd, int NH,
+                                                        int QKV, int j) {
+    const bool valid = item < end;  // a lane past the last item reads item 0's inputs, as above
+    const long long n = valid ? item / NH : 0;
+    const int h = valid ? (int)(item % NH) : 0;
+    dz = *reinterpret_cast<const uint4*>(dqk + (valid ? item : 0) * D + 8 * j);
+    x = *reinterpret_cast<const uint4*>(qkv + n * QKV + (size_t)h * D + 8 * j);
+    r = valid ? qk_rstd[item] : 1.0f;
+}
+
+template <int D>
+__global__ void __launch_bounds__(256, 4) qk_norm_rope_backward_ahead_kernel(
+    bf16* dqkv, float* dg_partial, const bf16* dqk, const bf16* qkv, const float* qk_rstd, const bf16* g_q,
+    const bf16* g_k, const float* rope_cos, const float* rope_sin, int N, int T, int H, int NH, int QKV, int normalise) {
+    constexpr int G = D / 8, half = D / 2;
+    extern __shared__ float group_dg[];  // [groups of the block][2D]
+    const int groups = blockDim.x / G, group = threadIdx.x / G, j = threadIdx.x % G, i = j % (G / 2) * 8;
+    float dgq[8] = {}, dgk[8] = {};
+    const long long first = (long long)blockIdx.x * kQkItemsPerBlock;
+    const long long end = min((long long)N * NH, first + kQkItemsPerBlock);
+    uint4 dz_next, x_next;
+    float r_next;
+    qk_backward_item_inputs<D>(dz_next, x_next, r_next, first + group, end, dqk, qkv, qk_rstd, NH, QKV, j);
+    for (long long base = first; base < end; base += groups) {  // the same trip count in every lane
+        const long long item = base + group;
+        const bool valid = item < end;
+        const long long n = valid ? item / NH : 0;
+        const int h = valid ? (int)(item % NH) : 0, t = (int)(n % T);
+        const uint4 dz_raw = dz_next, x_raw = x_next;
+        const float r = r_next;
+        if (base + groups < end)  // the same in every lane of the block
+            qk_backward_item_inputs<D>(dz_next, x_next, r_next, item + groups, end, dqk, qkv, qk_rstd, NH, QKV, j);
+        float dz[8], x[8], g[8], c[8], minus_s[8], dy[8], dx[8];
+        bf16x8_to_float(dz_raw, dz);
+        bf16x8_to_float(x_raw, x);
+        bf16x8_to_float(*reinterpret_cast<const uint4*>((h < H ? g_q : g_k) + 8 * j), g);
+        load_float8(c, rope_cos + (size_t)t * half + i);
+        load_float8(minus_s, rope_sin + (size_t)t * half + i);
 #pragma unroll
-    for (int k = 0; k < 8; k++) {
-        group_dg[(size_t)group * 2 * D + 8 * j + k] = dgq[k];
-        group_dg[(size_t)group * 2 * D + D + 8 * j + k] = dgk[k];
+        for (int k = 0; k < 8; k++) minus_s[k] = -minus_s[k];
+        rope_rotate_group<G>(dy, dz, c, minus_s, j < G / 2);
+        float dot = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) dot += rmsnorm_dot_term(g[k], dy[k], x[k], r);
+        dot = normalise ? group_sum<G>(dot) / D : 0.0f;
+        if (!valid) continue;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            dx[k] = rmsnorm_dx(g[k], dy[k], x[k], r, dot);
+            float dg = rmsnorm_dgain(dy[k], x[k], r);
+            if (h < H) dgq[k] += dg;
+            else dgk[k] += dg;
+        }
+        __stwb(reinterpret_cast<uint4*>(dqkv + n * QKV + (size_t)h * D + 8 * j), float_to_bf16x8(dx));
     }
-    __syncthreads();
-    for (int c = threadIdx.x; c < 2 * D; c += blockDim.x) {
-        float acc = 0.0f;
-        for (int w = 0; w < groups; w++) acc += group_dg[(size_t)w * 2 * D + c];
-        dg_partial[(size_t)blockIdx.x * 2 * D + c] = acc;
-    }
+    qk_backward_block_gain_sums<D>(dg_partial, group_dg, dgq, dgk, groups, group, j);
 }
 
 // Calls f(std::integral_constant<int, D>) for the head widths the vectorised kernels take.
@@ -279,7 +348,7 @@ inline void with_head_dim(int D, F&& f) {
 }
 
 static const int kQkVecThreads = 256;
-static_assert(kQkVecThreads == 256, "QK_NORM_ROPE_BACKWARD_BOUNDS names the block size");
+static_assert(kQkVecThreads == 256, "qk_norm_rope_backward_ahead_kernel's launch bounds name the block size");
 
 // The vectorised forward and backward, with the arguments of the simple kernels' functions.
 inline void qk_norm_rope_forward_vec(bf16* qk_rope, float* qk_normed, float* qk_rstd, const bf16* qkv, const bf16* g_q,
@@ -299,19 +368,21 @@ inline void qk_norm_rope_forward_vec(bf16* qk_rope, float* qk_normed, float* qk_
 inline void qk_norm_rope_backward_vec(bf16* dqkv, float* dg_q, float* dg_k, float* scratch, const bf16* dqk,
                                       const bf16* qkv, const float* qk_rstd, const bf16* g_q, const bf16* g_k,
                                       const float* rope_cos, const float* rope_sin, int N, int T, int H, int Hkv, int D,
-                                      bool normalise, cudaStream_t s) {
+                                      bool normalise, cudaStream_t s, ColumnSumJobs* defer = nullptr,
+                                      bool ahead = kCandidateKernels) {
     if (!qk_norm_rope_vec_supports(D, {dqkv, dqk, qkv, g_q, g_k, rope_cos, rope_sin}))
         fail("qk_norm_rope_backward_vec: head_dim %d or an array not 16-byte aligned", D);
     const int NH = H + Hkv, QKV = (H + 2 * Hkv) * D, blocks = qk_norm_rope_backward_blocks(N, NH);
     with_head_dim(D, [&](auto width) {
         constexpr int W = decltype(width)::value;
         size_t smem = (size_t)kQkVecThreads / (W / 8) * 2 * W * sizeof(float);
-        qk_norm_rope_backward_vec_kernel<W><<<blocks, kQkVecThreads, smem, s>>>(
-            dqkv, scratch, dqk, qkv, qk_rstd, g_q, g_k, rope_cos, rope_sin, N, T, H, NH, QKV, normalise);
+        auto kernel = ahead ? qk_norm_rope_backward_ahead_kernel<W> : qk_norm_rope_backward_vec_kernel<W>;
+        kernel<<<blocks, kQkVecThreads, smem, s>>>(dqkv, scratch, dqk, qkv, qk_rstd, g_q, g_k, rope_cos, rope_sin, N, T,
+                                                   H, NH, QKV, normalise);
     });
     cuda_check_launch();
-    column_sum(dg_q, scratch, blocks, D, 2 * D, s);
-    column_sum(dg_k, scratch + D, blocks, D, 2 * D, s);
+    column_sum_or_defer(dg_q, scratch, blocks, D, 2 * D, s, defer);
+    column_sum_or_defer(dg_k, scratch + D, blocks, D, 2 * D, s, defer);
 }
 
 // What the model calls: the vectorised kernels where they apply, else the simple ones.
@@ -326,14 +397,15 @@ inline void qk_norm_rope_forward(bf16* qk_rope, float* qk_normed, float* qk_rstd
                                     normalise, s);
 }
 
+// defer: where the gains' column sums are recorded (column_sums_run), or null for at once.
 inline void qk_norm_rope_backward(bf16* dqkv, float* dg_q, float* dg_k, float* scratch, const bf16* dqk, const bf16* qkv,
                                   const float* qk_rstd, const bf16* g_q, const bf16* g_k, const float* rope_cos,
                                   const float* rope_sin, int N, int T, int H, int Hkv, int D, bool normalise,
-                                  cudaStream_t s) {
+                                  cudaStream_t s, ColumnSumJobs* defer = nullptr) {
     if (qk_norm_rope_vec_supports(D, {dqkv, dqk, qkv, g_q, g_k, rope_cos, rope_sin}))
         qk_norm_rope_backward_vec(dqkv, dg_q, dg_k, scratch, dqk, qkv, qk_rstd, g_q, g_k, rope_cos, rope_sin, N, T, H, Hkv,
-                                  D, normalise, s);
+                                  D, normalise, s, defer);
     else
         qk_norm_rope_backward_simple(dqkv, dg_q, dg_k, scratch, dqk, qkv, qk_rstd, g_q, g_k, rope_cos, rope_sin, N, T, H,
-                                     Hkv, D, normalise, s);
+                                     Hkv, D, normalise, s, defer);
 }

@@ -2,6 +2,8 @@
 // One warp per row; the residual add that precedes each norm is fused into the matrix product
 // before it (matmul.cuh).
 #pragma once
+#include <algorithm>
+#include <vector>
 #include "cuda_common.cuh"
 #include "math.h"
 
@@ -116,14 +118,15 @@ __global__ void rmsnorm_backward_kernel(bf16* dx, float* dg_partial, const bf16*
 }
 
 // out[i] += sum over p of partial[p * stride + i], for i < cols. A block of 32 x G threads takes 32
-// columns; thread row g adds the parts g, g + G, g + 2G, ... in order, then row 0 adds the G sums
-// in order: a fixed order (the same bits every run) with G times the parallelism of one thread per
-// column. G is 32, with 8 loads in flight: a d22 layer's 1,024 partial rows wait on 4 memory
-// latencies (G = 8, unrolled by the compiler's 4, waited on 32).
+// columns (tile: which 32); thread row g adds the parts g, g + G, g + 2G, ... in order, then row 0
+// adds the G sums in order: a fixed order (the same bits every run) with G times the parallelism of
+// one thread per column. G is 32, with 8 loads in flight: a d22 layer's 1,024 partial rows wait on 4
+// memory latencies (G = 8, unrolled by the compiler's 4, waited on 32).
 template <int G>
-__global__ void column_sum_kernel(float* out, const float* partial, int parts, int cols, int stride) {
+__device__ __forceinline__ void column_sum_tile(float* out, const float* partial, int parts, int cols, int stride,
+                                                int tile) {
     __shared__ float sums[G][32];
-    int col = blockIdx.x * 32 + threadIdx.x, g = threadIdx.y;
+    int col = tile * 32 + threadIdx.x, g = threadIdx.y;
     float acc = 0.0f;
     if (col < cols) {
 #pragma unroll 8
@@ -138,23 +141,80 @@ __global__ void column_sum_kernel(float* out, const float* partial, int parts, i
     }
 }
 
+template <int G>
+__global__ void column_sum_kernel(float* out, const float* partial, int parts, int cols, int stride) {
+    column_sum_tile<G>(out, partial, parts, cols, stride, blockIdx.x);
+}
+
+static const int kColumnSumRows = 32;  // G
+
 inline void column_sum(float* out, const float* partial, int parts, int cols, int stride, cudaStream_t s) {
-    column_sum_kernel<32><<<ceil_div(cols, 32), dim3(32, 32), 0, s>>>(out, partial, parts, cols, stride);
+    column_sum_kernel<kColumnSumRows><<<ceil_div(cols, 32), dim3(32, kColumnSumRows), 0, s>>>(out, partial, parts, cols, stride);
     cuda_check_launch();
+}
+
+// Candidate (kCandidateKernels): the column sums of a backward pass's gain gradients, deferred to
+// its end and run in one launch, in place of one launch after each norm's backward (89 a d22 step,
+// each a few blocks: 16 for a d22 RMSNorm, 2 for a QK-norm gain, with the GPU's other SMs idle
+// while they run). Each norm's partial rows then need a buffer of their own until the end. A
+// job's tile is column_sum_kernel's block: the same sums in the same order, the same bits.
+struct ColumnSumJob {
+    float* out;
+    const float* partial;
+    int parts, cols, stride, first_tile;  // first_tile: the launch's block that takes its columns 0..31
+};
+static const int kColumnSumJobsPerLaunch = 96;  // 96 x 32 bytes: within a kernel's 4 KB of parameters
+struct ColumnSumBatch {
+    ColumnSumJob job[kColumnSumJobsPerLaunch];
+    int jobs;
+};
+using ColumnSumJobs = std::vector<ColumnSumJob>;
+
+template <int G>
+__global__ void column_sums_kernel(ColumnSumBatch batch) {
+    int j = 0;
+    while (j + 1 < batch.jobs && batch.job[j + 1].first_tile <= (int)blockIdx.x) j++;
+    const ColumnSumJob& job = batch.job[j];
+    column_sum_tile<G>(job.out, job.partial, job.parts, job.cols, job.stride, blockIdx.x - job.first_tile);
+}
+
+// The column sums of a backward pass: at once (defer null), or recorded in *defer for
+// column_sums_run.
+inline void column_sum_or_defer(float* out, const float* partial, int parts, int cols, int stride, cudaStream_t s,
+                                ColumnSumJobs* defer) {
+    if (defer) defer->push_back({out, partial, parts, cols, stride, 0});
+    else column_sum(out, partial, parts, cols, stride, s);
+}
+
+// Runs the recorded column sums, in launches of up to kColumnSumJobsPerLaunch jobs, and forgets them.
+inline void column_sums_run(ColumnSumJobs& jobs, cudaStream_t s) {
+    for (size_t first = 0; first < jobs.size(); first += kColumnSumJobsPerLaunch) {
+        ColumnSumBatch batch;
+        batch.jobs = (int)std::min(jobs.size() - first, (size_t)kColumnSumJobsPerLaunch);
+        int tiles = 0;
+        for (int j = 0; j < batch.jobs; j++) {
+            batch.job[j] = jobs[first + j];
+            batch.job[j].first_tile = tiles;
+            tiles += ceil_div(batch.job[j].cols, 32);
+        }
+        column_sums_kernel<kColumnSumRows><<<tiles, dim3(32, kColumnSumRows), 0, s>>>(batch);
+        cuda_check_launch();
+    }
+    jobs.clear();
 }
 
 inline int rmsnorm_backward_blocks(int N) { return ceil_div(N, kNormRowsPerBlock); }
 
 // The backward pass for any row width; scratch: rmsnorm_backward_blocks(N) * C floats.
 inline void rmsnorm_backward_rows(bf16* dx, float* dg, float* scratch, const bf16* dy, const bf16* x, const float* rstd,
-                                  const bf16* g, int N, int C, cudaStream_t s) {
+                                  const bf16* g, int N, int C, cudaStream_t s, ColumnSumJobs* defer = nullptr) {
     const int warps = 8, blocks = rmsnorm_backward_blocks(N);
     size_t smem = (size_t)warps * C * sizeof(float);
     if (smem > 48 * 1024)
         cudaCheck(cudaFuncSetAttribute(rmsnorm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     rmsnorm_backward_kernel<<<blocks, warps * 32, smem, s>>>(dx, scratch, dy, x, rstd, g, N, C);
     cuda_check_launch();
-    column_sum(dg, scratch, blocks, C, C, s);
+    column_sum_or_defer(dg, scratch, blocks, C, C, s, defer);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -221,7 +281,7 @@ inline int rmsnorm_backward_vec_blocks(int N) { return ceil_div(N, kNormVecRowsP
 // As rmsnorm_backward_rows; scratch: rmsnorm_backward_vec_blocks(N) * C floats. Rows it does not take
 // are a fatal error: callers ask rmsnorm_backward_vec_supports first.
 inline void rmsnorm_backward_vec(bf16* dx, float* dg, float* scratch, const bf16* dy, const bf16* x, const float* rstd,
-                                 const bf16* g, int N, int C, cudaStream_t s) {
+                                 const bf16* g, int N, int C, cudaStream_t s, ColumnSumJobs* defer = nullptr) {
     if (!rmsnorm_backward_vec_supports(C, dx, dy, x, g)) fail("rmsnorm_backward_vec: C = %d or an unaligned row", C);
     const int warps = 8, blocks = rmsnorm_backward_vec_blocks(N);
     size_t smem = (size_t)warps * C * sizeof(float);
@@ -236,7 +296,7 @@ inline void rmsnorm_backward_vec(bf16* dx, float* dg, float* scratch, const bf16
         default: launch(rmsnorm_backward_vec_kernel<4>); break;
     }
     cuda_check_launch();
-    column_sum(dg, scratch, blocks, C, C, s);
+    column_sum_or_defer(dg, scratch, blocks, C, C, s, defer);
 }
 
 // The backward pass: dx += the gradient through the norm, dg += the gain's, by the vectorised kernel
@@ -245,8 +305,9 @@ inline size_t rmsnorm_backward_scratch_floats(int N, int C) {
     return (size_t)std::max(rmsnorm_backward_blocks(N), rmsnorm_backward_vec_blocks(N)) * C;
 }
 
+// defer: where the gain gradient's column sums are recorded (column_sums_run), or null for at once.
 inline void rmsnorm_backward(bf16* dx, float* dg, float* scratch, const bf16* dy, const bf16* x, const float* rstd,
-                             const bf16* g, int N, int C, cudaStream_t s) {
-    if (rmsnorm_backward_vec_supports(C, dx, dy, x, g)) rmsnorm_backward_vec(dx, dg, scratch, dy, x, rstd, g, N, C, s);
-    else rmsnorm_backward_rows(dx, dg, scratch, dy, x, rstd, g, N, C, s);
+                             const bf16* g, int N, int C, cudaStream_t s, ColumnSumJobs* defer = nullptr) {
+    if (rmsnorm_backward_vec_supports(C, dx, dy, x, g)) rmsnorm_backward_vec(dx, dg, scratch, dy, x, rstd, g, N, C, s, defer);
+    else rmsnorm_backward_rows(dx, dg, scratch, dy, x, rstd, g, N, C, s, defer);
 }

@@ -175,6 +175,31 @@ static void check_stats_beside(GpuModel& g, const std::string& label, const std:
     report(same, label + "statistics beside the layers' forward pass are those taken between them, bit for bit");
 }
 
+// The gain gradients' column sums deferred to the end of the backward pass (candidate build,
+// GpuModel::defer_gain_sums) give the gradients of the sums run after each norm, bit for bit, with
+// every norm's buffer of partial rows filled with NaN first: a sum that read a part before it was
+// written, or one part for two norms, would show.
+static void check_gain_sums_deferred(GpuModel& g, const std::string& label, const std::vector<int>& tokens,
+                                     const std::vector<int>& targets, int B, int T) {
+    std::vector<float> grads[2];
+    for (int deferred = 0; deferred < 2; deferred++) {
+        g.defer_gain_sums = deferred;
+        const ModelConfig& c = g.cfg;
+        const size_t N = (size_t)g.max_B * g.max_T, NH = c.n_head + c.n_kv_head;
+        const size_t floats = (2 * c.n_layer + 1) * rmsnorm_backward_scratch_floats((int)N, c.d_model) +
+                              c.n_layer * (size_t)qk_norm_rope_backward_blocks((int)N, (int)NH) * 2 * c.head_dim;
+        cudaCheck(cudaMemsetAsync(g.dgain_deferred, 0xff, floats * sizeof(float), g.stream));
+        model_forward(g, tokens.data(), targets.data(), B, T, false);
+        model_zero_grad(g);
+        model_backward(g, tokens.data(), targets.data(), 1.0f);
+        grads[deferred].resize(g.P);
+        cudaCheck(cudaStreamSynchronize(g.stream));
+        cudaCheck(cudaMemcpy(grads[deferred].data(), g.grads, g.P * sizeof(float), cudaMemcpyDeviceToHost));
+    }
+    report(memcmp(grads[0].data(), grads[1].data(), g.P * sizeof(float)) == 0,
+           label + "the gains' column sums deferred to the end of the backward pass: the same gradients, bit for bit");
+}
+
 // CUDA graphs (./train's unless TRAIN_CUDA_GRAPH=0, cuda_graph.cuh). A step, on one of two batches (the tokens and
 // the same tokens shifted by one): the batch's forward and backward passes, its first sequence's as
 // a micro-batch (another shape: two more graphs), then a statistics forward pass of the batch (run
@@ -286,6 +311,7 @@ int main(int argc, char** argv) {
     for (int k = 0; k < M_NUM_METRICS; k++) same &= stats.values[k] == stats2.values[k];
     report(same, "cuda determinism: two runs give identical gradients and statistics");
     check_stats_beside(g, "cuda ", tokens, targets, B, T);
+    if (kCandidateKernels) check_gain_sums_deferred(g, "cuda ", tokens, targets, B, T);
 
     // Gradient accumulation as the training loop does it: the batch's B sequences as B micro-batches,
     // each backward pass scaled by 1/B and added into the gradients, give the whole batch's gradient.
@@ -352,6 +378,7 @@ int main(int argc, char** argv) {
         const ModelConfig& vc = g.cfg;
         check_forward(g, v.label, vckpt, vdbg, tokens, targets, B, T, stats);
         check_stats_beside(g, v.label, tokens, targets, B, T);
+        if (kCandidateKernels) check_gain_sums_deferred(g, v.label, tokens, targets, B, T);
         compare_gradients(g, v.label, backward_gradients(g, tokens, targets, B, T), vdbg);
         // Frozen: no gradient (so out of the norm), and AdamW leaves the tensors as they were.
         model_freeze(g, (uint32_t)tensor_or_fail(read_tensorfile(vdbg), "freeze", vdbg).values[0]);

@@ -1,6 +1,7 @@
 // Checks and times the normalisation kernels against the CPU backend: RMSNorm forward and backward
 // (llmc/rmsnorm.cuh) and the per-head QK-norm with RoPE, forward and backward (llmc/qknorm_rope.cuh).
 // Build: make build/dev_norms (nvcc); run: ./build/dev_norms. Exit status 1 if a check fails.
+#include <cstring>
 #include "dev/cuda/common.h"
 #include "llmc/model_cpu.h"
 #include "llmc/qknorm_rope.cuh"
@@ -119,7 +120,9 @@ static void check_qk_norm_rope(int B, int T, int H, int Hkv, int qk_norm = QK_NO
     dg_cpu.insert(dg_cpu.end(), dg_k.begin(), dg_k.end());
     // Runs one implementation's forward and backward from fresh outputs (the forward's poisoned with
     // NaN, all bits set, so that an element a kernel leaves unwritten fails), compares them with the
-    // CPU backend, and times them (ms forward, ms backward).
+    // CPU backend, keeps the backward's outputs (dqkv, then the gains' gradients) in `bwd_bits`, and
+    // times them (ms forward, ms backward).
+    std::vector<float> bwd_bits;
     auto check = [&](const std::string& impl, auto forward, auto backward) {
         cudaCheck(cudaMemset(d_rope, 0xFF, (size_t)N * NH * D * sizeof(bf16)));
         cudaCheck(cudaMemset(d_normed, 0xFF, (size_t)N * NH * D * sizeof(float)));
@@ -134,6 +137,8 @@ static void check_qk_norm_rope(int B, int T, int H, int Hkv, int qk_norm = QK_NO
         compare_float32("qk norm rstd (float32)" + name, download(d_rstd, rstd.size()), rstd);
         compare_to_reference("qk norm backward dqkv (values untouched)" + name, download_bf16(d_dqkv, dqkv.size()), dqkv);
         compare_to_reference("qk norm backward gains" + name, download(d_dg, 2 * D), dg_cpu);
+        bwd_bits = download_bf16(d_dqkv, dqkv.size());
+        for (float v : download(d_dg, 2 * D)) bwd_bits.push_back(v);
         return std::make_pair(time_ms([&] { forward(nullptr); }), time_ms(backward));
     };
     auto [fwd, bwd] = check(
@@ -147,18 +152,28 @@ static void check_qk_norm_rope(int B, int T, int H, int Hkv, int qk_norm = QK_NO
         });
     printf("   qk norm + rope%s: forward %.3f ms, backward %.3f ms\n", tag.c_str(), fwd, bwd);
     if (qk_norm_rope_vec_supports(D, {d_rope, d_normed, d_qkv, d_dqkv, d_dqk, d_gq, d_gk, d_cs, d_sn})) {
-        auto [fwd_vec, bwd_vec] = check(
-            ", vec",
-            [&](float* normed_out) {
-                qk_norm_rope_forward_vec(d_rope, normed_out, d_rstd, d_qkv, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 1e-5f,
-                                         normalise, 0);
-            },
-            [&] {
+        auto forward_vec = [&](float* normed_out) {
+            qk_norm_rope_forward_vec(d_rope, normed_out, d_rstd, d_qkv, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 1e-5f,
+                                     normalise, 0);
+        };
+        auto backward_vec = [&](bool ahead) {
+            return [&, ahead] {
                 qk_norm_rope_backward_vec(d_dqkv, d_dg, d_dg + D, d_scratch, d_dqk, d_qkv, d_rstd, d_gq, d_gk, d_cs, d_sn, N, T,
-                                          H, Hkv, D, normalise, 0);
-            });
+                                          H, Hkv, D, normalise, 0, nullptr, ahead);
+            };
+        };
+        auto [fwd_vec, bwd_vec] = check(", vec", forward_vec, backward_vec(false));
         printf("   qk norm + rope, vec%s: forward %.3f ms (%.2fx), backward %.3f ms (%.2fx)\n", tag.c_str(), fwd_vec,
                fwd / fwd_vec, bwd_vec, bwd / bwd_vec);
+        // The candidate backward, the next item's inputs loaded one item ahead: the same bits as the
+        // vectorised backward's (the forward is the vectorised one again).
+        const std::vector<float> vec_bits = bwd_bits;
+        auto [fwd_again, bwd_ahead] = check(", vec, backward loading ahead", forward_vec, backward_vec(true));
+        (void)fwd_again;
+        report(memcmp(vec_bits.data(), bwd_bits.data(), vec_bits.size() * sizeof(float)) == 0,
+               "qk norm backward loading ahead: dqkv and the gains' gradients those of the vectorised backward, bit for bit" + tag);
+        printf("   qk norm + rope backward loading ahead%s: %.3f ms (%.2fx the vectorised one)\n", tag.c_str(), bwd_ahead,
+               bwd_vec / bwd_ahead);
     }
     for (void* p : {(void*)d_qkv, (void*)d_gq, (void*)d_gk, (void*)d_dqk, (void*)d_rope, (void*)d_normed, (void*)d_dqkv,
                     (void*)d_cs, (void*)d_sn, (void*)d_rstd, (void*)d_dg, (void*)d_scratch})
