@@ -123,6 +123,30 @@ struct StatsBeside {
     float *qk_normed = nullptr, *row_stats = nullptr;  // an odd layer's
 };
 
+// Candidate (kCandidateKernels): the weight gradients' products of the backward pass on a second
+// stream, beside the rest of the pass. At d22, 8 x 2048 a layer's backward holds four of them, each
+// with a small output (16 to 96 of cuBLASLt's 128 x 128 tiles for 132 SMs) summed over 16,384
+// tokens, and between them the memory-bound kernels (SwiGLU, the norms, QK-norm + RoPE: 3.9 ms a
+// step) that leave the tensor cores idle; beside the pass each fills what the other leaves. A product reads its layer's saved input and one gradient buffer (dres, dfc13,
+// dqkv or the logits) and adds into its own weight gradient, which nothing else in the pass
+// touches; the pass's stream waits for it before it next writes that gradient buffer (done[], by
+// product), and at the end of the pass for all of them. A product runs beside only in a pass of a
+// shape whose backward has run before (`shapes`): its algorithm is chosen, and tuned, in that
+// first pass, on the pass's stream alone, and beside it it uses a workspace of its own. The same
+// products of the same inputs with the same algorithms: the same bits (test_gpt_cuda_candidates
+// checks it). --profile 2 keeps them on the pass's stream.
+enum { DW_CLASSIFIER, DW_MLP_OUT, DW_MLP_IN, DW_ATTN_OUT, DW_QKV, kWeightProducts };
+struct GradsBeside {
+    bool on = kCandidateKernels;
+    cudaStream_t stream = nullptr;
+    void* workspace = nullptr;              // cuBLASLt's, as large as the model's (carved in the candidate build)
+    cudaEvent_t ready = nullptr;            // the pass's stream has a product's inputs
+    cudaEvent_t done[kWeightProducts] = {};  // the last product of each kind
+    bool queued[kWeightProducts] = {};       // in this pass
+    std::vector<std::pair<int, int>> shapes;  // (B, T) of the backward passes run
+    long long products = 0;                   // run beside, so far
+};
+
 struct GpuModel : ModelShape {  // and backend.h's ModelShape
     int Vp = 0;  // the vocabulary rounded up to 128, the logits' row stride
     size_t P = 0;
@@ -133,6 +157,7 @@ struct GpuModel : ModelShape {  // and backend.h's ModelShape
     Nccl nccl;
     CudnnAttention cudnn;   // the attention where libcudnn.so.9 loads (cudnn_attention.cuh)
     StatsBeside beside;
+    GradsBeside grads_beside;
     // Everything on the device lives in one allocation, `memory`, carved by gpu_carve.
     void* memory = nullptr;
     float *params, *grads, *adam_m, *adam_v;  // float32, the layout of config.h
@@ -207,6 +232,7 @@ static void gpu_carve(GpuModel& g, Arena& a) {
     g.dgain_deferred = a.take<float>(g.trains && kCandidateKernels
                                          ? (2 * c.n_layer + 1) * norm_partial_floats + c.n_layer * qk_partial_floats
                                          : 0);
+    g.grads_beside.workspace = a.take<char>(g.trains && kCandidateKernels ? g.mm.workspace_bytes : 0);
     g.stat_sums = a.take<double>(g.stats_layout.total);
     g.stats_partial = a.take<float>(telemetry_partial_floats((int)N, c));
     g.beside.qk_normed = a.take<float>(N * NH * D);
@@ -289,6 +315,9 @@ static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T, 
     cudaCheck(cudaStreamCreateWithPriority(&g.beside.stream, cudaStreamNonBlocking, least));
     cudaCheck(cudaEventCreateWithFlags(&g.beside.ready, cudaEventDisableTiming));
     for (cudaEvent_t& e : g.beside.done) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    cudaCheck(cudaStreamCreateWithPriority(&g.grads_beside.stream, cudaStreamNonBlocking, greatest));
+    cudaCheck(cudaEventCreateWithFlags(&g.grads_beside.ready, cudaEventDisableTiming));
+    for (cudaEvent_t& e : g.grads_beside.done) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     matmul_init(g.mm);
     g.mm.tune = true;  // algorithms tuned among those with the first choice's bits (matmul_tune)
     g.graphs.on = pass_graphs_wanted();
@@ -319,6 +348,7 @@ static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T, 
 static void model_free(GpuModel& g) {
     cudaCheck(cudaStreamSynchronize(g.stream));
     cudaCheck(cudaStreamSynchronize(g.beside.stream));
+    cudaCheck(cudaStreamSynchronize(g.grads_beside.stream));
     cudaCheck(cudaFree(g.memory));
     cudaCheck(cudaFreeHost(g.stat_sums_host));
     cudaCheck(cudaFreeHost(g.losses_host));
@@ -335,6 +365,10 @@ static void model_free(GpuModel& g) {
     cudaCheck(cudaEventDestroy(g.beside.ready));
     for (cudaEvent_t e : g.beside.done) cudaCheck(cudaEventDestroy(e));
     g.beside = StatsBeside();
+    cudaCheck(cudaStreamDestroy(g.grads_beside.stream));
+    cudaCheck(cudaEventDestroy(g.grads_beside.ready));
+    for (cudaEvent_t e : g.grads_beside.done) cudaCheck(cudaEventDestroy(e));
+    g.grads_beside = GradsBeside();
     g.memory = nullptr;
     g.losses_host = nullptr;
     g.stat_sums_host = nullptr;
@@ -526,6 +560,39 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
     return mean;
 }
 
+// Whether this backward pass runs its weight gradients' products beside it (GradsBeside).
+static bool grads_beside_now(GpuModel& g) {
+    GradsBeside& gb = g.grads_beside;
+    if (!kCandidateKernels || !gb.on || g.clock.on) return false;
+    return std::find(gb.shapes.begin(), gb.shapes.end(), std::make_pair(g.B, g.T)) != gb.shapes.end();
+}
+
+// A linear layer's backward, matmul_backward's two products: with `beside`, the weight gradient's
+// on GradsBeside's stream, once the pass's stream has its inputs, and the event of its kind recorded
+// after it.
+static void linear_backward(GpuModel& g, bool beside, int kind, bf16* dinp, float* dW, const bf16* dout, const bf16* inp,
+                            const bf16* W, int IC, int OC, int ld_dout = 0) {
+    const int N = g.B * g.T;
+    if (!beside) {
+        matmul_backward(g.mm, dinp, dW, dout, inp, W, N, IC, OC, g.stream, ld_dout);
+        return;
+    }
+    GradsBeside& gb = g.grads_beside;
+    cudaCheck(cudaEventRecord(gb.ready, g.stream));
+    cudaCheck(cudaStreamWaitEvent(gb.stream, gb.ready, 0));
+    matmul_lt(g.mm, linear_dweight_problem(dW, dout, inp, N, IC, OC, ld_dout), gb.stream, gb.workspace);
+    cudaCheck(cudaEventRecord(gb.done[kind], gb.stream));
+    gb.queued[kind] = true;
+    gb.products++;
+    matmul_lt(g.mm, linear_dinp_problem(dinp, dout, W, N, IC, OC, ld_dout), g.stream);
+}
+
+// The pass's stream waits for the last weight product of a kind queued beside it in this pass
+// (before it writes over the gradient that product reads).
+static void wait_for_product(GpuModel& g, int kind) {
+    if (g.grads_beside.queued[kind]) cudaCheck(cudaStreamWaitEvent(g.stream, g.grads_beside.done[kind], 0));
+}
+
 // The backward pass's work on the device from the classifier down to the first layer's input (the
 // embedding's gradient is model_backward's), adding into g.grads. Queues it all on the stream and
 // waits for none of it.
@@ -549,9 +616,11 @@ static void backward_pass(GpuModel& g, float loss_scale) {
     };
     const size_t norm_floats = rmsnorm_backward_scratch_floats(N, C),
                  qk_floats = (size_t)qk_norm_rope_backward_blocks(N, H + Hkv) * 2 * D;
+    const bool beside = grads_beside_now(g);
+    for (bool& q : g.grads_beside.queued) q = false;
     mark("classifier backward: softmax gradient, matrix products");
     classifier(a.logits, a.losses, a.logit_lse, g.targets, N, V, g.Vp, loss_scale / N, s);  // logits -> dlogits
-    matmul_backward(g.mm, a.dln, gpu_grad(g, out), a.logits, a.lnf, gpu_param(g, out), N, C, V, s, g.Vp);
+    linear_backward(g, beside, DW_CLASSIFIER, a.dln, gpu_grad(g, out), a.logits, a.lnf, gpu_param(g, out), C, V, g.Vp);
     mark("RMSNorm backward");
     cudaCheck(cudaMemsetAsync(a.dres, 0, (size_t)N * C * sizeof(bf16), s));
     rmsnorm_backward(a.dres, gpu_grad(g, P_FINAL_NORM), partial(norm_floats), a.dln,
@@ -561,32 +630,42 @@ static void backward_pass(GpuModel& g, float loss_scale) {
         const bf16* x = l == 0 ? a.emb : layer_activations(a, dims, l - 1).res_mlp;
         // MLP block (dres: gradient of the block's output, and, through the residual, of res_attn).
         mark("matrix products of the layers, backward");
-        matmul_backward(g.mm, a.dswi, gpu_grad(g, P_W2, l), a.dres, la.swi, gpu_param(g, P_W2, l), N, F, C, s);
+        linear_backward(g, beside, DW_MLP_OUT, a.dswi, gpu_grad(g, P_W2, l), a.dres, la.swi, gpu_param(g, P_W2, l), F, C);
         mark("SwiGLU backward");
+        wait_for_product(g, DW_MLP_IN);  // the layer above's reads dfc13
         swiglu_backward(a.dfc13, a.dswi, la.fc13, N, F, s);
         mark("matrix products of the layers, backward");
-        matmul_backward(g.mm, a.dln, gpu_grad(g, P_W1, l), a.dfc13, la.ln2, gpu_param(g, P_W1, l), N, C, 2 * F, s);
+        linear_backward(g, beside, DW_MLP_IN, a.dln, gpu_grad(g, P_W1, l), a.dfc13, la.ln2, gpu_param(g, P_W1, l), C,
+                        2 * F);
         mark("RMSNorm backward");
+        wait_for_product(g, DW_MLP_OUT);  // reads dres
         rmsnorm_backward(a.dres, gpu_grad(g, P_MLP_NORM, l), partial(norm_floats), a.dln, la.res_attn, la.ln2_rstd,
                          gpu_param(g, P_MLP_NORM, l), N, C, s, defer);
         // Attention block.
         mark("matrix products of the layers, backward");
-        matmul_backward(g.mm, a.datty, gpu_grad(g, P_WO, l), a.dres, la.atty, gpu_param(g, P_WO, l), N, A, C, s);
+        linear_backward(g, beside, DW_ATTN_OUT, a.datty, gpu_grad(g, P_WO, l), a.dres, la.atty, gpu_param(g, P_WO, l), A,
+                        C);
         mark("attention backward");
+        wait_for_product(g, DW_QKV);  // the layer above's reads dqkv
         layer_attention_backward(g, la, B, T);
         mark("QK-norm + RoPE backward");
         qk_norm_rope_backward(a.dqkv, gpu_grad(g, P_Q_GAIN, l), gpu_grad(g, P_K_GAIN, l), partial(qk_floats), a.dqk,
                               la.qkv, la.qk_rstd, gpu_param(g, P_Q_GAIN, l), gpu_param(g, P_K_GAIN, l), g.rope_cos,
                               g.rope_sin, N, T, H, Hkv, D, qk_norm_normalises(c.qk_norm), s, defer);
         mark("matrix products of the layers, backward");
-        matmul_backward(g.mm, a.dln, gpu_grad(g, P_WQ, l), a.dqkv, la.ln1, gpu_param(g, P_WQ, l), N, C, QKV, s);
+        linear_backward(g, beside, DW_QKV, a.dln, gpu_grad(g, P_WQ, l), a.dqkv, la.ln1, gpu_param(g, P_WQ, l), C, QKV);
         mark("RMSNorm backward");
+        wait_for_product(g, DW_ATTN_OUT);  // reads dres
         rmsnorm_backward(a.dres, gpu_grad(g, P_ATTN_NORM, l), partial(norm_floats), a.dln, x, la.ln1_rstd,
                          gpu_param(g, P_ATTN_NORM, l), N, C, s, defer);
     }
     if (defer) {
         mark("the gain gradients' column sums, deferred");
         column_sums_run(g.gain_sum_jobs, s);
+    }
+    if (beside) {  // every product beside the pass done (they run in order on their stream)
+        cudaCheck(cudaEventRecord(g.grads_beside.ready, g.grads_beside.stream));
+        cudaCheck(cudaStreamWaitEvent(s, g.grads_beside.ready, 0));
     }
 }
 
@@ -603,6 +682,8 @@ static void model_backward(GpuModel& g, const int* tokens, const int* targets, f
         pass_graph_run(g.graphs, {1, g.B, g.T, loss_scale, g.cudnn.workspace_generation}, s, pass);
     else
         pass();
+    std::vector<std::pair<int, int>>& shapes = g.grads_beside.shapes;
+    if (std::find(shapes.begin(), shapes.end(), std::make_pair(g.B, g.T)) == shapes.end()) shapes.push_back({g.B, g.T});
     g.clock.mark("embedding backward", s);
     group_positions_by_token(g.host_buckets, tokens, N, V);
     embedding_backward(gpu_grad(g, P_WTE), g.acts.dres, g.host_buckets, g.buckets, N, c.d_model, s);

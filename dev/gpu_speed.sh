@@ -37,6 +37,15 @@ final_loss() {  # a run's log: its last step's loss (./train_candidates must tra
 _, loss = attnlog.open_log(sys.argv[1]).scalars("loss")
 print("%.4f" % float(loss[-1]))' "$1"
 }
+same_bits() {  # two runs' logs: whether every step's loss, gradient norm and statistics are the same bits
+    PYTHONPATH=scripts "$py" -c 'import sys, attnlog
+a, b = (attnlog.open_log(p) for p in sys.argv[1:])
+same = all(a.scalars(k)[1].tobytes() == b.scalars(k)[1].tobytes() for k in ("loss", "grad_norm"))
+stats = all(a.metric(k)[1].tobytes() == b.metric(k)[1].tobytes() for k in a.metric_names())
+print("the same losses, norms and statistics, bit for bit" if same and stats else
+      ("LOSSES OR NORMS DIFFER" if not same else "STATISTICS DIFFER"))' "$1" "$2" 2>&1 ||
+        echo "the comparison FAILED"
+}
 run_d22() {  # name, binary, B, statistics every, then env's assignments: a 33-step d22 run into $runs/name
     local name=$1 binary=$2 B=$3 every=$4
     shift 4
@@ -56,8 +65,13 @@ for B in ${SPEED_BATCHES:-8 4}; do
             name=d22_b${B}_s${every}_$binary
             if run_d22 "$name" "$binary" "$B" "$every"; then
                 touch "$runs/$name.ok"
-                printf '  %-18s %d x 2048, statistics every %-2s %s ms, final loss %s\n' "./$binary" "$B" "$every" \
-                    "$(mean_ms "$runs/$name/run.attnlog")" "$(final_loss "$runs/$name/run.attnlog")"
+                # every candidate is meant to give ./train's bits: the whole run says whether they do
+                against="" train_run=$runs/d22_b${B}_s${every}_train
+                if [ "$binary" != train ] && [ -e "$train_run.ok" ]; then
+                    against=", against ./train: $(same_bits "$train_run/run.attnlog" "$runs/$name/run.attnlog")"
+                fi
+                printf '  %-18s %d x 2048, statistics every %-2s %s ms, final loss %s%s\n' "./$binary" "$B" "$every" \
+                    "$(mean_ms "$runs/$name/run.attnlog")" "$(final_loss "$runs/$name/run.attnlog")" "$against"
             else
                 printf '  %-18s %d x 2048, statistics every %-2s FAILED: %s\n' "./$binary" "$B" "$every" \
                     "$(tail -1 "$runs/$name.log" | cut -c1-150)"
@@ -82,13 +96,7 @@ for direct in train:10 train_candidates:1; do
     name=d22_b${B}_s${every}_$binary
     [ -e "$runs/$name.ok" ] || continue
     if run_d22 "${name}_direct" "$binary" "$B" "$every" TRAIN_CUDA_GRAPH=0; then
-        same=$(PYTHONPATH=scripts "$py" -c 'import sys, attnlog
-a, b = (attnlog.open_log(p) for p in sys.argv[1:])
-same = all(a.scalars(k)[1].tobytes() == b.scalars(k)[1].tobytes() for k in ("loss", "grad_norm"))
-stats = all(a.metric(k)[1].tobytes() == b.metric(k)[1].tobytes() for k in a.metric_names())
-print("the same losses, norms and statistics, bit for bit" if same and stats else
-      ("LOSSES OR NORMS DIFFER" if not same else "STATISTICS DIFFER"))' "$runs/$name/run.attnlog" \
-            "$runs/${name}_direct/run.attnlog" 2>&1) || same="the comparison FAILED: $(tail -1 <<<"$same")"
+        same=$(same_bits "$runs/$name/run.attnlog" "$runs/${name}_direct/run.attnlog")
         printf '  %-18s %d x 2048, statistics every %-2s %s ms without CUDA graphs: %s\n' "./$binary" "$B" "$every" \
             "$(mean_ms "$runs/${name}_direct/run.attnlog")" "$same"
     else

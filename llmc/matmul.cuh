@@ -146,19 +146,21 @@ inline std::vector<cublasLtMatmulHeuristicResult_t> matmul_heuristics(Matmul& mm
 }
 
 // The product with the given algorithm; cuBLASLt's status, a refusal leaving no CUDA error behind
-// for the next launch's check.
+// for the next launch's check. workspace: mm's when null; another of the same size for a product
+// on a stream beside the one mm's serves (two products at once cannot share one).
 inline cublasStatus_t matmul_try(Matmul& mm, const MatmulProblem& p, const MatmulDescs& md, const cublasLtMatmulAlgo_t& algo,
-                                 cudaStream_t stream) {
+                                 cudaStream_t stream, void* workspace = nullptr) {
     float alpha = 1.0f, beta = p.c ? 1.0f : 0.0f;
     cublasStatus_t status = cublasLtMatmul(mm.handle, md.desc, &alpha, p.a, md.a, p.b, md.b, &beta, p.c ? p.c : p.d, md.c,
-                                           p.d, md.d, &algo, mm.workspace, mm.workspace_bytes, stream);
+                                           p.d, md.d, &algo, workspace ? workspace : mm.workspace, mm.workspace_bytes,
+                                           stream);
     if (status != CUBLAS_STATUS_SUCCESS) cudaGetLastError();
     return status;
 }
 
 inline void matmul_run(Matmul& mm, const MatmulProblem& p, const MatmulDescs& md, const cublasLtMatmulAlgo_t& algo,
-                       cudaStream_t stream) {
-    cublasCheck(matmul_try(mm, p, md, algo, stream));
+                       cudaStream_t stream, void* workspace = nullptr) {
+    cublasCheck(matmul_try(mm, p, md, algo, stream, workspace));
 }
 
 // -- The algorithm tuned among those that give the first choice's bits ----------------------------
@@ -412,9 +414,13 @@ inline cublasLtMatmulHeuristicResult_t matmul_tune(Matmul& mm, const MatmulProbl
 
 // The product with the heuristic's first choice for its key (or, with mm.tune, matmul_tune's),
 // asked once.
-inline void matmul_lt(Matmul& mm, const MatmulProblem& p, cudaStream_t stream) {
+// workspace: as matmul_try's. A product given another workspace runs beside others, so its
+// algorithm must have been chosen before (the tuning times products on mm's workspace, alone).
+inline void matmul_lt(Matmul& mm, const MatmulProblem& p, cudaStream_t stream, void* workspace = nullptr) {
     MatmulDescs md = matmul_describe(p);
     auto it = mm.algos.find(md.key);
+    if (it == mm.algos.end() && workspace)
+        fail("cuBLASLt: a product beside another (m %d n %d k %d) whose algorithm was not chosen yet", p.m, p.n, p.k);
     if (it == mm.algos.end()) {
         std::vector<cublasLtMatmulHeuristicResult_t> found = matmul_heuristics(mm, md, mm.tune ? kTuneAlgorithms : 1);
         if (found.empty())
@@ -445,7 +451,7 @@ inline void matmul_lt(Matmul& mm, const MatmulProblem& p, cudaStream_t stream) {
             return;
         }
     }
-    matmul_run(mm, p, md, it->second.algo, stream);
+    matmul_run(mm, p, md, it->second.algo, stream, workspace);
     matmul_release(md);
 }
 

@@ -175,29 +175,41 @@ static void check_stats_beside(GpuModel& g, const std::string& label, const std:
     report(same, label + "statistics beside the layers' forward pass are those taken between them, bit for bit");
 }
 
-// The gain gradients' column sums deferred to the end of the backward pass (candidate build,
-// GpuModel::defer_gain_sums) give the gradients of the sums run after each norm, bit for bit, with
-// every norm's buffer of partial rows filled with NaN first: a sum that read a part before it was
-// written, or one part for two norms, would show.
-static void check_gain_sums_deferred(GpuModel& g, const std::string& label, const std::vector<int>& tokens,
-                                     const std::vector<int>& targets, int B, int T) {
-    std::vector<float> grads[2];
-    for (int deferred = 0; deferred < 2; deferred++) {
-        g.defer_gain_sums = deferred;
-        const ModelConfig& c = g.cfg;
-        const size_t N = (size_t)g.max_B * g.max_T, NH = c.n_head + c.n_kv_head;
-        const size_t floats = (2 * c.n_layer + 1) * rmsnorm_backward_scratch_floats((int)N, c.d_model) +
-                              c.n_layer * (size_t)qk_norm_rope_backward_blocks((int)N, (int)NH) * 2 * c.head_dim;
-        cudaCheck(cudaMemsetAsync(g.dgain_deferred, 0xff, floats * sizeof(float), g.stream));
+// The candidate build's options of the backward pass, each on and off: the gain gradients' column
+// sums deferred to its end (GpuModel::defer_gain_sums) and the weight gradients' products beside
+// it (GradsBeside). Every combination must give the gradients of the pass with neither, bit for
+// bit, with every norm's buffer of partial rows filled with NaN first (a sum that read a part
+// before it was written, or one part for two norms, would show), and the products beside must
+// have run (a backward pass of the shape first, so that their algorithms are chosen).
+static void check_backward_candidates(GpuModel& g, const std::string& label, const std::vector<int>& tokens,
+                                      const std::vector<int>& targets, int B, int T) {
+    const ModelConfig& c = g.cfg;
+    const size_t N = (size_t)g.max_B * g.max_T, NH = c.n_head + c.n_kv_head;
+    const size_t partial_floats = (2 * c.n_layer + 1) * rmsnorm_backward_scratch_floats((int)N, c.d_model) +
+                                  c.n_layer * (size_t)qk_norm_rope_backward_blocks((int)N, (int)NH) * 2 * c.head_dim;
+    auto gradients = [&](bool defer, bool beside) {
+        g.defer_gain_sums = defer;
+        g.grads_beside.on = beside;
+        cudaCheck(cudaMemsetAsync(g.dgain_deferred, 0xff, partial_floats * sizeof(float), g.stream));
         model_forward(g, tokens.data(), targets.data(), B, T, false);
         model_zero_grad(g);
         model_backward(g, tokens.data(), targets.data(), 1.0f);
-        grads[deferred].resize(g.P);
+        std::vector<float> grads(g.P);
         cudaCheck(cudaStreamSynchronize(g.stream));
-        cudaCheck(cudaMemcpy(grads[deferred].data(), g.grads, g.P * sizeof(float), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(grads.data(), g.grads, g.P * sizeof(float), cudaMemcpyDeviceToHost));
+        return grads;
+    };
+    const std::vector<float> plain = gradients(false, false);
+    const char* names[] = {"the gains' column sums deferred", "the weight products beside the pass", "both"};
+    for (int option = 1; option < 4; option++) {
+        const long long products = g.grads_beside.products;
+        const std::vector<float> grads = gradients(option & 1, option & 2);
+        const bool ran = !(option & 2) || g.grads_beside.products > products;
+        report(ran && memcmp(grads.data(), plain.data(), g.P * sizeof(float)) == 0,
+               label + "backward pass with " + names[option - 1] + ": the same gradients, bit for bit",
+               ran ? "" : "no product ran beside the pass");
     }
-    report(memcmp(grads[0].data(), grads[1].data(), g.P * sizeof(float)) == 0,
-           label + "the gains' column sums deferred to the end of the backward pass: the same gradients, bit for bit");
+    g.defer_gain_sums = g.grads_beside.on = true;
 }
 
 // CUDA graphs (./train's unless TRAIN_CUDA_GRAPH=0, cuda_graph.cuh). A step, on one of two batches (the tokens and
@@ -311,7 +323,7 @@ int main(int argc, char** argv) {
     for (int k = 0; k < M_NUM_METRICS; k++) same &= stats.values[k] == stats2.values[k];
     report(same, "cuda determinism: two runs give identical gradients and statistics");
     check_stats_beside(g, "cuda ", tokens, targets, B, T);
-    if (kCandidateKernels) check_gain_sums_deferred(g, "cuda ", tokens, targets, B, T);
+    if (kCandidateKernels) check_backward_candidates(g, "cuda ", tokens, targets, B, T);
 
     // Gradient accumulation as the training loop does it: the batch's B sequences as B micro-batches,
     // each backward pass scaled by 1/B and added into the gradients, give the whole batch's gradient.
@@ -378,7 +390,7 @@ int main(int argc, char** argv) {
         const ModelConfig& vc = g.cfg;
         check_forward(g, v.label, vckpt, vdbg, tokens, targets, B, T, stats);
         check_stats_beside(g, v.label, tokens, targets, B, T);
-        if (kCandidateKernels) check_gain_sums_deferred(g, v.label, tokens, targets, B, T);
+        if (kCandidateKernels) check_backward_candidates(g, v.label, tokens, targets, B, T);
         compare_gradients(g, v.label, backward_gradients(g, tokens, targets, B, T), vdbg);
         // Frozen: no gradient (so out of the norm), and AdamW leaves the tensors as they were.
         model_freeze(g, (uint32_t)tensor_or_fail(read_tensorfile(vdbg), "freeze", vdbg).values[0]);
