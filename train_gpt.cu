@@ -137,7 +137,7 @@ struct StatsBeside {
 // checks it). --profile 2 keeps them on the pass's stream.
 enum { DW_CLASSIFIER, DW_MLP_OUT, DW_MLP_IN, DW_ATTN_OUT, DW_QKV, kWeightProducts };
 struct GradsBeside {
-    bool on = kCandidateKernels;
+    bool on = candidate_on("grads_beside");
     cudaStream_t stream = nullptr;
     void* workspace = nullptr;              // cuBLASLt's, as large as the model's (carved in the candidate build)
     cudaEvent_t ready = nullptr;            // the pass's stream has a product's inputs
@@ -172,7 +172,7 @@ struct GpuModel : ModelShape {  // and backend.h's ModelShape
     // backward pass and run in one launch (rmsnorm.cuh's ColumnSumJob), each norm's partial rows
     // then in a part of their own of dgain_deferred (room for the 2L + 1 RMSNorms' and L QK-norms',
     // taken in the order the backward pass calls them). Carved in the candidate build only.
-    bool defer_gain_sums = true;
+    bool defer_gain_sums = candidate_on("gain_sums_deferred");
     float* dgain_deferred;
     ColumnSumJobs gain_sum_jobs;
     double* stat_sums;
@@ -522,12 +522,17 @@ static void forward_pass(GpuModel& g, bool targets, int B, int T, bool tm) {
 
 // Forward pass; same contract as the CPU's model_forward. Leaves the logits on the device (row
 // stride Vp). A pass that trains or evaluates without statistics, untimed by --profile 2, runs
-// from a CUDA graph unless TRAIN_CUDA_GRAPH=0 (cuda_graph.cuh). Candidate (kCandidateKernels): a
+// from a CUDA graph unless TRAIN_CUDA_GRAPH=0 (cuda_graph.cuh). Candidate (stats_pass_graph): a
 // pass with statistics from its own graph too, its second stream's work (StatsBeside) forked from
 // the model's stream and joined back into it inside the capture. Launched one by one, a d22 pass
 // with statistics queues about twice the kernels of one without, and at 4 x 2048 (an H200 at
 // 0a29dbc) a statistics step cost 8.4 ms against 5.3 at 8 x 2048, where the device's own work for
 // the statistics is half as large: the host, not the device, is the likely bound there.
+static bool stats_pass_graph_on() {
+    static const bool on = candidate_on("stats_pass_graph");
+    return on;
+}
+
 static float model_forward(GpuModel& g, const int* tokens, const int* targets, int B, int T, bool tm) {
     if (B > g.max_B || T > g.max_T) fail("internal: batch %dx%d exceeds the allocated %dx%d", B, T, g.max_B, g.max_T);
     g.B = B;
@@ -546,7 +551,7 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
     auto pass = [&] { forward_pass(g, targets != nullptr, B, T, tm); };
     // A graph keeps the way its pass ran when captured: with the statistics beside the layers or
     // between them (g.beside.on), which the key leaves out; the two give the same bits.
-    if (targets && (!tm || kCandidateKernels) && !g.clock.on)
+    if (targets && (!tm || stats_pass_graph_on()) && !g.clock.on)
         pass_graph_run(g.graphs, {tm ? 2 : 0, B, T, 0.0f, g.cudnn.workspace_generation}, s, pass);
     else
         pass();

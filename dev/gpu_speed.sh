@@ -9,7 +9,8 @@
 # SPEED_BATCHES, one more run of ./train with statistics every 10 steps (and of train_candidates
 # with statistics every step), its passes run directly (TRAIN_CUDA_GRAPH=0) where it replays them
 # from CUDA graphs: its time, and whether its losses, gradient norms and statistics are the run's
-# with graphs, bit for bit. Then, while SPEED_SECONDS (default 150)
+# with graphs, bit for bit. Then train_candidates with each candidate turned off in turn
+# (SPEED_CANDIDATES_OFF, below). Then, while SPEED_SECONDS (default 150)
 # last, PyTorch's torch.compile recipe of scripts/bench.py at each of SPEED_TORCH_BATCHES (default 8)
 # x 2048 with the reports' statistics every 10 steps and never (one process: it compiles the step
 # with and without statistics once a shape, a minute or more). Last, the phases of one run of
@@ -104,6 +105,23 @@ for direct in train:10 train_candidates:1; do
             "$(tail -1 "$runs/${name}_direct.log" | cut -c1-150)"
     fi
     grep -E '^CUDA graphs' "$runs/$name.log" | cut -c1-200 | sed 's/^/    /'
+done
+# Each candidate's share: train_candidates with one candidate turned off (TRAIN_CANDIDATES_OFF,
+# cuda_common.cuh's candidate_on), at the statistics' interval and batch where it is meant to
+# count, against the same run with all of them (SPEED_CANDIDATES_OFF: name:every:B, default below;
+# each while more than 90 s are left, for torch.compile after them)
+for entry in ${SPEED_CANDIDATES_OFF-grads_beside:10:8 gain_sums_deferred:10:8 qk_backward_ahead:10:8 stats_pass_graph:1:4}; do
+    IFS=: read -r off every B <<<"$entry"
+    all=d22_b${B}_s${every}_train_candidates
+    [ -e "$runs/$all.ok" ] && [ $((deadline - SECONDS)) -gt 90 ] || continue
+    if run_d22 "${all}_without_$off" train_candidates "$B" "$every" "TRAIN_CANDIDATES_OFF=$off"; then
+        printf '  %-18s %d x 2048, statistics every %-2s %s ms without %s (%s ms with every candidate): %s\n' \
+            ./train_candidates "$B" "$every" "$(mean_ms "$runs/${all}_without_$off/run.attnlog")" "$off" \
+            "$(mean_ms "$runs/$all/run.attnlog")" "$(same_bits "$runs/$all/run.attnlog" "$runs/${all}_without_$off/run.attnlog")"
+    else
+        printf '  %-18s %d x 2048, statistics every %-2s without %s FAILED: %s\n' ./train_candidates "$B" "$every" "$off" \
+            "$(tail -1 "$runs/${all}_without_$off.log" | cut -c1-150)"
+    fi
 done
 left=$((deadline - SECONDS))
 if [ "$left" -gt 20 ]; then  # one process, one compilation: every 10 steps (the goal's comparison) first

@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include "utils.h"
 
 typedef __nv_bfloat16 bf16;
@@ -22,6 +23,16 @@ constexpr bool kCandidateKernels = true;
 #else
 constexpr bool kCandidateKernels = false;
 #endif
+
+// Whether the candidate `name` is on: in the candidate build, unless the environment's
+// TRAIN_CANDIDATES_OFF (names separated by commas) turns it off, so that a GPU machine can time
+// each candidate's share of a step with one binary (dev/gpu_speed.sh). The names: qk_backward_ahead
+// (qknorm_rope.cuh), gain_sums_deferred (rmsnorm.cuh), grads_beside and stats_pass_graph (train_gpt.cu).
+inline bool candidate_on(const char* name) {
+    if (!kCandidateKernels) return false;
+    const char* off = getenv("TRAIN_CANDIDATES_OFF");
+    return !off || (std::string(",") + off + ",").find(std::string(",") + name + ",") == std::string::npos;
+}
 
 // A failed call ends the run through fail(): one line, and in a data-parallel run every process
 // stops with it (a process that exited alone would leave the others waiting in a collective).

@@ -350,6 +350,12 @@ inline void with_head_dim(int D, F&& f) {
 static const int kQkVecThreads = 256;
 static_assert(kQkVecThreads == 256, "qk_norm_rope_backward_ahead_kernel's launch bounds name the block size");
 
+// Whether qk_norm_rope_backward_vec takes the candidate kernel loading ahead (candidate_on).
+inline bool qk_backward_ahead_on() {
+    static const bool on = candidate_on("qk_backward_ahead");
+    return on;
+}
+
 // The vectorised forward and backward, with the arguments of the simple kernels' functions.
 inline void qk_norm_rope_forward_vec(bf16* qk_rope, float* qk_normed, float* qk_rstd, const bf16* qkv, const bf16* g_q,
                                      const bf16* g_k, const float* rope_cos, const float* rope_sin, int N, int T, int H,
@@ -369,7 +375,7 @@ inline void qk_norm_rope_backward_vec(bf16* dqkv, float* dg_q, float* dg_k, floa
                                       const bf16* qkv, const float* qk_rstd, const bf16* g_q, const bf16* g_k,
                                       const float* rope_cos, const float* rope_sin, int N, int T, int H, int Hkv, int D,
                                       bool normalise, cudaStream_t s, ColumnSumJobs* defer = nullptr,
-                                      bool ahead = kCandidateKernels) {
+                                      bool ahead = qk_backward_ahead_on()) {
     if (!qk_norm_rope_vec_supports(D, {dqkv, dqk, qkv, g_q, g_k, rope_cos, rope_sin}))
         fail("qk_norm_rope_backward_vec: head_dim %d or an array not 16-byte aligned", D);
     const int NH = H + Hkv, QKV = (H + 2 * Hkv) * D, blocks = qk_norm_rope_backward_blocks(N, NH);

@@ -209,7 +209,8 @@ static void check_backward_candidates(GpuModel& g, const std::string& label, con
                label + "backward pass with " + names[option - 1] + ": the same gradients, bit for bit",
                ran ? "" : "no product ran beside the pass");
     }
-    g.defer_gain_sums = g.grads_beside.on = true;
+    g.defer_gain_sums = candidate_on("gain_sums_deferred");
+    g.grads_beside.on = candidate_on("grads_beside");
 }
 
 // CUDA graphs (./train's unless TRAIN_CUDA_GRAPH=0, cuda_graph.cuh). A step, on one of two batches (the tokens and
@@ -266,7 +267,7 @@ static void check_graphs(const std::string& label, const std::string& ckpt, cons
         report(same, strprintf("%sstep %d (batch %d): the direct step's loss, gradients and statistics, bit for bit",
                                label.c_str(), k + 1, batch + 1));
     }
-    int captured = 0, want = kCandidateKernels ? 5 : 4;
+    int captured = 0, want = stats_pass_graph_on() ? 5 : 4;
     for (const PassGraphs::Entry& e : g.graphs.entries) captured += e.exec != nullptr;
     report(captured == want && g.graphs.refused.empty(), strprintf("%sthe %d passes were captured", label.c_str(), want),
            strprintf("%d captured%s%s", captured, g.graphs.refused.empty() ? "" : "; refused: ", g.graphs.refused.c_str()));
