@@ -123,29 +123,44 @@ struct StatsBeside {
     float *qk_normed = nullptr, *row_stats = nullptr;  // an odd layer's
 };
 
-// Candidate (kCandidateKernels): the weight gradients' products of the backward pass on a second
-// stream, beside the rest of the pass. At d22, 8 x 2048 a layer's backward holds four of them, each
-// with a small output (16 to 96 of cuBLASLt's 128 x 128 tiles for 132 SMs) summed over 16,384
-// tokens, and between them the memory-bound kernels (SwiGLU, the norms, QK-norm + RoPE: 3.9 ms a
-// step) that leave the tensor cores idle; beside the pass each fills what the other leaves. A product reads its layer's saved input and one gradient buffer (dres, dfc13,
-// dqkv or the logits) and adds into its own weight gradient, which nothing else in the pass
-// touches; the pass's stream waits for it before it next writes that gradient buffer (done[], by
-// product), and at the end of the pass for all of them. A product runs beside only in a pass of a
-// shape whose backward has run before (`shapes`): its algorithm is chosen, and tuned, in that
-// first pass, on the pass's stream alone, and beside it it uses a workspace of its own. The same
-// products of the same inputs with the same algorithms: the same bits (test_gpt_cuda_candidates
-// checks it). --profile 2 keeps them on the pass's stream.
+// Candidate (grads_beside): the weight gradients' products of the backward pass on streams beside
+// the rest of the pass. At d22, 8 x 2048 a layer's backward holds four of them, each with a small
+// output (16 to 96 of cuBLASLt's 128 x 128 tiles for 132 SMs) summed over 16,384 tokens, and
+// between them the memory-bound kernels (SwiGLU, the norms, QK-norm + RoPE: 3.9 ms a step) that
+// leave the tensor cores idle; beside the pass each fills what the other leaves. A product reads its
+// layer's saved input and one gradient buffer (dres, dfc13, dqkv or the logits) and adds into its
+// own weight gradient; the pass's stream waits for it before it next writes that gradient buffer
+// (done[], by product), and for all of them at the end of the pass, before anything else adds into
+// a weight gradient (the embedding's backward into the tied wte's, the next pass). The layers'
+// products run in order on one stream; the classifier's, the largest (a d22 layer's four together
+// are about its size), on one of its own of lower priority, which only the end of the pass waits
+// for, so that the layers' never queue behind it. A product runs beside only in a pass of a shape
+// whose backward has run before (`shapes`): its algorithm is chosen, and tuned, in that first pass,
+// on the pass's stream alone, and beside it it uses a workspace of its own. The same products of the
+// same inputs with the same algorithms: the same bits (test_gpt_cuda_candidates checks it, with the
+// streams beside made slow on purpose, so that a missing wait would show). --profile 2 keeps them on
+// the pass's stream.
 enum { DW_CLASSIFIER, DW_MLP_OUT, DW_MLP_IN, DW_ATTN_OUT, DW_QKV, kWeightProducts };
 struct GradsBeside {
     bool on = candidate_on("grads_beside");
-    cudaStream_t stream = nullptr;
-    void* workspace = nullptr;              // cuBLASLt's, as large as the model's (carved in the candidate build)
-    cudaEvent_t ready = nullptr;            // the pass's stream has a product's inputs
+    cudaStream_t stream[2] = {};  // the layers' products; the classifier's
+    void* workspace[2] = {};      // cuBLASLt's for each, as large as the model's (carved in the candidate build)
+    cudaEvent_t ready = nullptr;  // the pass's stream has a product's inputs
+    cudaEvent_t joined[2] = {};   // each stream's products done
     cudaEvent_t done[kWeightProducts] = {};  // the last product of each kind
     bool queued[kWeightProducts] = {};       // in this pass
     std::vector<std::pair<int, int>> shapes;  // (B, T) of the backward passes run
     long long products = 0;                   // run beside, so far
+    // For the tests: each product waits this long on its stream first, and the pass skips its
+    // waits (a check that the comparison of the gradients catches a missing one).
+    int test_delay_us = 0;
+    bool test_skip_waits = false;
 };
+
+// Spins for `us` microseconds (GradsBeside's test delay).
+__global__ void spin_kernel(int us) {
+    for (int i = 0; i < us; i++) __nanosleep(1000);
+}
 
 struct GpuModel : ModelShape {  // and backend.h's ModelShape
     int Vp = 0;  // the vocabulary rounded up to 128, the logits' row stride
@@ -168,13 +183,15 @@ struct GpuModel : ModelShape {  // and backend.h's ModelShape
     // per-block partial sums behind them (telemetry.cuh), the inputs, the gradient norm (and its
     // square, summed over the processes), and the AdamW segments.
     float *dgain_scratch, *stats_partial;
-    // Candidate (kCandidateKernels): the gain gradients' column sums deferred to the end of the
+    // Candidate (gain_sums_deferred): the gain gradients' column sums deferred to the end of the
     // backward pass and run in one launch (rmsnorm.cuh's ColumnSumJob), each norm's partial rows
     // then in a part of their own of dgain_deferred (room for the 2L + 1 RMSNorms' and L QK-norms',
     // taken in the order the backward pass calls them). Carved in the candidate build only.
     bool defer_gain_sums = candidate_on("gain_sums_deferred");
     float* dgain_deferred;
+    size_t dgain_deferred_floats = 0;
     ColumnSumJobs gain_sum_jobs;
+    long long gain_sum_launches = 0;  // of deferred sums, so far
     double* stat_sums;
     double stats_tokens = 0;    // tokens measured since model_stats_begin
     double stats_doc_view = 0;  // of those, the queries with a document start in view
@@ -229,10 +246,10 @@ static void gpu_carve(GpuModel& g, Arena& a) {
     const size_t norm_partial_floats = rmsnorm_backward_scratch_floats((int)N, c.d_model),
                  qk_partial_floats = (size_t)qk_norm_rope_backward_blocks((int)N, (int)NH) * 2 * D;
     g.dgain_scratch = a.take<float>(std::max(norm_partial_floats, qk_partial_floats));
-    g.dgain_deferred = a.take<float>(g.trains && kCandidateKernels
-                                         ? (2 * c.n_layer + 1) * norm_partial_floats + c.n_layer * qk_partial_floats
-                                         : 0);
-    g.grads_beside.workspace = a.take<char>(g.trains && kCandidateKernels ? g.mm.workspace_bytes : 0);
+    g.dgain_deferred_floats =
+        g.trains && kCandidateKernels ? (2 * c.n_layer + 1) * norm_partial_floats + c.n_layer * qk_partial_floats : 0;
+    g.dgain_deferred = a.take<float>(g.dgain_deferred_floats);
+    for (void*& w : g.grads_beside.workspace) w = a.take<char>(g.trains && kCandidateKernels ? g.mm.workspace_bytes : 0);
     g.stat_sums = a.take<double>(g.stats_layout.total);
     g.stats_partial = a.take<float>(telemetry_partial_floats((int)N, c));
     g.beside.qk_normed = a.take<float>(N * NH * D);
@@ -315,8 +332,10 @@ static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T, 
     cudaCheck(cudaStreamCreateWithPriority(&g.beside.stream, cudaStreamNonBlocking, least));
     cudaCheck(cudaEventCreateWithFlags(&g.beside.ready, cudaEventDisableTiming));
     for (cudaEvent_t& e : g.beside.done) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    cudaCheck(cudaStreamCreateWithPriority(&g.grads_beside.stream, cudaStreamNonBlocking, greatest));
+    cudaCheck(cudaStreamCreateWithPriority(&g.grads_beside.stream[0], cudaStreamNonBlocking, greatest));
+    cudaCheck(cudaStreamCreateWithPriority(&g.grads_beside.stream[1], cudaStreamNonBlocking, least));
     cudaCheck(cudaEventCreateWithFlags(&g.grads_beside.ready, cudaEventDisableTiming));
+    for (cudaEvent_t& e : g.grads_beside.joined) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     for (cudaEvent_t& e : g.grads_beside.done) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     matmul_init(g.mm);
     g.mm.tune = true;  // algorithms tuned among those with the first choice's bits (matmul_tune)
@@ -348,7 +367,7 @@ static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T, 
 static void model_free(GpuModel& g) {
     cudaCheck(cudaStreamSynchronize(g.stream));
     cudaCheck(cudaStreamSynchronize(g.beside.stream));
-    cudaCheck(cudaStreamSynchronize(g.grads_beside.stream));
+    for (cudaStream_t gs : g.grads_beside.stream) cudaCheck(cudaStreamSynchronize(gs));
     cudaCheck(cudaFree(g.memory));
     cudaCheck(cudaFreeHost(g.stat_sums_host));
     cudaCheck(cudaFreeHost(g.losses_host));
@@ -365,8 +384,9 @@ static void model_free(GpuModel& g) {
     cudaCheck(cudaEventDestroy(g.beside.ready));
     for (cudaEvent_t e : g.beside.done) cudaCheck(cudaEventDestroy(e));
     g.beside = StatsBeside();
-    cudaCheck(cudaStreamDestroy(g.grads_beside.stream));
+    for (cudaStream_t gs : g.grads_beside.stream) cudaCheck(cudaStreamDestroy(gs));
     cudaCheck(cudaEventDestroy(g.grads_beside.ready));
+    for (cudaEvent_t e : g.grads_beside.joined) cudaCheck(cudaEventDestroy(e));
     for (cudaEvent_t e : g.grads_beside.done) cudaCheck(cudaEventDestroy(e));
     g.grads_beside = GradsBeside();
     g.memory = nullptr;
@@ -573,8 +593,8 @@ static bool grads_beside_now(GpuModel& g) {
 }
 
 // A linear layer's backward, matmul_backward's two products: with `beside`, the weight gradient's
-// on GradsBeside's stream, once the pass's stream has its inputs, and the event of its kind recorded
-// after it.
+// on a GradsBeside stream (the classifier's own, or the layers'), once the pass's stream has its
+// inputs, and the event of its kind recorded after it.
 static void linear_backward(GpuModel& g, bool beside, int kind, bf16* dinp, float* dW, const bf16* dout, const bf16* inp,
                             const bf16* W, int IC, int OC, int ld_dout = 0) {
     const int N = g.B * g.T;
@@ -583,10 +603,12 @@ static void linear_backward(GpuModel& g, bool beside, int kind, bf16* dinp, floa
         return;
     }
     GradsBeside& gb = g.grads_beside;
+    const int side = kind == DW_CLASSIFIER;
     cudaCheck(cudaEventRecord(gb.ready, g.stream));
-    cudaCheck(cudaStreamWaitEvent(gb.stream, gb.ready, 0));
-    matmul_lt(g.mm, linear_dweight_problem(dW, dout, inp, N, IC, OC, ld_dout), gb.stream, gb.workspace);
-    cudaCheck(cudaEventRecord(gb.done[kind], gb.stream));
+    cudaCheck(cudaStreamWaitEvent(gb.stream[side], gb.ready, 0));
+    if (gb.test_delay_us) spin_kernel<<<1, 1, 0, gb.stream[side]>>>(gb.test_delay_us);
+    matmul_lt(g.mm, linear_dweight_problem(dW, dout, inp, N, IC, OC, ld_dout), gb.stream[side], gb.workspace[side]);
+    cudaCheck(cudaEventRecord(gb.done[kind], gb.stream[side]));
     gb.queued[kind] = true;
     gb.products++;
     matmul_lt(g.mm, linear_dinp_problem(dinp, dout, W, N, IC, OC, ld_dout), g.stream);
@@ -595,7 +617,21 @@ static void linear_backward(GpuModel& g, bool beside, int kind, bf16* dinp, floa
 // The pass's stream waits for the last weight product of a kind queued beside it in this pass
 // (before it writes over the gradient that product reads).
 static void wait_for_product(GpuModel& g, int kind) {
-    if (g.grads_beside.queued[kind]) cudaCheck(cudaStreamWaitEvent(g.stream, g.grads_beside.done[kind], 0));
+    const GradsBeside& gb = g.grads_beside;
+    if (gb.queued[kind] && !gb.test_skip_waits) cudaCheck(cudaStreamWaitEvent(g.stream, gb.done[kind], 0));
+}
+
+// The end of a pass with products beside it: the pass's stream waits for each stream that ran one
+// (a stream that ran none in a captured pass is not part of the capture: it cannot be waited on).
+static void join_products(GpuModel& g) {
+    GradsBeside& gb = g.grads_beside;
+    const bool ran[2] = {gb.queued[DW_MLP_OUT] || gb.queued[DW_MLP_IN] || gb.queued[DW_ATTN_OUT] || gb.queued[DW_QKV],
+                         gb.queued[DW_CLASSIFIER]};
+    for (int side = 0; side < 2; side++)
+        if (ran[side]) {
+            cudaCheck(cudaEventRecord(gb.joined[side], gb.stream[side]));
+            cudaCheck(cudaStreamWaitEvent(g.stream, gb.joined[side], 0));
+        }
 }
 
 // The backward pass's work on the device from the classifier down to the first layer's input (the
@@ -615,6 +651,8 @@ static void backward_pass(GpuModel& g, float loss_scale) {
     float* next_partial = g.dgain_deferred;
     auto partial = [&](size_t floats) {
         if (!defer) return g.dgain_scratch;
+        if (next_partial + floats > g.dgain_deferred + g.dgain_deferred_floats)
+            fail("internal: the backward pass's gain gradients need more room than dgain_deferred has");
         float* p = next_partial;
         next_partial += floats;
         return p;
@@ -667,11 +705,9 @@ static void backward_pass(GpuModel& g, float loss_scale) {
     if (defer) {
         mark("the gain gradients' column sums, deferred");
         column_sums_run(g.gain_sum_jobs, s);
+        g.gain_sum_launches++;
     }
-    if (beside) {  // every product beside the pass done (they run in order on their stream)
-        cudaCheck(cudaEventRecord(g.grads_beside.ready, g.grads_beside.stream));
-        cudaCheck(cudaStreamWaitEvent(s, g.grads_beside.ready, 0));
-    }
+    if (beside) join_products(g);
 }
 
 // Backward pass of the last forward pass (which had targets, already on the device); adds into

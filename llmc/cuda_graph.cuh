@@ -47,7 +47,9 @@ inline bool pass_graphs_wanted() {
 }
 
 // Runs work() on stream s, directly or through the pass's graph (see the top of the file). work()
-// must only queue work on s: no synchronisation, no allocation, no host read of what it computes.
+// must only queue work on s, or on other streams forked from s (they wait on an event recorded on
+// s) and joined back into s before it returns: no synchronisation, no allocation, no host read of
+// what it computes.
 template <typename Work>
 void pass_graph_run(PassGraphs& pg, const PassKey& key, cudaStream_t s, Work&& work) {
     if (!pg.on) {

@@ -177,23 +177,28 @@ static void check_stats_beside(GpuModel& g, const std::string& label, const std:
 
 // The candidate build's options of the backward pass, each on and off: the gain gradients' column
 // sums deferred to its end (GpuModel::defer_gain_sums) and the weight gradients' products beside
-// it (GradsBeside). Every combination must give the gradients of the pass with neither, bit for
-// bit, with every norm's buffer of partial rows filled with NaN first (a sum that read a part
-// before it was written, or one part for two norms, would show), and the products beside must
-// have run (a backward pass of the shape first, so that their algorithms are chosen).
+// it (GradsBeside). Every combination must give the gradients of the passes with neither, bit for
+// bit: two backward passes added into the gradients (as gradient accumulation does), with every
+// norm's buffer of partial rows filled with NaN first (a sum that read a part before it was
+// written, or one part for two norms, would show), and the streams beside made slow (each product
+// waits 200 us first: on these shapes the pass would otherwise finish a product's input before a
+// missing wait could matter). Each option must have run (a backward pass of the shape first, so
+// that the products' algorithms are chosen), and the same slow products with the pass's waits
+// skipped must give other gradients: the comparison catches a missing wait.
 static void check_backward_candidates(GpuModel& g, const std::string& label, const std::vector<int>& tokens,
                                       const std::vector<int>& targets, int B, int T) {
-    const ModelConfig& c = g.cfg;
-    const size_t N = (size_t)g.max_B * g.max_T, NH = c.n_head + c.n_kv_head;
-    const size_t partial_floats = (2 * c.n_layer + 1) * rmsnorm_backward_scratch_floats((int)N, c.d_model) +
-                                  c.n_layer * (size_t)qk_norm_rope_backward_blocks((int)N, (int)NH) * 2 * c.head_dim;
-    auto gradients = [&](bool defer, bool beside) {
+    GradsBeside& gb = g.grads_beside;
+    auto gradients = [&](bool defer, bool beside, bool skip_waits = false) {
         g.defer_gain_sums = defer;
-        g.grads_beside.on = beside;
-        cudaCheck(cudaMemsetAsync(g.dgain_deferred, 0xff, partial_floats * sizeof(float), g.stream));
-        model_forward(g, tokens.data(), targets.data(), B, T, false);
+        gb.on = beside;
+        gb.test_delay_us = beside ? 200 : 0;
+        gb.test_skip_waits = skip_waits;
+        cudaCheck(cudaMemsetAsync(g.dgain_deferred, 0xff, g.dgain_deferred_floats * sizeof(float), g.stream));
         model_zero_grad(g);
-        model_backward(g, tokens.data(), targets.data(), 1.0f);
+        for (int pass = 0; pass < 2; pass++) {
+            model_forward(g, tokens.data(), targets.data(), B, T, false);
+            model_backward(g, tokens.data(), targets.data(), 0.5f);
+        }
         std::vector<float> grads(g.P);
         cudaCheck(cudaStreamSynchronize(g.stream));
         cudaCheck(cudaMemcpy(grads.data(), g.grads, g.P * sizeof(float), cudaMemcpyDeviceToHost));
@@ -202,15 +207,21 @@ static void check_backward_candidates(GpuModel& g, const std::string& label, con
     const std::vector<float> plain = gradients(false, false);
     const char* names[] = {"the gains' column sums deferred", "the weight products beside the pass", "both"};
     for (int option = 1; option < 4; option++) {
-        const long long products = g.grads_beside.products;
+        const long long products = gb.products, launches = g.gain_sum_launches;
         const std::vector<float> grads = gradients(option & 1, option & 2);
-        const bool ran = !(option & 2) || g.grads_beside.products > products;
-        report(ran && memcmp(grads.data(), plain.data(), g.P * sizeof(float)) == 0,
-               label + "backward pass with " + names[option - 1] + ": the same gradients, bit for bit",
-               ran ? "" : "no product ran beside the pass");
+        std::string why;
+        if ((option & 2) && gb.products == products) why += "no product ran beside the pass; ";
+        if ((option & 1) && g.gain_sum_launches == launches) why += "no deferred column sums ran; ";
+        report(why.empty() && memcmp(grads.data(), plain.data(), g.P * sizeof(float)) == 0,
+               label + "backward passes with " + names[option - 1] + ": the same gradients, bit for bit", why);
     }
+    const std::vector<float> unwaited = gradients(false, true, true);
+    report(memcmp(unwaited.data(), plain.data(), g.P * sizeof(float)) != 0,
+           label + "the weight products beside the pass without its waits (slowed): other gradients, as they must be");
     g.defer_gain_sums = candidate_on("gain_sums_deferred");
-    g.grads_beside.on = candidate_on("grads_beside");
+    gb.on = candidate_on("grads_beside");
+    gb.test_delay_us = 0;
+    gb.test_skip_waits = false;
 }
 
 // CUDA graphs (./train's unless TRAIN_CUDA_GRAPH=0, cuda_graph.cuh). A step, on one of two batches (the tokens and
