@@ -38,12 +38,15 @@ case ${1:-} in
             EXPERIMENT_SECONDS=$(left) bash dev/gpu_experiment.sh
         ;;
     speed)  # what decides the defaults first: the candidates' correctness and cuDNN's, then the times
-        # torch.compile's compilation of the reports' recipe at 8 x 2048 (minutes of the CPU) in the
-        # background while the checks run, which time nothing on the host: the timed torch.compile of
+        # torch.compile's compilation of the reports' recipe (minutes of the CPU: the step with and
+        # without statistics, at each batch size gpu_speed.sh times, in its order) in the background
+        # while the checks run, which time nothing on the host: the timed torch.compile of
         # gpu_speed.sh then finds its kernels in the inductor's cache. Waited for before any timing.
+        # shellcheck disable=SC2086  # the batch sizes are words
         (source dev/gpu_env.sh && timeout 240 env PYTHONPATH=scripts "$py" -c 'import sys, types, attnlog, bench
-bench.bench_torch_gpu(types.SimpleNamespace(warmup=2), attnlog.open_log(sys.argv[1]).config, 8, 2048, 3, True, [10])' \
-            docs/runs/d22/gain_seed7/run.attnlog.xz >"${OUT:-/tmp}/torch_compile_warm.txt" 2>&1) &
+for B in map(int, sys.argv[2:]):
+    bench.bench_torch_gpu(types.SimpleNamespace(warmup=2), attnlog.open_log(sys.argv[1]).config, B, 2048, 3, True, [10])' \
+            docs/runs/d22/gain_seed7/run.attnlog.xz ${SPEED_TORCH_BATCHES:-8 4} >"${OUT:-/tmp}/torch_compile_warm.txt" 2>&1) &
         warm=$!
         CHECK_PARTS="$(reference) cuda_parity_candidates dev_norms dev_cudnn_attention dev_attention dev_telemetry" \
             CHECK_SECONDS=$(( $(left) < 200 ? $(left) : 200 )) bash dev/gpu_check.sh
