@@ -1,5 +1,6 @@
 // Checks and times the normalisation kernels against the CPU backend: RMSNorm forward and backward
-// (llmc/rmsnorm.cuh) and the per-head QK-norm with RoPE, forward and backward (llmc/qknorm_rope.cuh).
+// (llmc/rmsnorm.cuh) and the per-head QK-norm with RoPE, forward and backward (llmc/qknorm_rope.cuh);
+// and the gain gradients' column sums run one launch a job against all in one.
 // Build: make build/dev_norms (nvcc); run: ./build/dev_norms. Exit status 1 if a check fails.
 #include <cstring>
 #include "dev/cuda/common.h"
@@ -180,6 +181,45 @@ static void check_qk_norm_rope(int B, int T, int H, int Hkv, int qk_norm = QK_NO
         cudaCheck(cudaFree(p));
 }
 
+// The gain gradients' column sums of a backward pass: each job by its own column_sum launch (./train),
+// and all of them by column_sums_run's one launch (the candidate, gain_sums_deferred): the same bits,
+// and the times of the two. The jobs are a d22 backward pass's at 8 x 2048 (L = 22: 2L + 1 RMSNorm
+// gains of 512 columns from 1,024 partial rows, 2L QK-norm gains of 64 columns from 1,024 rows of
+// 128), or fewer layers; each output starts from its own random values (the sums add into them).
+static void check_column_sums(int L, int parts) {
+    const int C = 512, D = 64;
+    struct Job { int cols, stride; size_t at; };  // at: where its first partial row starts
+    std::vector<Job> jobs;
+    size_t floats = 0;
+    for (int j = 0; j < 2 * L + 1; j++, floats += (size_t)parts * C) jobs.push_back({C, C, floats});
+    for (int l = 0; l < L; l++, floats += (size_t)parts * 2 * D)  // the q gain's columns, then the k gain's
+        for (int half = 0; half < 2; half++) jobs.push_back({D, 2 * D, floats + half * D});
+    Rng rng{(uint64_t)L * 131 + parts};
+    float* d_partial = upload(random_values(floats, 0.01f, rng));
+    std::vector<float> out0 = random_values((2 * L + 1) * C + 2 * L * D, 0.1f, rng);
+    float *d_once = upload(out0), *d_deferred = upload(out0);
+    auto queue = [&](float* outs, ColumnSumJobs* defer) {
+        size_t out_at = 0;
+        for (const Job& job : jobs) {
+            column_sum_or_defer(outs + out_at, d_partial + job.at, parts, job.cols, job.stride, 0, defer);
+            out_at += job.cols;
+        }
+        if (defer) column_sums_run(*defer, 0);
+    };
+    ColumnSumJobs deferred;
+    queue(d_once, nullptr);
+    queue(d_deferred, &deferred);
+    const std::vector<float> once = download(d_once, out0.size()), all = download(d_deferred, out0.size());
+    std::string tag = strprintf(" (%zu jobs of %d partial rows)", jobs.size(), parts);
+    report(memcmp(once.data(), all.data(), once.size() * sizeof(float)) == 0 && once != out0,
+           "gain column sums in one launch: the bits of one launch a job" + tag);
+    const float ms_once = time_ms([&] { queue(d_once, nullptr); });
+    const float ms_all = time_ms([&] { queue(d_deferred, &deferred); });
+    printf("   gain column sums%s: one launch a job %.3f ms, one launch in all %.3f ms (%.2fx)\n", tag.c_str(), ms_once,
+           ms_all, ms_once / ms_all);
+    for (void* p : {(void*)d_partial, (void*)d_once, (void*)d_deferred}) cudaCheck(cudaFree(p));
+}
+
 int main() {
     if (!require_gpu()) return 0;
     check_rmsnorm(37, 96);
@@ -197,5 +237,8 @@ int main() {
     check_qk_norm_rope(8, 2048, 8, 8);
     check_qk_norm_rope(2, 17, 16, 8, QK_NORM_GAIN, 128);  // Qwen3's heads
     check_qk_norm_rope(2, 17, 4, 2, QK_NORM_NONE, 128);   // Llama's
+    check_column_sums(22, 1024);  // d22's at 8 x 2048: 89 jobs, one launch
+    check_column_sums(1, 3);     // a model of one layer: 4 jobs
+    check_column_sums(30, 64);   // 121 jobs: two launches
     return test_exit_code();
 }
