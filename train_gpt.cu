@@ -204,6 +204,8 @@ struct GpuModel : ModelShape {  // and backend.h's ModelShape
     PassGraphs graphs;  // unless TRAIN_CUDA_GRAPH=0 (cuda_graph.cuh)
     ParamSegment* segments;
     int max_segments = 0, num_segments = 0;  // room carved; in use (frozen kinds and other shards have none)
+    int* adamw_tile_first;                   // adamw_tile_starts of the segments (the candidate adamw_tiles)
+    int adamw_tiles = 0;
     // On the host: pinned buffers the device copies into, and the host copy of the weights and
     // AdamW state (shard.padded floats each; of the AdamW state, this process's shard).
     float* losses_host = nullptr;
@@ -262,6 +264,7 @@ static void gpu_carve(GpuModel& g, Arena& a) {
     g.grad_sq = a.take<double>(1);
     g.grad_norm = a.take<float>(1);
     g.segments = a.take<ParamSegment>(g.max_segments);
+    g.adamw_tile_first = a.take<int>(g.max_segments + 1);
 }
 
 // The sizes everything is carved to.
@@ -278,6 +281,9 @@ static void upload_segments(GpuModel& g) {
     std::vector<ParamSegment> segments = shard_segments(adamw_segments(g.cfg, g.frozen, g.decayed), g.shard);
     g.num_segments = (int)segments.size();
     cudaCheck(cudaMemcpy(g.segments, segments.data(), segments.size() * sizeof(ParamSegment), cudaMemcpyHostToDevice));
+    const std::vector<int> tile_first = adamw_tile_starts(segments);
+    g.adamw_tiles = tile_first.back();
+    cudaCheck(cudaMemcpy(g.adamw_tile_first, tile_first.data(), tile_first.size() * sizeof(int), cudaMemcpyHostToDevice));
 }
 
 // Holds the parameter kinds in `asked` (and those the variant leaves unused) fixed from now on:
@@ -777,8 +783,14 @@ static float model_grad_norm(GpuModel& g) {
 // host copy, is not needed here).
 static void model_adamw_step(GpuModel& g, const AdamWSettings& o, int t, float grad_norm, float clip) {
     (void)grad_norm;
-    adamw_step(g.params, g.params_bf16, g.grads, g.adam_m, g.adam_v, (long long)g.shard.begin, g.segments, g.num_segments,
-               g.grad_norm, clip, o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, t, g.stream);
+    static const bool tiles = candidate_on("adamw_tiles");
+    if (tiles)
+        adamw_step_tiles(g.params, g.params_bf16, g.grads, g.adam_m, g.adam_v, (long long)g.shard.begin, g.segments,
+                         g.adamw_tile_first, g.num_segments, g.adamw_tiles, g.grad_norm, clip, o.lr, o.beta1, o.beta2, o.eps,
+                         o.weight_decay, t, g.stream);
+    else
+        adamw_step(g.params, g.params_bf16, g.grads, g.adam_m, g.adam_v, (long long)g.shard.begin, g.segments,
+                   g.num_segments, g.grad_norm, clip, o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, t, g.stream);
 }
 
 // Every process's updated shard to every process, and the bf16 copy of the whole model remade

@@ -1,9 +1,56 @@
 // Checks and times the optimiser kernels (llmc/adamw.cuh) against the CPU backend: the global
 // gradient norm (deterministic two-stage sum) and AdamW with clipping and per-segment weight
-// decay, frozen parameter kinds left out, including the refreshed bf16 copy of the weights. Build: make build/dev_optimizer.
+// decay, frozen parameter kinds left out, including the refreshed bf16 copy of the weights; and the
+// candidate AdamW in tiles against it, bit for bit, and both timed at d22. Build: make build/dev_optimizer.
 #include "dev/cuda/common.h"
 #include "llmc/adamw.cuh"
 #include "llmc/model_cpu.h"
+
+// The reports' model (d22: 79 M weights in 134 segments, the embedding's 4.2 M the largest): both
+// AdamW kernels from the same state give the same bits, and their times.
+static void time_adamw_d22() {
+    ModelConfig c;
+    apply_preset(c, *find_preset("d22"));
+    c.vocab_size = 8192;
+    const size_t P = num_parameters(c);
+    Rng rng{22};
+    const std::vector<float> params = random_values(P, 0.02f, rng), grads = random_values(P, 0.01f, rng);
+    const std::vector<float> m = random_values(P, 0.001f, rng), v = random_values(P, 0.001f, rng);
+    const std::vector<ParamSegment> segs = adamw_segments(c, 0);
+    const std::vector<int> first = adamw_tile_starts(segs);
+    ParamSegment* d_segs = upload(segs);
+    int* d_first = upload(first);
+    float* d_norm = upload(std::vector<float>{1.0f});
+    float* d_grads = upload(grads);
+    float *w[2], *mm[2], *vv[2];
+    bf16* wb[2];
+    for (int k = 0; k < 2; k++) {
+        w[k] = upload(params), mm[k] = upload(m);
+        std::vector<float> vpos(v);
+        for (float& x : vpos) x = fabsf(x);  // a second moment is never negative
+        vv[k] = upload(vpos);
+        cudaCheck(cudaMalloc(&wb[k], P * sizeof(bf16)));
+    }
+    auto step = [&](int k) {
+        if (k == 0)
+            adamw_step(w[0], wb[0], d_grads, mm[0], vv[0], 0, d_segs, (int)segs.size(), d_norm, 1.0f, 1e-3f, 0.9f, 0.95f, 1e-8f,
+                       0.1f, 3, 0);
+        else
+            adamw_step_tiles(w[1], wb[1], d_grads, mm[1], vv[1], 0, d_segs, d_first, (int)segs.size(), first.back(), d_norm, 1.0f,
+                             1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0);
+    };
+    step(0);
+    step(1);
+    report(download(w[0], P) == download(w[1], P) && download(mm[0], P) == download(mm[1], P) &&
+               download(vv[0], P) == download(vv[1], P) && download_bf16(wb[0], P) == download_bf16(wb[1], P),
+           "d22: adamw in tiles gives adamw's weights, moments and bf16 weights, bit for bit");
+    const float ms = time_ms([&] { step(0); }), tiles_ms = time_ms([&] { step(1); });
+    printf("   d22, %zu parameters in %zu segments: adamw %.3f ms (%.0f GB/s), in %d tiles %.3f ms (%.0f GB/s, %.2fx)\n", P,
+           segs.size(), ms, 30.0 * P / ms / 1e6, first.back(), tiles_ms, 30.0 * P / tiles_ms / 1e6, ms / tiles_ms);
+    for (int k = 0; k < 2; k++)
+        for (void* q : {(void*)w[k], (void*)mm[k], (void*)vv[k], (void*)wb[k]}) cudaCheck(cudaFree(q));
+    for (void* q : {(void*)d_segs, (void*)d_first, (void*)d_norm, (void*)d_grads}) cudaCheck(cudaFree(q));
+}
 
 int main() {
     if (!require_gpu()) return 0;
@@ -89,12 +136,57 @@ int main() {
         for (void* q : {(void*)d_mp, (void*)d_vp, (void*)d_cut}) cudaCheck(cudaFree(q));
     }
     report(download(d_sharded, P) == got && same_state, "adamw on 3 shards (ZeRO-1) gives the bits of one process");
+    // The candidate in tiles (adamw_tiles): the bits of the kernel above, on the whole model and on the
+    // shards, whose segments start where a 16-byte run does not (its one-weight path).
+    auto tiled = [&](float* w, float* mp, float* vp, long long begin, const std::vector<ParamSegment>& sg) {
+        const std::vector<int> first = adamw_tile_starts(sg);
+        ParamSegment* d_sg = upload(sg);
+        int* d_first = upload(first);
+        adamw_step_tiles(w, d_bf16, d_grads, mp, vp, begin, d_sg, d_first, (int)sg.size(), first.back(), d_norm, clip, opt.lr,
+                         opt.beta1, opt.beta2, opt.eps, opt.weight_decay, 3, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        for (void* q : {(void*)d_sg, (void*)d_first}) cudaCheck(cudaFree(q));
+    };
+    float *d_tiled = upload(params), *d_tm = upload(m), *d_tv = upload(v);
+    cudaCheck(cudaMemset(d_bf16, 0xFF, P * sizeof(bf16)));
+    tiled(d_tiled, d_tm, d_tv, 0, segs);
+    std::vector<float> bf16_got = download_bf16(d_bf16, P);
+    report(download(d_tiled, P) == got && download(d_tm, P) == m_after && download(d_tv, P) == download(d_v, P),
+           "adamw in tiles: the weights and moments of adamw, bit for bit");
+    size_t updated = 0, refreshed = 0;
+    for (const ParamSegment& sg : segs)
+        for (long long i = sg.start; i < sg.start + sg.count; i++, updated++) refreshed += bf16_got[i] == rounded[i];
+    report(refreshed == updated, "adamw in tiles refreshes the bf16 weights it updates");
+    float* d_tiled_shards = upload(params);
+    bool same_shards = true;
+    for (int rank = 0; rank < 3; rank++) {
+        ParamShard sh = param_shard(P, rank, 3);
+        std::vector<float> m_part(m.begin() + sh.begin, m.begin() + sh.end), v_part(v.begin() + sh.begin, v.begin() + sh.end);
+        float *d_mp = upload(m_part), *d_vp = upload(v_part);
+        tiled(d_tiled_shards, d_mp, d_vp, (long long)sh.begin, shard_segments(segs, sh));
+        same_shards &= download(d_mp, m_part.size()) == std::vector<float>(m_after.begin() + sh.begin, m_after.begin() + sh.end);
+        for (void* q : {(void*)d_mp, (void*)d_vp}) cudaCheck(cudaFree(q));
+    }
+    report(download(d_tiled_shards, P) == got && same_shards, "adamw in tiles on 3 shards (ZeRO-1): the bits of one process");
     float norm_ms = time_ms([&] { global_norm(); });
     float adam_ms = time_ms([&] {
         adamw_step(d_params, d_bf16, d_grads, d_m, d_v, 0, d_segs, (int)segs.size(), d_norm, clip, opt.lr, opt.beta1, opt.beta2,
                    opt.eps, opt.weight_decay, 3, 0);
     });
-    printf("   %zu parameters: norm %.3f ms (%.0f GB/s), adamw %.3f ms (%.0f GB/s)\n", P, norm_ms, 4.0 * P / norm_ms / 1e6,
-           adam_ms, 18.0 * P / adam_ms / 1e6);
+    const std::vector<int> first = adamw_tile_starts(segs);
+    int* d_first = upload(first);
+    float tiles_ms = time_ms([&] {
+        adamw_step_tiles(d_params, d_bf16, d_grads, d_m, d_v, 0, d_segs, d_first, (int)segs.size(), first.back(), d_norm, clip,
+                         opt.lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, 3, 0);
+    });
+    // bytes a weight: the weight, its gradient and two moments read (16), the weight and moments
+    // written and the bf16 copy (14)
+    printf("   %zu parameters: norm %.3f ms (%.0f GB/s), adamw %.3f ms (%.0f GB/s), in tiles %.3f ms (%.0f GB/s, %.2fx)\n", P,
+           norm_ms, 4.0 * P / norm_ms / 1e6, adam_ms, 30.0 * P / adam_ms / 1e6, tiles_ms, 30.0 * P / tiles_ms / 1e6,
+           adam_ms / tiles_ms);
+    for (void* q : {(void*)d_tiled, (void*)d_tm, (void*)d_tv, (void*)d_tiled_shards, (void*)d_first, (void*)d_params,
+                    (void*)d_grads, (void*)d_m, (void*)d_v, (void*)d_bf16, (void*)d_segs, (void*)d_sharded})
+        cudaCheck(cudaFree(q));
+    time_adamw_d22();
     return test_exit_code();
 }
