@@ -158,7 +158,7 @@ inline void adamw_step_tiles(float* params, bf16* params_bf16, const float* grad
                              long long state_begin, const ParamSegment* device_segments, const int* tile_first,
                              int num_segments, int tiles, const float* grad_norm, float max_norm, float lr, float beta1,
                              float beta2, float eps, float weight_decay, int t, cudaStream_t s) {
-    if (num_segments == 0) return;
+    if (num_segments == 0 || tiles == 0) return;  // a shard holding only frozen parameters, or empty segments
     float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
     adamw_tiles_kernel<<<tiles, kAdamwTileThreads, 0, s>>>(params, params_bf16, grads, m, v, state_begin, device_segments,
                                                            tile_first, num_segments, grad_norm, max_norm, lr, beta1, beta2,

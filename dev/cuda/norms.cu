@@ -194,9 +194,11 @@ static void check_column_sums(int L, int parts) {
     for (int j = 0; j < 2 * L + 1; j++, floats += (size_t)parts * C) jobs.push_back({C, C, floats});
     for (int l = 0; l < L; l++, floats += (size_t)parts * 2 * D)  // the q gain's columns, then the k gain's
         for (int half = 0; half < 2; half++) jobs.push_back({D, 2 * D, floats + half * D});
+    jobs.push_back({80, 80, floats});  // and a width whose last tile of 32 columns is half full
+    floats += (size_t)parts * 80;
     Rng rng{(uint64_t)L * 131 + parts};
     float* d_partial = upload(random_values(floats, 0.01f, rng));
-    std::vector<float> out0 = random_values((2 * L + 1) * C + 2 * L * D, 0.1f, rng);
+    std::vector<float> out0 = random_values((2 * L + 1) * C + 2 * L * D + 80, 0.1f, rng);
     float *d_once = upload(out0), *d_deferred = upload(out0);
     auto queue = [&](float* outs, ColumnSumJobs* defer) {
         size_t out_at = 0;
@@ -237,8 +239,8 @@ int main() {
     check_qk_norm_rope(8, 2048, 8, 8);
     check_qk_norm_rope(2, 17, 16, 8, QK_NORM_GAIN, 128);  // Qwen3's heads
     check_qk_norm_rope(2, 17, 4, 2, QK_NORM_NONE, 128);   // Llama's
-    check_column_sums(22, 1024);  // d22's at 8 x 2048: 89 jobs, one launch
-    check_column_sums(1, 3);     // a model of one layer: 4 jobs
-    check_column_sums(30, 64);   // 121 jobs: two launches
+    check_column_sums(22, 1024);  // d22's at 8 x 2048 (89 jobs) and one more: one launch
+    check_column_sums(1, 3);      // a model of one layer: 6 jobs
+    check_column_sums(30, 64);    // 122 jobs: two launches
     return test_exit_code();
 }

@@ -2,51 +2,57 @@
 // gradient norm (deterministic two-stage sum) and AdamW with clipping and per-segment weight
 // decay, frozen parameter kinds left out, including the refreshed bf16 copy of the weights; and the
 // candidate AdamW in tiles against it, bit for bit, and both timed at d22. Build: make build/dev_optimizer.
+#include <cstring>
 #include "dev/cuda/common.h"
 #include "llmc/adamw.cuh"
 #include "llmc/model_cpu.h"
 
-// The reports' model (d22: 79 M weights in 134 segments, the embedding's 4.2 M the largest): both
-// AdamW kernels from the same state give the same bits, and their times.
-static void time_adamw_d22() {
-    ModelConfig c;
-    apply_preset(c, *find_preset("d22"));
-    c.vocab_size = 8192;
-    const size_t P = num_parameters(c);
-    Rng rng{22};
+// adamw_kernel and the candidate adamw_tiles_kernel from the same state (P weights and gradients,
+// the AdamW state from weight state_begin on, the bf16 copy filled with NaN): the same bits of the
+// weights, both moments and the whole bf16 copy (what no segment holds left as it was), and some
+// weight moved; with `timed`, the time of each.
+static void compare_adamw_kernels(const std::string& label, size_t P, const std::vector<ParamSegment>& segs,
+                                  long long state_begin, bool timed = false) {
+    Rng rng{P + segs.size()};
+    const size_t S = P - state_begin;
     const std::vector<float> params = random_values(P, 0.02f, rng), grads = random_values(P, 0.01f, rng);
-    const std::vector<float> m = random_values(P, 0.001f, rng), v = random_values(P, 0.001f, rng);
-    const std::vector<ParamSegment> segs = adamw_segments(c, 0);
+    const std::vector<float> m = random_values(S, 0.001f, rng);
+    std::vector<float> v = random_values(S, 0.001f, rng);
+    for (float& x : v) x = fabsf(x);  // a second moment is never negative
     const std::vector<int> first = adamw_tile_starts(segs);
     ParamSegment* d_segs = upload(segs);
     int* d_first = upload(first);
-    float* d_norm = upload(std::vector<float>{1.0f});
-    float* d_grads = upload(grads);
+    float *d_norm = upload(std::vector<float>{2.0f}), *d_grads = upload(grads);
     float *w[2], *mm[2], *vv[2];
     bf16* wb[2];
     for (int k = 0; k < 2; k++) {
-        w[k] = upload(params), mm[k] = upload(m);
-        std::vector<float> vpos(v);
-        for (float& x : vpos) x = fabsf(x);  // a second moment is never negative
-        vv[k] = upload(vpos);
+        w[k] = upload(params), mm[k] = upload(m), vv[k] = upload(v);
         cudaCheck(cudaMalloc(&wb[k], P * sizeof(bf16)));
+        cudaCheck(cudaMemset(wb[k], 0xFF, P * sizeof(bf16)));
     }
-    auto step = [&](int k) {
+    auto step = [&](int k) {  // clipping active: the norm 2 to 1
         if (k == 0)
-            adamw_step(w[0], wb[0], d_grads, mm[0], vv[0], 0, d_segs, (int)segs.size(), d_norm, 1.0f, 1e-3f, 0.9f, 0.95f, 1e-8f,
-                       0.1f, 3, 0);
+            adamw_step(w[0], wb[0], d_grads, mm[0], vv[0], state_begin, d_segs, (int)segs.size(), d_norm, 1.0f, 1e-3f, 0.9f,
+                       0.95f, 1e-8f, 0.1f, 3, 0);
         else
-            adamw_step_tiles(w[1], wb[1], d_grads, mm[1], vv[1], 0, d_segs, d_first, (int)segs.size(), first.back(), d_norm, 1.0f,
-                             1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0);
+            adamw_step_tiles(w[1], wb[1], d_grads, mm[1], vv[1], state_begin, d_segs, d_first, (int)segs.size(), first.back(),
+                             d_norm, 1.0f, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0);
     };
     step(0);
     step(1);
-    report(download(w[0], P) == download(w[1], P) && download(mm[0], P) == download(mm[1], P) &&
-               download(vv[0], P) == download(vv[1], P) && download_bf16(wb[0], P) == download_bf16(wb[1], P),
-           "d22: adamw in tiles gives adamw's weights, moments and bf16 weights, bit for bit");
-    const float ms = time_ms([&] { step(0); }), tiles_ms = time_ms([&] { step(1); });
-    printf("   d22, %zu parameters in %zu segments: adamw %.3f ms (%.0f GB/s), in %d tiles %.3f ms (%.0f GB/s, %.2fx)\n", P,
-           segs.size(), ms, 30.0 * P / ms / 1e6, first.back(), tiles_ms, 30.0 * P / tiles_ms / 1e6, ms / tiles_ms);
+    auto same = [](const auto& a, const auto& b) { return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof a[0]) == 0; };
+    const std::vector<float> w0 = download(w[0], P);
+    report(same(w0, download(w[1], P)) && same(download(mm[0], S), download(mm[1], S)) &&
+               same(download(vv[0], S), download(vv[1], S)) && same(download(wb[0], P), download(wb[1], P)) && w0 != params,
+           "adamw in tiles: adamw's weights, moments and bf16 copy, bit for bit (" + label + ")");
+    if (timed) {
+        const float ms = time_ms([&] { step(0); }), tiles_ms = time_ms([&] { step(1); });
+        // bytes a weight: the weight, its gradient and two moments read (16), the weight and moments
+        // written and the bf16 copy (14)
+        printf("   %s, %zu parameters in %zu segments: adamw %.3f ms (%.0f GB/s), in %d tiles %.3f ms (%.0f GB/s, %.2fx)\n",
+               label.c_str(), P, segs.size(), ms, 30.0 * P / ms / 1e6, first.back(), tiles_ms, 30.0 * P / tiles_ms / 1e6,
+               ms / tiles_ms);
+    }
     for (int k = 0; k < 2; k++)
         for (void* q : {(void*)w[k], (void*)mm[k], (void*)vv[k], (void*)wb[k]}) cudaCheck(cudaFree(q));
     for (void* q : {(void*)d_segs, (void*)d_first, (void*)d_norm, (void*)d_grads}) cudaCheck(cudaFree(q));
@@ -136,57 +142,28 @@ int main() {
         for (void* q : {(void*)d_mp, (void*)d_vp, (void*)d_cut}) cudaCheck(cudaFree(q));
     }
     report(download(d_sharded, P) == got && same_state, "adamw on 3 shards (ZeRO-1) gives the bits of one process");
-    // The candidate in tiles (adamw_tiles): the bits of the kernel above, on the whole model and on the
-    // shards, whose segments start where a 16-byte run does not (its one-weight path).
-    auto tiled = [&](float* w, float* mp, float* vp, long long begin, const std::vector<ParamSegment>& sg) {
-        const std::vector<int> first = adamw_tile_starts(sg);
-        ParamSegment* d_sg = upload(sg);
-        int* d_first = upload(first);
-        adamw_step_tiles(w, d_bf16, d_grads, mp, vp, begin, d_sg, d_first, (int)sg.size(), first.back(), d_norm, clip, opt.lr,
-                         opt.beta1, opt.beta2, opt.eps, opt.weight_decay, 3, 0);
-        cudaCheck(cudaDeviceSynchronize());
-        for (void* q : {(void*)d_sg, (void*)d_first}) cudaCheck(cudaFree(q));
-    };
-    float *d_tiled = upload(params), *d_tm = upload(m), *d_tv = upload(v);
-    cudaCheck(cudaMemset(d_bf16, 0xFF, P * sizeof(bf16)));
-    tiled(d_tiled, d_tm, d_tv, 0, segs);
-    std::vector<float> bf16_got = download_bf16(d_bf16, P);
-    report(download(d_tiled, P) == got && download(d_tm, P) == m_after && download(d_tv, P) == download(d_v, P),
-           "adamw in tiles: the weights and moments of adamw, bit for bit");
-    size_t updated = 0, refreshed = 0;
-    for (const ParamSegment& sg : segs)
-        for (long long i = sg.start; i < sg.start + sg.count; i++, updated++) refreshed += bf16_got[i] == rounded[i];
-    report(refreshed == updated, "adamw in tiles refreshes the bf16 weights it updates");
-    float* d_tiled_shards = upload(params);
-    bool same_shards = true;
+    // The candidate in tiles (adamw_tiles): the bits of the kernel above, on the whole model, on the
+    // shards, on segments that start or end off a 16-byte run (its one-weight path; the models'
+    // segments and shards never do), and at d22, where both are timed.
+    compare_adamw_kernels("d6, a frozen set", P, segs, 0);
     for (int rank = 0; rank < 3; rank++) {
         ParamShard sh = param_shard(P, rank, 3);
-        std::vector<float> m_part(m.begin() + sh.begin, m.begin() + sh.end), v_part(v.begin() + sh.begin, v.begin() + sh.end);
-        float *d_mp = upload(m_part), *d_vp = upload(v_part);
-        tiled(d_tiled_shards, d_mp, d_vp, (long long)sh.begin, shard_segments(segs, sh));
-        same_shards &= download(d_mp, m_part.size()) == std::vector<float>(m_after.begin() + sh.begin, m_after.begin() + sh.end);
-        for (void* q : {(void*)d_mp, (void*)d_vp}) cudaCheck(cudaFree(q));
+        compare_adamw_kernels(strprintf("d6, shard %d of 3", rank), P, shard_segments(segs, sh), (long long)sh.begin);
     }
-    report(download(d_tiled_shards, P) == got && same_shards, "adamw in tiles on 3 shards (ZeRO-1): the bits of one process");
+    compare_adamw_kernels("segments off 16-byte runs, state from weight 1", 20000,
+                          {{1, 5000, 1}, {5001, 3, 0}, {5004, 0, 1}, {5004, 4099, 1}, {9103, 2047, 0}, {11200, 6001, 1}}, 1);
+    compare_adamw_kernels("segments with a partial last run, state from weight 0", 20000,
+                          {{1, 5000, 1}, {5004, 4099, 0}, {9104, 6149, 1}, {15256, 4744, 0}}, 0);
+    ModelConfig d22;
+    apply_preset(d22, *find_preset("d22"));
+    d22.vocab_size = 8192;
+    compare_adamw_kernels("d22", num_parameters(d22), adamw_segments(d22, 0), 0, true);
     float norm_ms = time_ms([&] { global_norm(); });
     float adam_ms = time_ms([&] {
         adamw_step(d_params, d_bf16, d_grads, d_m, d_v, 0, d_segs, (int)segs.size(), d_norm, clip, opt.lr, opt.beta1, opt.beta2,
                    opt.eps, opt.weight_decay, 3, 0);
     });
-    const std::vector<int> first = adamw_tile_starts(segs);
-    int* d_first = upload(first);
-    float tiles_ms = time_ms([&] {
-        adamw_step_tiles(d_params, d_bf16, d_grads, d_m, d_v, 0, d_segs, d_first, (int)segs.size(), first.back(), d_norm, clip,
-                         opt.lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, 3, 0);
-    });
-    // bytes a weight: the weight, its gradient and two moments read (16), the weight and moments
-    // written and the bf16 copy (14)
-    printf("   %zu parameters: norm %.3f ms (%.0f GB/s), adamw %.3f ms (%.0f GB/s), in tiles %.3f ms (%.0f GB/s, %.2fx)\n", P,
-           norm_ms, 4.0 * P / norm_ms / 1e6, adam_ms, 30.0 * P / adam_ms / 1e6, tiles_ms, 30.0 * P / tiles_ms / 1e6,
-           adam_ms / tiles_ms);
-    for (void* q : {(void*)d_tiled, (void*)d_tm, (void*)d_tv, (void*)d_tiled_shards, (void*)d_first, (void*)d_params,
-                    (void*)d_grads, (void*)d_m, (void*)d_v, (void*)d_bf16, (void*)d_segs, (void*)d_sharded})
-        cudaCheck(cudaFree(q));
-    time_adamw_d22();
+    printf("   %zu parameters: norm %.3f ms (%.0f GB/s), adamw %.3f ms (%.0f GB/s)\n", P, norm_ms, 4.0 * P / norm_ms / 1e6,
+           adam_ms, 30.0 * P / adam_ms / 1e6);
     return test_exit_code();
 }
