@@ -151,6 +151,7 @@ struct GradsBeside {
     bool queued[kWeightProducts] = {};       // in this pass
     std::vector<std::pair<int, int>> shapes;  // (B, T) of the backward passes run
     long long products = 0;                   // run beside, so far
+    bool seen(int B, int T) const { return std::find(shapes.begin(), shapes.end(), std::make_pair(B, T)) != shapes.end(); }
     // For the tests: each product waits this long on its stream first, and the pass skips its
     // waits (a check that the comparison of the gradients catches a missing one).
     int test_delay_us = 0;
@@ -592,10 +593,9 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
 }
 
 // Whether this backward pass runs its weight gradients' products beside it (GradsBeside).
-static bool grads_beside_now(GpuModel& g) {
-    GradsBeside& gb = g.grads_beside;
-    if (!kCandidateKernels || !gb.on || g.clock.on) return false;
-    return std::find(gb.shapes.begin(), gb.shapes.end(), std::make_pair(g.B, g.T)) != gb.shapes.end();
+static bool grads_beside_now(const GpuModel& g) {
+    const GradsBeside& gb = g.grads_beside;
+    return kCandidateKernels && gb.on && !g.clock.on && gb.seen(g.B, g.T);
 }
 
 // A linear layer's backward, matmul_backward's two products: with `beside`, the weight gradient's
@@ -729,8 +729,7 @@ static void model_backward(GpuModel& g, const int* tokens, const int* targets, f
         pass_graph_run(g.graphs, {1, g.B, g.T, loss_scale, g.cudnn.workspace_generation}, s, pass);
     else
         pass();
-    std::vector<std::pair<int, int>>& shapes = g.grads_beside.shapes;
-    if (std::find(shapes.begin(), shapes.end(), std::make_pair(g.B, g.T)) == shapes.end()) shapes.push_back({g.B, g.T});
+    if (!g.grads_beside.seen(g.B, g.T)) g.grads_beside.shapes.push_back({g.B, g.T});
     g.clock.mark("embedding backward", s);
     group_positions_by_token(g.host_buckets, tokens, N, V);
     embedding_backward(gpu_grad(g, P_WTE), g.acts.dres, g.host_buckets, g.buckets, N, c.d_model, s);
