@@ -9,7 +9,8 @@
 #                                    attention and the norms', optimiser's, attention and telemetry kernels' checks, every
 #                                    algorithm cuBLASLt offers for the d22 products timed
 #                                    (OUT/matmul_algorithms.txt), Nsight Compute on ./train's
-#                                    memory-bound kernels (OUT/ncu_memory_bound.txt), all while
+#                                    statistics' and memory-bound kernels (OUT/ncu_memory_bound.txt),
+#                                    cuDNN's engines for the d22 layer surveyed, all while
 #                                    torch.compile compiles the reports' recipe in the background;
 #                                    then dev/gpu_speed.sh at 8 and 4 x 2048
 # Each ends within SESSION_SECONDS; the tables print as they come, the logs and the experiment's
@@ -57,22 +58,24 @@ for B in map(int, sys.argv[2:]):
         echo "cuBLASLt's algorithms: status $?"
         grep -E "a step's matrix products|^FAIL|passed, [0-9]+ failed" "${OUT:-/tmp}/matmul_algorithms.txt" | cut -c1-250 |
             sed 's/^/  /'
-        # Nsight Compute's reading of ./train's memory-bound kernels in a d22 step at 8 x 2048, the
-        # largest share first (the attention is cuDNN's), one run of ./train each (its passes run
-        # directly, its 26th launch of the kernel read), into OUT/ncu_memory_bound.txt: what bounds
-        # them, for work without a GPU. While the compilation lasts, in NCU_SECONDS (default 90).
+        # Nsight Compute's reading of ./train's kernels in a d22 step at 8 x 2048, one run of ./train
+        # each (its passes run directly, its 26th launch of the kernel read), into
+        # OUT/ncu_memory_bound.txt: what bounds them, for work without a GPU. First the statistics'
+        # three largest (a step with statistics at 3-7 times their bound, docs/benchmarks.md; the
+        # runs take statistics every step), then the memory-bound kernels not read before, then those
+        # read at 0a29dbc. While the compilation lasts, in NCU_SECONDS (default 90).
         ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
         ncu_end=$((SECONDS + ${NCU_SECONDS:-90}))
-        for kernel in qk_norm_rope_backward_vec qk_norm_rope_forward_vec rmsnorm_backward_vec rmsnorm_forward_vec \
-            column_sum swiglu_backward_vec swiglu_forward_vec; do
+        for kernel in attention_row_stats_from_lse:1 gram_products_sym:1 head_row_stats_vec:1 rmsnorm_forward_vec:0 \
+            column_sum:0 qk_norm_rope_backward_vec:0 rmsnorm_backward_vec:0 qk_norm_rope_forward_vec:0; do
             [ -n "$ncu" ] && [ $((ncu_end - SECONDS)) -gt 20 ] && kill -0 "$warm" 2>/dev/null || break
             (source dev/gpu_env.sh && timeout $((ncu_end - SECONDS)) "${with_cudnn[@]}" TRAIN_CUDA_GRAPH=0 "$ncu" \
-                --clock-control none -k "regex:^${kernel}_kernel" --launch-skip 25 --launch-count 1 --section SpeedOfLight \
-                --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
-                --section MemoryWorkloadAnalysis "$g/bin/train" -i "$g/data/train_*.bin" -k "$g/data/tokenizer.model" \
-                -m d22 -b 8 -t 2048 -x 2 -s 0 -v 0 -g 0 -n 0 --device cuda -o "$(mktemp -d)" \
-                >>"${OUT:-/tmp}/ncu_memory_bound.txt" 2>&1)
-            echo "ncu on ./train's ${kernel}_kernel: status $?"
+                --clock-control none -k "regex:^${kernel%:*}_kernel" --launch-skip 25 --launch-count 1 \
+                --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+                --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+                "$g/bin/train" -i "$g/data/train_*.bin" -k "$g/data/tokenizer.model" -m d22 -b 8 -t 2048 -x 2 \
+                -s "${kernel#*:}" -v 0 -g 0 -n 0 --device cuda -o "$(mktemp -d)" >>"${OUT:-/tmp}/ncu_memory_bound.txt" 2>&1)
+            echo "ncu on ./train's ${kernel%:*}_kernel: status $?"
         done
         start_wait=$SECONDS
         wait "$warm"

@@ -362,43 +362,92 @@ struct CudnnPlan {
     std::string engine;
 };
 
-inline void cudnn_make_plan(CudnnPlan& p, cudnnHandle_t handle) {
-    CudnnDesc op_graph = p.graph.finish(handle);
-    CudnnDesc heur = p.graph.make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+// The engine configurations cuDNN's heuristics (in `mode`) offer for a finished operation graph,
+// best first; their descriptors belong to g.
+inline std::vector<CudnnDesc> cudnn_engine_configs(CudnnGraph& g, CudnnDesc op_graph, cudnnBackendHeurMode_t mode) {
+    CudnnDesc heur = g.make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     CudnnGraph::set_desc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, op_graph, "heuristics graph");
-    cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
     CudnnGraph::set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics mode");
     cudnn_check(g_cudnn.finalize(heur), "finalise the heuristics");
     int64_t count = 0;
     cudnn_check(g_cudnn.get_attribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr),
        "count the engine configurations");
-    if (count == 0) throw std::runtime_error("the heuristics offer no engine for this graph");
     std::vector<CudnnDesc> configs(count);
-    for (CudnnDesc& c : configs) c = p.graph.make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
-    cudnn_check(g_cudnn.get_attribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &count,
-                             configs.data()),
-       "read the engine configurations");
-    std::string refusals;
-    for (int64_t i = 0; i < count; i++) {
-        CudnnDesc plan = p.graph.make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-        // The handle again on the plan: cuDNN 9.19 takes it from the graph, versions before 9.11 want it here.
-        CudnnGraph::set(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "plan handle");
-        CudnnGraph::set_desc(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, configs[i], "plan engine configuration");
-        cudnnStatus_t status = g_cudnn.finalize(plan);
-        if (status != CUDNN_STATUS_SUCCESS) {
-            char detail[512] = "";
-            g_cudnn.last_error(detail, sizeof detail);
-            refusals += strprintf(" [%lld: %s %s]", (long long)i, g_cudnn.error_string(status), detail);
-            continue;
+    for (CudnnDesc& c : configs) c = g.make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+    if (count > 0)
+        cudnn_check(g_cudnn.get_attribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &count,
+                                          configs.data()),
+                    "read the engine configurations");
+    configs.resize(count);
+    return configs;
+}
+
+// Finalises `config` as p's execution plan: false, with cuDNN's reason in *why, where it refuses.
+inline bool cudnn_plan_from(CudnnPlan& p, cudnnHandle_t handle, CudnnDesc config, std::string* why) {
+    CudnnDesc plan = p.graph.make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+    // The handle again on the plan: cuDNN 9.19 takes it from the graph, versions before 9.11 want it here.
+    CudnnGraph::set(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "plan handle");
+    CudnnGraph::set_desc(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config, "plan engine configuration");
+    cudnnStatus_t status = g_cudnn.finalize(plan);
+    if (status != CUDNN_STATUS_SUCCESS) {
+        char detail[512] = "";
+        g_cudnn.last_error(detail, sizeof detail);
+        *why = strprintf("%s %s", g_cudnn.error_string(status), detail);
+        return false;
+    }
+    cudnn_check(g_cudnn.get_attribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, nullptr,
+                             &p.workspace_bytes),
+       "read the plan's workspace");
+    p.plan = plan;
+    return true;
+}
+
+inline void cudnn_make_plan(CudnnPlan& p, cudnnHandle_t handle) {
+    std::vector<CudnnDesc> configs = cudnn_engine_configs(p.graph, p.graph.finish(handle), CUDNN_HEUR_MODE_A);
+    if (configs.empty()) throw std::runtime_error("the heuristics offer no engine for this graph");
+    std::string refusals, why;
+    for (size_t i = 0; i < configs.size(); i++) {
+        if (cudnn_plan_from(p, handle, configs[i], &why)) {
+            p.engine = strprintf("configuration %zu of %zu", i, configs.size());
+            return;
         }
-        cudnn_check(g_cudnn.get_attribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, nullptr,
-                                 &p.workspace_bytes),
-           "read the plan's workspace");
-        p.plan = plan;
-        p.engine = strprintf("configuration %lld of %lld", (long long)i, (long long)count);
-        return;
+        refusals += strprintf(" [%zu: %s]", i, why.c_str());
     }
     throw std::runtime_error("no engine configuration finalises:" + refusals);
+}
+
+// What a configuration runs, for a survey of them: its engine's number among cuDNN's engines, its
+// knobs (type=value) and whether cuDNN says its results may differ from run to run.
+inline std::string cudnn_config_text(CudnnGraph& g, CudnnDesc config) {
+    CudnnDesc engine = g.make(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+    int64_t n = 0, index = -1;
+    cudnn_check(g_cudnn.get_attribute(config, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine),
+                "read a configuration's engine");
+    cudnn_check(g_cudnn.get_attribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &index),
+                "read an engine's index");
+    std::string text = strprintf("engine %lld", (long long)index);
+    cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+    cudnn_check(g_cudnn.get_attribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                                      CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n, notes),
+                "read an engine's numerical notes");
+    for (int64_t i = 0; i < n; i++)
+        if (notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) text += " (nondeterministic, cuDNN says)";
+    const int64_t most = CUDNN_KNOB_TYPE_COUNTS;
+    std::vector<CudnnDesc> knobs(most);
+    for (CudnnDesc& k : knobs) k = g.make(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR);
+    cudnn_check(g_cudnn.get_attribute(config, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR, most, &n,
+                                      knobs.data()),
+                "read a configuration's knobs");
+    for (int64_t i = 0; i < n && i < most; i++) {
+        cudnnBackendKnobType_t type;
+        int64_t value = 0, got = 0;
+        cudnn_check(g_cudnn.get_attribute(knobs[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &got, &type),
+                    "read a knob's type");
+        cudnn_check(g_cudnn.get_attribute(knobs[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &got, &value),
+                    "read a knob's value");
+        text += strprintf("%s%d=%lld", i == 0 ? ", knobs " : " ", (int)type, (long long)value);
+    }
+    return text;
 }
 
 // Runs a plan with the given (uid, pointer) pairs; the workspace is the caller's.

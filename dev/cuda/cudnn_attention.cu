@@ -2,8 +2,9 @@
 // API) against llmc/attention.cuh's tensor-core kernels: whether it computes the same attention,
 // forward and backward, on ./train's own layouts (no copies), whether its backward gives the same
 // bits twice, and what each costs on the d22 layer and on Qwen3-0.6B's. The experiment that decides
-// whether ./train should hand its attention to cuDNN, as torch.compile's recipe does (the candidate
-// build does already).
+// whether ./train should hand its attention to cuDNN, as torch.compile's recipe does (./train does
+// where libcudnn.so.9 loads). Last, a survey of every engine configuration cuDNN offers for the d22
+// layer at 8 x 2048 (survey_engines): their times and bits beside ./train's plan's.
 //
 // libcudnn.so.9 is loaded at run time: a GPU machine with PyTorch has it in its wheels
 // (nvidia/cudnn/lib; dev/gpu_env.sh puts that on LD_LIBRARY_PATH).
@@ -15,6 +16,8 @@
 //                 library or a build with cuDNN it says so and checks nothing).
 // CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr make cuDNN say why a graph or plan is refused.
 // Build: make build/dev_cudnn_attention.
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include "dev/cuda/common.h"
 #include "llmc/attention.cuh"
@@ -202,6 +205,129 @@ static void experiment(cudnnHandle_t handle, const CudnnShape& s, bool timing) {
         cudaCheck(cudaFree(p));
 }
 
+// ---------------------------------------------------------------------------------------------
+// A survey of cuDNN's engines for one layer: every engine configuration its heuristics offer (in
+// modes A and FALLBACK; ./train runs mode A's first that finalises), each run on random inputs,
+// the backward pass from ./train's plan's forward outputs. A row each: the engine, its knobs and
+// what cuDNN says of its determinism, the seconds its plan took to finalise, its workspace and
+// time, whether it gives the bits of ./train's plan and the same bits twice. It checks nothing:
+// the measurement that a rule choosing another engine than ./train's would start from. It runs
+// last, after every check, since a faulty engine may leave the GPU unusable, and stops after
+// CUDNN_SURVEY_SECONDS (default 30) or kSurveyConfigs configurations of a mode.
+
+static const size_t kSurveyConfigs = 12;
+
+static void survey_engines(cudnnHandle_t handle, const CudnnShape& s) {
+    const int NH = s.H + s.Hkv;
+    const size_t qk_n = (size_t)s.B * s.T * NH * s.D, qkv_n = (size_t)s.B * s.T * (s.H + 2 * s.Hkv) * s.D;
+    const size_t out_n = (size_t)s.B * s.T * s.H * s.D, rows = (size_t)s.B * s.H * s.T;
+    const char* seconds_text = getenv("CUDNN_SURVEY_SECONDS");
+    const double budget = seconds_text ? atof(seconds_text) : 30.0;
+    const auto start = std::chrono::steady_clock::now();
+    auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+    Rng rng{(uint64_t)s.T * 11 + s.H};
+    bf16 *qk = upload_bf16(random_values(qk_n, 1.0f, rng)), *qkv = upload_bf16(random_values(qkv_n, 1.0f, rng));
+    bf16* dout = upload_bf16(random_values(out_n, 1.0f, rng));
+    bf16 *out, *dqk, *dqkv, *out_train;
+    float *lse, *lse_train, *delta;
+    for (bf16** p : {&out, &out_train}) cudaCheck(cudaMalloc(p, out_n * sizeof(bf16)));
+    cudaCheck(cudaMalloc(&dqk, qk_n * sizeof(bf16)));
+    cudaCheck(cudaMalloc(&dqkv, qkv_n * sizeof(bf16)));
+    cudaCheck(cudaMemset(dqkv, 0, qkv_n * sizeof(bf16)));
+    for (float** p : {&lse, &lse_train, &delta}) cudaCheck(cudaMalloc(p, rows * sizeof(float)));
+    const double fwd_flops = 2.0 * 2.0 * s.B * s.H * (double)s.T * s.T * s.D / 2.0, bwd_flops = 2.5 * fwd_flops;
+    printf("cuDNN's engines for %s (a survey: no checks):\n", shape_name(s).c_str());
+    bool stopped = false;
+    for (int backward = 0; backward < 2; backward++) {
+        const char* pass = backward ? "backward" : "forward";
+        auto build = [&](CudnnGraph& g) {
+            if (backward) cudnn_attention_backward_graph(g, s);
+            else cudnn_attention_forward_graph(g, s);
+        };
+        auto run = [&](CudnnPlan& p, void* workspace) {
+            if (backward)
+                cudnn_attention_run_backward(handle, p, workspace, dqk, dqkv, delta, dout, out_train, lse_train, qk, qkv,
+                                             s.H, s.Hkv, s.D);
+            else cudnn_attention_run_forward(handle, p, workspace, out, lse, qk, qkv, s.H, s.Hkv, s.D);
+        };
+        auto results = [&] {  // the pass's outputs, each bf16 or float exactly as a float
+            std::vector<float> a = backward ? download_bf16(dqk, qk_n) : download_bf16(out, out_n);
+            std::vector<float> b = backward ? download_bf16(dqkv, qkv_n) : download(lse, rows);
+            a.insert(a.end(), b.begin(), b.end());
+            return a;
+        };
+        // One configuration's row; train_bits: ./train's plan's results (empty: this is that plan).
+        auto survey_one = [&](CudnnPlan& p, const std::string& label, double finalise_s, std::vector<float>* train_bits) {
+            void* workspace = nullptr;
+            if (cudaMalloc(&workspace, std::max<int64_t>(1, p.workspace_bytes)) != cudaSuccess) {
+                cudaGetLastError();
+                printf("   %-8s %s: no memory for its %.1f MiB of workspace\n", pass, label.c_str(),
+                       p.workspace_bytes / 1048576.0);
+                return;
+            }
+            run(p, workspace);
+            std::vector<float> got = results();
+            run(p, workspace);
+            const bool twice = results() == got;
+            if (train_bits->empty()) {
+                *train_bits = got;
+                if (!backward) {  // the backward pass's inputs: ./train's forward outputs
+                    cudaCheck(cudaMemcpy(out_train, out, out_n * sizeof(bf16), cudaMemcpyDeviceToDevice));
+                    cudaCheck(cudaMemcpy(lse_train, lse, rows * sizeof(float), cudaMemcpyDeviceToDevice));
+                }
+            }
+            const float ms = time_ms([&] { run(p, workspace); }, 10);
+            printf("   %-8s %s: finalised in %.2f s, %.1f MiB of workspace, %.3f ms (%.0f TFLOP/s), %s, %s\n", pass,
+                   label.c_str(), finalise_s, p.workspace_bytes / 1048576.0, ms,
+                   (backward ? bwd_flops : fwd_flops) / ms * 1e-9,
+                   got == *train_bits ? "./train's bits" : "OTHER BITS than ./train's",
+                   twice ? "the same bits twice" : "OTHER BITS THE SECOND TIME");
+            cudaCheck(cudaFree(workspace));
+        };
+        std::vector<float> train_bits;
+        try {
+            CudnnPlan p;
+            build(p.graph);
+            const double t0 = elapsed();
+            cudnn_make_plan(p, handle);
+            survey_one(p, "./train's plan (mode A, " + p.engine + ")", elapsed() - t0, &train_bits);
+        } catch (const std::exception& e) {
+            printf("   %-8s ./train's plan: %s\n", pass, e.what());
+            continue;
+        }
+        for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+            const char* mode_name = mode == CUDNN_HEUR_MODE_A ? "A" : "FALLBACK";
+            for (size_t i = 0; i < kSurveyConfigs; i++) {
+                if (elapsed() > budget) {
+                    if (!stopped) printf("   (the survey stopped: its %.0f s are up)\n", budget);
+                    stopped = true;
+                    break;
+                }
+                try {
+                    CudnnPlan p;
+                    build(p.graph);
+                    const double t0 = elapsed();
+                    std::vector<CudnnDesc> configs = cudnn_engine_configs(p.graph, p.graph.finish(handle), mode);
+                    if (i >= configs.size()) break;
+                    const std::string label = strprintf("mode %s %zu/%zu, %s", mode_name, i, configs.size(),
+                                                        cudnn_config_text(p.graph, configs[i]).c_str());
+                    std::string why;
+                    if (!cudnn_plan_from(p, handle, configs[i], &why)) {
+                        printf("   %-8s %s: refused (%s)\n", pass, label.c_str(), why.c_str());
+                        continue;
+                    }
+                    survey_one(p, label, elapsed() - t0, &train_bits);
+                } catch (const std::exception& e) {
+                    printf("   %-8s mode %s %zu: %s\n", pass, mode_name, i, e.what());
+                }
+            }
+        }
+    }
+    for (void* p : {(void*)qk, (void*)qkv, (void*)dout, (void*)out, (void*)out_train, (void*)dqk, (void*)dqkv,
+                    (void*)lse, (void*)lse_train, (void*)delta})
+        cudaCheck(cudaFree(p));
+}
+
 int main(int argc, char** argv) {
     bool graph_only = argc == 2 && strcmp(argv[1], "--graph-only") == 0;
     if (argc > 1 && !graph_only) fail("usage: %s [--graph-only]", argv[0]);
@@ -246,6 +372,7 @@ int main(int argc, char** argv) {
                 if (!why.empty()) printf("(%s left out: %s)\n", shape_name(s).c_str(), why.c_str());
                 else experiment(handle, s, s.T == 2048);
             }
+            survey_engines(handle, shapes[1]);
         }
         if (handle) g_cudnn.destroy(handle);
     }
