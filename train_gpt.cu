@@ -455,13 +455,15 @@ static bool layer_attention_forward(GpuModel& g, Activations<bf16>& la, bool sta
                           Hkv, D, g.stream, attention_impl(D));
     return fused && stats;
 }
-// The rows' statistics beside cuDNN's forward, on stream s.
+// The rows' statistics beside cuDNN's forward, on stream s. Candidate (stats_rows_wide): from lse
+// with two blocks of 16 rows a warp (attention.cuh), the same bits.
 static void layer_attention_row_stats(GpuModel& g, Activations<bf16>& la, int B, int T, cudaStream_t s) {
     const ModelConfig& c = g.cfg;
     Activations<bf16>& a = g.acts;
     const int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim;
+    static const bool wide = candidate_on("stats_rows_wide");
     if (!attention_row_stats_from_lse(la.row_stats, la.att_lse, g.doc_bits, la.qk_rope, B, T, H, Hkv, D, s,
-                                      /* lpt */ true))
+                                      /* lpt */ true, wide ? 2 : 1))
         attention_row_stats(a.att_delta, la.row_stats, a.datty, g.doc_bits, la.qk_rope, la.qkv, B, T, H, Hkv, D, s);
 }
 static void layer_attention_backward(GpuModel& g, Activations<bf16>& la, int B, int T) {

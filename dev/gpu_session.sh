@@ -10,9 +10,10 @@
 #                                    algorithm cuBLASLt offers for the d22 products timed
 #                                    (OUT/matmul_algorithms.txt), Nsight Compute on ./train's
 #                                    statistics' and memory-bound kernels (OUT/ncu_memory_bound.txt),
-#                                    cuDNN's engines for the d22 layer surveyed, all while
-#                                    torch.compile compiles the reports' recipe in the background;
-#                                    then dev/gpu_speed.sh at 8 and 4 x 2048
+#                                    cuDNN's engines for the d22 layer surveyed
+#                                    (OUT/cudnn_engines.txt), all while torch.compile compiles
+#                                    the reports' recipe in the background; then
+#                                    dev/gpu_speed.sh at 8 and 4 x 2048
 # Each ends within SESSION_SECONDS; the tables print as they come, the logs and the experiment's
 # archives go into OUT. The two calls share a session's device time (900 s, the machine's start of
 # a minute or two included), so verify defaults to 300 s and speed to 480 s: give speed what the
@@ -58,6 +59,12 @@ for B in map(int, sys.argv[2:]):
         echo "cuBLASLt's algorithms: status $?"
         grep -E "a step's matrix products|^FAIL|passed, [0-9]+ failed" "${OUT:-/tmp}/matmul_algorithms.txt" | cut -c1-250 |
             sed 's/^/  /'
+        # Every engine configuration cuDNN offers for the d22 layer at 8 x 2048, timed, with its bits
+        # against ./train's plan's (OUT/cudnn_engines.txt): whether a faster one gives the same bits twice
+        (source dev/gpu_env.sh && timeout 60 "${with_cudnn[@]}" CUDNN_SURVEY_SECONDS=40 "$g/bin/dev_cudnn_attention" \
+            --engines >"${OUT:-/tmp}/cudnn_engines.txt" 2>&1)
+        echo "cuDNN's engines: status $?"
+        grep -E "^   (forward|backward) " "${OUT:-/tmp}/cudnn_engines.txt" | head -20 | cut -c1-160
         # Nsight Compute's reading of ./train's kernels in a d22 step at 8 x 2048, one run of ./train
         # each (its passes run directly, its 26th launch of the kernel read), into
         # OUT/ncu_memory_bound.txt: what bounds them, for work without a GPU. First the statistics'

@@ -1,11 +1,18 @@
 // Shared by the kernel checks in dev/cuda: random inputs that are exactly representable in bf16
 // (so the CPU reference and the GPU see the same numbers), device copies, and a timer.
 #pragma once
+#include <cstring>
 #include <functional>
 #include <vector>
 #include "llmc/cuda_common.cuh"
 #include "llmc/rand.h"
 #include "test/testing.h"
+
+// Whether two results are the same bits (NaN equal to itself, -0 apart from +0, as == does not).
+template <typename T>
+inline bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+    return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
 
 // Random values of either sign and never zero (|x| >= 0.05 * gain), rounded to bf16.
 inline std::vector<float> random_values(size_t n, float gain, Rng& rng) {

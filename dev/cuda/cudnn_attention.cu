@@ -3,17 +3,18 @@
 // forward and backward, on ./train's own layouts (no copies), whether its backward gives the same
 // bits twice, and what each costs on the d22 layer and on Qwen3-0.6B's. The experiment that decides
 // whether ./train should hand its attention to cuDNN, as torch.compile's recipe does (./train does
-// where libcudnn.so.9 loads). Last, a survey of every engine configuration cuDNN offers for the d22
-// layer at 8 x 2048 (survey_engines): their times and bits beside ./train's plan's.
+// where libcudnn.so.9 loads).
 //
 // libcudnn.so.9 is loaded at run time: a GPU machine with PyTorch has it in its wheels
 // (nvidia/cudnn/lib; dev/gpu_env.sh puts that on LD_LIBRARY_PATH).
 //
-// Usage: build/dev_cudnn_attention [--graph-only]
+// Usage: build/dev_cudnn_attention [--graph-only | --engines]
 //   --graph-only  checks which shapes and versions ./train hands to cuDNN, builds and finalises the
 //                 two operation graphs and stops there; that needs no GPU (only the library), so it
 //                 checks the graphs' construction on any machine (make test runs it; without the
 //                 library or a build with cuDNN it says so and checks nothing).
+//   --engines     checks nothing: a survey of every engine configuration cuDNN offers for the d22
+//                 layer at 8 x 2048 (survey_engines), their times and bits beside ./train's plan's.
 // CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr make cuDNN say why a graph or plan is refused.
 // Build: make build/dev_cudnn_attention.
 #include <chrono>
@@ -209,11 +210,12 @@ static void experiment(cudnnHandle_t handle, const CudnnShape& s, bool timing) {
 // A survey of cuDNN's engines for one layer: every engine configuration its heuristics offer (in
 // modes A and FALLBACK; ./train runs mode A's first that finalises), each run on random inputs,
 // the backward pass from ./train's plan's forward outputs. A row each: the engine, its knobs and
-// what cuDNN says of its determinism, the seconds its plan took to finalise, its workspace and
-// time, whether it gives the bits of ./train's plan and the same bits twice. It checks nothing:
-// the measurement that a rule choosing another engine than ./train's would start from. It runs
-// last, after every check, since a faulty engine may leave the GPU unusable, and stops after
-// CUDNN_SURVEY_SECONDS (default 30) or kSurveyConfigs configurations of a mode.
+// what cuDNN says of its determinism, the seconds its plan took to make (the heuristics and the
+// finalising), its workspace and time, whether it gives the bits of ./train's plan and the same
+// bits twice. It checks nothing: the measurement that a rule choosing another engine than
+// ./train's would start from. A program run of its own (--engines), since a faulty engine may
+// leave the GPU unusable; it stops after CUDNN_SURVEY_SECONDS (default 30) or kSurveyConfigs
+// configurations of a mode.
 
 static const size_t kSurveyConfigs = 12;
 
@@ -237,7 +239,7 @@ static void survey_engines(cudnnHandle_t handle, const CudnnShape& s) {
     for (float** p : {&lse, &lse_train, &delta}) cudaCheck(cudaMalloc(p, rows * sizeof(float)));
     const double fwd_flops = 2.0 * 2.0 * s.B * s.H * (double)s.T * s.T * s.D / 2.0, bwd_flops = 2.5 * fwd_flops;
     printf("cuDNN's engines for %s (a survey: no checks):\n", shape_name(s).c_str());
-    bool stopped = false;
+    bool stopped = false, have_forward = false;
     for (int backward = 0; backward < 2; backward++) {
         const char* pass = backward ? "backward" : "forward";
         auto build = [&](CudnnGraph& g) {
@@ -256,43 +258,60 @@ static void survey_engines(cudnnHandle_t handle, const CudnnShape& s) {
             a.insert(a.end(), b.begin(), b.end());
             return a;
         };
-        // One configuration's row; train_bits: ./train's plan's results (empty: this is that plan).
-        auto survey_one = [&](CudnnPlan& p, const std::string& label, double finalise_s, std::vector<float>* train_bits) {
+        // One configuration's row; train_bits: ./train's plan's results, or empty while this is that
+        // plan's row (which then fills them). False, with the reason printed, where it did not run.
+        auto survey_one = [&](CudnnPlan& p, const std::string& label, double prepare_s, std::vector<float>* train_bits) {
             void* workspace = nullptr;
             if (cudaMalloc(&workspace, std::max<int64_t>(1, p.workspace_bytes)) != cudaSuccess) {
                 cudaGetLastError();
                 printf("   %-8s %s: no memory for its %.1f MiB of workspace\n", pass, label.c_str(),
                        p.workspace_bytes / 1048576.0);
-                return;
+                return false;
             }
-            run(p, workspace);
-            std::vector<float> got = results();
-            run(p, workspace);
-            const bool twice = results() == got;
-            if (train_bits->empty()) {
-                *train_bits = got;
-                if (!backward) {  // the backward pass's inputs: ./train's forward outputs
-                    cudaCheck(cudaMemcpy(out_train, out, out_n * sizeof(bf16), cudaMemcpyDeviceToDevice));
-                    cudaCheck(cudaMemcpy(lse_train, lse, rows * sizeof(float), cudaMemcpyDeviceToDevice));
+            try {
+                run(p, workspace);
+                std::vector<float> got = results();
+                run(p, workspace);
+                const bool twice = same_bits(results(), got);
+                if (train_bits->empty()) {
+                    *train_bits = got;
+                    if (!backward) {  // the backward pass's inputs: ./train's forward outputs
+                        cudaCheck(cudaMemcpy(out_train, out, out_n * sizeof(bf16), cudaMemcpyDeviceToDevice));
+                        cudaCheck(cudaMemcpy(lse_train, lse, rows * sizeof(float), cudaMemcpyDeviceToDevice));
+                    }
                 }
+                const float ms = time_ms([&] { run(p, workspace); }, 10);
+                printf("   %-8s %s: ready in %.2f s, %.1f MiB of workspace, %.3f ms (%.0f TFLOP/s), %s, %s\n", pass,
+                       label.c_str(), prepare_s, p.workspace_bytes / 1048576.0, ms,
+                       (backward ? bwd_flops : fwd_flops) / ms * 1e-9,
+                       same_bits(got, *train_bits) ? "./train's bits" : "OTHER BITS than ./train's",
+                       twice ? "the same bits twice" : "OTHER BITS THE SECOND TIME");
+            } catch (const std::exception& e) {
+                printf("   %-8s %s: %s\n", pass, label.c_str(), e.what());
+                cudaCheck(cudaFree(workspace));
+                return false;
             }
-            const float ms = time_ms([&] { run(p, workspace); }, 10);
-            printf("   %-8s %s: finalised in %.2f s, %.1f MiB of workspace, %.3f ms (%.0f TFLOP/s), %s, %s\n", pass,
-                   label.c_str(), finalise_s, p.workspace_bytes / 1048576.0, ms,
-                   (backward ? bwd_flops : fwd_flops) / ms * 1e-9,
-                   got == *train_bits ? "./train's bits" : "OTHER BITS than ./train's",
-                   twice ? "the same bits twice" : "OTHER BITS THE SECOND TIME");
             cudaCheck(cudaFree(workspace));
+            return true;
         };
+        // ./train's plan first: its results are the others' reference, and its forward outputs the
+        // backward pass's inputs (without them there is no backward survey)
         std::vector<float> train_bits;
-        try {
-            CudnnPlan p;
-            build(p.graph);
-            const double t0 = elapsed();
-            cudnn_make_plan(p, handle);
-            survey_one(p, "./train's plan (mode A, " + p.engine + ")", elapsed() - t0, &train_bits);
-        } catch (const std::exception& e) {
-            printf("   %-8s ./train's plan: %s\n", pass, e.what());
+        bool reference = false;
+        if (!backward || have_forward) {
+            try {
+                CudnnPlan p;
+                build(p.graph);
+                const double t0 = elapsed();
+                cudnn_make_plan(p, handle);
+                reference = survey_one(p, "./train's plan (mode A, " + p.engine + ")", elapsed() - t0, &train_bits);
+            } catch (const std::exception& e) {
+                printf("   %-8s ./train's plan: %s\n", pass, e.what());
+            }
+        }
+        if (!backward) have_forward = reference;
+        if (!reference) {
+            printf("   %-8s (no survey without ./train's plan's results)\n", pass);
             continue;
         }
         for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
@@ -330,7 +349,8 @@ static void survey_engines(cudnnHandle_t handle, const CudnnShape& s) {
 
 int main(int argc, char** argv) {
     bool graph_only = argc == 2 && strcmp(argv[1], "--graph-only") == 0;
-    if (argc > 1 && !graph_only) fail("usage: %s [--graph-only]", argv[0]);
+    bool engines = argc == 2 && strcmp(argv[1], "--engines") == 0;
+    if (argc > 1 && !graph_only && !engines) fail("usage: %s [--graph-only | --engines]", argv[0]);
     std::string why;
     if (!cudnn_load(&why) && graph_only) {  // make test's run on a machine without the library: nothing to check
         printf("(%s: the graphs not checked)\n", why.c_str());
@@ -366,13 +386,16 @@ int main(int argc, char** argv) {
         const size_t version = g_cudnn.get_version();
         std::string unfit = cudnn_attention_unfit(version, {1, 128, 1, 1, 64});
         if (!unfit.empty()) report(false, "cuDNN version", unfit);
-        else if (handle) {
+        else if (handle && engines) {
+            std::string why = cudnn_attention_unfit(version, shapes[1]);
+            if (!why.empty()) printf("(%s left out: %s)\n", shape_name(shapes[1]).c_str(), why.c_str());
+            else survey_engines(handle, shapes[1]);
+        } else if (handle) {
             for (const CudnnShape& s : shapes) {
                 std::string why = cudnn_attention_unfit(version, s);
                 if (!why.empty()) printf("(%s left out: %s)\n", shape_name(s).c_str(), why.c_str());
                 else experiment(handle, s, s.T == 2048);
             }
-            survey_engines(handle, shapes[1]);
         }
         if (handle) g_cudnn.destroy(handle);
     }
