@@ -908,11 +908,11 @@ __global__ void __launch_bounds__(kMmaThreads, MB == 2 ? 3 : 0) attention_row_st
     uint32_t q_frag[MB][D / 16][4];  // block mb: the tile's rows 16 (MB warp + mb) .. + 15
 #pragma unroll
     for (int mb = 0; mb < MB; mb++) {
-        const int row = (MB * warp + mb) * 16;
+        const int row = (MB * warp + mb) * 16;  // its tile and row there (at MB = 1 below 64 as it is)
 #pragma unroll
         for (int kc = 0; kc < D / 16; kc++)
-            load_a_fragment<LD>(q_frag[mb][kc], k_tiles[MB == 1 ? 1 : 1 + row / kMmaTile], MB == 1 ? row : row % kMmaTile,
-                                    kc * 16, lane);
+            load_a_fragment<LD>(q_frag[mb][kc], k_tiles[MB == 1 ? 1 : 1 + row / kMmaTile],
+                                MB == 1 ? row : row % kMmaTile, kc * 16, lane);
     }
     __syncthreads();
 
