@@ -60,11 +60,17 @@ for B in map(int, sys.argv[2:]):
         grep -E "a step's matrix products|^FAIL|passed, [0-9]+ failed" "${OUT:-/tmp}/matmul_algorithms.txt" | cut -c1-250 |
             sed 's/^/  /'
         # Every engine configuration cuDNN offers for the d22 layer at 8 x 2048, timed, with its bits
-        # against ./train's plan's (OUT/cudnn_engines.txt): whether a faster one gives the same bits twice
-        (source dev/gpu_env.sh && timeout 60 "${with_cudnn[@]}" CUDNN_SURVEY_SECONDS=40 "$g/bin/dev_cudnn_attention" \
-            --engines >"${OUT:-/tmp}/cudnn_engines.txt" 2>&1)
-        echo "cuDNN's engines: status $?"
-        grep -E "^   (forward|backward) " "${OUT:-/tmp}/cudnn_engines.txt" | head -20 | cut -c1-160
+        # against ./train's plan's (OUT/cudnn_engines.txt): whether a faster one gives the same bits
+        # twice. Up to 40 s, and only while 360 s are left for what follows (the timings).
+        survey=$(( $(left) - 360 < 40 ? $(left) - 360 : 40 ))
+        if [ "$survey" -ge 10 ]; then
+            (source dev/gpu_env.sh && timeout $((survey + 20)) "${with_cudnn[@]}" CUDNN_SURVEY_SECONDS=$survey \
+                "$g/bin/dev_cudnn_attention" --engines >"${OUT:-/tmp}/cudnn_engines.txt" 2>&1)
+            echo "cuDNN's engines: status $?"
+            grep -E "^   (forward|backward) " "${OUT:-/tmp}/cudnn_engines.txt" | head -20 | cut -c1-160
+        else
+            echo "cuDNN's engines: not surveyed, no time"
+        fi
         # Nsight Compute's reading of ./train's kernels in a d22 step at 8 x 2048, one run of ./train
         # each (its passes run directly, its 26th launch of the kernel read), into
         # OUT/ncu_memory_bound.txt: what bounds them, for work without a GPU. First the statistics'
