@@ -322,11 +322,13 @@ static void survey_engines(cudnnHandle_t handle, const CudnnShape& s) {
                     stopped = true;
                     break;
                 }
+                bool listed = false;  // the heuristics answered: an error after that is this configuration's
                 try {
                     CudnnPlan p;
                     build(p.graph);
                     const double t0 = elapsed();
                     std::vector<CudnnDesc> configs = cudnn_engine_configs(p.graph, p.graph.finish(handle), mode);
+                    listed = true;
                     if (i >= configs.size()) break;
                     const std::string label = strprintf("mode %s %zu/%zu, %s", mode_name, i, configs.size(),
                                                         cudnn_config_text(p.graph, configs[i]).c_str());
@@ -338,6 +340,7 @@ static void survey_engines(cudnnHandle_t handle, const CudnnShape& s) {
                     survey_one(p, label, elapsed() - t0, &train_bits);
                 } catch (const std::exception& e) {
                     printf("   %-8s mode %s %zu: %s\n", pass, mode_name, i, e.what());
+                    if (!listed) break;  // the mode's heuristics fail: they would for every configuration
                 }
             }
         }
