@@ -214,8 +214,8 @@ static void experiment(cudnnHandle_t handle, const CudnnShape& s, bool timing) {
 // finalising), its workspace and time, whether it gives the bits of ./train's plan and the same
 // bits twice. It checks nothing: the measurement that a rule choosing another engine than
 // ./train's would start from. A program run of its own (--engines), since a faulty engine may
-// leave the GPU unusable; it stops after CUDNN_SURVEY_SECONDS (default 30) or kSurveyConfigs
-// configurations of a mode.
+// leave the GPU unusable; it stops after CUDNN_SURVEY_SECONDS (default 30; a third of them for the
+// forward pass's configurations) or kSurveyConfigs configurations of a mode.
 
 static const size_t kSurveyConfigs = 12;
 
@@ -239,9 +239,11 @@ static void survey_engines(cudnnHandle_t handle, const CudnnShape& s) {
     for (float** p : {&lse, &lse_train, &delta}) cudaCheck(cudaMalloc(p, rows * sizeof(float)));
     const double fwd_flops = 2.0 * 2.0 * s.B * s.H * (double)s.T * s.T * s.D / 2.0, bwd_flops = 2.5 * fwd_flops;
     printf("cuDNN's engines for %s (a survey: no checks):\n", shape_name(s).c_str());
-    bool stopped = false, have_forward = false;
+    bool have_forward = false;
     for (int backward = 0; backward < 2; backward++) {
         const char* pass = backward ? "backward" : "forward";
+        const double pass_end = backward ? budget : budget / 3;
+        bool stopped = false;
         auto build = [&](CudnnGraph& g) {
             if (backward) cudnn_attention_backward_graph(g, s);
             else cudnn_attention_forward_graph(g, s);
@@ -317,8 +319,8 @@ static void survey_engines(cudnnHandle_t handle, const CudnnShape& s) {
         for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
             const char* mode_name = mode == CUDNN_HEUR_MODE_A ? "A" : "FALLBACK";
             for (size_t i = 0; i < kSurveyConfigs; i++) {
-                if (elapsed() > budget) {
-                    if (!stopped) printf("   (the survey stopped: its %.0f s are up)\n", budget);
+                if (elapsed() > pass_end) {  // the forward's configurations take a third, the backward's the rest
+                    if (!stopped) printf("   (the %s's survey stopped: its time is up)\n", pass);
                     stopped = true;
                     break;
                 }
