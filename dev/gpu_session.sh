@@ -76,12 +76,14 @@ for B in map(int, sys.argv[2:]):
         # OUT/ncu_memory_bound.txt: what bounds them, for work without a GPU. First the statistics'
         # three largest (a step with statistics at 3-7 times their bound, docs/benchmarks.md; the
         # runs take statistics every step), then the memory-bound kernels not read before, then those
-        # read at 0a29dbc. While the compilation lasts, in NCU_SECONDS (default 90).
+        # read at 0a29dbc. Within NCU_SECONDS (default 90), while the compilation lasts or more than
+        # 400 s of the call are left.
         ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
         ncu_end=$((SECONDS + ${NCU_SECONDS:-90}))
         for kernel in attention_row_stats_from_lse:1 gram_products_sym:1 head_row_stats_vec:1 rmsnorm_forward_vec:0 \
             column_sum:0 qk_norm_rope_backward_vec:0 rmsnorm_backward_vec:0 qk_norm_rope_forward_vec:0; do
-            [ -n "$ncu" ] && [ $((ncu_end - SECONDS)) -gt 20 ] && kill -0 "$warm" 2>/dev/null || break
+            [ -n "$ncu" ] && [ $((ncu_end - SECONDS)) -gt 20 ] && { kill -0 "$warm" 2>/dev/null || [ "$(left)" -gt 400 ]; } ||
+                break
             (source dev/gpu_env.sh && timeout $((ncu_end - SECONDS)) "${with_cudnn[@]}" TRAIN_CUDA_GRAPH=0 "$ncu" \
                 --clock-control none -k "regex:^${kernel%:*}_kernel" --launch-skip 25 --launch-count 1 \
                 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
