@@ -79,11 +79,6 @@ inline void adamw_step(float* params, bf16* params_bf16, const float* grads, flo
 // them equal and times both).
 static const int kAdamwTileThreads = 256, kAdamwTile = 2 * 4 * kAdamwTileThreads;
 
-__device__ __forceinline__ void load_float4(float (&out)[4], const float* p) {
-    const float4 a = *reinterpret_cast<const float4*>(p);
-    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
-}
-
 // tile_first[s]: segment s's first tile; tile_first[segments.size()]: the number of tiles.
 inline std::vector<int> adamw_tile_starts(const std::vector<ParamSegment>& segments) {
     std::vector<int> first(1, 0);

@@ -70,6 +70,17 @@ __device__ __forceinline__ uint4 float_to_bf16x8(const float* in) {
     return v;
 }
 
+// 4 and 8 floats from one and two 16-byte loads (p 16-byte aligned).
+__device__ __forceinline__ void load_float4(float (&out)[4], const float* p) {
+    const float4 a = *reinterpret_cast<const float4*>(p);
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+}
+
+__device__ __forceinline__ void load_float8(float (&out)[8], const float* p) {
+    float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+}
+
 // Sum and max over the 32 lanes of a warp (butterfly: every lane ends with the result).
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -152,11 +152,6 @@ __device__ __forceinline__ void rope_rotate_group(float (&out)[8], const float (
     }
 }
 
-__device__ __forceinline__ void load_float8(float (&out)[8], const float* p) {
-    float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
-    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
-}
-
 // One (token, head) per group of G lanes; a lane past the last item takes item 0's inputs, so that
 // it can join the shuffles, and writes nothing.
 template <int D>

@@ -286,7 +286,8 @@ __global__ void rmsnorm_backward_vec_kernel(bf16* dx, float* dg_partial, const b
 // (__launch_bounds__(256, 3); a few bytes spilled), three blocks an SM, the 1,024 blocks of d22 at
 // 8 x 2048 in 2.59 waves: half as many bytes again in flight. The same arithmetic in the same order
 // on the same values, each rounding as the kernel above rounds it: the same bits (dev/cuda/norms.cu
-// checks them equal and times both). Wider rows (K > 2) keep the compiler's own register count.
+// checks them equal and times both). Wider rows (K > 2) keep the compiler's own register count. A
+// copy of the kernel above until a GPU has timed the two: then one of them goes.
 template <int K>
 __global__ void __launch_bounds__(256, K <= 2 ? 3 : 1)
     rmsnorm_backward_packed_kernel(bf16* dx, float* dg_partial, const bf16* dy, const bf16* x, const float* rstd,

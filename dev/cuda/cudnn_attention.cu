@@ -219,6 +219,40 @@ static void experiment(cudnnHandle_t handle, const CudnnShape& s, bool timing) {
 
 static const size_t kSurveyConfigs = 12;
 
+// What a configuration runs, for a survey of them: its engine's number among cuDNN's engines, its
+// knobs (type=value) and whether cuDNN says its results may differ from run to run.
+static std::string cudnn_config_text(CudnnGraph& g, CudnnDesc config) {
+    CudnnDesc engine = g.make(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+    int64_t n = 0, index = -1;
+    cudnn_check(g_cudnn.get_attribute(config, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine),
+                "read a configuration's engine");
+    cudnn_check(g_cudnn.get_attribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &index),
+                "read an engine's index");
+    std::string text = strprintf("engine %lld", (long long)index);
+    cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+    cudnn_check(g_cudnn.get_attribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                                      CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n, notes),
+                "read an engine's numerical notes");
+    for (int64_t i = 0; i < n; i++)
+        if (notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) text += " (nondeterministic, cuDNN says)";
+    const int64_t most = CUDNN_KNOB_TYPE_COUNTS;
+    std::vector<CudnnDesc> knobs(most);
+    for (CudnnDesc& k : knobs) k = g.make(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR);
+    cudnn_check(g_cudnn.get_attribute(config, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR, most, &n,
+                                      knobs.data()),
+                "read a configuration's knobs");
+    for (int64_t i = 0; i < n && i < most; i++) {
+        cudnnBackendKnobType_t type;
+        int64_t value = 0, got = 0;
+        cudnn_check(g_cudnn.get_attribute(knobs[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &got, &type),
+                    "read a knob's type");
+        cudnn_check(g_cudnn.get_attribute(knobs[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &got, &value),
+                    "read a knob's value");
+        text += strprintf("%s%d=%lld", i == 0 ? ", knobs " : " ", (int)type, (long long)value);
+    }
+    return text;
+}
+
 static void survey_engines(cudnnHandle_t handle, const CudnnShape& s) {
     const int NH = s.H + s.Hkv;
     const size_t qk_n = (size_t)s.B * s.T * NH * s.D, qkv_n = (size_t)s.B * s.T * (s.H + 2 * s.Hkv) * s.D;
