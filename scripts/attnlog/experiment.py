@@ -522,7 +522,7 @@ def probe_blocks(probed, groups):
     head (ablate)."""
     if not probed:
         return []
-    spans = {g: f"{g} (layers {figures.layer_span(groups[g])})" for g in GROUPS}
+    spans = {g: f"{g} ({figures.layer_span(groups[g])})" for g in GROUPS}
     blocks = [("h2", "The probes of the final checkpoints"),
               ("p", f"{code('scripts/probe.py')} on the final checkpoint of a run, where its folder keeps the "
                     f"probe's output ({code('probes/<probe>.json')}, with its table and figure). Each loss difference "
