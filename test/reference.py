@@ -8,7 +8,8 @@ on PyTorch 1.13 on the CPU.
 
 builds a small configuration from a seed, writes its weights as a checkpoint (DIR/model.ckpt,
 the format of llmc/checkpoint.h) and a debug state (DIR/debug_state.bin, the format of
-test/tensorfile.h): the batch, the logits, the loss, every gradient, every statistic, and the
+test/tensorfile.h): the batch, the logits, the loss, every gradient (and the size of the terms each
+gain's gradient sums), every statistic, and the
 losses, final parameters and final second moments of a few AdamW steps. The same for the --qk-norm variants (DIR/plain.ckpt,
 DIR/debug_plain.bin, DIR/none.ckpt, DIR/debug_none.bin), for --freeze wk,k_gain (DIR/debug_freeze.bin,
 from model.ckpt), for --decay all (DIR/debug_decay_all.bin, from model.ckpt), and for two models of the shapes of pretrained ones (head_dim 128, an attention
@@ -201,6 +202,32 @@ def with_document_ends(seq):
 
 # ------------------------------------------------------------------------------------------------
 
+def gain_gradient_terms(params32, c, tokens, targets):
+    """The size of the terms each gain's gradient sums, in the grads' layout (zero for the other
+    parameters). A gain g scales a normalised x^ (y = x^ g), so its gradient element i sums one term
+    dL/dy_i x^_i per position (and per head, for the queries' and keys' gains), terms that largely
+    cancel: its float32 error follows their magnitudes, not the gradient's own size. Each gain is
+    given one copy per position (and head) here, whose gradients are those terms; the sum of their
+    absolute values is returned, and their plain sum (the gradient, as a check)."""
+    B, T = tokens.shape
+    p = {n: t.double() for n, t in params32.items()}
+    spread = {}
+    for n, t in p.items():
+        kind = n.split(".")[-1]
+        if kind in ("attn_norm", "mlp_norm", "final_norm"):
+            spread[n] = t.expand(B, T, -1).clone().requires_grad_(True)
+        elif kind in ("q_gain", "k_gain") and c.qk_norm == "gain":
+            heads = c.n_head if kind == "q_gain" else c.n_kv_head
+            spread[n] = t.expand(B, T, heads, -1).clone().requires_grad_(True)
+    _, loss = forward({**p, **spread}, c, tokens, targets)
+    loss.backward()
+
+    def per_element(of):  # each spread gain's terms combined per element, in the grads' layout
+        return np.concatenate([of(spread[n].grad).reshape(-1, shape[-1]).sum(0).numpy() if n in spread
+                               else np.zeros(int(np.prod(shape))) for n, shape in tensor_shapes(c)])
+    return per_element(torch.abs), per_element(lambda t: t)
+
+
 def exact_state(params32, c, tokens, targets):
     """One forward/backward in float64 from float32 weights: the exact answer the float32 backends
     approximate. Returns (the float64 parameters, the tensors to write)."""
@@ -211,6 +238,10 @@ def exact_state(params32, c, tokens, targets):
     # Parameters the variant does not use (the gains of --qk-norm plain and none) get no gradient.
     grads = np.concatenate([(p[n].grad if p[n].grad is not None else torch.zeros_like(p[n])).numpy().reshape(-1)
                             for n, _ in tensor_shapes(c)])
+    terms, summed = gain_gradient_terms(params32, c, tokens, targets)
+    gains = terms > 0
+    if not np.allclose(summed[gains], grads[gains], rtol=1e-9, atol=1e-12 * np.abs(grads).max()):
+        raise AssertionError("reference: the gains' gradients summed term by term are not the gradients")
     tensors = [
         ("config", np.array([getattr(c, f) for f in CONFIG_FIELDS], dtype="<i4")),
         ("tokens", tokens.numpy().astype("<i4")),
@@ -219,6 +250,7 @@ def exact_state(params32, c, tokens, targets):
         ("logits", logits.detach().numpy().astype("<f8")),
         ("loss", np.array([loss.item()], dtype="<f8")),
         ("grads", grads.astype("<f8")),
+        ("grad_terms", terms.astype("<f8")),
     ]
     tensors += [("stat." + name, value.astype("<f8")) for name, value in telemetry(p, c, taps, tokens).items()]
     # The statistics as the CUDA backend's bf16 weights and stored activations leave them (the same
