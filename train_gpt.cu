@@ -183,16 +183,13 @@ struct GpuModel : ModelShape {  // and backend.h's ModelShape
     // Kernel workspaces: partial gain gradients, a stats step's sums (telemetry.h) and the
     // per-block partial sums behind them (telemetry.cuh), the inputs, the gradient norm (and its
     // square, summed over the processes), and the AdamW segments.
-    float *dgain_scratch, *stats_partial;
-    // Candidate (gain_sums_deferred): the gain gradients' column sums deferred to the end of the
-    // backward pass and run in one launch (rmsnorm.cuh's ColumnSumJob), each norm's partial rows
-    // then in a part of their own of dgain_deferred (room for the 2L + 1 RMSNorms' and L QK-norms',
-    // taken in the order the backward pass calls them). Carved in the candidate build only.
-    bool defer_gain_sums = candidate_on("gain_sums_deferred");
-    float* dgain_deferred;
-    size_t dgain_deferred_floats = 0;
+    // The gain gradients' column sums run in one launch at the end of the backward pass
+    // (rmsnorm.cuh's ColumnSumJob), so each norm's partial rows have a part of their own of
+    // dgain_partial until then: room for the 2L + 1 RMSNorms' and L QK-norms', taken in the order
+    // the backward pass calls them.
+    float *dgain_partial, *stats_partial;
+    size_t dgain_partial_floats = 0;
     ColumnSumJobs gain_sum_jobs;
-    long long gain_sum_launches = 0;  // of deferred sums, so far
     double* stat_sums;
     double stats_tokens = 0;    // tokens measured since model_stats_begin
     double stats_doc_view = 0;  // of those, the queries with a document start in view
@@ -248,10 +245,8 @@ static void gpu_carve(GpuModel& g, Arena& a) {
     carve_activations(g.acts, activation_dims(c, g.max_B, g.max_T, g.Vp), Where::GPU, a);
     const size_t norm_partial_floats = rmsnorm_backward_scratch_floats((int)N, c.d_model),
                  qk_partial_floats = (size_t)qk_norm_rope_backward_blocks((int)N, (int)NH) * 2 * D;
-    g.dgain_scratch = a.take<float>(std::max(norm_partial_floats, qk_partial_floats));
-    g.dgain_deferred_floats =
-        g.trains && kCandidateKernels ? (2 * c.n_layer + 1) * norm_partial_floats + c.n_layer * qk_partial_floats : 0;
-    g.dgain_deferred = a.take<float>(g.dgain_deferred_floats);
+    g.dgain_partial_floats = g.trains ? (2 * c.n_layer + 1) * norm_partial_floats + c.n_layer * qk_partial_floats : 0;
+    g.dgain_partial = a.take<float>(g.dgain_partial_floats);
     for (void*& w : g.grads_beside.workspace) w = a.take<char>(g.trains && kCandidateKernels ? g.mm.workspace_bytes : 0);
     g.stat_sums = a.take<double>(g.stats_layout.total);
     g.stats_partial = a.take<float>(telemetry_partial_floats((int)N, c));
@@ -455,15 +450,13 @@ static bool layer_attention_forward(GpuModel& g, Activations<bf16>& la, bool sta
                           Hkv, D, g.stream, attention_impl(D));
     return fused && stats;
 }
-// The rows' statistics beside cuDNN's forward, on stream s. Candidate (stats_rows_wide): from lse
-// with two blocks of 16 rows a warp (attention.cuh), the same bits.
+// The rows' statistics beside cuDNN's forward, on stream s.
 static void layer_attention_row_stats(GpuModel& g, Activations<bf16>& la, int B, int T, cudaStream_t s) {
     const ModelConfig& c = g.cfg;
     Activations<bf16>& a = g.acts;
     const int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim;
-    static const bool wide = candidate_on("stats_rows_wide");
     if (!attention_row_stats_from_lse(la.row_stats, la.att_lse, g.doc_bits, la.qk_rope, B, T, H, Hkv, D, s,
-                                      /* lpt */ true, wide ? 2 : 1))
+                                      /* lpt */ true))
         attention_row_stats(a.att_delta, la.row_stats, a.datty, g.doc_bits, la.qk_rope, la.qkv, B, T, H, Hkv, D, s);
 }
 static void layer_attention_backward(GpuModel& g, Activations<bf16>& la, int B, int T) {
@@ -653,14 +646,13 @@ static void backward_pass(GpuModel& g, float loss_scale) {
     ActivationDims dims = activation_dims(c, B, T, g.Vp);
     cudaStream_t s = g.stream;
     auto mark = [&](const char* work) { g.clock.mark(work, s); };  // --profile 2
-    // The partial rows of a norm's gain gradient: the one buffer when their column sums run at once,
-    // the next free part of dgain_deferred when they wait for the end of the pass.
-    ColumnSumJobs* defer = kCandidateKernels && g.defer_gain_sums ? &g.gain_sum_jobs : nullptr;
-    float* next_partial = g.dgain_deferred;
+    // The partial rows of a norm's gain gradient: the next free part of dgain_partial, their column
+    // sums recorded in `defer` and run at the end of the pass.
+    ColumnSumJobs* defer = &g.gain_sum_jobs;
+    float* next_partial = g.dgain_partial;
     auto partial = [&](size_t floats) {
-        if (!defer) return g.dgain_scratch;
-        if (next_partial + floats > g.dgain_deferred + g.dgain_deferred_floats)
-            fail("internal: the backward pass's gain gradients need more room than dgain_deferred has");
+        if (next_partial + floats > g.dgain_partial + g.dgain_partial_floats)
+            fail("internal: the backward pass's gain gradients need more room than dgain_partial has");
         float* p = next_partial;
         next_partial += floats;
         return p;
@@ -710,11 +702,8 @@ static void backward_pass(GpuModel& g, float loss_scale) {
         rmsnorm_backward(a.dres, gpu_grad(g, P_ATTN_NORM, l), partial(norm_floats), a.dln, x, la.ln1_rstd,
                          gpu_param(g, P_ATTN_NORM, l), N, C, s, defer);
     }
-    if (defer) {
-        mark("the gain gradients' column sums, deferred");
-        column_sums_run(g.gain_sum_jobs, s);
-        g.gain_sum_launches++;
-    }
+    mark("the gain gradients' column sums");
+    column_sums_run(g.gain_sum_jobs, s);
     if (beside) join_products(g);
 }
 

@@ -81,7 +81,7 @@ for B in map(int, sys.argv[2:]):
         ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
         ncu_end=$((SECONDS + ${NCU_SECONDS:-90}))
         for kernel in attention_row_stats_from_lse:1 gram_products_sym:1 head_row_stats_vec:1 rmsnorm_forward_vec:0 \
-            column_sum:0 qk_norm_rope_backward_vec:0 rmsnorm_backward_vec:0 qk_norm_rope_forward_vec:0; do
+            qk_norm_rope_backward_vec:0 rmsnorm_backward_vec:0 qk_norm_rope_forward_vec:0; do
             [ -n "$ncu" ] && [ $((ncu_end - SECONDS)) -gt 20 ] && { kill -0 "$warm" 2>/dev/null || [ "$(left)" -gt 400 ]; } ||
                 break
             (source dev/gpu_env.sh && timeout $((ncu_end - SECONDS)) "${with_cudnn[@]}" TRAIN_CUDA_GRAPH=0 "$ncu" \

@@ -110,7 +110,7 @@ done
 # cuda_common.cuh's candidate_on), at the statistics' interval and batch where it is meant to
 # count, against the same run with all of them (SPEED_CANDIDATES_OFF: name:every:B, default below;
 # each while more than 90 s are left, for torch.compile after them)
-for entry in ${SPEED_CANDIDATES_OFF-grads_beside:10:8 gain_sums_deferred:10:8 qk_backward_ahead:10:8 adamw_tiles:10:4 stats_pass_graph:1:4 stats_rows_wide:1:8}; do
+for entry in ${SPEED_CANDIDATES_OFF-grads_beside:10:8 adamw_tiles:10:4 stats_pass_graph:1:4}; do
     IFS=: read -r off every B <<<"$entry"
     all=d22_b${B}_s${every}_train_candidates
     [ -e "$runs/$all.ok" ] && [ $((deadline - SECONDS)) -gt 90 ] || continue

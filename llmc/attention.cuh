@@ -858,87 +858,65 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_forward_mma
 // step): with lse_t known, p_tj = e^(s_tj - lse_t) needs no running maximum, so a score costs one
 // product-add, one exponential and one more product-add (for sum_j p_tj (s_tj - lse_t), the
 // entropy's negative), where the online softmax above also keeps and rescales maxima and sums. The
-// grid, tiles and S = Q K^T are the forward kernel's, without values. Statistics as telemetry.md
-// defines them: entropy -sum_j p (s - lse), p at key 0, e^(max_j s - lse), max_j s, and the mass on
-// document starts; they agree with the forward kernel's to float rounding, and the largest logit
-// bit for bit (the same scaled scores). ./train's statistics steps beside cuDNN's forward, in
-// tile_block's LPT order, MB = 1; dev_attention checks and times it in both orders.
-// MB = 2 (D = 64; a candidate, kCandidateKernels): each warp takes two blocks of 16 rows, a block
-// 128, so that each key tile read from shared memory serves twice the scores. With MB = 1 the
-// block's four warps each read the whole 64 x 64 key tile through ldmatrix for their 16 rows: at
-// d22, 8 x 2048, 32 KB a tile-step and about 8 MB an SM a layer, some 32 us at 128 bytes a clock,
-// as long as the exponentials' own floor (16 a clock an SM) and beside them on the same warps.
-// Three blocks an SM (168 registers, a few values spilled; 198 and two blocks unbounded), 24 blocks
-// of 16 rows in flight, where MB = 1 runs four blocks of 116 registers, 16. The same arithmetic on
-// the same values row by row: the same bits as MB = 1 (dev_attention checks them and times both).
-template <int D, int MB = 1>
+// grid, tiles and S = Q K^T are the forward kernel's (MB = 1), without values. Statistics as
+// telemetry.md defines them: entropy -sum_j p (s - lse), p at key 0, e^(max_j s - lse), max_j s, and
+// the mass on document starts; they agree with the forward kernel's to float rounding, and the
+// largest logit bit for bit (the same scaled scores). ./train's statistics steps beside cuDNN's
+// forward, in tile_block's LPT order; dev_attention checks and times it in both orders.
+template <int D>
 constexpr int attention_stats_from_lse_smem_bytes() {
-    return (MB + 1) * kMmaTile * (D + kMmaTilePad) * (int)sizeof(bf16);  // 2 key buffers, MB - 1 more for queries
+    return 2 * kMmaTile * (D + kMmaTilePad) * (int)sizeof(bf16);
 }
 
-template <int D, bool LPT = false, int MB = 1>
-__global__ void __launch_bounds__(kMmaThreads, MB == 2 ? 3 : 0) attention_row_stats_from_lse_kernel(float* row_stats, const float* lse,
+template <int D, bool LPT = false>
+__global__ void __launch_bounds__(kMmaThreads) attention_row_stats_from_lse_kernel(float* row_stats, const float* lse,
         const uint32_t* doc_bits, const bf16* qk, int B, int T, int H, int Hkv) {
     static_assert(D % 32 == 0, "D must be a multiple of 32");
-    static_assert(MB == 1 || MB == 2, "a warp takes one or two blocks of 16 rows");
-    constexpr int LD = D + kMmaTilePad, kQueryTile = MB * kMmaTile;
-    extern __shared__ __align__(16) unsigned char keys_shared[];  // attention_stats_from_lse_smem_bytes<D, MB>()
-    bf16 (*k_tiles)[kMmaTile * LD] = reinterpret_cast<bf16 (*)[kMmaTile * LD]>(keys_shared);  // 2 buffers (+ MB - 1)
+    constexpr int LD = D + kMmaTilePad;
+    extern __shared__ __align__(16) unsigned char keys_shared[];  // attention_stats_from_lse_smem_bytes<D>()
+    bf16 (*k_tiles)[kMmaTile * LD] = reinterpret_cast<bf16 (*)[kMmaTile * LD]>(keys_shared);  // 2 buffers
     const TileBlock work = tile_block<LPT>(H, B);
     if (!work.valid) return;
-    const int q_tile = (LPT ? (T + kQueryTile - 1) / kQueryTile : (int)gridDim.x) - 1 - work.rank;
+    const int q_tile = (LPT ? (T + kMmaTile - 1) / kMmaTile : (int)gridDim.x) - 1 - work.rank;
     const int h = work.head, b = work.b, kv_head = h / (H / Hkv);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
     const size_t qk_stride = (size_t)(H + Hkv) * D;
     const bf16* queries = qk + (size_t)b * T * qk_stride + (size_t)h * D;
     const bf16* keys = qk + (size_t)b * T * qk_stride + (size_t)(H + kv_head) * D;
     const float scale = 1.0f / sqrtf((float)D);
-    const int q0 = q_tile * kQueryTile, warp_q0 = q0 + warp * 16 * MB;
-    const int last_k_tile = min(q0 + kQueryTile - 1, T - 1) / kMmaTile;
+    const int q0 = q_tile * kMmaTile, warp_q0 = q0 + warp * 16;
+    const int last_k_tile = min(q0 + kMmaTile - 1, T - 1) / kMmaTile;
 
-    // The queries through k_tiles[1] (free until the loop prefetches into it) and k_tiles[2], then
-    // key tile 0.
+    // The queries through k_tiles[1] (free until the loop prefetches into it), then key tile 0.
     load_tile_async<D, LD>(k_tiles[1], queries, qk_stride, q0, T);
-    if (MB == 2) load_tile_async<D, LD>(k_tiles[2], queries, qk_stride, q0 + kMmaTile, T);
     cp_async_commit();
     load_tile_async<D, LD>(k_tiles[0], keys, qk_stride, 0, T);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    uint32_t q_frag[MB][D / 16][4];  // block mb: the tile's rows 16 (MB warp + mb) .. + 15
+    uint32_t q_frag[1][D / 16][4];
 #pragma unroll
-    for (int mb = 0; mb < MB; mb++) {
-        const int row = (MB * warp + mb) * 16;  // its tile and row there (at MB = 1 below 64 as it is)
-#pragma unroll
-        for (int kc = 0; kc < D / 16; kc++)
-            load_a_fragment<LD>(q_frag[mb][kc], k_tiles[MB == 1 ? 1 : 1 + row / kMmaTile],
-                                MB == 1 ? row : row % kMmaTile, kc * 16, lane);
-    }
+    for (int kc = 0; kc < D / 16; kc++) load_a_fragment<LD>(q_frag[0][kc], k_tiles[1], warp * 16, kc * 16, lane);
     __syncthreads();
 
     const size_t row0 = ((size_t)b * H + h) * T;
     const float c2 = scale * kLog2e;
-    // A lane's rows: r = 0, 1 of each block mb, t = warp_q0 + 16 mb + g + 8 r.
-    int t[MB][2];
-    float row_lse[MB][2], row_lse2[MB][2], neg_entropy2[MB][2] = {}, doc[MB][2] = {}, sink[MB][2] = {};
-    float max_raw[MB][2];  // the largest unscaled score
-#pragma unroll
-    for (int mb = 0; mb < MB; mb++) {
-        for (int r = 0; r < 2; r++) {
-            t[mb][r] = warp_q0 + 16 * mb + g + 8 * r;
-            row_lse[mb][r] = t[mb][r] < T ? lse[row0 + t[mb][r]] : 0.0f;
-            row_lse2[mb][r] = row_lse[mb][r] * kLog2e;  // in base 2
-            max_raw[mb][r] = kLeanMasked;
-        }
+    int t[2];
+    float row_lse[2], row_lse2[2], neg_entropy2[2] = {0.0f, 0.0f}, doc[2] = {0.0f, 0.0f}, sink[2] = {0.0f, 0.0f};
+    float max_raw[2] = {kLeanMasked, kLeanMasked};  // the largest unscaled score
+    for (int r = 0; r < 2; r++) {
+        t[r] = warp_q0 + g + 8 * r;
+        row_lse[r] = t[r] < T ? lse[row0 + t[r]] : 0.0f;
+        row_lse2[r] = row_lse[r] * kLog2e;  // in base 2
     }
     const int words = document_start_words(T);
     const uint32_t* row_bits = doc_bits ? doc_bits + (size_t)b * words : nullptr;
     for (int k_tile_index = 0; k_tile_index <= last_k_tile; k_tile_index++) {
         const int j0 = k_tile_index * kMmaTile, buffer = k_tile_index % 2;
         next_kv_tiles<D, LD, false>(k_tiles, k_tiles, keys, keys, qk_stride, qk_stride, k_tile_index, last_k_tile, T);
-        if (j0 <= warp_q0 + 16 * MB - 1) {
-            float s[MB][kMmaTile / 8][4] = {};
-            mma_blocks_times_tile_transposed<D, LD, MB, kMmaTile>(s, q_frag, k_tiles[buffer], lane);
+        if (j0 <= warp_q0 + 15) {
+            float s[1][kMmaTile / 8][4] = {};
+            mma_blocks_times_tile_transposed<D, LD, 1, kMmaTile>(s, q_frag, k_tiles[buffer], lane);
             const bool diagonal = j0 + kMmaTile - 1 >= q0;
             const uint64_t tile_bits = tile_document_starts(row_bits, j0, words);
             // p = 2^(s c2 - lse log2(e)) in the LEAN form of the forward kernel (see kLog2e): one
@@ -948,20 +926,17 @@ __global__ void __launch_bounds__(kMmaThreads, MB == 2 ? 3 : 0) attention_row_st
             auto tile = [&](auto doc_starts) {
                 constexpr bool DOC = decltype(doc_starts)::value;
 #pragma unroll
-                for (int mb = 0; mb < MB; mb++) {
+                for (int nb = 0; nb < kMmaTile / 8; nb++) {
 #pragma unroll
-                    for (int nb = 0; nb < kMmaTile / 8; nb++) {
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            const int j = j0 + nb * 8 + 2 * c + e % 2, r = e / 2;
-                            const float raw = diagonal && (j > t[mb][r] || j >= T) ? kLeanMasked : s[mb][nb][e];
-                            const float x = fmaf(raw, c2, -row_lse2[mb][r]);  // (s - lse) log2(e); -1e29 or less where masked
-                            const float p = exp2_ftz(x);                       // 0 where masked
-                            max_raw[mb][r] = fmaxf(max_raw[mb][r], raw);
-                            neg_entropy2[mb][r] = fmaf(p, x, neg_entropy2[mb][r]);
-                            if (nb == 0 && e % 2 == 0 && j == 0) sink[mb][r] = p;  // key 0: lane c = 0 of the first tile
-                            if (DOC && ((tile_bits >> (nb * 8 + 2 * c + e % 2)) & 1)) doc[mb][r] += p;
-                        }
+                    for (int e = 0; e < 4; e++) {
+                        const int j = j0 + nb * 8 + 2 * c + e % 2, r = e / 2;
+                        const float raw = diagonal && (j > t[r] || j >= T) ? kLeanMasked : s[0][nb][e];
+                        const float x = fmaf(raw, c2, -row_lse2[r]);  // (s - lse) log2(e); -1e29 or less where masked
+                        const float p = exp2_ftz(x);                   // 0 where masked
+                        max_raw[r] = fmaxf(max_raw[r], raw);
+                        neg_entropy2[r] = fmaf(p, x, neg_entropy2[r]);
+                        if (nb == 0 && e % 2 == 0 && j == 0) sink[r] = p;  // key 0: lane c = 0 of the first tile
+                        if (DOC && ((tile_bits >> (nb * 8 + 2 * c + e % 2)) & 1)) doc[r] += p;
                     }
                 }
             };
@@ -974,28 +949,25 @@ __global__ void __launch_bounds__(kMmaThreads, MB == 2 ? 3 : 0) attention_row_st
     }
     const size_t rows = (size_t)B * H * T;
 #pragma unroll
-    for (int mb = 0; mb < MB; mb++) {
+    for (int r = 0; r < 2; r++) {
+        // the four lanes of a quad hold the columns of the same two rows
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            // the four lanes of a quad hold the columns of the same two rows
-#pragma unroll
-            for (int lanes = 1; lanes <= 2; lanes *= 2) {
-                neg_entropy2[mb][r] += __shfl_xor_sync(0xffffffffu, neg_entropy2[mb][r], lanes);
-                doc[mb][r] += __shfl_xor_sync(0xffffffffu, doc[mb][r], lanes);
-                sink[mb][r] += __shfl_xor_sync(0xffffffffu, sink[mb][r], lanes);
-                max_raw[mb][r] = fmaxf(max_raw[mb][r], __shfl_xor_sync(0xffffffffu, max_raw[mb][r], lanes));
-            }
-            if (c == 0 && t[mb][r] < T) {
-                // Kept in their ranges: an lse rounded apart from these scores can leave a row's
-                // probabilities summing to 1 +- a few 1e-7, and its entropy a few 1e-8 below 0.
-                const size_t row = row0 + t[mb][r];
-                const float m = max_raw[mb][r] * scale;  // the forward kernel's maximum: the same product
-                row_stats[ATTN_STAT_ENTROPY * rows + row] = fmaxf(-neg_entropy2[mb][r] * kLn2, 0.0f);
-                row_stats[ATTN_STAT_SINK * rows + row] = fminf(sink[mb][r], 1.0f);
-                row_stats[ATTN_STAT_MAXP * rows + row] = fminf(expf(m - row_lse[mb][r]), 1.0f);
-                row_stats[ATTN_STAT_LOGIT_MAX * rows + row] = m;
-                row_stats[ATTN_STAT_DOC_START * rows + row] = fminf(doc[mb][r], 1.0f);
-            }
+        for (int lanes = 1; lanes <= 2; lanes *= 2) {
+            neg_entropy2[r] += __shfl_xor_sync(0xffffffffu, neg_entropy2[r], lanes);
+            doc[r] += __shfl_xor_sync(0xffffffffu, doc[r], lanes);
+            sink[r] += __shfl_xor_sync(0xffffffffu, sink[r], lanes);
+            max_raw[r] = fmaxf(max_raw[r], __shfl_xor_sync(0xffffffffu, max_raw[r], lanes));
+        }
+        if (c == 0 && t[r] < T) {
+            // Kept in their ranges: an lse rounded apart from these scores can leave a row's
+            // probabilities summing to 1 +- a few 1e-7, and its entropy a few 1e-8 below 0.
+            const size_t row = row0 + t[r];
+            const float m = max_raw[r] * scale;  // the forward kernel's maximum: the same product
+            row_stats[ATTN_STAT_ENTROPY * rows + row] = fmaxf(-neg_entropy2[r] * kLn2, 0.0f);
+            row_stats[ATTN_STAT_SINK * rows + row] = fminf(sink[r], 1.0f);
+            row_stats[ATTN_STAT_MAXP * rows + row] = fminf(expf(m - row_lse[r]), 1.0f);
+            row_stats[ATTN_STAT_LOGIT_MAX * rows + row] = m;
+            row_stats[ATTN_STAT_DOC_START * rows + row] = fminf(doc[r], 1.0f);
         }
     }
 }
@@ -1568,25 +1540,17 @@ inline void attention_row_stats(float* lse, float* row_stats, bf16* out_scratch,
 
 // The rows' statistics (row_stats) from the lse of a forward pass made elsewhere, through
 // attention_row_stats_from_lse_kernel where the mma kernels take D (true), else nothing (false);
-// lpt: its blocks in tile_block's LPT order where its grid takes the shape (the same bits); mb: its
-// blocks of 16 rows a warp, 2 (D = 64 only, else 1) or 1 (the same bits).
+// lpt: its blocks in tile_block's LPT order where its grid takes the shape (the same bits).
 inline bool attention_row_stats_from_lse(float* row_stats, const float* lse, const uint32_t* doc_bits, const bf16* qk,
-                                         int B, int T, int H, int Hkv, int D, cudaStream_t stream, bool lpt = false,
-                                         int mb = 1) {
+                                         int B, int T, int H, int Hkv, int D, cudaStream_t stream, bool lpt = false) {
     if (attention_auto(D) != ATTENTION_MMA) return false;
     attention_prepare(ATTENTION_MMA, B, T, H, Hkv, D, {qk}, {lse, row_stats});
-    if (mb != 1 && mb != 2) fail("internal: the rows' statistics with %d blocks of rows a warp", mb);
-    if (D != 64) mb = 1;
-    const int tiles = ceil_div(T, mb * kMmaTile);
-    lpt = lpt && lpt_grid_fits(tiles, H, B);
-    const dim3 grid = tile_grid(lpt, tiles, H, B);
+    lpt = lpt && lpt_grid_fits(ceil_div(T, kMmaTile), H, B);
+    const dim3 grid = tile_grid(lpt, ceil_div(T, kMmaTile), H, B);
     auto launch = [&](auto kernel, int smem) {
         kernel<<<grid, kMmaThreads, smem, stream>>>(row_stats, lse, doc_bits, qk, B, T, H, Hkv);
     };
-    if (D == 64 && mb == 2)
-        lpt ? launch(attention_row_stats_from_lse_kernel<64, true, 2>, attention_stats_from_lse_smem_bytes<64, 2>())
-            : launch(attention_row_stats_from_lse_kernel<64, false, 2>, attention_stats_from_lse_smem_bytes<64, 2>());
-    else if (D == 64)
+    if (D == 64)
         lpt ? launch(attention_row_stats_from_lse_kernel<64, true>, attention_stats_from_lse_smem_bytes<64>())
             : launch(attention_row_stats_from_lse_kernel<64, false>, attention_stats_from_lse_smem_bytes<64>());
     else

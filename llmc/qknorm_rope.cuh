@@ -121,7 +121,7 @@ inline void qk_norm_rope_backward_simple(bf16* dqkv, float* dg_q, float* dg_k, f
 // The same math laid out for bandwidth (checked and timed against the kernels above by
 // dev/cuda/norms.cu). The kernels above give each (token, head) a whole warp whose lanes read 2
 // bytes each, twice over (the norm, then the output); at d22 they run at 4-5x their memory floor,
-// and these 4.2x (forward, 0.127 -> 0.030 ms) and 2.1x (backward, 0.176 -> 0.083 ms) faster on an H100.
+// and these 4.5x (forward, 0.124 -> 0.027 ms) and 3.3x (backward, 0.154 -> 0.046 ms) faster on an H200.
 // Here a group of G = D / 8 lanes takes one (token, head): lane j of the group holds elements
 // 8j .. 8j + 7 in registers from one 16-byte load of each input, so a warp serves 32 / G heads. The
 // RoPE partner of element i < D/2 is i + D/2, which sits in lane j + G/2 at the same place: the
@@ -188,92 +188,13 @@ __global__ void qk_norm_rope_forward_vec_kernel(bf16* qk_rope, float* qk_normed,
     *reinterpret_cast<uint4*>(qk_rope + item * D + 8 * j) = float_to_bf16x8(z);
 }
 
-// The end of a vectorised backward block: its groups' gain gradients (each lane's 8 of the query
-// gain's and 8 of the key gain's) added in group order into the block's partial row [2D].
-template <int D>
-__device__ __forceinline__ void qk_backward_block_gain_sums(float* dg_partial, float* group_dg, const float (&dgq)[8],
-                                                            const float (&dgk)[8], int groups, int group, int j) {
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
-        group_dg[(size_t)group * 2 * D + 8 * j + k] = dgq[k];
-        group_dg[(size_t)group * 2 * D + D + 8 * j + k] = dgk[k];
-    }
-    __syncthreads();
-    for (int c = threadIdx.x; c < 2 * D; c += blockDim.x) {
-        float acc = 0.0f;
-        for (int w = 0; w < groups; w++) acc += group_dg[(size_t)w * 2 * D + c];
-        dg_partial[(size_t)blockIdx.x * 2 * D + c] = acc;
-    }
-}
-
-// Backward: a block takes kQkItemsPerBlock items, as the kernel above, so that the partial gain
-// gradients [blocks][2D] and their reduction are the same. Each lane keeps the gain gradients of
-// its 8 elements, for the query gain and the key gain, across the items it takes; then the block
-// adds its groups' sums in a fixed order.
-template <int D>
-__global__ void qk_norm_rope_backward_vec_kernel(bf16* dqkv, float* dg_partial, const bf16* dqk, const bf16* qkv,
-                                                 const float* qk_rstd, const bf16* g_q, const bf16* g_k,
-                                                 const float* rope_cos, const float* rope_sin, int N, int T, int H,
-                                                 int NH, int QKV, int normalise) {
-    constexpr int G = D / 8, half = D / 2;
-    extern __shared__ float group_dg[];  // [groups of the block][2D]
-    const int groups = blockDim.x / G, group = threadIdx.x / G, j = threadIdx.x % G, i = j % (G / 2) * 8;
-    float dgq[8] = {}, dgk[8] = {};
-    const long long first = (long long)blockIdx.x * kQkItemsPerBlock;
-    const long long end = min((long long)N * NH, first + kQkItemsPerBlock);
-    for (long long base = first; base < end; base += groups) {  // the same trip count in every lane
-        const long long item = base + group;
-        const bool valid = item < end;
-        const long long n = valid ? item / NH : 0;
-        const int h = valid ? (int)(item % NH) : 0, t = (int)(n % T);
-        float dz[8], x[8], g[8], c[8], minus_s[8], dy[8], dx[8];
-        bf16x8_to_float(*reinterpret_cast<const uint4*>(dqk + (valid ? item : 0) * D + 8 * j), dz);
-        bf16x8_to_float(*reinterpret_cast<const uint4*>(qkv + n * QKV + (size_t)h * D + 8 * j), x);
-        bf16x8_to_float(*reinterpret_cast<const uint4*>((h < H ? g_q : g_k) + 8 * j), g);
-        load_float8(c, rope_cos + (size_t)t * half + i);
-        load_float8(minus_s, rope_sin + (size_t)t * half + i);
-        // The item's rstd is read here, with its other inputs, so that an item waits on one memory
-        // latency instead of two (read where it is used, after the rotation's shuffles, it would be
-        // a second: the compiler keeps a load where it is written).
-        const float r = valid ? qk_rstd[item] : 1.0f;
-#pragma unroll
-        for (int k = 0; k < 8; k++) minus_s[k] = -minus_s[k];
-        rope_rotate_group<G>(dy, dz, c, minus_s, j < G / 2);  // turned back: the gradient of the normed vector
-        float dot = 0.0f;
-#pragma unroll
-        for (int k = 0; k < 8; k++) dot += rmsnorm_dot_term(g[k], dy[k], x[k], r);
-        dot = normalise ? group_sum<G>(dot) / D : 0.0f;
-        if (!valid) continue;
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            dx[k] = rmsnorm_dx(g[k], dy[k], x[k], r, dot);
-            float dg = rmsnorm_dgain(dy[k], x[k], r);
-            if (h < H) dgq[k] += dg;
-            else dgk[k] += dg;
-        }
-        *reinterpret_cast<uint4*>(dqkv + n * QKV + (size_t)h * D + 8 * j) = float_to_bf16x8(dx);
-    }
-    qk_backward_block_gain_sums<D>(dg_partial, group_dg, dgq, dgk, groups, group, j);
-}
-
-// Candidate (kCandidateKernels): the backward above, changed where Nsight Compute (H200, d22 at
-// 8 x 2048, 0a29dbc) found it waiting: at 39% of the memory's speed, 0.78 eligible warps a
-// scheduler, stalled on its loads 58% of the time, 3 blocks an SM (68 registers) in 2.59 waves.
-//  - The next item's dz, x and rstd are loaded one item ahead: a group's loads for item k + 1 go
-//    out before it computes item k, where above it waits a whole memory latency per item.
-//  - dx is stored with one 16-byte instruction (__stwb), where above the compiler splits the store
-//    into four of 4 bytes (the only kernel of the build where it does).
-//  - 64 registers a thread (__launch_bounds__(256, 4); 64 without it too, no spills at any head
-//    width): four blocks an SM, the 1,024 blocks of d22 at 8 x 2048 in 1.94 waves.
-// The same arithmetic in the same order on the same values: the same bits as the kernel above
-// (dev/cuda/norms.cu checks them equal and times both). A copy of its body until a GPU has timed
-// the two: then one of them goes (shared through a function, the compiler allocates both kernels'
-// registers otherwise, 72 instead of 68 above and spills here).
+// A group's inputs of one item: its lane's 8 elements of dz and of x, as read (bf16), and the
+// item's rstd. A lane past the last item reads item 0's, so that it can join the shuffles.
 template <int D>
 __device__ __forceinline__ void qk_backward_item_inputs(uint4& dz, uint4& x, float& r, long long item, long long end,
                                                         const bf16* dqk, const bf16* qkv, const float* qk_rstd, int NH,
                                                         int QKV, int j) {
-    const bool valid = item < end;  // a lane past the last item reads item 0's inputs, as above
+    const bool valid = item < end;
     const long long n = valid ? item / NH : 0;
     const int h = valid ? (int)(item % NH) : 0;
     dz = *reinterpret_cast<const uint4*>(dqk + (valid ? item : 0) * D + 8 * j);
@@ -281,8 +202,20 @@ __device__ __forceinline__ void qk_backward_item_inputs(uint4& dz, uint4& x, flo
     r = valid ? qk_rstd[item] : 1.0f;
 }
 
+// Backward: a block takes kQkItemsPerBlock items, as qk_norm_rope_backward_kernel does, so that the
+// partial gain gradients [blocks][2D] and their reduction are the same. Each lane keeps the gain
+// gradients of its 8 elements, for the query gain and the key gain, across the items it takes;
+// then the block adds its groups' sums in a fixed order. Laid out so that the loads do not wait:
+//  - a group loads its next item's dz, x and rstd before it works on the current one, so that a
+//    load is in flight through each item's work. Loaded at the top of each item, a group would wait
+//    a whole memory latency per item: on an H200 at d22, 8 x 2048, that layout reads memory at 39%
+//    of its speed, stalled on its loads 58% of the time, 0.057 ms a layer; this one 0.046 ms.
+//  - dx goes out in one 16-byte store (__stwb; written as a plain store, the compiler splits it
+//    into four of 4 bytes).
+//  - 64 registers a thread (__launch_bounds__(256, 4); no spills at any head width): four blocks
+//    an SM, the 1,024 blocks of d22 at 8 x 2048 in 1.94 waves.
 template <int D>
-__global__ void __launch_bounds__(256, 4) qk_norm_rope_backward_ahead_kernel(
+__global__ void __launch_bounds__(256, 4) qk_norm_rope_backward_vec_kernel(
     bf16* dqkv, float* dg_partial, const bf16* dqk, const bf16* qkv, const float* qk_rstd, const bf16* g_q,
     const bf16* g_k, const float* rope_cos, const float* rope_sin, int N, int T, int H, int NH, int QKV, int normalise) {
     constexpr int G = D / 8, half = D / 2;
@@ -311,7 +244,7 @@ __global__ void __launch_bounds__(256, 4) qk_norm_rope_backward_ahead_kernel(
         load_float8(minus_s, rope_sin + (size_t)t * half + i);
 #pragma unroll
         for (int k = 0; k < 8; k++) minus_s[k] = -minus_s[k];
-        rope_rotate_group<G>(dy, dz, c, minus_s, j < G / 2);
+        rope_rotate_group<G>(dy, dz, c, minus_s, j < G / 2);  // turned back: the gradient of the normed vector
         float dot = 0.0f;
 #pragma unroll
         for (int k = 0; k < 8; k++) dot += rmsnorm_dot_term(g[k], dy[k], x[k], r);
@@ -326,7 +259,19 @@ __global__ void __launch_bounds__(256, 4) qk_norm_rope_backward_ahead_kernel(
         }
         __stwb(reinterpret_cast<uint4*>(dqkv + n * QKV + (size_t)h * D + 8 * j), float_to_bf16x8(dx));
     }
-    qk_backward_block_gain_sums<D>(dg_partial, group_dg, dgq, dgk, groups, group, j);
+    // The groups' gain gradients (each lane's 8 of the query gain's and 8 of the key gain's) added
+    // in group order into the block's partial row.
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        group_dg[(size_t)group * 2 * D + 8 * j + k] = dgq[k];
+        group_dg[(size_t)group * 2 * D + D + 8 * j + k] = dgk[k];
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < 2 * D; c += blockDim.x) {
+        float acc = 0.0f;
+        for (int w = 0; w < groups; w++) acc += group_dg[(size_t)w * 2 * D + c];
+        dg_partial[(size_t)blockIdx.x * 2 * D + c] = acc;
+    }
 }
 
 // Calls f(std::integral_constant<int, D>) for the head widths the vectorised kernels take.
@@ -343,13 +288,7 @@ inline void with_head_dim(int D, F&& f) {
 }
 
 static const int kQkVecThreads = 256;
-static_assert(kQkVecThreads == 256, "qk_norm_rope_backward_ahead_kernel's launch bounds name the block size");
-
-// Whether qk_norm_rope_backward_vec takes the candidate kernel loading ahead (candidate_on).
-inline bool qk_backward_ahead_on() {
-    static const bool on = candidate_on("qk_backward_ahead");
-    return on;
-}
+static_assert(kQkVecThreads == 256, "qk_norm_rope_backward_vec_kernel's launch bounds name the block size");
 
 // The vectorised forward and backward, with the arguments of the simple kernels' functions.
 inline void qk_norm_rope_forward_vec(bf16* qk_rope, float* qk_normed, float* qk_rstd, const bf16* qkv, const bf16* g_q,
@@ -369,17 +308,15 @@ inline void qk_norm_rope_forward_vec(bf16* qk_rope, float* qk_normed, float* qk_
 inline void qk_norm_rope_backward_vec(bf16* dqkv, float* dg_q, float* dg_k, float* scratch, const bf16* dqk,
                                       const bf16* qkv, const float* qk_rstd, const bf16* g_q, const bf16* g_k,
                                       const float* rope_cos, const float* rope_sin, int N, int T, int H, int Hkv, int D,
-                                      bool normalise, cudaStream_t s, ColumnSumJobs* defer = nullptr,
-                                      bool ahead = qk_backward_ahead_on()) {
+                                      bool normalise, cudaStream_t s, ColumnSumJobs* defer = nullptr) {
     if (!qk_norm_rope_vec_supports(D, {dqkv, dqk, qkv, g_q, g_k, rope_cos, rope_sin}))
         fail("qk_norm_rope_backward_vec: head_dim %d or an array not 16-byte aligned", D);
     const int NH = H + Hkv, QKV = (H + 2 * Hkv) * D, blocks = qk_norm_rope_backward_blocks(N, NH);
     with_head_dim(D, [&](auto width) {
         constexpr int W = decltype(width)::value;
         size_t smem = (size_t)kQkVecThreads / (W / 8) * 2 * W * sizeof(float);
-        auto kernel = ahead ? qk_norm_rope_backward_ahead_kernel<W> : qk_norm_rope_backward_vec_kernel<W>;
-        kernel<<<blocks, kQkVecThreads, smem, s>>>(dqkv, scratch, dqk, qkv, qk_rstd, g_q, g_k, rope_cos, rope_sin, N, T,
-                                                   H, NH, QKV, normalise);
+        qk_norm_rope_backward_vec_kernel<W><<<blocks, kQkVecThreads, smem, s>>>(
+            dqkv, scratch, dqk, qkv, qk_rstd, g_q, g_k, rope_cos, rope_sin, N, T, H, NH, QKV, normalise);
     });
     cuda_check_launch();
     column_sum_or_defer(dg_q, scratch, blocks, D, 2 * D, s, defer);

@@ -153,11 +153,13 @@ inline void column_sum(float* out, const float* partial, int parts, int cols, in
     cuda_check_launch();
 }
 
-// Candidate (kCandidateKernels): the column sums of a backward pass's gain gradients, deferred to
-// its end and run in one launch, in place of one launch after each norm's backward (89 a d22 step,
-// each a few blocks: 16 for a d22 RMSNorm, 2 for a QK-norm gain, with the GPU's other SMs idle
-// while they run). Each norm's partial rows then need a buffer of their own until the end. A
-// job's tile is column_sum_kernel's block: the same sums in the same order, the same bits.
+// ./train's backward pass defers the column sums of its gain gradients to its end and runs them in
+// one launch, where one launch after each norm's backward would be 89 a d22 step, each of a few
+// blocks (16 for a d22 RMSNorm, 2 for a QK-norm gain) with the GPU's other SMs idle while it runs:
+// on an H200 at d22, 8 x 2048, 0.033 ms for all of them against 0.443 ms one launch each. Each
+// norm's partial rows then need a buffer of their own until the end. A job's tile is
+// column_sum_kernel's block: the same sums in the same order, the same bits (dev/cuda/norms.cu
+// checks them equal).
 struct ColumnSumJob {
     float* out;
     const float* partial;
@@ -178,8 +180,8 @@ __global__ void column_sums_kernel(ColumnSumBatch batch) {
     column_sum_tile<G>(job.out, job.partial, job.parts, job.cols, job.stride, blockIdx.x - job.first_tile);
 }
 
-// The column sums of a backward pass: at once (defer null), or recorded in *defer for
-// column_sums_run.
+// The column sums of a backward pass: recorded in *defer for column_sums_run, or at once with defer
+// null (dev/cuda/norms.cu, which checks one kernel at a time).
 inline void column_sum_or_defer(float* out, const float* partial, int parts, int cols, int stride, cudaStream_t s,
                                 ColumnSumJobs* defer) {
     if (defer) defer->push_back({out, partial, parts, cols, stride, 0});
@@ -228,22 +230,6 @@ inline void rmsnorm_backward_rows(bf16* dx, float* dg, float* scratch, const bf1
 // rows. The sums run in a fixed order, as above: the same inputs give the same bits.
 static const int kNormVecRowsPerBlock = 16;
 
-// The end of a vectorised backward block: each warp's gain gradient (a lane's K x 8 columns) into
-// shared memory, then the block's partial row of C = 256 K, its warps added in order.
-template <int K>
-__device__ __forceinline__ void rmsnorm_backward_block_gain_sums(float* dg_partial, float* warp_dg, const float (&dg)[K][8],
-                                                                 int warps, int warp, int lane) {
-    constexpr int C = 256 * K;
-    for (int k = 0; k < K; k++)
-        for (int j = 0; j < 8; j++) warp_dg[(size_t)warp * C + k * 256 + lane * 8 + j] = dg[k][j];
-    __syncthreads();
-    for (int i = threadIdx.x; i < C; i += blockDim.x) {
-        float acc = 0.0f;
-        for (int w = 0; w < warps; w++) acc += warp_dg[(size_t)w * C + i];
-        dg_partial[(size_t)blockIdx.x * C + i] = acc;
-    }
-}
-
 template <int K>
 __global__ void rmsnorm_backward_vec_kernel(bf16* dx, float* dg_partial, const bf16* dy, const bf16* x, const float* rstd,
                                             const bf16* g, int N) {
@@ -275,74 +261,14 @@ __global__ void rmsnorm_backward_vec_kernel(bf16* dx, float* dg_partial, const b
             dxr[k * 32 + lane] = float_to_bf16x8(acc[k]);
         }
     }
-    rmsnorm_backward_block_gain_sums<K>(dg_partial, warp_dg, dg, warps, warp, lane);
-}
-
-// Candidate (kCandidateKernels): the backward above with each row's inputs held as they are read,
-// eight bf16 in four registers, and turned into floats where used, where above 24 floats of x, dy
-// and dx a chunk stay live across the row's reduction. Nsight Compute (H200, d22 at 8 x 2048,
-// 0a29dbc) read the kernel above at 60% of the memory's speed, with 128 registers a thread, so two
-// blocks (16 warps) an SM, 24% occupancy achieved, in 3.88 waves. Here 80 registers at C = 512
-// (__launch_bounds__(256, 3); a few bytes spilled), three blocks an SM, the 1,024 blocks of d22 at
-// 8 x 2048 in 2.59 waves: half as many bytes again in flight. The same arithmetic in the same order
-// on the same values, each rounding as the kernel above rounds it: the same bits (dev/cuda/norms.cu
-// checks them equal and times both). Wider rows (K > 2) keep the compiler's own register count. A
-// copy of the kernel above until a GPU has timed the two: then one of them goes.
-template <int K>
-__global__ void __launch_bounds__(256, K <= 2 ? 3 : 1)
-    rmsnorm_backward_packed_kernel(bf16* dx, float* dg_partial, const bf16* dy, const bf16* x, const float* rstd,
-                                   const bf16* g, int N) {
-    constexpr int C = 256 * K;
-    extern __shared__ float warp_dg[];  // [warps][C]
-    int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    uint4 gain[K];
-    float dg[K][8] = {};
-    for (int k = 0; k < K; k++) gain[k] = reinterpret_cast<const uint4*>(g)[k * 32 + lane];
-    int first = blockIdx.x * kNormVecRowsPerBlock;
-    for (int row = first + warp; row < min(N, first + kNormVecRowsPerBlock); row += warps) {
-        const uint4* xr = reinterpret_cast<const uint4*>(x + (size_t)row * C);
-        const uint4* dyr = reinterpret_cast<const uint4*>(dy + (size_t)row * C);
-        uint4* dxr = reinterpret_cast<uint4*>(dx + (size_t)row * C);
-        uint4 x_raw[K], dy_raw[K], dx_raw[K];
-        float r = rstd[row], dot = 0.0f;
-        for (int k = 0; k < K; k++) {  // the row's every load before its reduction, as above
-            x_raw[k] = xr[k * 32 + lane];
-            dy_raw[k] = dyr[k * 32 + lane];
-            dx_raw[k] = dxr[k * 32 + lane];
-        }
-        for (int k = 0; k < K; k++) {
-            float gv[8], xv[8], dyv[8];
-            bf16x8_to_float(gain[k], gv);
-            bf16x8_to_float(x_raw[k], xv);
-            bf16x8_to_float(dy_raw[k], dyv);
-            for (int j = 0; j < 8; j++) dot += rmsnorm_dot_term(gv[j], dyv[j], xv[j], r);
-        }
-        dot = warp_sum(dot) / C;
-        for (int k = 0; k < K; k++) {
-            float gv[8], xv[8], dyv[8], acc[8];
-            bf16x8_to_float(gain[k], gv);
-            bf16x8_to_float(x_raw[k], xv);
-            bf16x8_to_float(dy_raw[k], dyv);
-            bf16x8_to_float(dx_raw[k], acc);
-            for (int j = 0; j < 8; j++) {
-                // rmsnorm_dx and rmsnorm_dgain, rounded as the compiler fuses them in the kernel
-                // above, written out: there g dy (exact: two bf16) is shared with the row's dot
-                // term, and the compiler forms g dy - (x r) dot in one fused step; here, where g dy
-                // is formed anew, it would round (x r) dot first.
-                const float xhat = __fmul_rn(xv[j], r);
-                acc[j] = __fmaf_rn(r, __fmaf_rn(-dot, xhat, __fmul_rn(gv[j], dyv[j])), acc[j]);
-                dg[k][j] = __fmaf_rn(dyv[j], xhat, dg[k][j]);
-            }
-            dxr[k * 32 + lane] = float_to_bf16x8(acc);
-        }
+    for (int k = 0; k < K; k++)
+        for (int j = 0; j < 8; j++) warp_dg[(size_t)warp * C + k * 256 + lane * 8 + j] = dg[k][j];
+    __syncthreads();
+    for (int i = threadIdx.x; i < C; i += blockDim.x) {
+        float acc = 0.0f;
+        for (int w = 0; w < warps; w++) acc += warp_dg[(size_t)w * C + i];
+        dg_partial[(size_t)blockIdx.x * C + i] = acc;
     }
-    rmsnorm_backward_block_gain_sums<K>(dg_partial, warp_dg, dg, warps, warp, lane);
-}
-
-// Whether rmsnorm_backward_vec takes the candidate kernel above (candidate_on).
-inline bool rmsnorm_backward_packed_on() {
-    static const bool on = candidate_on("rmsnorm_backward_packed");
-    return on;
 }
 
 // Whether rmsnorm_backward_vec takes these rows: C a multiple of 256 up to 1,024 (the presets' and
@@ -355,10 +281,9 @@ inline bool rmsnorm_backward_vec_supports(int C, const void* dx, const void* dy,
 inline int rmsnorm_backward_vec_blocks(int N) { return ceil_div(N, kNormVecRowsPerBlock); }
 
 // As rmsnorm_backward_rows; scratch: rmsnorm_backward_vec_blocks(N) * C floats. Rows it does not take
-// are a fatal error: callers ask rmsnorm_backward_vec_supports first. packed: the candidate kernel.
+// are a fatal error: callers ask rmsnorm_backward_vec_supports first.
 inline void rmsnorm_backward_vec(bf16* dx, float* dg, float* scratch, const bf16* dy, const bf16* x, const float* rstd,
-                                 const bf16* g, int N, int C, cudaStream_t s, ColumnSumJobs* defer = nullptr,
-                                 bool packed = rmsnorm_backward_packed_on()) {
+                                 const bf16* g, int N, int C, cudaStream_t s, ColumnSumJobs* defer = nullptr) {
     if (!rmsnorm_backward_vec_supports(C, dx, dy, x, g)) fail("rmsnorm_backward_vec: C = %d or an unaligned row", C);
     const int warps = 8, blocks = rmsnorm_backward_vec_blocks(N);
     size_t smem = (size_t)warps * C * sizeof(float);
@@ -367,10 +292,10 @@ inline void rmsnorm_backward_vec(bf16* dx, float* dg, float* scratch, const bf16
         kernel<<<blocks, warps * 32, smem, s>>>(dx, scratch, dy, x, rstd, g, N);
     };
     switch (C / 256) {
-        case 1: launch(packed ? rmsnorm_backward_packed_kernel<1> : rmsnorm_backward_vec_kernel<1>); break;
-        case 2: launch(packed ? rmsnorm_backward_packed_kernel<2> : rmsnorm_backward_vec_kernel<2>); break;
-        case 3: launch(packed ? rmsnorm_backward_packed_kernel<3> : rmsnorm_backward_vec_kernel<3>); break;
-        default: launch(packed ? rmsnorm_backward_packed_kernel<4> : rmsnorm_backward_vec_kernel<4>); break;
+        case 1: launch(rmsnorm_backward_vec_kernel<1>); break;
+        case 2: launch(rmsnorm_backward_vec_kernel<2>); break;
+        case 3: launch(rmsnorm_backward_vec_kernel<3>); break;
+        default: launch(rmsnorm_backward_vec_kernel<4>); break;
     }
     cuda_check_launch();
     column_sum_or_defer(dg, scratch, blocks, C, C, s, defer);

@@ -71,16 +71,11 @@ __global__ void head_row_stats_kernel(float* partial, const float* qk_normed, in
 // unit-vector sums in registers across its rows. The groups' records are added in group order at
 // the end, so the same keys give the same bits. D must be 64 or 128 (the widths the CUDA backend
 // runs) and qk_normed 16-byte aligned.
-// AHEAD (a candidate, kCandidateKernels): a group loads its next row before it works on the current
-// one. A row's work (three sums over 16 lanes, a square root, the participation ratio in double,
-// four divisions) is some 100 instructions a lane, at d22's 48 warps an SM about as long as the
-// load's latency; loaded one row ahead, each warp keeps a load in flight through it, where above it
-// waits for each. The same arithmetic on the same values: the same bits (dev_telemetry checks).
 inline bool head_row_stats_vec_supports(int D, const float* qk_normed) {
     return (D == 64 || D == 128) && aligned_16({qk_normed});
 }
 
-template <int D, bool AHEAD = false>
+template <int D>
 __global__ void head_row_stats_vec_kernel(float* partial, const float* qk_normed, int N, int H, int NH) {
     constexpr int G = D / 4, record = KS_UNIT + D;
     extern __shared__ float group_records[];  // [groups][record]
@@ -89,21 +84,12 @@ __global__ void head_row_stats_vec_kernel(float* partial, const float* qk_normed
     const bool is_key = h >= H;
     const int first = chunk * kStatRowsPerBlock, last = min(N, first + kStatRowsPerBlock);
     float norm_sum = 0.0f, maxabs_sum = 0.0f, pr_sum = 0.0f, unit[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    auto row = [&](int n) {  // AHEAD: this lane's 4 values of row n, zeros past the block's last row
-        return n < last ? *reinterpret_cast<const float4*>(qk_normed + ((size_t)n * NH + h) * D + 4 * j)
-                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    };
-    float4 next;
-    if constexpr (AHEAD) next = row(first + group);
     // Rounds in which every group takes one row, so that all lanes of a warp reach each shuffle.
     for (int base = first; base < last; base += groups) {
         const int n = base + group;
         const bool valid = n < last;
-        float4 v = AHEAD ? next
-                         : valid ? *reinterpret_cast<const float4*>(qk_normed + ((size_t)n * NH + h) * D + 4 * j)
-                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if constexpr (AHEAD)
-            if (base + groups < last) next = row(n + groups);  // the same in every lane of the block
+        float4 v = valid ? *reinterpret_cast<const float4*>(qk_normed + ((size_t)n * NH + h) * D + 4 * j)
+                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         const float x[4] = {v.x, v.y, v.z, v.w};
         float sq = 0.0f, quad = 0.0f, mx = 0.0f;
         for (int i = 0; i < 4; i++) {
@@ -570,21 +556,13 @@ inline void gram_products_split(double* gram_sums, double* partial, const double
     gram_slices_sum(gram_sums, partial, Hkv, slices, W * W, s);
 }
 
-// Whether head_statistics takes head_row_stats_vec_kernel's candidate form, AHEAD (candidate_on).
-inline bool head_records_ahead_on() {
-    static const bool on = candidate_on("head_records_ahead");
-    return on;
-}
-
 // The three parts of a layer's statistics (telemetry_layer runs them in this order; dev/cuda/telemetry.cu
 // times each). qk_normed [N, NH, D] is post-norm, pre-RoPE, float32.
 //
 // The per-head records (norms; for keys largest component, participation ratio, unit-vector sums):
-// partial takes the blocks' records. `vec` takes head_row_stats_vec_kernel where it applies, in its
-// AHEAD form with `ahead`.
+// partial takes the blocks' records. `vec` takes head_row_stats_vec_kernel where it applies.
 inline void head_statistics(double* sums, const TelemetrySums& lay, float* partial, const float* qk_normed, int N,
-                            const ModelConfig& c, int layer, cudaStream_t s, bool vec = true,
-                            bool ahead = head_records_ahead_on()) {
+                            const ModelConfig& c, int layer, cudaStream_t s, bool vec = true) {
     int H = c.n_head, NH = H + c.n_kv_head, D = c.head_dim, chunks = ceil_div(N, kStatRowsPerBlock);
     if (N > kStatMaxTokens) fail("internal: %d tokens in a micro-batch is more than the statistics take", N);
     const int threads = kStatWarps * 32;
@@ -593,8 +571,8 @@ inline void head_statistics(double* sums, const TelemetrySums& lay, float* parti
         auto launch = [&](auto kernel) {
             kernel<<<dim3(NH, chunks), threads, smem, s>>>(partial, qk_normed, N, H, NH);
         };
-        if (D == 64) launch(ahead ? head_row_stats_vec_kernel<64, true> : head_row_stats_vec_kernel<64>);
-        else launch(ahead ? head_row_stats_vec_kernel<128, true> : head_row_stats_vec_kernel<128>);
+        if (D == 64) launch(head_row_stats_vec_kernel<64>);
+        else launch(head_row_stats_vec_kernel<128>);
     } else {
         size_t smem = (size_t)kStatWarps * head_record_size(D) * sizeof(float);
         head_row_stats_kernel<<<dim3(NH, chunks), threads, smem, s>>>(partial, qk_normed, N, H, NH, D);

@@ -82,11 +82,16 @@ static void check_forward(GpuModel& g, const std::string& label, const std::stri
     }
 }
 
-// One forward and backward pass on the loaded weights: the gradients, on the host.
+// One forward and backward pass on the loaded weights: the gradients, on the host. The gain
+// gradients' partial rows (GpuModel::dgain_partial, each norm's in a part of its own until the
+// column sums at the end of the pass) are filled with NaN first, so that a sum that reads a part
+// before its norm wrote it gives a NaN gradient, and the comparison with the reference fails; one
+// that reads another norm's part gives that norm's values, which fails it too.
 static std::vector<float> backward_gradients(GpuModel& g, const std::vector<int>& tokens, const std::vector<int>& targets,
                                              int B, int T) {
     model_forward(g, tokens.data(), targets.data(), B, T, false);
     model_zero_grad(g);
+    cudaCheck(cudaMemsetAsync(g.dgain_partial, 0xff, g.dgain_partial_floats * sizeof(float), g.stream));
     model_backward(g, tokens.data(), targets.data(), 1.0f);
     std::vector<float> grads(g.P);
     cudaCheck(cudaStreamSynchronize(g.stream));
@@ -175,25 +180,20 @@ static void check_stats_beside(GpuModel& g, const std::string& label, const std:
     report(same, label + "statistics beside the layers' forward pass are those taken between them, bit for bit");
 }
 
-// The candidate build's options of the backward pass, each on and off: the gain gradients' column
-// sums deferred to its end (GpuModel::defer_gain_sums) and the weight gradients' products beside
-// it (GradsBeside). Every combination must give the gradients of the passes with neither, bit for
-// bit: two backward passes added into the gradients (as gradient accumulation does), with every
-// norm's buffer of partial rows filled with NaN first (a sum that read a part before it was
-// written, or one part for two norms, would show), and the streams beside made slow (each product
-// waits 200 us first: on these shapes the pass would otherwise finish a product's input before a
-// missing wait could matter). Each option must have run (a backward pass of the shape first, so
-// that the products' algorithms are chosen), and the same slow products with the pass's waits
-// skipped must give other gradients: the comparison catches a missing wait.
-static void check_backward_candidates(GpuModel& g, const std::string& label, const std::vector<int>& tokens,
-                                      const std::vector<int>& targets, int B, int T) {
+// The candidate build's weight gradients' products beside the backward pass (GradsBeside), on and
+// off: the same gradients, bit for bit, from two backward passes added into the gradients (as
+// gradient accumulation does), with the streams beside made slow (each product waits 200 us first:
+// on these shapes the pass would otherwise finish a product's input before a missing wait could
+// matter). The products must have run beside the pass (a backward pass of the shape first, so that
+// their algorithms are chosen), and the same slow products with the pass's waits skipped must give
+// other gradients: the comparison catches a missing wait.
+static void check_grads_beside(GpuModel& g, const std::string& label, const std::vector<int>& tokens,
+                               const std::vector<int>& targets, int B, int T) {
     GradsBeside& gb = g.grads_beside;
-    auto gradients = [&](bool defer, bool beside, bool skip_waits = false) {
-        g.defer_gain_sums = defer;
+    auto gradients = [&](bool beside, bool skip_waits = false) {
         gb.on = beside;
         gb.test_delay_us = beside ? 200 : 0;
         gb.test_skip_waits = skip_waits;
-        cudaCheck(cudaMemsetAsync(g.dgain_deferred, 0xff, g.dgain_deferred_floats * sizeof(float), g.stream));
         model_zero_grad(g);
         for (int pass = 0; pass < 2; pass++) {
             model_forward(g, tokens.data(), targets.data(), B, T, false);
@@ -204,21 +204,15 @@ static void check_backward_candidates(GpuModel& g, const std::string& label, con
         cudaCheck(cudaMemcpy(grads.data(), g.grads, g.P * sizeof(float), cudaMemcpyDeviceToHost));
         return grads;
     };
-    const std::vector<float> plain = gradients(false, false);
-    const char* names[] = {"the gains' column sums deferred", "the weight products beside the pass", "both"};
-    for (int option = 1; option < 4; option++) {
-        const long long products = gb.products, launches = g.gain_sum_launches;
-        const std::vector<float> grads = gradients(option & 1, option & 2);
-        std::string why;
-        if ((option & 2) && gb.products == products) why += "no product ran beside the pass; ";
-        if ((option & 1) && g.gain_sum_launches == launches) why += "no deferred column sums ran; ";
-        report(why.empty() && memcmp(grads.data(), plain.data(), g.P * sizeof(float)) == 0,
-               label + "backward passes with " + names[option - 1] + ": the same gradients, bit for bit", why);
-    }
-    const std::vector<float> unwaited = gradients(false, true, true);
+    const std::vector<float> plain = gradients(false);
+    const long long products = gb.products;
+    const std::vector<float> grads = gradients(true);
+    report(gb.products != products && memcmp(grads.data(), plain.data(), g.P * sizeof(float)) == 0,
+           label + "backward passes with the weight products beside the pass: the same gradients, bit for bit",
+           gb.products == products ? "no product ran beside the pass" : "");
+    const std::vector<float> unwaited = gradients(true, true);
     report(memcmp(unwaited.data(), plain.data(), g.P * sizeof(float)) != 0,
            label + "the weight products beside the pass without its waits (slowed): other gradients, as they must be");
-    g.defer_gain_sums = candidate_on("gain_sums_deferred");
     gb.on = candidate_on("grads_beside");
     gb.test_delay_us = 0;
     gb.test_skip_waits = false;
@@ -335,7 +329,7 @@ int main(int argc, char** argv) {
     for (int k = 0; k < M_NUM_METRICS; k++) same &= stats.values[k] == stats2.values[k];
     report(same, "cuda determinism: two runs give identical gradients and statistics");
     check_stats_beside(g, "cuda ", tokens, targets, B, T);
-    if (kCandidateKernels) check_backward_candidates(g, "cuda ", tokens, targets, B, T);
+    if (kCandidateKernels) check_grads_beside(g, "cuda ", tokens, targets, B, T);
 
     // Gradient accumulation as the training loop does it: the batch's B sequences as B micro-batches,
     // each backward pass scaled by 1/B and added into the gradients, give the whole batch's gradient.
@@ -402,7 +396,7 @@ int main(int argc, char** argv) {
         const ModelConfig& vc = g.cfg;
         check_forward(g, v.label, vckpt, vdbg, tokens, targets, B, T, stats);
         check_stats_beside(g, v.label, tokens, targets, B, T);
-        if (kCandidateKernels) check_backward_candidates(g, v.label, tokens, targets, B, T);
+        if (kCandidateKernels) check_grads_beside(g, v.label, tokens, targets, B, T);
         compare_gradients(g, v.label, backward_gradients(g, tokens, targets, B, T), vdbg);
         // Frozen: no gradient (so out of the norm), and AdamW leaves the tensors as they were.
         model_freeze(g, (uint32_t)tensor_or_fail(read_tensorfile(vdbg), "freeze", vdbg).values[0]);

@@ -439,15 +439,6 @@ static void check_row_stats_from_lse(const Problem& p, const CpuForward& ref) {
     attention_row_stats_from_lse(p.d_stats, p.d_lse, p.d_doc_bits, p.d_qk, s.B, s.T, s.H, s.Hkv, s.D, 0, true);
     cudaCheck(cudaDeviceSynchronize());
     report(same_bits(host_copy(p.d_stats, ATTN_NUM_ROW_STATS * p.rows), got), prefix + "in the LPT order, the same bits");
-    if (s.D == 64) {  // two blocks of 16 rows a warp (the candidate), in both orders: the same bits
-        for (bool lpt : {false, true}) {
-            poison(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
-            attention_row_stats_from_lse(p.d_stats, p.d_lse, p.d_doc_bits, p.d_qk, s.B, s.T, s.H, s.Hkv, s.D, 0, lpt, 2);
-            cudaCheck(cudaDeviceSynchronize());
-            report(same_bits(host_copy(p.d_stats, ATTN_NUM_ROW_STATS * p.rows), got),
-                   prefix + "two blocks of rows a warp" + (lpt ? ", in the LPT order" : "") + ", the same bits");
-        }
-    }
     auto stat = [&](const std::vector<float>& v, AttentionRowStat k) { return v.data() + k * p.rows; };
     const std::vector<float> got_max(stat(got, ATTN_STAT_LOGIT_MAX), stat(got, ATTN_STAT_LOGIT_MAX) + p.rows),
         want_max(stat(want, ATTN_STAT_LOGIT_MAX), stat(want, ATTN_STAT_LOGIT_MAX) + p.rows);
@@ -605,23 +596,15 @@ static void benchmark(const Shape& s) {
         }, 20);
         printf("%-12s %-24s %10.3f %10.1f\n", "lpt", "statistics from lse", from_lse_lpt,
                fwd_flops / (from_lse_lpt * 1e-3) * 1e-12);
-        if (s.D == 64) {  // the candidate: two blocks of 16 rows a warp
-            float from_lse_mb2 = time_ms([&] {
-                attention_row_stats_from_lse(p.d_stats, p.d_lse, p.d_doc_bits, p.d_qk, s.B, s.T, s.H, s.Hkv, s.D, 0, true,
-                                             2);
-            }, 20);
-            printf("%-12s %-24s %10.3f %10.1f\n", "lpt mb2", "statistics from lse", from_lse_mb2,
-                   fwd_flops / (from_lse_mb2 * 1e-3) * 1e-12);
-        }
     }
     cudaCheck(cudaDeviceSynchronize());
     free_problem(p);
 }
 
 // --profile-d22: each pass ./train runs on the d22 layer at B4 (the forward without and with the
-// statistics, the statistics alone and from lse, with one and two blocks of rows a warp, the
-// backward), once to warm up and once more, with nothing checked and nothing timed: the launches
-// for a profiler to read (ncu --launch-skip skips the first round).
+// statistics, the statistics alone and from lse, the backward), once to warm up and once more, with nothing
+// checked and nothing timed: the launches for a profiler to read (ncu --launch-skip skips the
+// first round).
 static void profile_passes(const Shape& s) {
     Problem p = make_problem(s, 7);
     for (int round = 0; round < 2; round++) {
@@ -630,7 +613,6 @@ static void profile_passes(const Shape& s) {
                           ATTENTION_MMA);
         attention_row_stats(p.d_lse, p.d_stats, p.d_out, p.d_doc_bits, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0);
         attention_row_stats_from_lse(p.d_stats, p.d_lse, p.d_doc_bits, p.d_qk, s.B, s.T, s.H, s.Hkv, s.D, 0);
-        attention_row_stats_from_lse(p.d_stats, p.d_lse, p.d_doc_bits, p.d_qk, s.B, s.T, s.H, s.Hkv, s.D, 0, true, 2);
         attention_backward(p.d_dqk, p.d_dqkv, p.d_delta, p.d_dout, p.d_out, p.d_lse, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv,
                            s.D, 0, ATTENTION_MMA);
         cudaCheck(cudaDeviceSynchronize());

@@ -33,52 +33,41 @@ static void check_rmsnorm(int N, int C) {
     float fwd = time_ms([&] { rmsnorm_forward(d_out, d_rstd, d_x, d_g, N, C, 1e-5f, 0, false); });
     double bytes = 2.0 * N * C * 2, bwd_bytes = 4.0 * N * C * 2;  // backward: x, dy, dx read, dx written
     printf("   rmsnorm%s: forward %.3f ms (%.0f GB/s)\n", tag.c_str(), fwd, bytes / fwd / 1e6);
-    if (rmsnorm_forward_vec_supports(C, {d_out, d_x, d_g})) {  // the candidate forward, into fresh buffers
+    if (rmsnorm_forward_vec_supports(C, {d_out, d_x, d_g})) {  // the vectorised forward (./train's), into fresh buffers
         bf16* v_out;
         float* v_rstd;
         cudaCheck(cudaMalloc(&v_out, (size_t)N * C * sizeof(bf16)));
         cudaCheck(cudaMalloc(&v_rstd, N * sizeof(float)));
         cudaCheck(cudaMemset(v_out, 0xFF, (size_t)N * C * sizeof(bf16)));  // NaN: an element not written shows
         rmsnorm_forward(v_out, v_rstd, d_x, d_g, N, C, 1e-5f, 0, true);
-        compare_to_reference("rmsnorm forward, candidate" + tag, download_bf16(v_out, out.size()), out);
+        compare_to_reference("rmsnorm forward, vectorised" + tag, download_bf16(v_out, out.size()), out);
         // rstd from float32 sums of the same bf16-exact squares in another order: a few 1e-7 apart,
         // far under 1e-5, which a chunk left out of the sum would not be.
         std::vector<float> got_rstd = download(v_rstd, N);
-        check_close("rmsnorm rstd, candidate" + tag, got_rstd.data(), rstd.data(), N, 1e-5, 0.0);
+        check_close("rmsnorm rstd, vectorised" + tag, got_rstd.data(), rstd.data(), N, 1e-5, 0.0);
         float ms = time_ms([&] { rmsnorm_forward(v_out, v_rstd, d_x, d_g, N, C, 1e-5f, 0, true); });
-        printf("   rmsnorm%s: forward, candidate %.3f ms (%.0f GB/s, %.2fx the default's speed)\n", tag.c_str(), ms,
+        printf("   rmsnorm%s: forward, vectorised %.3f ms (%.0f GB/s, %.2fx the general kernel's speed)\n", tag.c_str(), ms,
                bytes / ms / 1e6, fwd / ms);
         for (void* p : {(void*)v_out, (void*)v_rstd}) cudaCheck(cudaFree(p));
     }
-    // Each of the two backward kernels that rmsnorm_backward chooses between, where it applies, and
-    // the candidate (the vectorised kernel's inputs held packed): the same answers, and its time; the
-    // candidate the vectorised kernel's bits.
+    // Each of the two backward kernels that rmsnorm_backward chooses between, where it applies: the
+    // same answers, and its time.
     bool vec_takes = rmsnorm_backward_vec_supports(C, d_dx, d_dy, d_x, d_g);
-    enum { GENERAL, VEC, PACKED };
-    std::vector<float> vec_dx, vec_dg;
-    float vec_ms = 0.0f;
-    for (int kind : {GENERAL, VEC, PACKED}) {
-        if (kind != GENERAL && !vec_takes) continue;
+    for (bool vec : {false, true}) {
+        if (vec && !vec_takes) continue;
         bf16* k_dx = upload_bf16(dx0);
         float* k_dg = upload(std::vector<float>(C, 0.0f));
         auto backward = [&] {
-            if (kind == GENERAL) rmsnorm_backward_rows(k_dx, k_dg, d_scratch, d_dy, d_x, d_rstd, d_g, N, C, 0);
-            else rmsnorm_backward_vec(k_dx, k_dg, d_scratch, d_dy, d_x, d_rstd, d_g, N, C, 0, nullptr, kind == PACKED);
+            if (vec) rmsnorm_backward_vec(k_dx, k_dg, d_scratch, d_dy, d_x, d_rstd, d_g, N, C, 0);
+            else rmsnorm_backward_rows(k_dx, k_dg, d_scratch, d_dy, d_x, d_rstd, d_g, N, C, 0);
         };
         backward();
-        std::string kernel = kind == GENERAL ? ", general kernel" : kind == VEC ? ", vectorised kernel" : ", candidate";
-        std::vector<float> got_dx = download_bf16(k_dx, dx.size()), got_dg = download(k_dg, C);
-        compare_to_reference("rmsnorm backward dx" + kernel + tag, got_dx, dx);
-        compare_to_reference("rmsnorm backward dgain" + kernel + tag, got_dg, dg);
-        if (kind == VEC) vec_dx = got_dx, vec_dg = got_dg;
-        if (kind == PACKED)
-            report(same_bits(got_dx, vec_dx) && same_bits(got_dg, vec_dg),
-                   "rmsnorm backward, candidate: the vectorised kernel's bits" + tag);
+        std::string kernel = vec ? ", vectorised kernel" : ", general kernel";
+        compare_to_reference("rmsnorm backward dx" + kernel + tag, download_bf16(k_dx, dx.size()), dx);
+        compare_to_reference("rmsnorm backward dgain" + kernel + tag, download(k_dg, C), dg);
         float ms = time_ms(backward);
-        if (kind == VEC) vec_ms = ms;
         printf("   rmsnorm%s: backward%s %.3f ms (%.0f GB/s)%s\n", tag.c_str(), kernel.c_str(), ms, bwd_bytes / ms / 1e6,
-               kind == PACKED ? strprintf(", %.2fx the vectorised kernel's speed", vec_ms / ms).c_str()
-               : (kind == VEC) == vec_takes ? ", the one rmsnorm_backward takes" : "");
+               vec == vec_takes ? ", the one rmsnorm_backward takes" : "");
         for (void* p : {(void*)k_dx, (void*)k_dg}) cudaCheck(cudaFree(p));
     }
     for (void* p : {(void*)d_x, (void*)d_g, (void*)d_dy, (void*)d_dx, (void*)d_out, (void*)d_rstd, (void*)d_dg, (void*)d_scratch})
@@ -132,9 +121,7 @@ static void check_qk_norm_rope(int B, int T, int H, int Hkv, int qk_norm = QK_NO
     dg_cpu.insert(dg_cpu.end(), dg_k.begin(), dg_k.end());
     // Runs one implementation's forward and backward from fresh outputs (the forward's poisoned with
     // NaN, all bits set, so that an element a kernel leaves unwritten fails), compares them with the
-    // CPU backend, keeps the backward's outputs (dqkv, then the gains' gradients) in `bwd_bits`, and
-    // times them (ms forward, ms backward).
-    std::vector<float> bwd_bits;
+    // CPU backend, and times them (ms forward, ms backward).
     auto check = [&](const std::string& impl, auto forward, auto backward) {
         cudaCheck(cudaMemset(d_rope, 0xFF, (size_t)N * NH * D * sizeof(bf16)));
         cudaCheck(cudaMemset(d_normed, 0xFF, (size_t)N * NH * D * sizeof(float)));
@@ -149,8 +136,6 @@ static void check_qk_norm_rope(int B, int T, int H, int Hkv, int qk_norm = QK_NO
         compare_float32("qk norm rstd (float32)" + name, download(d_rstd, rstd.size()), rstd);
         compare_to_reference("qk norm backward dqkv (values untouched)" + name, download_bf16(d_dqkv, dqkv.size()), dqkv);
         compare_to_reference("qk norm backward gains" + name, download(d_dg, 2 * D), dg_cpu);
-        bwd_bits = download_bf16(d_dqkv, dqkv.size());
-        for (float v : download(d_dg, 2 * D)) bwd_bits.push_back(v);
         return std::make_pair(time_ms([&] { forward(nullptr); }), time_ms(backward));
     };
     auto [fwd, bwd] = check(
@@ -164,39 +149,29 @@ static void check_qk_norm_rope(int B, int T, int H, int Hkv, int qk_norm = QK_NO
         });
     printf("   qk norm + rope%s: forward %.3f ms, backward %.3f ms\n", tag.c_str(), fwd, bwd);
     if (qk_norm_rope_vec_supports(D, {d_rope, d_normed, d_qkv, d_dqkv, d_dqk, d_gq, d_gk, d_cs, d_sn})) {
-        auto forward_vec = [&](float* normed_out) {
-            qk_norm_rope_forward_vec(d_rope, normed_out, d_rstd, d_qkv, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 1e-5f,
-                                     normalise, 0);
-        };
-        auto backward_vec = [&](bool ahead) {
-            return [&, ahead] {
+        auto [fwd_vec, bwd_vec] = check(
+            ", vec",
+            [&](float* normed_out) {
+                qk_norm_rope_forward_vec(d_rope, normed_out, d_rstd, d_qkv, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 1e-5f,
+                                         normalise, 0);
+            },
+            [&] {
                 qk_norm_rope_backward_vec(d_dqkv, d_dg, d_dg + D, d_scratch, d_dqk, d_qkv, d_rstd, d_gq, d_gk, d_cs, d_sn, N, T,
-                                          H, Hkv, D, normalise, 0, nullptr, ahead);
-            };
-        };
-        auto [fwd_vec, bwd_vec] = check(", vec", forward_vec, backward_vec(false));
+                                          H, Hkv, D, normalise, 0);
+            });
         printf("   qk norm + rope, vec%s: forward %.3f ms (%.2fx), backward %.3f ms (%.2fx)\n", tag.c_str(), fwd_vec,
                fwd / fwd_vec, bwd_vec, bwd / bwd_vec);
-        // The candidate backward, the next item's inputs loaded one item ahead: the same bits as the
-        // vectorised backward's (the forward is the vectorised one again).
-        const std::vector<float> vec_bits = bwd_bits;
-        auto [fwd_again, bwd_ahead] = check(", vec, backward loading ahead", forward_vec, backward_vec(true));
-        (void)fwd_again;
-        report(memcmp(vec_bits.data(), bwd_bits.data(), vec_bits.size() * sizeof(float)) == 0,
-               "qk norm backward loading ahead: dqkv and the gains' gradients those of the vectorised backward, bit for bit" + tag);
-        printf("   qk norm + rope backward loading ahead%s: %.3f ms (%.2fx the vectorised one)\n", tag.c_str(), bwd_ahead,
-               bwd_vec / bwd_ahead);
     }
     for (void* p : {(void*)d_qkv, (void*)d_gq, (void*)d_gk, (void*)d_dqk, (void*)d_rope, (void*)d_normed, (void*)d_dqkv,
                     (void*)d_cs, (void*)d_sn, (void*)d_rstd, (void*)d_dg, (void*)d_scratch})
         cudaCheck(cudaFree(p));
 }
 
-// The gain gradients' column sums of a backward pass: each job by its own column_sum launch (./train),
-// and all of them by column_sums_run's one launch (the candidate, gain_sums_deferred): the same bits,
-// and the times of the two. The jobs are a d22 backward pass's at 8 x 2048 (L = 22: 2L + 1 RMSNorm
-// gains of 512 columns from 1,024 partial rows, 2L QK-norm gains of 64 columns from 1,024 rows of
-// 128), or fewer layers; each output starts from its own random values (the sums add into them).
+// The gain gradients' column sums of a backward pass: each job by its own column_sum launch, and all
+// of them by column_sums_run's one launch (./train's): the same bits, and the times of the two. The
+// jobs are a d22 backward pass's at 8 x 2048 (L = 22: 2L + 1 RMSNorm gains of 512 columns from
+// 1,024 partial rows, 2L QK-norm gains of 64 columns from 1,024 rows of 128), or fewer layers; each
+// output starts from its own random values (the sums add into them).
 static void check_column_sums(int L, int parts) {
     const int C = 512, D = 64;
     struct Job { int cols, stride; size_t at; };  // at: where its first partial row starts
@@ -241,7 +216,7 @@ int main() {
     check_rmsnorm(4 * 256, 256);   // d6's width
     check_rmsnorm(4 * 256, 768);   // d12's
     check_rmsnorm(4 * 512, 1024);  // Qwen3-0.6B's
-    check_rmsnorm(4 * 512, 1536);  // the candidate forward's widest register tile, in part and in full
+    check_rmsnorm(4 * 512, 1536);  // the vectorised forward's widest register tile, in part and in full
     check_rmsnorm(4 * 512, 2048);
     check_qk_norm_rope(2, 17, 4, 2);
     check_qk_norm_rope(2, 17, 4, 2, QK_NORM_NONE);

@@ -155,17 +155,6 @@ static void check_head_stats_vec(const ModelConfig& c, const TelemetrySums& lay,
     });
 }
 
-// The candidate form of ./train's head statistics, each group loading its next row ahead
-// (head_row_stats_vec_kernel's AHEAD): ./train's sums exactly (no tolerance).
-static void check_head_stats_ahead(const ModelConfig& c, const TelemetrySums& lay, const float* d_qk, int N, int layer,
-                                   const std::string& tag) {
-    if (!head_row_stats_vec_supports(c.head_dim, d_qk)) return;
-    check_candidate_part("head statistics loading a row ahead", c, lay, N, 0.0, 0.0, tag,
-                         [&](double* sums, float* partial, bool ahead) {
-                             head_statistics(sums, lay, partial, d_qk, N, c, layer, 0, true, ahead);
-                         });
-}
-
 // The candidate attention statistics (attention_row_sums_kernel and its finish): float32 sums of up
 // to 64 terms a thread, then over the block's warps, against 4 terms a thread, the block's warps, and
 // the chunks in double, so within 1e-5 relative (the default's 72 u32 = 4.3e-6 at worst) and 1e-6 N
@@ -271,7 +260,6 @@ static void check_layer(int B, int T, int H, int Hkv, int layer, int D = 64) {
            time_ms([&] { attention_statistics(d_sums, lay, d_partial, d_rows, B, T, c, layer, 0); }),
            time_ms([&] { key_gram(d_sums, lay, d_partial, d_keys_f64, mm, d_qk, N, c, layer, 0); }));
     check_head_stats_vec(c, lay, d_qk, N, layer, tag);
-    check_head_stats_ahead(c, lay, d_qk, N, layer, tag);
     check_attention_stats_split(c, lay, d_rows, row_stats, B, T, layer, tag);
     if (D == 64) check_gram_from_float32(mm, d_qk, N, H, Hkv, D, tag);
     check_gram_split(mm, d_qk, N, H, Hkv, D, tag);
