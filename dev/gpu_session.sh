@@ -3,8 +3,8 @@
 # (dev/gpu_bundle.sh made it). Each call unpacks the bundle and makes the PyTorch reference where the
 # machine lacks them: a machine left idle for 30 s goes back, and the next call gets a bare one.
 #   bash dev/gpu_session.sh verify   the default build as a whole (the reference, cuda_parity), then,
-#                                    if that passed, the reports' experiment (dev/gpu_experiment.sh) in
-#                                    the time left
+#                                    if that passed and CONFIGS names configurations, runs of the
+#                                    reports' experiment (dev/gpu_experiment.sh) in the time left
 #   bash dev/gpu_session.sh speed    the candidates' parity (where the bundle has them), cuDNN's
 #                                    attention and the norms', optimiser's, attention and telemetry kernels' checks, every
 #                                    algorithm cuBLASLt offers for the d22 products timed
@@ -14,15 +14,18 @@
 #                                    (OUT/cudnn_engines.txt), all while torch.compile compiles
 #                                    the reports' recipe in the background; then
 #                                    dev/gpu_speed.sh at 8 and 4 x 2048
-# Each ends within SESSION_SECONDS; the tables print as they come, the logs and the experiment's
-# archives go into OUT. The two calls share a session's device time (900 s, the machine's start of
-# a minute or two included), so verify defaults to 300 s and speed to 480 s: give speed what the
-# device's status says is left, less 60 s, when that differs. CONFIGS and SEEDS pass to
-# gpu_experiment.sh (the runs a previous call did not make).
+# Each ends within SESSION_SECONDS; the tables print as they come, and all that the call prints is
+# also kept in OUT/session_<verify|speed>.txt (the device tool returns only the end of the output);
+# the logs and the experiment's archives go into OUT. The two calls share a session's device time
+# (900 s, the machine's start of a minute or two included), so verify defaults to 200 s and speed to
+# 580 s: give speed what the device's status says is left, less 60 s, when that differs (600 s at
+# most, a call's limit). CONFIGS and SEEDS pass to gpu_experiment.sh (the runs to make; kept runs
+# are left out).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 start=$SECONDS
-case ${1:-} in verify) budget=${SESSION_SECONDS:-300} ;; *) budget=${SESSION_SECONDS:-480} ;; esac
+case ${1:-} in verify) budget=${SESSION_SECONDS:-200} ;; *) budget=${SESSION_SECONDS:-580} ;; esac
+case ${1:-} in verify | speed) exec > >(tee "${OUT:-/tmp}/session_$1.txt") 2>&1 ;; esac
 left() { echo $((budget - (SECONDS - start))); }
 [ -x build/gpu/bin/train ] || python3 -m tarfile -e build/gpu.tar.xz build || { echo "no bundle: build/gpu.tar.xz"; exit 1; }
 reference() { [ -e build/ref/debug_state.bin ] || echo reference; }
@@ -32,12 +35,10 @@ case ${1:-} in
             echo "the experiment's runs not made: they must come from a build that passed its checks"
             exit 1
         fi
-        # A new seed of each configuration, probed (its final checkpoint: the probes' outputs kept
-        # with the run; a new seed rather than a kept run made again, whose probes are kept only
-        # when the losses come out the same bits, which another card or library need not give),
-        # then the seeds not kept in docs/runs/d22 yet
-        CONFIGS=${CONFIGS:-gain plain none freeze_k decay_all} SEEDS=${SEEDS:-31337 2026 7 42 1337} PROBES=${PROBES:-1} \
-            EXPERIMENT_SECONDS=$(left) bash dev/gpu_experiment.sh
+        # The configurations CONFIGS names, each seed of SEEDS not kept in docs/runs/d22 yet, the
+        # first run of each probed (its final checkpoint: the probes' outputs kept with the run)
+        [ -n "${CONFIGS:-}" ] || exit 0
+        CONFIGS=$CONFIGS SEEDS=${SEEDS:-7 42 1337} PROBES=${PROBES:-1} EXPERIMENT_SECONDS=$(left) bash dev/gpu_experiment.sh
         ;;
     speed)  # what decides the defaults first: the candidates' correctness and cuDNN's, then the times
         # torch.compile's compilation of the reports' recipe (minutes of the CPU: the step with and
