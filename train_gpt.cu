@@ -183,10 +183,10 @@ struct GpuModel : ModelShape {  // and backend.h's ModelShape
     // Kernel workspaces: partial gain gradients, a stats step's sums (telemetry.h) and the
     // per-block partial sums behind them (telemetry.cuh), the inputs, the gradient norm (and its
     // square, summed over the processes), and the AdamW segments.
-    // The gain gradients' column sums run in one launch at the end of the backward pass
-    // (rmsnorm.cuh's ColumnSumJob), so each norm's partial rows have a part of their own of
-    // dgain_partial until then: room for the 2L + 1 RMSNorms' and L QK-norms', taken in the order
-    // the backward pass calls them.
+    // The gain gradients' column sums run at the end of the backward pass, 96 to a launch
+    // (rmsnorm.cuh's ColumnSumJob: one launch for d22's 89), so each norm's partial rows have a part
+    // of their own of dgain_partial until then: room for the 2L + 1 RMSNorms' and L QK-norms', taken
+    // in the order the backward pass calls them.
     float *dgain_partial, *stats_partial;
     size_t dgain_partial_floats = 0;
     ColumnSumJobs gain_sum_jobs;
@@ -1143,7 +1143,7 @@ struct Profile {
                    1e3 * sum[k][STEP] / n);
             if (k == 1 && stats_host > 0)
                 printf("profile, steps with statistics: the statistics from their sums on the host (an eigenvalue problem "
-                       "per key head, beside the backward pass) %.2f ms, the step waiting for them %.2f ms\n",
+                       "per key head, beside the passes that follow) %.2f ms, waited for %.2f ms\n",
                        1e3 * stats_host / n, 1e3 * stats_waited / n);
             WorkTimes w = kernels ? model_profile_times(m, k) : WorkTimes{};
             if (!w.empty()) print_work(w, which, n);
@@ -1164,8 +1164,8 @@ struct Profile {
 };
 
 // After a stats step's last forward pass: every process's sums added into rank 0's, which turns
-// them into the statistics (an eigenvalue problem per key head) beside the backward pass on the
-// GPU, when they are waited for on the CPU (wait_stats).
+// them into the statistics (an eigenvalue problem per key head) beside the backward pass and the
+// steps that follow on the GPU, when they are waited for on the CPU (wait_stats).
 template <typename Model>
 static void collect_stats(Model& m, Run& r, Telemetry* out) {
     double* sums = model_stats_sums(m);
@@ -1349,15 +1349,18 @@ static RunLog open_output(Run& r) {
 }
 
 // After step `step`: a checkpoint every -n steps, at the last step, and when a signal asks the run
-// to stop, which it then does (with the command that resumes it).
-template <typename Model>
-static void checkpoint_after(Model& m, Run& r, RunLog& log, int step, long long data_position) {
+// to stop, which it then does (with the command that resumes it). log_pending() first logs what the
+// steps so far have measured and not logged yet.
+template <typename Model, typename LogPending>
+static void checkpoint_after(Model& m, Run& r, RunLog& log, int step, long long data_position,
+                             LogPending&& log_pending) {
     const Options& o = r.o;
     bool last = step == o.steps - 1;
     int stop_signal = dist_max(r.dist, g_stop_signal);  // a signal to any process stops them all
     bool stopping = stop_signal && !last;
     if (!((o.ckpt_every && (step + 1) % o.ckpt_every == 0) || last || stopping)) return;
     std::string path = checkpoint_path(o.out_dir, step + 1, last);
+    log_pending();
     if (r.writes()) runlog_flush(log);
     save_checkpoint(m, r, path, step + 1, data_position);
     if (r.writes()) {
@@ -1417,20 +1420,33 @@ static int train(Model& m, Run& r) {
     double run_start = now_seconds(), step_seconds_avg = 0;
     float last_val = NAN;
     int width = (int)std::to_string(o.steps).size();
+    // A stats step's statistics are finished on the host beside the steps after it (collect_stats),
+    // and logged once the next stats step needs their sums again, or before a checkpoint, a stop or
+    // the end: no step waits for the host's part unless the next stats step comes before it is done.
+    int unlogged = -1;  // the stats step whose statistics are yet to be logged
+    auto log_stats = [&] {
+        if (unlogged < 0) return;
+        prof.stats_finished(r, wait_stats(r));
+        if (r.writes()) runlog_telemetry(log, unlogged, stats, r.c);
+        unlogged = -1;
+    };
     for (int step = start_step; step < o.steps; step++) {
         bool last = step == o.steps - 1;
         bool stats_step = o.stats_every > 0 && (step % o.stats_every == 0 || last);
         double t0 = now_seconds();
         prof.begin_step(m, step > start_step, stats_step, t0);
+        if (stats_step) log_stats();
         float loss = forward_backward(m, r, &data_position, stats_step ? &stats : nullptr, prof);
         model_grad_sync(m);  // the gradients summed over the processes, each its own shard
         float norm = model_grad_norm(m);
         opt.lr = lr_at_step(step, o.steps, o.warmup, o.lr, o.lr * o.lr_floor);
-        if (!std::isfinite(loss) || !std::isfinite(norm)) stop_diverged(r, log, step, loss, opt.lr, norm);
+        if (!std::isfinite(loss) || !std::isfinite(norm)) {
+            log_stats();
+            stop_diverged(r, log, step, loss, opt.lr, norm);
+        }
         model_adamw_step(m, opt, step + 1, norm, o.clip);
         model_param_sync(m);  // every process's updated shard to every process
         model_wait(m);        // the step's time includes the update
-        if (stats_step) prof.stats_finished(r, wait_stats(r));  // and the statistics
         prof.end_phase(m, Profile::OPTIMIZER);
         double dt = now_seconds() - t0;
         prof.end_step(m, dt);
@@ -1438,8 +1454,8 @@ static int train(Model& m, Run& r) {
         float tok_s = (float)(o.total_batch / dt);
         if (r.writes()) {
             runlog_step(log, step, loss, opt.lr, norm, tok_s, (float)(dt * 1e3));
-            if (stats_step) runlog_telemetry(log, step, stats, r.c);
         }
+        if (stats_step) unlogged = step;
         printf("step %*d/%d | loss %.4f | norm %.3f | lr %.2e | %.0f ms | %.0f tok/s | eta %s\n", width, step + 1, o.steps,
                loss, norm, opt.lr, dt * 1e3, tok_s, format_duration(step_seconds_avg * (o.steps - step - 1)).c_str());
         fflush(stdout);
@@ -1448,8 +1464,9 @@ static int train(Model& m, Run& r) {
             if (r.writes()) runlog_val(log, step, last_val);
             printf("val loss %.4f\n", last_val);
         }
-        checkpoint_after(m, r, log, step, data_position);
+        checkpoint_after(m, r, log, step, data_position, log_stats);
     }
+    log_stats();
     return finish(m, r, log, prof, strprintf("done in %s; final val loss %.4f", format_duration(now_seconds() - run_start).c_str(),
                                              last_val));
 }

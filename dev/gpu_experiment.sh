@@ -19,7 +19,8 @@
 # with its log (run.attnlog), its printed output and a MANIFEST (the command, the commit, the
 # device), without checkpoints (a d22 checkpoint with its AdamW state is about 0.9 GB). With PROBES
 # (default 1) the final checkpoint of each configuration's first run made is probed (scripts/probe.py
-# svd on the CPU, then ablate and sweep on the GPU; each within PROBE_SECONDS, default 150, with the CPU's cores
+# svd on the CPU, then ablate and sweep on the GPU; each within PROBE_SECONDS, default 240 (ablate
+# took 161-163 s of an H200 three at a time), with the CPU's cores
 # shared among the JOBS): their tables, figures and JSON go into the run's folder, probes/. A kept
 # run is made again where it is a configuration's first seed and its probes are not all kept
 # (probes/ablate.json): dev/keep_experiment.sh adds them to it when the losses are the kept run's.
@@ -75,7 +76,7 @@ run_one() {  # configuration, seed, whether to probe its final checkpoint: the r
         mkdir -p "$dir/probes"
         for kind in svd ablate sweep; do
             left=$((deadline - SECONDS - per_run))
-            seconds=$(( left < ${PROBE_SECONDS:-150} ? left : ${PROBE_SECONDS:-150} ))
+            seconds=$(( left < ${PROBE_SECONDS:-240} ? left : ${PROBE_SECONDS:-240} ))
             [ "$seconds" -gt 10 ] || { echo "  probe $kind of $name: no time"; continue; }
             on=(); [ "$kind" = svd ] || on=(--device cuda)
             start=$SECONDS

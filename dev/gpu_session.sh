@@ -15,17 +15,24 @@
 #                                    the reports' recipe in the background; then
 #                                    dev/gpu_speed.sh at 8 and 4 x 2048
 # Each ends within SESSION_SECONDS; the tables print as they come, and all that the call prints is
-# also kept in OUT/session_<verify|speed>.txt (the device tool returns only the end of the output);
-# the logs and the experiment's archives go into OUT. The two calls share a session's device time
-# (900 s, the machine's start of a minute or two included), so verify defaults to 200 s and speed to
-# 580 s: give speed what the device's status says is left, less 60 s, when that differs (600 s at
-# most, a call's limit). CONFIGS and SEEDS pass to gpu_experiment.sh (the runs to make; kept runs
-# are left out).
+# also kept in OUT/session_<verify|speed>.txt, whole where a terminal keeps only its end; the logs and
+# the experiment's archives go into OUT. The two calls are sized for a machine held for 15 minutes
+# (its start of a minute or two included) and commands of at most 10: verify defaults to 200 s (the
+# checks alone) and speed to 580 s; give speed what is left, less 60 s, when that differs. CONFIGS
+# and SEEDS pass to gpu_experiment.sh (the runs to make, those kept left out but a configuration's
+# first, made again to be probed where its probes are not kept), with a SESSION_SECONDS that leaves
+# them time (a d22 run takes about 75 s three at a time, its probes about 200 s more).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 start=$SECONDS
 case ${1:-} in verify) budget=${SESSION_SECONDS:-200} ;; *) budget=${SESSION_SECONDS:-580} ;; esac
-case ${1:-} in verify | speed) exec > >(tee "${OUT:-/tmp}/session_$1.txt") 2>&1 ;; esac
+case ${1:-} in
+    verify | speed)  # everything printed, also into the file; tee waited for at the end, so that it is whole
+        exec > >(tee "${OUT:-/tmp}/session_$1.txt") 2>&1
+        tee_pid=$!
+        trap 'exec >&- 2>&-; wait "$tee_pid"' EXIT
+        ;;
+esac
 left() { echo $((budget - (SECONDS - start))); }
 [ -x build/gpu/bin/train ] || python3 -m tarfile -e build/gpu.tar.xz build || { echo "no bundle: build/gpu.tar.xz"; exit 1; }
 reference() { [ -e build/ref/debug_state.bin ] || echo reference; }

@@ -49,7 +49,8 @@ static const double kStatRtol = 1e-5;
 
 // Logits, loss, statistics and gradients of one forward and backward pass at the weights of `ckpt`
 // against the reference's `dbg`; gradient elements may differ by grad_atol_frac of their tensor's
-// largest magnitude beyond the relative tolerance. Leaves the model loaded with those weights.
+// scale (its largest magnitude, or for a gain its terms', above) beyond the relative tolerance.
+// Leaves the model loaded with those weights.
 static void check_state(CpuModel& m, const std::string& label, const std::string& ckpt, const std::string& dbg,
                         double grad_atol_frac, std::vector<int>& tokens, std::vector<int>& targets) {
     auto ref = read_tensorfile(dbg);
@@ -194,9 +195,9 @@ int main(int argc, char** argv) {
     // The trained state's sharper attention (scores up to 9.6 rather than 4.1, logits up to 17
     // rather than 3.2) turns the scores' absolute rounding, ~|s| u, into larger relative errors of
     // the probabilities (exp's condition is |s|), and the smallest gradient elements carry ten
-    // times the rounding: 1e-5 of a tensor's largest gradient (a wrong formula errs by far more).
-    // final_norm's gradient comes closest: a quarter of it in the -O3 build, three quarters in the
-    // sanitizers' -O1 build, whose loops add in one scalar accumulator, not in vector lanes.
+    // times the rounding: 1e-5 of a tensor's scale (a wrong formula errs by far more). The value and
+    // w2 gradients come closest, at 6-7% of it in the -O3 build; the sanitizers' -O1 build, whose
+    // loops add in one scalar accumulator, not in vector lanes, errs more.
     check_state(m, "trained state: ", dir + "/trained.ckpt", dir + "/debug_trained.bin", 1e-5, tokens, targets);
     check_adamw_steps(m, "", dir + "/model.ckpt", dir + "/debug_state.bin");
     check_adamw_steps(m, "qk-norm plain: ", dir + "/plain.ckpt", dir + "/debug_plain.bin");

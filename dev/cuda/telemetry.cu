@@ -2,11 +2,11 @@
 // and query_attention_sums: every statistic of one layer (through telemetry_from_sums) from the
 // same post-norm queries and keys (float32) and the same per-row attention accumulators, the
 // effective ranks and mean share via the float64 Gram matrices, and the same bits on a second run;
-// the Gram products on the float64 tensor cores from the float32 keys (D = 64: what ./train takes
-// there, and the candidate with the upper tiles from registers) and split over the rows (an
-// alternative) against the copy to float64 and one DGEMM, and the candidate head statistics against
-// the default kernel. Times one layer's telemetry, its parts, each way of the Gram products and both
-// head statistics kernels.
+// the Gram products on the float64 tensor cores from the float32 keys (D = 64: all tiles, and the
+// upper tiles from registers, which ./train takes) and split over the rows (an alternative) against
+// the copy to float64 and one DGEMM, and the vectorised head and attention statistics (./train's,
+// "candidate" in the rows printed) against the simpler kernels ("default"). Times one layer's
+// telemetry, its parts, each way of the Gram products and both kernels of each statistic.
 // Build: make build/dev_telemetry.
 #include <cstring>
 #include "dev/cuda/common.h"
@@ -49,8 +49,8 @@ static void check_gram_split(Matmul& mm, const float* d_qk, int N, int H, int Hk
     for (void* p : {(void*)d_dgemm, (void*)d_split, (void*)d_partial, (void*)d_keys_f64}) cudaCheck(cudaFree(p));
 }
 
-// The float64 tensor-core products from the float32 keys, ./train's (gram_products_mma, at D = 64)
-// and the candidate's (gram_products_sym), against the copy to float64 and one DGEMM (./train's at
+// The float64 tensor-core products from the float32 keys, all tiles (gram_products_mma) and the upper
+// tiles only (gram_products_sym, ./train's at D = 64), against the copy to float64 and one DGEMM (./train's at
 // other widths): as for the split products, they differ only by the order of the sums. The scratch
 // is poisoned with NaN first, so a slice's entry a kernel does not write shows. Then the same bits
 // twice, and the times of all three (the DGEMM with its copy).
@@ -82,7 +82,7 @@ static void check_gram_from_float32(Matmul& mm, const float* d_qk, int N, int H,
                      gram_products_mma(g, p, q, N, H, Hkv, D, s);
                      return true;
                  }},
-                {"on the float64 tensor cores, upper tiles from registers (candidate)", gram_sym_slices(N, Hkv),
+                {"on the float64 tensor cores, upper tiles from registers (./train's)", gram_sym_slices(N, Hkv),
                  gram_products_sym}};
     for (const Way& way : ways) {
         bool ran = true;
@@ -143,7 +143,7 @@ static std::vector<double> check_candidate_part(const std::string& part, const M
     return got;
 }
 
-// The candidate head statistics (head_row_stats_vec_kernel): the same per-row terms up to the order
+// The vectorised head statistics (head_row_stats_vec_kernel, ./train's): the same per-row terms up to the order
 // of a row's float32 sum of squares, summed in float32 per block of 256 rows in another order, two
 // levels deep in both kernels (about 40 additions each: 72 u32 = 4.3e-6 apart at worst), so within
 // 1e-5 relative and 1e-6 N absolute for the unit-vector sums, whose signs cancel.
