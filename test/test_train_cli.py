@@ -88,6 +88,21 @@ def test_end_to_end_run(full_run):
     assert "samples (temperature 0.8):" in r.stdout and "report:" in r.stdout
 
 
+def test_statistics_whatever_validation_and_checkpoints(full_run, data, tmp_path):
+    """A statistics step's statistics are finished beside the steps after it and logged when the
+    next statistics step needs their sums, or before a checkpoint or the end. The full run validates
+    after step 2 and checkpoints after step 3, both while step 2's statistics wait to be logged; the
+    same run with neither logs the same statistics at the same steps, bit for bit."""
+    out, _ = full_run
+    r = train(data, tmp_path / "bare", "-x", "6", "-s", "2", "-v", "0", "-n", "0")
+    assert r.returncode == 0, r.stdout + r.stderr
+    full, bare = attnlog.open_log(out / "run.attnlog"), attnlog.open_log(tmp_path / "bare" / "run.attnlog")
+    assert sorted(full.metric_names()) == sorted(bare.metric_names())
+    for name in full.metric_names():
+        (steps, values), (bare_steps, bare_values) = full.metric(name), bare.metric(name)
+        assert list(steps) == list(bare_steps) == [0, 2, 4, 5] and values.tobytes() == bare_values.tobytes(), name
+
+
 def test_resume_continues_the_same_run(full_run, data, tmp_path):
     """Resuming from the step-3 checkpoint gives the very losses of the uninterrupted run."""
     out, _ = full_run
