@@ -1456,6 +1456,7 @@ static int train(Model& m, Run& r) {
             runlog_step(log, step, loss, opt.lr, norm, tok_s, (float)(dt * 1e3));
         }
         if (stats_step) unlogged = step;
+        if (last) log_stats();  // before the last validation loss, which tells a reader the run has ended
         printf("step %*d/%d | loss %.4f | norm %.3f | lr %.2e | %.0f ms | %.0f tok/s | eta %s\n", width, step + 1, o.steps,
                loss, norm, opt.lr, dt * 1e3, tok_s, format_duration(step_seconds_avg * (o.steps - step - 1)).c_str());
         fflush(stdout);
