@@ -1422,7 +1422,8 @@ static int train(Model& m, Run& r) {
     int width = (int)std::to_string(o.steps).size();
     // A stats step's statistics are finished on the host beside the steps after it (collect_stats),
     // and logged once the next stats step needs their sums again, or before a checkpoint, a stop or
-    // the end: no step waits for the host's part unless the next stats step comes before it is done.
+    // the last step's validation: no step waits for the host's part unless the next stats step comes
+    // before it is done.
     int unlogged = -1;  // the stats step whose statistics are yet to be logged
     auto log_stats = [&] {
         if (unlogged < 0) return;
@@ -1467,7 +1468,6 @@ static int train(Model& m, Run& r) {
         }
         checkpoint_after(m, r, log, step, data_position, log_stats);
     }
-    log_stats();
     return finish(m, r, log, prof, strprintf("done in %s; final val loss %.4f", format_duration(now_seconds() - run_start).c_str(),
                                              last_val));
 }
