@@ -2,92 +2,148 @@
 // values of a keys matrix K (N x D) are the square roots of the eigenvalues of the D x D Gram
 // matrix K^T K, so only a D x D problem (D = 64; 128 in pretrained models) is ever solved, however
 // many keys there are. Method: Householder reduction to tridiagonal form, then the implicit QL
-// iteration with Wilkinson-style shifts; O(D^3) with a small constant (~0.3 ms for D = 64, eight
-// times that for 128).
+// iteration on the squares of the off-diagonal (no square root per rotation); O(D^3) with a small
+// constant. A stats step solves two problems per key head (the keys, and the keys minus their
+// mean), 352 at d22, on the host beside the device's work, so their speed sets how often the
+// statistics can be taken for free.
 #pragma once
 #include <cmath>
 #include <vector>
 
-// a: n x n symmetric, row-major; destroyed. eig: n eigenvalues (unsorted). Returns false if the
-// iteration did not converge (never seen for Gram matrices, but the caller reports it).
-inline bool symmetric_eigenvalues(double* a, int n, double* eig) {
-    std::vector<double> d(n), e(n, 0.0), v(n), p(n);
-    // 1. Householder: for each column k, reflect the part below the diagonal onto one component.
+// Householder reduction of a (n x n symmetric, row-major; destroyed) to the tridiagonal matrix
+// with diagonal d[0..n) and off-diagonal e[0..n-1), e[i] coupling d[i] and d[i+1]. Step k reflects
+// row k right of the diagonal (column k below it, by symmetry) onto one component. The trailing
+// block keeps both triangles so that every loop runs along contiguous rows without a reduction,
+// and vectorises: A v as a sum of A's rows scaled by v's elements, then the rank-2 update.
+inline void householder_tridiagonal(double* a, int n, double* d, double* e) {
+    std::vector<double> v(n), p(n);
     for (int k = 0; k < n - 2; k++) {
+        const double* row = a + (size_t)k * n;
         double norm2 = 0.0;
-        for (int i = k + 1; i < n; i++) norm2 += a[i * n + k] * a[i * n + k];
-        double x0 = a[(k + 1) * n + k];
+        for (int i = k + 1; i < n; i++) norm2 += row[i] * row[i];
+        double x0 = row[k + 1];
         double alpha = x0 >= 0.0 ? -sqrt(norm2) : sqrt(norm2);  // sign chosen to avoid cancellation
-        d[k] = a[k * n + k];
+        d[k] = row[k];
         e[k] = alpha;
         double vtv = norm2 - x0 * x0 + (x0 - alpha) * (x0 - alpha);
         if (norm2 == 0.0 || vtv == 0.0) {
             e[k] = x0;
-            continue;  // the column is already reduced
+            continue;  // the row is already reduced
         }
-        for (int i = k + 1; i < n; i++) v[i] = a[i * n + k];
-        v[k + 1] -= alpha;
+        int m = n - k - 1;  // the trailing block's size; it starts at (k+1, k+1)
+        double* __restrict vb = v.data() + k + 1;
+        double* __restrict pb = p.data() + k + 1;
+        for (int i = 0; i < m; i++) vb[i] = row[k + 1 + i];
+        vb[0] -= alpha;
         // H A H with H = I - beta v v^T equals A - v w^T - w v^T, where p = beta A v and
-        // w = p - (beta v.p / 2) v; applied to the trailing block only.
-        double beta = 2.0 / vtv, vp = 0.0;
-        for (int i = k + 1; i < n; i++) {
-            double s = 0.0;
-            for (int j = k + 1; j < n; j++) s += a[i * n + j] * v[j];
-            p[i] = beta * s;
-            vp += v[i] * p[i];
+        // w = p - (beta v.p / 2) v.
+        double beta = 2.0 / vtv;
+        for (int i = 0; i < m; i++) pb[i] = 0.0;
+        int j = 0;
+        for (; j + 1 < m; j += 2) {  // two rows a pass: half the loads and stores of p
+            const double* __restrict aj = a + (size_t)(k + 1 + j) * n + k + 1;
+            const double* __restrict ak = aj + n;
+            double vj = vb[j], vk = vb[j + 1];
+            for (int i = 0; i < m; i++) pb[i] = (pb[i] + aj[i] * vj) + ak[i] * vk;
+        }
+        if (j < m) {
+            const double* __restrict aj = a + (size_t)(k + 1 + j) * n + k + 1;
+            double vj = vb[j];
+            for (int i = 0; i < m; i++) pb[i] += aj[i] * vj;
+        }
+        double vp = 0.0;
+        for (int i = 0; i < m; i++) {
+            pb[i] *= beta;
+            vp += vb[i] * pb[i];
         }
         double half = 0.5 * beta * vp;
-        for (int i = k + 1; i < n; i++) p[i] -= half * v[i];  // p now holds w
-        for (int i = k + 1; i < n; i++)
-            for (int j = k + 1; j < n; j++) a[i * n + j] -= v[i] * p[j] + p[i] * v[j];
-    }
-    if (n >= 2) {
-        d[n - 2] = a[(n - 2) * n + n - 2];
-        e[n - 2] = a[(n - 1) * n + n - 2];
-    }
-    d[n - 1] = a[(n - 1) * n + n - 1];
-
-    // 2. Implicit QL on the tridiagonal matrix (diagonal d, e[i] couples d[i] and d[i+1]).
-    for (int l = 0; l < n; l++) {
-        for (int iter = 0;; iter++) {
-            int m = l;
-            for (; m < n - 1; m++) {  // find a negligible off-diagonal element: the block splits there
-                double dd = fabs(d[m]) + fabs(d[m + 1]);
-                if (fabs(e[m]) <= 1e-15 * dd) break;
-            }
-            if (m == l) break;
-            if (iter == 60) return false;
-            // Shift: the eigenvalue of the leading 2x2 block closest to d[l].
-            double g = (d[l + 1] - d[l]) / (2.0 * e[l]);
-            double r = hypot(g, 1.0);
-            g = d[m] - d[l] + e[l] / (g + (g >= 0.0 ? r : -r));
-            double s = 1.0, c = 1.0, shift = 0.0;
-            int i = m - 1;
-            for (; i >= l; i--) {  // chase the bulge from the bottom of the block up to row l
-                double f = s * e[i], b = c * e[i];
-                r = hypot(f, g);
-                e[i + 1] = r;
-                if (r == 0.0) {  // exact underflow: the block splits, restart on it
-                    d[i + 1] -= shift;
-                    e[m] = 0.0;
-                    break;
-                }
-                s = f / r;
-                c = g / r;
-                g = d[i + 1] - shift;
-                r = (d[i] - g) * s + 2.0 * c * b;
-                shift = s * r;
-                d[i + 1] = g + shift;
-                g = c * r - b;
-            }
-            if (r == 0.0 && i >= l) continue;
-            d[l] -= shift;
-            e[l] = g;
-            e[m] = 0.0;
+        for (int i = 0; i < m; i++) pb[i] -= half * vb[i];  // p now holds w
+        for (int i = 0; i < m; i++) {
+            double* __restrict ai = a + (size_t)(k + 1 + i) * n + k + 1;
+            double vi = vb[i], wi = pb[i];
+            for (int j = 0; j < m; j++) ai[j] -= vi * pb[j] + wi * vb[j];
         }
     }
-    for (int i = 0; i < n; i++) eig[i] = d[i];
-    return true;
+    if (n >= 2) {
+        d[n - 2] = a[(size_t)(n - 2) * n + n - 2];
+        e[n - 2] = a[(size_t)(n - 2) * n + n - 1];
+    }
+    d[n - 1] = a[(size_t)n * n - 1];
+}
+
+// The eigenvalues of a symmetric tridiagonal matrix (diagonal d, squared off-diagonal e2[i]
+// coupling d[i] and d[i+1]; both destroyed, the eigenvalues left in d, unsorted) by implicit QL
+// with the shift of the leading 2 x 2 block, in the root-free form of Pal, Walker and Kahan: the
+// rotations' cosines and sines appear only squared, c^2 = p / (p + e^2) and s^2 = e^2 / (p + e^2)
+// with p = gamma^2 / c^2, so a rotation costs two divisions, where the plain form also computes a
+// hypotenuse. Each rotation waits for the previous one's divisions, so the iteration advances a
+// rotation at a time (advance()) and two problems interleaved keep a core busy where one cannot.
+struct TridiagonalQl {
+    double *d, *e2;
+    int n;
+    int l = 0, m = 0, i = -1, iter = 0;  // the block [l, m]; i: the sweep's next rotation, below l when none
+    double sigma = 0, c2 = 1, s2 = 0, gamma = 0, p = 0;
+    bool failed = false;  // an eigenvalue took more than 60 iterations (never seen for Gram matrices)
+
+    // One rotation, or the start of the next sweep; false once every eigenvalue has converged.
+    bool advance() {
+        if (i >= l) {
+            rotate();
+            return true;
+        }
+        const double eps2 = 1e-30;  // a coupling is negligible below 1e-15 (|d_m| + |d_m+1|)
+        for (; l < n; l++, iter = 0) {
+            for (m = l; m < n - 1; m++) {  // the first negligible coupling from l: the block splits there
+                double dd = fabs(d[m]) + fabs(d[m + 1]);
+                if (e2[m] <= eps2 * dd * dd) break;
+            }
+            if (m == l) continue;
+            if (iter++ == 60) {
+                failed = true;
+                break;
+            }
+            // The shift: the eigenvalue of the leading 2 x 2 block closest to d[l].
+            double el = sqrt(e2[l]);
+            double g = (d[l + 1] - d[l]) / (2.0 * el), r = hypot(g, 1.0);
+            sigma = d[l] - el / (g + (g >= 0.0 ? r : -r));
+            c2 = 1.0;
+            s2 = 0.0;
+            gamma = d[m] - sigma;
+            p = gamma * gamma;
+            i = m - 1;
+            return true;
+        }
+        l = n;
+        return false;
+    }
+
+    // The rotation of rows i and i+1, chasing the bulge from the bottom of the block up to row l.
+    void rotate() {
+        double bb = e2[i], sum = p + bb;
+        if (i != m - 1) e2[i + 1] = s2 * sum;
+        double old_c2 = c2, old_gamma = gamma, alpha = d[i];
+        c2 = p / sum;
+        s2 = bb / sum;
+        gamma = c2 * (alpha - sigma) - s2 * old_gamma;
+        d[i + 1] = old_gamma + (alpha - gamma);
+        p = c2 != 0.0 ? gamma * gamma / c2 : old_c2 * bb;
+        if (--i < l) {  // the sweep ends at row l
+            e2[l] = s2 * p;
+            d[l] = sigma + gamma;
+        }
+    }
+};
+
+// a: n x n symmetric, row-major; destroyed. eig: n eigenvalues (unsorted). Returns false if the
+// iteration did not converge.
+inline bool symmetric_eigenvalues(double* a, int n, double* eig) {
+    std::vector<double> e(n, 0.0);
+    householder_tridiagonal(a, n, eig, e.data());
+    for (double& x : e) x *= x;
+    TridiagonalQl q{eig, e.data(), n};
+    while (q.advance()) {
+    }
+    return !q.failed;
 }
 
 // Effective rank (Roy & Vetterli 2007) from the eigenvalues of K^T K: with singular values
@@ -104,9 +160,20 @@ inline double effective_rank_from_gram_eigenvalues(const double* eig, int n) {
     return exp(h);
 }
 
-// Effective rank of a keys matrix K from its D x D Gram matrix K^T K (float64, symmetric; a
-// scratch copy is made); NaN if the eigenvalue iteration fails.
-inline double effective_rank_of_gram(const double* gram, int D) {
-    std::vector<double> a(gram, gram + (size_t)D * D), eig(D);
-    return symmetric_eigenvalues(a.data(), D, eig.data()) ? effective_rank_from_gram_eigenvalues(eig.data(), D) : NAN;
+// The effective ranks of two keys matrices from their D x D Gram matrices (float64, symmetric;
+// destroyed): the two eigenvalue problems interleaved, each giving the bits it gives alone; NaN
+// for one whose iteration fails.
+inline void effective_ranks_of_grams(double* gram_a, double* gram_b, int D, double* erank_a, double* erank_b) {
+    std::vector<double> eig_a(D), eig_b(D), e2_a(D, 0.0), e2_b(D, 0.0);
+    householder_tridiagonal(gram_a, D, eig_a.data(), e2_a.data());
+    householder_tridiagonal(gram_b, D, eig_b.data(), e2_b.data());
+    for (int i = 0; i < D; i++) {
+        e2_a[i] *= e2_a[i];
+        e2_b[i] *= e2_b[i];
+    }
+    TridiagonalQl qa{eig_a.data(), e2_a.data(), D}, qb{eig_b.data(), e2_b.data(), D};
+    while (qa.advance() | qb.advance()) {  // not ||: each advances until both are done
+    }
+    *erank_a = qa.failed ? NAN : effective_rank_from_gram_eigenvalues(eig_a.data(), D);
+    *erank_b = qb.failed ? NAN : effective_rank_from_gram_eigenvalues(eig_b.data(), D);
 }

@@ -109,7 +109,9 @@ inline KeyGramStatistics key_gram_statistics(const double* gram_aug, int D) {
             centered[(size_t)i * D + j] = centered_gram(g(i, j), g(i, D), g(j, D), n);
         }
     }
-    return {effective_rank_of_gram(gram.data(), D), effective_rank_of_gram(centered.data(), D), mean_share(s_sq, trace, n)};
+    KeyGramStatistics out{0, 0, mean_share(s_sq, trace, n)};
+    effective_ranks_of_grams(gram.data(), centered.data(), D, &out.erank, &out.erank_centered);
+    return out;
 }
 
 // The statistics of telemetry.md from the sums over every key and attention row of the step.
@@ -141,7 +143,7 @@ inline void telemetry_from_sums(Telemetry& tm, const double* sums, const Telemet
             tm.row(M_G_Q, l, c)[i] = (float)sums[t.layer_gains(l) + i];
             tm.row(M_G_K, l, c)[i] = (float)sums[t.layer_gains(l) + D + i];
         }
-    // The effective ranks and the mean share: an eigenvalue problem per layer and key head.
+    // The effective ranks and the mean share: two eigenvalue problems per layer and key head.
 #pragma omp parallel for schedule(dynamic)
     for (int k = 0; k < L * Hkv; k++) {
         KeyGramStatistics g = key_gram_statistics(sums + t.gram(k / Hkv, k % Hkv), D);

@@ -3,6 +3,7 @@
 // softmax accumulators, the learning-rate schedule, the random numbers, and the checkpoint file
 // (round trip and every kind of damage).
 #include <sys/resource.h>
+#include <algorithm>
 #include <csignal>
 #include <functional>
 #include <string>
@@ -26,34 +27,97 @@ static ModelConfig small_config() {
     return c;
 }
 
-static void test_eigenvalues() {
-    // A = Q diag(lambda) Q^T with Q a Householder reflection: the eigenvalues are known exactly.
-    const int n = 12;
-    std::vector<double> lambda(n), v(n), a(n * n), eig(n);
-    Rng rng{7};
-    double vv = 0;
-    for (int i = 0; i < n; i++) {
-        lambda[i] = (i % 3 == 0) ? 0.0 : 1.0 + i * 0.75;  // repeated zeros: a rank-deficient matrix
-        v[i] = rng_normal(rng);
-        vv += v[i] * v[i];
+// A = Q diag(lambda) Q^T, symmetric, with Q the product of two Householder reflections of random
+// vectors: its eigenvalues are lambda, exactly.
+static std::vector<double> matrix_with_eigenvalues(const std::vector<double>& lambda, Rng& rng) {
+    int n = (int)lambda.size();
+    std::vector<double> q((size_t)n * n, 0.0), a((size_t)n * n, 0.0), v(n);
+    for (int i = 0; i < n; i++) q[(size_t)i * n + i] = 1.0;
+    for (int reflection = 0; reflection < 2; reflection++) {  // Q <- Q (I - 2 v v^T / v^T v)
+        double vv = 0;
+        for (double& x : v) {
+            x = rng_normal(rng);
+            vv += x * x;
+        }
+        for (int i = 0; i < n; i++) {
+            double qv = 0;
+            for (int k = 0; k < n; k++) qv += q[(size_t)i * n + k] * v[k];
+            for (int k = 0; k < n; k++) q[(size_t)i * n + k] -= 2 * qv * v[k] / vv;
+        }
     }
     for (int i = 0; i < n; i++)
-        for (int j = 0; j < n; j++) {
-            double s = 0;
-            for (int k = 0; k < n; k++) {
-                double qik = (i == k) - 2 * v[i] * v[k] / vv, qjk = (j == k) - 2 * v[j] * v[k] / vv;
-                s += qik * lambda[k] * qjk;
-            }
-            a[i * n + j] = s;
+        for (int j = 0; j < n; j++)
+            for (int k = 0; k < n; k++) a[(size_t)i * n + j] += q[(size_t)i * n + k] * lambda[k] * q[(size_t)j * n + k];
+    return a;
+}
+
+static void test_eigenvalues() {
+    // Spectra of every kind the keys give: repeated zeros (rank-deficient), graded from 1 down to
+    // 1e-12 (keys near low rank), a cluster of equal eigenvalues, one of size 1 and 2, at the head
+    // sizes of the models (64, 128).
+    Rng rng{7};
+    std::vector<std::pair<std::string, std::vector<double>>> spectra;
+    std::vector<double> zeros(12), graded(64), cluster(128), one{2.5}, two{-1.0, 3.0};
+    for (int i = 0; i < 12; i++) zeros[i] = (i % 3 == 0) ? 0.0 : 1.0 + i * 0.75;
+    for (int i = 0; i < 64; i++) graded[i] = pow(1e-12, i / 63.0);
+    for (int i = 0; i < 128; i++) cluster[i] = i < 40 ? 7.0 : 1.0 + 0.01 * i;
+    spectra = {{"12, repeated zeros", zeros}, {"64, graded 1..1e-12", graded}, {"128, 40 equal", cluster},
+               {"1", one}, {"2", two}};
+    for (auto& [name, lambda] : spectra) {
+        int n = (int)lambda.size();
+        std::vector<double> a = matrix_with_eigenvalues(lambda, rng), eig(n), want(lambda);
+        bool converged = symmetric_eigenvalues(a.data(), n, eig.data());
+        std::sort(eig.begin(), eig.end());
+        std::sort(want.begin(), want.end());
+        report(converged, "eigenvalues converge: n = " + name);
+        // Householder and QL in float64 are backward stable: eigenvalues within ~n u64 ||A||, at most
+        // 128 x 1.1e-16 x 7 = 1e-13, of the exact ones (the rounding of A itself is of that order
+        // too). 1e-12 of the largest is still far below the gaps the spectra have (1e-3 and more,
+        // and 1e-12 of 1 at the graded one's bottom, which only an absolute error bounds).
+        double scale = 0;
+        for (double x : want) scale = std::max(scale, fabs(x));
+        check_close("eigenvalues of Q diag Q^T: n = " + name, eig.data(), want.data(), n, 0, 1e-12 * scale);
+    }
+    // The zero matrix and a diagonal one need no iteration.
+    std::vector<double> zero(16 * 16, 0.0), eig(16), diag(16 * 16, 0.0), want(16);
+    for (int i = 0; i < 16; i++) diag[i * 16 + i] = want[i] = 3.0 - i;
+    bool converged = symmetric_eigenvalues(zero.data(), 16, eig.data());
+    report(converged && std::all_of(eig.begin(), eig.end(), [](double x) { return x == 0.0; }), "eigenvalues of 0 are 0");
+    converged = symmetric_eigenvalues(diag.data(), 16, eig.data());
+    report(converged, "eigenvalues of a diagonal matrix converge");
+    check_close("eigenvalues of a diagonal matrix, exactly", eig.data(), want.data(), 16, 0, 0);
+}
+
+static void test_effective_ranks_interleaved() {
+    // effective_ranks_of_grams interleaves two QL iterations; each must give the bits it gives
+    // alone, whichever of the two needs more sweeps (a graded spectrum beside a flat one and beside
+    // one of rank 1, in both orders).
+    Rng rng{11};
+    int D = 64;
+    std::vector<double> graded(D), flat(D, 2.0), rank1(D, 0.0);
+    for (int i = 0; i < D; i++) graded[i] = pow(1e-10, i / (D - 1.0));
+    rank1[0] = 5.0;
+    std::vector<double> grams[3] = {matrix_with_eigenvalues(graded, rng), matrix_with_eigenvalues(flat, rng),
+                                    matrix_with_eigenvalues(rank1, rng)};
+    auto alone = [&](std::vector<double> g) {
+        std::vector<double> eig(D);
+        return symmetric_eigenvalues(g.data(), D, eig.data()) ? effective_rank_from_gram_eigenvalues(eig.data(), D) : NAN;
+    };
+    bool same = true;
+    for (int x = 0; x < 3; x++)
+        for (int y = 0; y < 3; y++) {
+            std::vector<double> a = grams[x], b = grams[y];
+            double ra, rb;
+            effective_ranks_of_grams(a.data(), b.data(), D, &ra, &rb);
+            same &= ra == alone(grams[x]) && rb == alone(grams[y]);
         }
-    bool converged = symmetric_eigenvalues(a.data(), n, eig.data());
-    std::sort(eig.begin(), eig.end());
-    std::sort(lambda.begin(), lambda.end());
-    report(converged, "eigenvalues converge");
-    // Householder and QL in float64 are backward stable: eigenvalues within ~n u64 ||A|| = 12 x 1.1e-16
-    // x 9.25, about 1e-14, of the exact ones. 1e-10 leaves room for the rounding of A itself and is
-    // still far below the gaps between the eigenvalues (0.75 and more).
-    check_close("eigenvalues of Q diag Q^T", eig.data(), lambda.data(), n, 1e-10, 1e-10);
+    report(same, "effective ranks interleaved in pairs: each the bits it has alone");
+    double want[3] = {0, (double)D, 1.0}, got[3];
+    for (int x = 1; x < 3; x++) got[x] = alone(grams[x]);
+    // A flat spectrum: erank D within a few u64. Rank 1: float64 rounding leaves the other
+    // eigenvalues at ~u64 of the largest, singular values ~1e-8 of it, adding ~1e-6 to the erank
+    // (as in test_key_statistics); 1e-5 is ten times that, a second direction would add ~1.
+    check_close("effective rank of a flat spectrum and of rank 1", got + 1, want + 1, 2, 1e-5, 0);
 }
 
 static void test_effective_rank() {
@@ -916,6 +980,7 @@ static void test_cgroup_memory() {
 
 int main() {
     test_eigenvalues();
+    test_effective_ranks_interleaved();
     test_effective_rank();
     test_key_statistics();
     test_near_low_rank_keys();
