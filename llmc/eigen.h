@@ -150,7 +150,10 @@ inline bool symmetric_eigenvalues(double* a, int n, double* eig) {
 // sigma_i = sqrt(lambda_i) and p_i = sigma_i / sum sigma, erank = exp(-sum p_i ln p_i).
 inline double effective_rank_from_gram_eigenvalues(const double* eig, int n) {
     double total = 0.0;
-    for (int i = 0; i < n; i++) total += sqrt(eig[i] > 0.0 ? eig[i] : 0.0);
+    for (int i = 0; i < n; i++) {
+        if (!std::isfinite(eig[i])) return NAN;  // keys that overflowed or were NaN: no rank to speak of
+        total += sqrt(eig[i] > 0.0 ? eig[i] : 0.0);
+    }
     if (total <= 0.0) return 0.0;
     double h = 0.0;
     for (int i = 0; i < n; i++) {

@@ -118,6 +118,13 @@ static void test_effective_ranks_interleaved() {
     // eigenvalues at ~u64 of the largest, singular values ~1e-8 of it, adding ~1e-6 to the erank
     // (as in test_key_statistics); 1e-5 is ten times that, a second direction would add ~1.
     check_close("effective rank of a flat spectrum and of rank 1", got + 1, want + 1, 2, 1e-5, 0);
+    // Keys that overflowed or went NaN have no effective rank: NaN, not a number that looks fine.
+    std::vector<double> with_nan = grams[1], with_inf = grams[1];
+    with_nan[5] = with_nan[5 * D] = NAN;
+    with_inf[0] = INFINITY;
+    double r_nan, r_inf;
+    effective_ranks_of_grams(with_nan.data(), with_inf.data(), D, &r_nan, &r_inf);
+    report(std::isnan(r_nan) && std::isnan(r_inf), "effective rank of a Gram matrix with a NaN or an infinity: NaN");
 }
 
 static void test_effective_rank() {
