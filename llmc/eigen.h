@@ -7,6 +7,7 @@
 // mean), 352 at d22, on the host beside the device's work, so their speed sets how often the
 // statistics can be taken for free.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -134,15 +135,33 @@ struct TridiagonalQl {
     }
 };
 
+// The tridiagonal form of a (n x n symmetric, row-major; destroyed) for TridiagonalQl: diagonal d,
+// squared off-diagonal e2, of a times the power of two returned (its eigenvalues times that).
+// The reduction and the iteration square elements, which would underflow below about 1e-154 and
+// overflow above 1e154; scaled, the largest element lies in [0.5, 1) (for any but the most extreme
+// matrices), and since every operation commutes with a power of two, a matrix that needs no
+// scaling gives the same bits either way.
+inline double scaled_tridiagonal(double* a, int n, double* d, double* e2) {
+    double largest = 0.0;
+    for (size_t i = 0; i < (size_t)n * n; i++) largest = fmax(largest, fabs(a[i]));
+    int exponent = 0;
+    if (largest > 0.0 && std::isfinite(largest)) frexp(largest, &exponent);
+    double scale = ldexp(1.0, -std::max(-1000, std::min(1000, exponent)));  // a normal power of two: exact
+    for (size_t i = 0; i < (size_t)n * n; i++) a[i] *= scale;
+    householder_tridiagonal(a, n, d, e2);
+    for (int i = 0; i < n; i++) e2[i] *= e2[i];
+    return scale;
+}
+
 // a: n x n symmetric, row-major; destroyed. eig: n eigenvalues (unsorted). Returns false if the
 // iteration did not converge.
 inline bool symmetric_eigenvalues(double* a, int n, double* eig) {
-    std::vector<double> e(n, 0.0);
-    householder_tridiagonal(a, n, eig, e.data());
-    for (double& x : e) x *= x;
-    TridiagonalQl q{eig, e.data(), n};
+    std::vector<double> e2(n, 0.0);
+    double scale = scaled_tridiagonal(a, n, eig, e2.data());
+    TridiagonalQl q{eig, e2.data(), n};
     while (q.advance()) {
     }
+    for (int i = 0; i < n; i++) eig[i] /= scale;
     return !q.failed;
 }
 
@@ -168,14 +187,14 @@ inline double effective_rank_from_gram_eigenvalues(const double* eig, int n) {
 // for one whose iteration fails.
 inline void effective_ranks_of_grams(double* gram_a, double* gram_b, int D, double* erank_a, double* erank_b) {
     std::vector<double> eig_a(D), eig_b(D), e2_a(D, 0.0), e2_b(D, 0.0);
-    householder_tridiagonal(gram_a, D, eig_a.data(), e2_a.data());
-    householder_tridiagonal(gram_b, D, eig_b.data(), e2_b.data());
-    for (int i = 0; i < D; i++) {
-        e2_a[i] *= e2_a[i];
-        e2_b[i] *= e2_b[i];
-    }
+    double scale_a = scaled_tridiagonal(gram_a, D, eig_a.data(), e2_a.data());
+    double scale_b = scaled_tridiagonal(gram_b, D, eig_b.data(), e2_b.data());
     TridiagonalQl qa{eig_a.data(), e2_a.data(), D}, qb{eig_b.data(), e2_b.data(), D};
     while (qa.advance() | qb.advance()) {  // not ||: each advances until both are done
+    }
+    for (int i = 0; i < D; i++) {
+        eig_a[i] /= scale_a;
+        eig_b[i] /= scale_b;
     }
     *erank_a = qa.failed ? NAN : effective_rank_from_gram_eigenvalues(eig_a.data(), D);
     *erank_b = qb.failed ? NAN : effective_rank_from_gram_eigenvalues(eig_b.data(), D);

@@ -27,6 +27,40 @@ static ModelConfig small_config() {
     return c;
 }
 
+// Singular values of an N x D matrix (row-major) by one-sided Jacobi rotations in float64: a
+// method independent of the Gram matrix, accurate for the smallest singular values too.
+static std::vector<double> singular_values(std::vector<double> a, int N, int D) {
+    for (int sweep = 0; sweep < 60; sweep++) {
+        bool rotated = false;
+        for (int p = 0; p < D; p++)
+            for (int q = p + 1; q < D; q++) {
+                double alpha = 0, beta = 0, gamma = 0;
+                for (int n = 0; n < N; n++) {
+                    double x = a[(size_t)n * D + p], y = a[(size_t)n * D + q];
+                    alpha += x * x;
+                    beta += y * y;
+                    gamma += x * y;
+                }
+                if (fabs(gamma) <= 1e-15 * sqrt(alpha * beta)) continue;
+                rotated = true;
+                double zeta = (beta - alpha) / (2 * gamma);
+                double t = (zeta >= 0 ? 1.0 : -1.0) / (fabs(zeta) + sqrt(1 + zeta * zeta));
+                double cs = 1 / sqrt(1 + t * t), sn = cs * t;
+                for (int n = 0; n < N; n++) {
+                    double x = a[(size_t)n * D + p], y = a[(size_t)n * D + q];
+                    a[(size_t)n * D + p] = cs * x - sn * y;
+                    a[(size_t)n * D + q] = sn * x + cs * y;
+                }
+            }
+        if (!rotated) break;
+    }
+    std::vector<double> sv(D, 0.0);
+    for (int p = 0; p < D; p++)
+        for (int n = 0; n < N; n++) sv[p] += a[(size_t)n * D + p] * a[(size_t)n * D + p];
+    for (double& x : sv) x = sqrt(x);
+    return sv;
+}
+
 // A = Q diag(lambda) Q^T, symmetric, with Q the product of two Householder reflections of random
 // vectors: its eigenvalues are lambda, exactly.
 static std::vector<double> matrix_with_eigenvalues(const std::vector<double>& lambda, Rng& rng) {
@@ -78,6 +112,62 @@ static void test_eigenvalues() {
         for (double x : want) scale = std::max(scale, fabs(x));
         check_close("eigenvalues of Q diag Q^T: n = " + name, eig.data(), want.data(), n, 0, 1e-12 * scale);
     }
+    // Zero diagonal, ones beside it: eigenvalues 2 cos(k pi / (n + 1)), and rotations whose cosine
+    // comes out exactly 0 (the iteration's branch for them).
+    for (int n : {3, 4, 7}) {
+        std::vector<double> a((size_t)n * n, 0.0), eig(n), want(n);
+        for (int i = 0; i + 1 < n; i++) a[(size_t)i * n + i + 1] = a[(size_t)(i + 1) * n + i] = 1.0;
+        for (int k = 1; k <= n; k++) want[k - 1] = 2 * cos(k * M_PI / (n + 1));
+        bool ok = symmetric_eigenvalues(a.data(), n, eig.data());
+        std::sort(eig.begin(), eig.end());
+        std::sort(want.begin(), want.end());
+        report(ok, "eigenvalues converge: tridiagonal 0 / 1, n = " + std::to_string(n));
+        check_close("eigenvalues of the tridiagonal 0 / 1 matrix, n = " + std::to_string(n), eig.data(), want.data(), n, 0,
+                    1e-13);
+    }
+    // Wilkinson's W21+ (diagonal |10 - i|, ones beside it): pairs of eigenvalues equal to 14 digits,
+    // which a loose test of when a coupling is negligible gets wrong at ~1e-10. Against its singular
+    // values by one-sided Jacobi (the absolute eigenvalues of a symmetric matrix), an independent
+    // method.
+    {
+        const int n = 21;
+        std::vector<double> w((size_t)n * n, 0.0), eig(n);
+        for (int i = 0; i < n; i++) {
+            w[(size_t)i * n + i] = fabs(10.0 - i);
+            if (i + 1 < n) w[(size_t)i * n + i + 1] = w[(size_t)(i + 1) * n + i] = 1.0;
+        }
+        std::vector<double> want = singular_values(w, n, n);
+        bool ok = symmetric_eigenvalues(w.data(), n, eig.data());
+        for (double& x : eig) x = fabs(x);
+        std::sort(eig.begin(), eig.end());
+        std::sort(want.begin(), want.end());
+        report(ok, "eigenvalues converge: Wilkinson W21+");
+        // Both methods are accurate to a few u64 ||W|| (||W|| about 11): 1e-12 is ~400 times that.
+        check_close("eigenvalues of Wilkinson W21+ (absolute) against its singular values", eig.data(), want.data(), n,
+                    0, 1e-12);
+    }
+    // Scale: the iteration squares elements, so tiny and huge matrices are scaled by a power of
+    // two first; a matrix times 2^+-700 has its eigenvalues times 2^+-700, bit for bit.
+    {
+        std::vector<double> tiny{0, 1e-200, 1e-200, 0}, huge{1e155, 1e155, 1e155, -1e155}, eig(2);
+        double want_tiny[2] = {-1e-200, 1e-200}, want_huge[2] = {-sqrt(2.0) * 1e155, sqrt(2.0) * 1e155};
+        bool ok = symmetric_eigenvalues(tiny.data(), 2, eig.data());
+        std::sort(eig.begin(), eig.end());
+        report(ok, "eigenvalues converge: 2 x 2 of 1e-200");
+        check_close("eigenvalues of a 2 x 2 of 1e-200", eig.data(), want_tiny, 2, 1e-14, 0);
+        ok = symmetric_eigenvalues(huge.data(), 2, eig.data());
+        std::sort(eig.begin(), eig.end());
+        report(ok, "eigenvalues converge: 2 x 2 of 1e155");
+        check_close("eigenvalues of a 2 x 2 of 1e155", eig.data(), want_huge, 2, 1e-14, 0);
+        std::vector<double> base = matrix_with_eigenvalues(graded, rng), e1(64), e2(64), e3(64);
+        std::vector<double> up(base), down(base), plain(base);
+        for (double& x : up) x = ldexp(x, 700);
+        for (double& x : down) x = ldexp(x, -700);
+        bool all = symmetric_eigenvalues(plain.data(), 64, e1.data()) && symmetric_eigenvalues(up.data(), 64, e2.data()) &&
+                   symmetric_eigenvalues(down.data(), 64, e3.data());
+        for (int i = 0; i < 64; i++) all &= e2[i] == ldexp(e1[i], 700) && e3[i] == ldexp(e1[i], -700);
+        report(all, "eigenvalues of 2^+-700 A are 2^+-700 times A's, bit for bit");
+    }
     // The zero matrix and a diagonal one need no iteration.
     std::vector<double> zero(16 * 16, 0.0), eig(16), diag(16 * 16, 0.0), want(16);
     for (int i = 0; i < 16; i++) diag[i * 16 + i] = want[i] = 3.0 - i;
@@ -112,12 +202,13 @@ static void test_effective_ranks_interleaved() {
             same &= ra == alone(grams[x]) && rb == alone(grams[y]);
         }
     report(same, "effective ranks interleaved in pairs: each the bits it has alone");
-    double want[3] = {0, (double)D, 1.0}, got[3];
-    for (int x = 1; x < 3; x++) got[x] = alone(grams[x]);
-    // A flat spectrum: erank D within a few u64. Rank 1: float64 rounding leaves the other
-    // eigenvalues at ~u64 of the largest, singular values ~1e-8 of it, adding ~1e-6 to the erank
-    // (as in test_key_statistics); 1e-5 is ten times that, a second direction would add ~1.
-    check_close("effective rank of a flat spectrum and of rank 1", got + 1, want + 1, 2, 1e-5, 0);
+    // A flat spectrum: erank D within a few u64 (the eigenvalues equal to ~1e-15 relative).
+    double flat_rank = alone(grams[1]), rank1_rank = alone(grams[2]), want_flat = D, want_rank1 = 1;
+    check_close("effective rank of a flat spectrum", &flat_rank, &want_flat, 1, 1e-12, 0);
+    // Rank 1: float64 rounding leaves the other eigenvalues at ~u64 of the largest, singular values
+    // ~1e-8 of it, adding ~1e-6 to the erank (as in test_key_statistics); 1e-5 is ten times that, a
+    // second direction would add ~1.
+    check_close("effective rank of rank 1", &rank1_rank, &want_rank1, 1, 1e-5, 0);
     // Keys that overflowed or went NaN have no effective rank: NaN, not a number that looks fine.
     std::vector<double> with_nan = grams[1], with_inf = grams[1];
     with_nan[5] = with_nan[5 * D] = NAN;
@@ -198,40 +289,6 @@ static void test_key_statistics() {
     double want4[5] = {1, 0, 0, 1, 1};
     // As above: a rank-1 effective rank within ~1e-6, shares within a few u32 of 0 or 1.
     check_close("k_mean_share and k_erank_centered of identical and of opposite keys", got4, want4, 5, 1e-5, 1e-5);
-}
-
-// Singular values of an N x D matrix (row-major) by one-sided Jacobi rotations in float64: a
-// method independent of the Gram matrix, accurate for the smallest singular values too.
-static std::vector<double> singular_values(std::vector<double> a, int N, int D) {
-    for (int sweep = 0; sweep < 60; sweep++) {
-        bool rotated = false;
-        for (int p = 0; p < D; p++)
-            for (int q = p + 1; q < D; q++) {
-                double alpha = 0, beta = 0, gamma = 0;
-                for (int n = 0; n < N; n++) {
-                    double x = a[(size_t)n * D + p], y = a[(size_t)n * D + q];
-                    alpha += x * x;
-                    beta += y * y;
-                    gamma += x * y;
-                }
-                if (fabs(gamma) <= 1e-15 * sqrt(alpha * beta)) continue;
-                rotated = true;
-                double zeta = (beta - alpha) / (2 * gamma);
-                double t = (zeta >= 0 ? 1.0 : -1.0) / (fabs(zeta) + sqrt(1 + zeta * zeta));
-                double cs = 1 / sqrt(1 + t * t), sn = cs * t;
-                for (int n = 0; n < N; n++) {
-                    double x = a[(size_t)n * D + p], y = a[(size_t)n * D + q];
-                    a[(size_t)n * D + p] = cs * x - sn * y;
-                    a[(size_t)n * D + q] = sn * x + cs * y;
-                }
-            }
-        if (!rotated) break;
-    }
-    std::vector<double> sv(D, 0.0);
-    for (int p = 0; p < D; p++)
-        for (int n = 0; n < N; n++) sv[p] += a[(size_t)n * D + p] * a[(size_t)n * D + p];
-    for (double& x : sv) x = sqrt(x);
-    return sv;
 }
 
 static double effective_rank_of_singular_values(const std::vector<double>& sv) {
