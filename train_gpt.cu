@@ -1174,7 +1174,9 @@ static void collect_stats(Model& m, Run& r, Telemetry* out) {
     if (!r.writes()) return;
     ModelConfig c = r.c;
     double* seconds = &r.stats_host_seconds;  // read after stats_done.get(), which orders the write before it
-    r.stats_done = std::async(r.on_gpu ? std::launch::async : std::launch::deferred, [out, sums, lay, c, seconds] {
+    int threads = r.threads;
+    r.stats_done = std::async(r.on_gpu ? std::launch::async : std::launch::deferred, [out, sums, lay, c, seconds, threads] {
+        omp_set_num_threads(threads);  // a thread's own setting: a new thread would take every core, not --threads
         double start = now_seconds();
         telemetry_from_sums(*out, sums, lay, c);
         *seconds = now_seconds() - start;
