@@ -1174,9 +1174,12 @@ static void collect_stats(Model& m, Run& r, Telemetry* out) {
     if (!r.writes()) return;
     ModelConfig c = r.c;
     double* seconds = &r.stats_host_seconds;  // read after stats_done.get(), which orders the write before it
-    int threads = r.threads;
+    // On the GPU the main thread spins while it waits for the device (CUDA's default with fewer
+    // contexts than cores): the statistics take the other cores, as many as --threads allows. A
+    // thread's own setting: a new thread's team would take every core.
+    int threads = r.on_gpu ? std::max(1, r.threads - 1) : r.threads;
     r.stats_done = std::async(r.on_gpu ? std::launch::async : std::launch::deferred, [out, sums, lay, c, seconds, threads] {
-        omp_set_num_threads(threads);  // a thread's own setting: a new thread would take every core, not --threads
+        omp_set_num_threads(threads);
         double start = now_seconds();
         telemetry_from_sums(*out, sums, lay, c);
         *seconds = now_seconds() - start;
