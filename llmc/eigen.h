@@ -135,34 +135,42 @@ struct TridiagonalQl {
     }
 };
 
-// The tridiagonal form of a (n x n symmetric, row-major; destroyed) for TridiagonalQl: diagonal d,
-// squared off-diagonal e2, of a times the power of two returned (its eigenvalues times that).
-// The reduction and the iteration square elements, which would underflow below about 1e-154 and
-// overflow above 1e154; scaled, the largest element lies in [0.5, 1) (for any but the most extreme
-// matrices), and since every operation commutes with a power of two, a matrix that needs no
-// scaling gives the same bits either way.
-inline double scaled_tridiagonal(double* a, int n, double* d, double* e2) {
-    double largest = 0.0;
-    for (size_t i = 0; i < (size_t)n * n; i++) largest = fmax(largest, fabs(a[i]));
-    int exponent = 0;
-    if (largest > 0.0 && std::isfinite(largest)) frexp(largest, &exponent);
-    double scale = ldexp(1.0, -std::max(-1000, std::min(1000, exponent)));  // a normal power of two: exact
-    for (size_t i = 0; i < (size_t)n * n; i++) a[i] *= scale;
-    householder_tridiagonal(a, n, d, e2);
-    for (int i = 0; i < n; i++) e2[i] *= e2[i];
-    return scale;
-}
+// One symmetric eigenvalue problem: a (n x n, row-major; destroyed) reduced to tridiagonal form
+// for its TridiagonalQl, scaled by a power of two first. The reduction and the iteration square
+// elements, which would underflow below about 1e-154 and overflow above 1e154; scaled, the largest
+// element lies in [0.5, 1) (for any but the most extreme matrices), and since every operation
+// commutes with a power of two, a matrix that needs no scaling gives the same bits either way.
+// Advance ql until it is done, then finish() leaves the eigenvalues (unsorted) in eig.
+struct SymmetricEigenvalues {
+    std::vector<double> e2;
+    double scale = 1.0;
+    TridiagonalQl ql;
+
+    SymmetricEigenvalues(double* a, int n, double* eig) : e2(n, 0.0), ql{eig, e2.data(), n} {
+        double largest = 0.0;
+        for (size_t i = 0; i < (size_t)n * n; i++) largest = fmax(largest, fabs(a[i]));
+        int exponent = 0;
+        if (largest > 0.0 && std::isfinite(largest)) frexp(largest, &exponent);
+        scale = ldexp(1.0, -std::max(-1000, std::min(1000, exponent)));  // a normal power of two: exact
+        for (size_t i = 0; i < (size_t)n * n; i++) a[i] *= scale;
+        householder_tridiagonal(a, n, eig, e2.data());
+        for (double& x : e2) x *= x;
+    }
+    SymmetricEigenvalues(const SymmetricEigenvalues&) = delete;  // ql points into e2
+    // false if the iteration did not converge
+    bool finish() {
+        for (int i = 0; i < ql.n; i++) ql.d[i] /= scale;
+        return !ql.failed;
+    }
+};
 
 // a: n x n symmetric, row-major; destroyed. eig: n eigenvalues (unsorted). Returns false if the
 // iteration did not converge.
 inline bool symmetric_eigenvalues(double* a, int n, double* eig) {
-    std::vector<double> e2(n, 0.0);
-    double scale = scaled_tridiagonal(a, n, eig, e2.data());
-    TridiagonalQl q{eig, e2.data(), n};
-    while (q.advance()) {
+    SymmetricEigenvalues problem(a, n, eig);
+    while (problem.ql.advance()) {
     }
-    for (int i = 0; i < n; i++) eig[i] /= scale;
-    return !q.failed;
+    return problem.finish();
 }
 
 // Effective rank (Roy & Vetterli 2007) from the eigenvalues of K^T K: with singular values
@@ -186,16 +194,10 @@ inline double effective_rank_from_gram_eigenvalues(const double* eig, int n) {
 // destroyed): the two eigenvalue problems interleaved, each giving the bits it gives alone; NaN
 // for one whose iteration fails.
 inline void effective_ranks_of_grams(double* gram_a, double* gram_b, int D, double* erank_a, double* erank_b) {
-    std::vector<double> eig_a(D), eig_b(D), e2_a(D, 0.0), e2_b(D, 0.0);
-    double scale_a = scaled_tridiagonal(gram_a, D, eig_a.data(), e2_a.data());
-    double scale_b = scaled_tridiagonal(gram_b, D, eig_b.data(), e2_b.data());
-    TridiagonalQl qa{eig_a.data(), e2_a.data(), D}, qb{eig_b.data(), e2_b.data(), D};
-    while (qa.advance() | qb.advance()) {  // not ||: each advances until both are done
+    std::vector<double> eig_a(D), eig_b(D);
+    SymmetricEigenvalues a(gram_a, D, eig_a.data()), b(gram_b, D, eig_b.data());
+    while (a.ql.advance() | b.ql.advance()) {  // not ||: each advances until both are done
     }
-    for (int i = 0; i < D; i++) {
-        eig_a[i] /= scale_a;
-        eig_b[i] /= scale_b;
-    }
-    *erank_a = qa.failed ? NAN : effective_rank_from_gram_eigenvalues(eig_a.data(), D);
-    *erank_b = qb.failed ? NAN : effective_rank_from_gram_eigenvalues(eig_b.data(), D);
+    *erank_a = a.finish() ? effective_rank_from_gram_eigenvalues(eig_a.data(), D) : NAN;
+    *erank_b = b.finish() ? effective_rank_from_gram_eigenvalues(eig_b.data(), D) : NAN;
 }
