@@ -1142,7 +1142,7 @@ struct Profile {
                    which, n, 1e3 * sum[k][FORWARD] / n, 1e3 * sum[k][BACKWARD] / n, 1e3 * sum[k][OPTIMIZER] / n,
                    1e3 * sum[k][STEP] / n);
             if (k == 1 && stats_host > 0)
-                printf("profile, steps with statistics: the statistics from their sums on the host (an eigenvalue problem "
+                printf("profile, steps with statistics: the statistics from their sums on the host (two eigenvalue problems "
                        "per key head, beside the passes that follow) %.2f ms, waited for %.2f ms\n",
                        1e3 * stats_host / n, 1e3 * stats_waited / n);
             WorkTimes w = kernels ? model_profile_times(m, k) : WorkTimes{};
@@ -1164,7 +1164,7 @@ struct Profile {
 };
 
 // After a stats step's last forward pass: every process's sums added into rank 0's, which turns
-// them into the statistics (an eigenvalue problem per key head) beside the backward pass and the
+// them into the statistics (two eigenvalue problems per key head) beside the backward pass and the
 // steps that follow on the GPU, when they are waited for on the CPU (wait_stats).
 template <typename Model>
 static void collect_stats(Model& m, Run& r, Telemetry* out) {
