@@ -174,6 +174,10 @@ struct GpuModel : ModelShape {  // and backend.h's ModelShape
     CudnnAttention cudnn;   // the attention where libcudnn.so.9 loads (cudnn_attention.cuh)
     StatsBeside beside;
     GradsBeside grads_beside;
+    // Candidates (qknorm_rope.cuh's qk_norm_rope_forward_ahead_kernel): the QK-norm + RoPE forward
+    // with four items' loads in flight a group of lanes; on a stats step, the queries' norms in place
+    // of their float32 vectors, which the statistics read only for those norms.
+    bool qk_forward_ahead = candidate_on("qk_forward_ahead"), query_norms = candidate_on("query_norms");
     // Everything on the device lives in one allocation, `memory`, carved by gpu_carve.
     void* memory = nullptr;
     float *params, *grads, *adam_m, *adam_v;  // float32, the layout of config.h
@@ -500,9 +504,13 @@ static void forward_pass(GpuModel& g, bool targets, int B, int T, bool tm) {
         matmul_forward(g.mm, la.qkv, la.ln1, gpu_param(g, P_WQ, l), nullptr, N, C, QKV, s);  // [Wq; Wk; Wv] in one product
         mark("QK-norm + RoPE forward");
         if (beside && l >= 2) cudaCheck(cudaStreamWaitEvent(s, g.beside.done[l % 2], 0));  // its buffers measured
+        const bool vec = qk_norm_rope_vec_supports(D, {la.qk_rope, la.qkv, la.qk_normed, gpu_param(g, P_Q_GAIN, l),
+                                                       gpu_param(g, P_K_GAIN, l), g.rope_cos, g.rope_sin});
+        const bool query_norms = tm && vec && g.query_norms && head_row_stats_vec_supports(D, la.qk_normed);
         qk_norm_rope_forward(la.qk_rope, tm ? la.qk_normed : nullptr, la.qk_rstd, la.qkv, gpu_param(g, P_Q_GAIN, l),
                              gpu_param(g, P_K_GAIN, l), g.rope_cos, g.rope_sin, N, T, H, Hkv, D, c.norm_eps,
-                             qk_norm_normalises(c.qk_norm), s);
+                             qk_norm_normalises(c.qk_norm), s, vec && g.qk_forward_ahead ? kQkForwardAheadItems : 0,
+                             query_norms);
         mark("attention forward");
         const bool rows_left = layer_attention_forward(g, la, tm, cudnn, B, T);
         if (tm) {
@@ -514,7 +522,8 @@ static void forward_pass(GpuModel& g, bool targets, int B, int T, bool tm) {
             }
             if (rows_left) layer_attention_row_stats(g, la, B, T, ts);
             telemetry_layer(g.stat_sums, g.stats_layout, g.stats_partial, a.keys_f64, g.mm, la.qk_normed, la.row_stats,
-                            gpu_param_f32(g, P_Q_GAIN, l), gpu_param_f32(g, P_K_GAIN, l), B, T, c, l, ts, mark);
+                            gpu_param_f32(g, P_Q_GAIN, l), gpu_param_f32(g, P_K_GAIN, l), B, T, c, l, ts, mark,
+                            query_norms);
             if (beside) cudaCheck(cudaEventRecord(g.beside.done[l % 2], ts));
         }
         mark("matrix products of the layers, forward");

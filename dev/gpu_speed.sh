@@ -2,8 +2,8 @@
 # The short speed check of a GPU machine, over what dev/gpu_bundle.sh built (unpacked into
 # build/gpu), from the repository root; cheap enough to follow build/gpu/check.sh in one device call.
 # Prints one line per run: ./train on the reports' model (d22) at 8 x 2048 and 4 x 2048
-# (SPEED_BATCHES) with the statistics never, every 10 steps and every step (mean ms of steps 2 .. 31
-# of 33, from the run's log, and the final loss), each followed by the same run of
+# (SPEED_BATCHES) with the statistics never, every 10 steps and every step (mean ms of steps 22 .. 51
+# of 53, from the run's log, and the final loss), each followed by the same run of
 # train_candidates (the candidate kernels in place of the defaults) when the bundle has them and
 # SPEED_CANDIDATE_STATS (default "0 10 1") names the statistics' interval. Then, at the first of
 # SPEED_BATCHES, one more run of ./train with statistics every 10 steps (and of train_candidates
@@ -26,12 +26,14 @@ source "$(dirname "$0")/gpu_env.sh"
 deadline=$((SECONDS + ${SPEED_SECONDS:-150}))
 runs=$(mktemp -d)
 data=(-i "$g/data/train_*.bin" -j "$g/data/val_*.bin" -k "$g/data/tokenizer.model" -v 0 -g 0 -n 0)
-mean_ms() {  # a run's log (33 steps): the mean ms of steps 2 .. 31, which take statistics at 10, 20 and 30
+mean_ms() {  # a run's log (53 steps): the mean ms of steps 22 .. 51, which take statistics at 30, 40 and 50
     # with -s 10, a tenth of them, as torch.compile's 32 steps below time theirs (./train's last step,
-    # which takes statistics too, left out)
+    # which takes statistics too, left out). A pass's CUDA graph is captured the second time the pass
+    # runs: a pass with statistics from its graph (train_candidates) at step 20 with -s 10, a cost paid
+    # once, as torch.compile's compilation is (left out of its times); the window starts after it.
     PYTHONPATH=scripts "$py" -c 'import sys, attnlog, statistics
 _, ms = attnlog.open_log(sys.argv[1]).scalars("ms")
-print(f"{statistics.mean(float(x) for x in ms[2:32]):.2f}")' "$1"
+print(f"{statistics.mean(float(x) for x in ms[22:52]):.2f}")' "$1"
 }
 final_loss() {  # a run's log: its last step's loss (./train_candidates must train as ./train does)
     PYTHONPATH=scripts "$py" -c 'import sys, attnlog
@@ -47,14 +49,14 @@ print("the same losses, norms and statistics, bit for bit" if same and stats els
       ("LOSSES OR NORMS DIFFER" if not same else "STATISTICS DIFFER"))' "$1" "$2" 2>&1 ||
         echo "the comparison FAILED"
 }
-run_d22() {  # name, binary, B, statistics every, then env's assignments: a 33-step d22 run into $runs/name
+run_d22() {  # name, binary, B, statistics every, then env's assignments: a 53-step d22 run into $runs/name
     local name=$1 binary=$2 B=$3 every=$4
     shift 4
     timeout 60 env "$@" "${with_cudnn[@]}" CUDNN_LOGLEVEL_DBG=2 "CUDNN_LOGDEST_DBG=$runs/$name.cudnn.log" \
-        "$g/bin/$binary" "${data[@]}" -m d22 -b "$B" -t 2048 -x 33 -s "$every" --device cuda -o "$runs/$name" \
+        "$g/bin/$binary" "${data[@]}" -m d22 -b "$B" -t 2048 -x 53 -s "$every" --device cuda -o "$runs/$name" \
         >"$runs/$name.log" 2>&1
 }
-echo "speed, d22 ($(cat "$g/COMMIT" 2>/dev/null)): ms/step, mean of steps 2-31 (from 0)"
+echo "speed, d22 ($(cat "$g/COMMIT" 2>/dev/null)): ms/step, mean of steps 22-51 (from 0)"
 # Both builds run with the wheels' folders on the path, where a CUDA 13 wheel's cuBLAS comes before
 # the machine's: the one they load (gpu_check.sh's parity runs load the machine's)
 echo "  cuBLASLt: $("${with_cudnn[@]}" ldd "$g/bin/train" 2>/dev/null | awk '/libcublasLt/ {print $3}')"
@@ -88,8 +90,8 @@ done
 # CUDA graphs (the same binary, command and cuDNN log settings): the time, and whether every step's
 # loss, gradient norm and statistics are the same bits. ./train at statistics every 10 steps, and
 # train_candidates, where the bundle has it, at statistics every step (its passes with statistics
-# come from a graph too). The window (steps 2-31) of a run with graphs holds the steps that capture
-# the passes' graphs, a cost of milliseconds once.
+# come from a graph too). The window (steps 22-51) of a run with graphs starts after the steps that
+# capture the passes' graphs (a cost of milliseconds once).
 B=${SPEED_BATCHES:-8}
 B=${B%% *}
 for direct in train:10 train_candidates:1; do
@@ -110,7 +112,7 @@ done
 # cuda_common.cuh's candidate_on), at the statistics' interval and batch where it is meant to
 # count, against the same run with all of them (SPEED_CANDIDATES_OFF: name:every:B, default below;
 # each while more than 90 s are left, for torch.compile after them)
-for entry in ${SPEED_CANDIDATES_OFF-grads_beside:10:8 adamw_tiles:10:4 stats_pass_graph:1:4}; do
+for entry in ${SPEED_CANDIDATES_OFF-grads_beside:10:8 query_norms:1:8 adamw_tiles:10:4 stats_pass_graph:1:4}; do
     IFS=: read -r off every B <<<"$entry"
     all=d22_b${B}_s${every}_train_candidates
     [ -e "$runs/$all.ok" ] && [ $((deadline - SECONDS)) -gt 90 ] || continue

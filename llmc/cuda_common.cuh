@@ -27,7 +27,8 @@ constexpr bool kCandidateKernels = false;
 // Whether the candidate `name` is on: in the candidate build, unless the environment's
 // TRAIN_CANDIDATES_OFF (names separated by commas) turns it off, so that a GPU machine can time
 // each candidate's share of a step with one binary (dev/gpu_speed.sh). The names: adamw_tiles
-// (adamw.cuh), grads_beside and stats_pass_graph (train_gpt.cu).
+// (adamw.cuh), grads_beside and stats_pass_graph (train_gpt.cu), qk_forward_ahead and query_norms
+// (qknorm_rope.cuh, train_gpt.cu).
 inline bool candidate_on(const char* name) {
     if (!kCandidateKernels) return false;
     const char* off = getenv("TRAIN_CANDIDATES_OFF");
@@ -99,6 +100,14 @@ template <int G>
 __device__ __forceinline__ float group_max(float v) {
     for (int o = G / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
+}
+// The sum of the squares of four elements, in this order and rounding (each square rounded, then
+// added in order; the _rn intrinsics are never contracted into product-adds): a vector's squared norm
+// from a group of lanes that hold four elements each, group_sum of these, gives the same bits
+// wherever it is computed (telemetry.cuh's heads' records; qknorm_rope.cuh's forward, whose lanes
+// hold eight).
+__device__ __forceinline__ float sum_of_squares4(float a, float b, float c, float d) {
+    return __fadd_rn(__fadd_rn(__fadd_rn(__fmul_rn(a, a), __fmul_rn(b, b)), __fmul_rn(c, c)), __fmul_rn(d, d));
 }
 __device__ __forceinline__ double warp_sum_double(double v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -152,6 +152,30 @@ __device__ __forceinline__ void rope_rotate_group(float (&out)[8], const float (
     }
 }
 
+// One item's forward by its group: from the lane's 8 elements of x (bf16, as read) and where its 8
+// of the gain and of the RoPE tables' rows are, the normed elements y, the rotated z and the item's
+// rstd (returned). All lanes must call it (it shuffles).
+template <int D>
+__device__ __forceinline__ float qk_norm_rope_group(float (&y)[8], float (&z)[8], uint4 x_raw, const bf16* gain,
+                                                    const float* cos, const float* sin, float eps, int normalise,
+                                                    int j) {
+    constexpr int G = D / 8;
+    float x[8], g[8], c[8], s[8];
+    bf16x8_to_float(x_raw, x);
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(gain), g);
+    load_float8(c, cos);
+    load_float8(s, sin);
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 8; k++) ss += x[k] * x[k];
+    ss = group_sum<G>(ss);
+    const float r = normalise ? rmsnorm_rstd(ss, D, eps) : 1.0f;
+#pragma unroll
+    for (int k = 0; k < 8; k++) y[k] = rmsnorm_out(x[k], r, g[k]);
+    rope_rotate_group<G>(z, y, c, s, j < G / 2);
+    return r;
+}
+
 // One (token, head) per group of G lanes; a lane past the last item takes item 0's inputs, so that
 // it can join the shuffles, and writes nothing.
 template <int D>
@@ -165,19 +189,10 @@ __global__ void qk_norm_rope_forward_vec_kernel(bf16* qk_rope, float* qk_normed,
     const int j = threadIdx.x % G, i = j % (G / 2) * 8;
     const long long n = valid ? item / NH : 0;
     const int h = valid ? (int)(item % NH) : 0, t = (int)(n % T);
-    float x[8], g[8], y[8], c[8], s[8], z[8];
-    bf16x8_to_float(*reinterpret_cast<const uint4*>(qkv + n * QKV + (size_t)h * D + 8 * j), x);
-    bf16x8_to_float(*reinterpret_cast<const uint4*>((h < H ? g_q : g_k) + 8 * j), g);
-    load_float8(c, rope_cos + (size_t)t * half + i);
-    load_float8(s, rope_sin + (size_t)t * half + i);
-    float ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < 8; k++) ss += x[k] * x[k];
-    ss = group_sum<G>(ss);
-    const float r = normalise ? rmsnorm_rstd(ss, D, eps) : 1.0f;
-#pragma unroll
-    for (int k = 0; k < 8; k++) y[k] = rmsnorm_out(x[k], r, g[k]);
-    rope_rotate_group<G>(z, y, c, s, j < G / 2);
+    float y[8], z[8];
+    const float r = qk_norm_rope_group<D>(y, z, *reinterpret_cast<const uint4*>(qkv + n * QKV + (size_t)h * D + 8 * j),
+                                          (h < H ? g_q : g_k) + 8 * j, rope_cos + (size_t)t * half + i,
+                                          rope_sin + (size_t)t * half + i, eps, normalise, j);
     if (!valid) return;
     if (j == 0) qk_rstd[item] = r;
     if (qk_normed) {
@@ -187,6 +202,65 @@ __global__ void qk_norm_rope_forward_vec_kernel(bf16* qk_rope, float* qk_normed,
     }
     *reinterpret_cast<uint4*>(qk_rope + item * D + 8 * j) = float_to_bf16x8(z);
 }
+
+// Candidates (qk_forward_ahead, query_norms): the forward above with ITEMS items a group, every
+// item's 16-byte load of x issued before the first item is worked on. Nsight Compute read the kernel
+// above at 25.7 us a call at d22, 8 x 2048 on an H200, 40% of the memory's speed at 5 blocks an SM:
+// one load in flight a group, 20 KB an SM, about two thirds of what the memory's latency asks for
+// at its speed. ITEMS = 4 keeps four in flight at 4 blocks an SM (64 registers a thread, 4 bytes spilled). Item k of
+// a group is first + k * groups, so that a warp's loads stay contiguous. The same arithmetic, item
+// by item, as the kernel above: the same bits.
+//
+// query_norms (on a stats step, qk_normed non-null): a query head's float32 vector, which the
+// statistics read only for its norm, is replaced by that norm in its first element; the rest of the
+// row is not written. The norm is computed as telemetry.cuh's head_row_stats_vec_kernel computes it
+// from the vector (lanes of four elements there, of eight here: a lane's two halves summed over the
+// group apart, which is the order of the butterfly there, then added), so the statistics keep their
+// bits while a stats step writes and reads half the float32 vectors.
+template <int D, int ITEMS>
+__global__ void __launch_bounds__(256, ITEMS == 1 ? 5 : 4) qk_norm_rope_forward_ahead_kernel(
+    bf16* qk_rope, float* qk_normed, float* qk_rstd, const bf16* qkv, const bf16* g_q, const bf16* g_k,
+    const float* rope_cos, const float* rope_sin, int N, int T, int H, int NH, int QKV, float eps, int normalise,
+    int query_norms) {
+    constexpr int G = D / 8, half = D / 2;
+    const int groups = blockDim.x / G, j = threadIdx.x % G, i = j % (G / 2) * 8;
+    const long long items = (long long)N * NH, first = (long long)blockIdx.x * ITEMS * groups + threadIdx.x / G;
+    int n[ITEMS];  // an item's token; its head is item - n * NH
+    uint4 x_raw[ITEMS];
+#pragma unroll
+    for (int k = 0; k < ITEMS; k++) {  // a lane past the last item takes item 0's inputs (for the shuffles)
+        const long long item = first + (long long)k * groups;
+        n[k] = item < items ? (int)(item / NH) : 0;
+        const int h = item < items ? (int)(item - (long long)n[k] * NH) : 0;
+        x_raw[k] = *reinterpret_cast<const uint4*>(qkv + (long long)n[k] * QKV + (size_t)h * D + 8 * j);
+    }
+#pragma unroll
+    for (int k = 0; k < ITEMS; k++) {
+        const long long item = first + (long long)k * groups;
+        const int t = n[k] % T, h = item < items ? (int)(item - (long long)n[k] * NH) : 0;
+        float y[8], z[8];
+        const float r = qk_norm_rope_group<D>(y, z, x_raw[k], (h < H ? g_q : g_k) + 8 * j,
+                                              rope_cos + (size_t)t * half + i, rope_sin + (size_t)t * half + i, eps,
+                                              normalise, j);
+        float norm = 0.0f;
+        if (query_norms) {  // the same in every lane (they shuffle)
+            const float first_half = group_sum<G>(sum_of_squares4(y[0], y[1], y[2], y[3]));
+            const float second_half = group_sum<G>(sum_of_squares4(y[4], y[5], y[6], y[7]));
+            norm = sqrtf(first_half + second_half);
+        }
+        if (item >= items) continue;
+        if (j == 0) qk_rstd[item] = r;
+        if (qk_normed && query_norms && h < H) {
+            if (j == 0) qk_normed[item * D] = norm;
+        } else if (qk_normed) {
+            float4* out = reinterpret_cast<float4*>(qk_normed + item * D + 8 * j);
+            out[0] = make_float4(y[0], y[1], y[2], y[3]);
+            out[1] = make_float4(y[4], y[5], y[6], y[7]);
+        }
+        *reinterpret_cast<uint4*>(qk_rope + item * D + 8 * j) = float_to_bf16x8(z);
+    }
+}
+static const int kQkForwardAheadItems = 4;
 
 // A group's inputs of one item: its lane's 8 elements of dz and of x, as read (bf16), and the
 // item's rstd. A lane past the last item reads item 0's, so that it can join the shuffles.
@@ -288,7 +362,7 @@ inline void with_head_dim(int D, F&& f) {
 }
 
 static const int kQkVecThreads = 256;
-static_assert(kQkVecThreads == 256, "qk_norm_rope_backward_vec_kernel's launch bounds name the block size");
+static_assert(kQkVecThreads == 256, "the vectorised backward's and the candidates' forward's launch bounds name it");
 
 // The vectorised forward and backward, with the arguments of the simple kernels' functions.
 inline void qk_norm_rope_forward_vec(bf16* qk_rope, float* qk_normed, float* qk_rstd, const bf16* qkv, const bf16* g_q,
@@ -323,11 +397,39 @@ inline void qk_norm_rope_backward_vec(bf16* dqkv, float* dg_q, float* dg_k, floa
     column_sum_or_defer(dg_k, scratch + D, blocks, D, 2 * D, s, defer);
 }
 
-// What the model calls: the vectorised kernels where they apply, else the simple ones.
+// The candidates' forward (qk_norm_rope_forward_ahead_kernel): ITEMS 1 or kQkForwardAheadItems.
+inline void qk_norm_rope_forward_ahead(bf16* qk_rope, float* qk_normed, float* qk_rstd, const bf16* qkv,
+                                       const bf16* g_q, const bf16* g_k, const float* rope_cos, const float* rope_sin,
+                                       int N, int T, int H, int Hkv, int D, float eps, bool normalise, int items,
+                                       bool query_norms, cudaStream_t s) {
+    if (!qk_norm_rope_vec_supports(D, {qk_rope, qk_normed, qkv, g_q, g_k, rope_cos, rope_sin}))
+        fail("qk_norm_rope_forward_ahead: head_dim %d or an array not 16-byte aligned", D);
+    if (items != 1 && items != kQkForwardAheadItems)
+        fail("internal: qk_norm_rope_forward_ahead takes 1 or %d items a group", kQkForwardAheadItems);
+    const int NH = H + Hkv, QKV = (H + 2 * Hkv) * D;
+    with_head_dim(D, [&](auto width) {
+        constexpr int W = decltype(width)::value;
+        const long long per_block = (long long)kQkVecThreads / (W / 8) * items;
+        auto kernel = items == 1 ? qk_norm_rope_forward_ahead_kernel<W, 1>
+                                 : qk_norm_rope_forward_ahead_kernel<W, kQkForwardAheadItems>;
+        kernel<<<ceil_div((long long)N * NH, per_block), kQkVecThreads, 0, s>>>(
+            qk_rope, qk_normed, qk_rstd, qkv, g_q, g_k, rope_cos, rope_sin, N, T, H, NH, QKV, eps, normalise,
+            query_norms);
+    });
+    cuda_check_launch();
+}
+
+// What the model calls: the vectorised kernels where they apply, else the simple ones. ahead_items
+// (0: ./train's kernel) and query_norms: the candidates' kernel above, which needs the vectorised
+// kernels' shapes.
 inline void qk_norm_rope_forward(bf16* qk_rope, float* qk_normed, float* qk_rstd, const bf16* qkv, const bf16* g_q,
                                  const bf16* g_k, const float* rope_cos, const float* rope_sin, int N, int T, int H,
-                                 int Hkv, int D, float eps, bool normalise, cudaStream_t s) {
-    if (qk_norm_rope_vec_supports(D, {qk_rope, qk_normed, qkv, g_q, g_k, rope_cos, rope_sin}))
+                                 int Hkv, int D, float eps, bool normalise, cudaStream_t s, int ahead_items = 0,
+                                 bool query_norms = false) {
+    if (ahead_items || query_norms)
+        qk_norm_rope_forward_ahead(qk_rope, qk_normed, qk_rstd, qkv, g_q, g_k, rope_cos, rope_sin, N, T, H, Hkv, D, eps,
+                                   normalise, std::max(ahead_items, 1), query_norms, s);
+    else if (qk_norm_rope_vec_supports(D, {qk_rope, qk_normed, qkv, g_q, g_k, rope_cos, rope_sin}))
         qk_norm_rope_forward_vec(qk_rope, qk_normed, qk_rstd, qkv, g_q, g_k, rope_cos, rope_sin, N, T, H, Hkv, D, eps,
                                  normalise, s);
     else

@@ -71,11 +71,18 @@ __global__ void head_row_stats_kernel(float* partial, const float* qk_normed, in
 // unit-vector sums in registers across its rows. The groups' records are added in group order at
 // the end, so the same keys give the same bits. D must be 64 or 128 (the widths the CUDA backend
 // runs) and qk_normed 16-byte aligned.
+//
+// QUERY_NORMS (candidate, query_norms): a query head's rows hold only their norms, each in its
+// first element, where qk_norm_rope_forward's query_norms put them; a query head's block reads those
+// 4 bytes a row (a 32-byte sector of the row's 256 at D = 64), lane j of a group the group's row of
+// round j, all at once, and the group adds them in round order: the order of the rows' sum here. The
+// forward pass computes each norm as this kernel does (sum_of_squares4 a lane, group sums, a square
+// root): the same bits.
 inline bool head_row_stats_vec_supports(int D, const float* qk_normed) {
     return (D == 64 || D == 128) && aligned_16({qk_normed});
 }
 
-template <int D>
+template <int D, bool QUERY_NORMS = false>
 __global__ void head_row_stats_vec_kernel(float* partial, const float* qk_normed, int N, int H, int NH) {
     constexpr int G = D / 4, record = KS_UNIT + D;
     extern __shared__ float group_records[];  // [groups][record]
@@ -84,17 +91,26 @@ __global__ void head_row_stats_vec_kernel(float* partial, const float* qk_normed
     const bool is_key = h >= H;
     const int first = chunk * kStatRowsPerBlock, last = min(N, first + kStatRowsPerBlock);
     float norm_sum = 0.0f, maxabs_sum = 0.0f, pr_sum = 0.0f, unit[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    // Rounds in which every group takes one row, so that all lanes of a warp reach each shuffle.
-    for (int base = first; base < last; base += groups) {
+    static_assert(kStatWarps * 32 == kStatRowsPerBlock, "a block's rows: G rounds of its groups");
+    if (QUERY_NORMS && !is_key) {  // the same in the whole block
+        const int own_row = first + group + j * groups;  // this lane's: its group's row of round j
+        const float v = own_row < last ? qk_normed[((size_t)own_row * NH + h) * D] : 0.0f;
+        for (int round = 0; round < G; round++) {
+            const float norm = __shfl_sync(0xffffffffu, v, round, G);
+            if (first + group + round * groups < last) norm_sum += norm;
+        }
+    }
+    // Rounds in which every group takes one row, so that all lanes of a warp reach each shuffle (none
+    // where the block's rows are the queries' norms, added above).
+    for (int base = QUERY_NORMS && !is_key ? last : first; base < last; base += groups) {
         const int n = base + group;
         const bool valid = n < last;
         float4 v = valid ? *reinterpret_cast<const float4*>(qk_normed + ((size_t)n * NH + h) * D + 4 * j)
                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         const float x[4] = {v.x, v.y, v.z, v.w};
-        float sq = 0.0f, quad = 0.0f, mx = 0.0f;
+        float sq = sum_of_squares4(x[0], x[1], x[2], x[3]), quad = 0.0f, mx = 0.0f;
         for (int i = 0; i < 4; i++) {
-            const float x2 = x[i] * x[i];
-            sq += x2;
+            const float x2 = __fmul_rn(x[i], x[i]);  // sum_of_squares4's
             quad += x2 * x2;
             mx = fmaxf(mx, fabsf(x[i]));
         }
@@ -562,17 +578,19 @@ inline void gram_products_split(double* gram_sums, double* partial, const double
 // The per-head records (norms; for keys largest component, participation ratio, unit-vector sums):
 // partial takes the blocks' records. `vec` takes head_row_stats_vec_kernel where it applies.
 inline void head_statistics(double* sums, const TelemetrySums& lay, float* partial, const float* qk_normed, int N,
-                            const ModelConfig& c, int layer, cudaStream_t s, bool vec = true) {
+                            const ModelConfig& c, int layer, cudaStream_t s, bool vec = true, bool query_norms = false) {
     int H = c.n_head, NH = H + c.n_kv_head, D = c.head_dim, chunks = ceil_div(N, kStatRowsPerBlock);
     if (N > kStatMaxTokens) fail("internal: %d tokens in a micro-batch is more than the statistics take", N);
     const int threads = kStatWarps * 32;
+    if (query_norms && !(vec && head_row_stats_vec_supports(D, qk_normed)))
+        fail("internal: the queries' norms from the forward pass need the vectorised heads' records");
     if (vec && head_row_stats_vec_supports(D, qk_normed)) {
         size_t smem = (size_t)(threads / (D / 4)) * head_record_size(D) * sizeof(float);
         auto launch = [&](auto kernel) {
             kernel<<<dim3(NH, chunks), threads, smem, s>>>(partial, qk_normed, N, H, NH);
         };
-        if (D == 64) launch(head_row_stats_vec_kernel<64>);
-        else launch(head_row_stats_vec_kernel<128>);
+        if (D == 64) launch(query_norms ? head_row_stats_vec_kernel<64, true> : head_row_stats_vec_kernel<64>);
+        else launch(query_norms ? head_row_stats_vec_kernel<128, true> : head_row_stats_vec_kernel<128>);
     } else {
         size_t smem = (size_t)kStatWarps * head_record_size(D) * sizeof(float);
         head_row_stats_kernel<<<dim3(NH, chunks), threads, smem, s>>>(partial, qk_normed, N, H, NH, D);
@@ -624,15 +642,16 @@ inline void key_gram(double* sums, const TelemetrySums& lay, float* partial, dou
 // pre-RoPE, float32), row_stats from the attention forward pass, g_q and g_k the layer's float
 // gains; partial and keys_f64 are scratch (telemetry_partial_floats, Hkv * N * (D+1) doubles).
 // mark(label), where given, is called before each part with its name (./train's --profile 2 times
-// them apart).
+// them apart). query_norms: the query heads' rows of qk_normed hold only their norms
+// (head_row_stats_vec_kernel's QUERY_NORMS).
 inline void telemetry_layer(double* sums, const TelemetrySums& lay, float* partial, double* keys_f64,
                             Matmul& mm, const float* qk_normed, const float* row_stats, const float* g_q,
                             const float* g_k, int B, int T, const ModelConfig& c, int layer, cudaStream_t s,
-                            const std::function<void(const char*)>& mark = {}) {
+                            const std::function<void(const char*)>& mark = {}, bool query_norms = false) {
     int N = B * T;
     auto part = [&](const char* label) { if (mark) mark(label); };
     part("statistics: the heads' norms, components, unit vectors");
-    head_statistics(sums, lay, partial, qk_normed, N, c, layer, s);
+    head_statistics(sums, lay, partial, qk_normed, N, c, layer, s, true, query_norms);
     part("statistics: each attention row's, summed per head");
     attention_statistics(sums, lay, partial, row_stats, B, T, c, layer, s);
     part("statistics: the keys' Gram matrices");

@@ -180,6 +180,41 @@ static void check_stats_beside(GpuModel& g, const std::string& label, const std:
     report(same, label + "statistics beside the layers' forward pass are those taken between them, bit for bit");
 }
 
+// The candidate build's QK-norm + RoPE forward with four items a group loaded ahead (qk_forward_ahead)
+// and, on a stats step, the queries' norms in place of their float32 vectors (query_norms), against
+// ./train's kernel and vectors: the same loss and statistics, bit for bit, from a stats pass with
+// both candidates and one with neither. Where the shape takes them (head_dim 64 or 128), the
+// candidates' pass must have left a query's float32 row unwritten but for its norm (the buffers
+// set to NaN first): the norms were what the statistics read.
+static void check_qk_forward_candidates(GpuModel& g, const std::string& label, const std::vector<int>& tokens,
+                                        const std::vector<int>& targets, int B, int T) {
+    const ModelConfig& c = g.cfg;
+    const int NH = c.n_head + c.n_kv_head, D = c.head_dim;
+    const size_t vectors = (size_t)B * T * NH * D;
+    auto pass = [&](bool candidates, Telemetry& stats) {
+        g.qk_forward_ahead = g.query_norms = candidates;
+        for (float* p : {g.acts.qk_normed, g.beside.qk_normed})
+            cudaCheck(cudaMemsetAsync(p, 0xff, vectors * sizeof(float), g.stream));
+        return forward_with_stats(g, tokens.data(), targets.data(), B, T, stats);
+    };
+    Telemetry plain, both;
+    const float plain_loss = pass(false, plain), loss = pass(true, both);
+    bool same = memcmp(&loss, &plain_loss, sizeof loss) == 0;
+    for (int k = 0; k < M_NUM_METRICS; k++) same &= both.values[k] == plain.values[k];
+    report(same, label + "QK-norm forward loading ahead, the queries' norms in place of their vectors: the loss and "
+                         "statistics of ./train's kernel, bit for bit");
+    if (D == 64 || D == 128) {  // the float32 vectors of the last layer that used the buffer: its first query's row
+        std::vector<float> row(D);
+        cudaCheck(cudaStreamSynchronize(g.stream));
+        cudaCheck(cudaMemcpy(row.data(), g.acts.qk_normed, D * sizeof(float), cudaMemcpyDeviceToHost));
+        bool norm_only = std::isfinite(row[0]) && row[0] > 0.0f;
+        for (int i = 1; i < D; i++) norm_only &= std::isnan(row[i]);
+        report(norm_only, label + "with the queries' norms, a query's float32 row holds its norm and nothing more");
+    }
+    g.qk_forward_ahead = candidate_on("qk_forward_ahead");
+    g.query_norms = candidate_on("query_norms");
+}
+
 // The candidate build's weight gradients' products beside the backward pass (GradsBeside), on and
 // off: the same gradients, bit for bit, from two backward passes added into the gradients (as
 // gradient accumulation does), with the streams beside made slow (each product waits 200 us first:
@@ -330,6 +365,7 @@ int main(int argc, char** argv) {
     report(same, "cuda determinism: two runs give identical gradients and statistics");
     check_stats_beside(g, "cuda ", tokens, targets, B, T);
     if (kCandidateKernels) check_grads_beside(g, "cuda ", tokens, targets, B, T);
+    if (kCandidateKernels) check_qk_forward_candidates(g, "cuda ", tokens, targets, B, T);
 
     // Gradient accumulation as the training loop does it: the batch's B sequences as B micro-batches,
     // each backward pass scaled by 1/B and added into the gradients, give the whole batch's gradient.
@@ -397,6 +433,7 @@ int main(int argc, char** argv) {
         check_forward(g, v.label, vckpt, vdbg, tokens, targets, B, T, stats);
         check_stats_beside(g, v.label, tokens, targets, B, T);
         if (kCandidateKernels) check_grads_beside(g, v.label, tokens, targets, B, T);
+        if (kCandidateKernels) check_qk_forward_candidates(g, v.label, tokens, targets, B, T);
         compare_gradients(g, v.label, backward_gradients(g, tokens, targets, B, T), vdbg);
         // Frozen: no gradient (so out of the norm), and AdamW leaves the tensors as they were.
         model_freeze(g, (uint32_t)tensor_or_fail(read_tensorfile(vdbg), "freeze", vdbg).values[0]);

@@ -1,6 +1,7 @@
 // Checks and times the normalisation kernels against the CPU backend: RMSNorm forward and backward
-// (llmc/rmsnorm.cuh) and the per-head QK-norm with RoPE, forward and backward (llmc/qknorm_rope.cuh);
-// and the gain gradients' column sums run one launch a job against all in one.
+// (llmc/rmsnorm.cuh) and the per-head QK-norm with RoPE, forward and backward (llmc/qknorm_rope.cuh),
+// with the candidates' forward (items loaded ahead, the queries' norms) against ./train's, bit for
+// bit; and the gain gradients' column sums run one launch a job against all in one.
 // Build: make build/dev_norms (nvcc); run: ./build/dev_norms. Exit status 1 if a check fails.
 #include <cstring>
 #include "dev/cuda/common.h"
@@ -88,6 +89,112 @@ static bool compare_float32(const std::string& name, const std::vector<float>& g
     return check_close(name, got.data(), want.data(), want.size(), 1e-5, 1e-6 * maxabs);
 }
 
+// A vector's norm as telemetry.cuh's head_row_stats_vec_kernel computes it from its float32
+// elements: lanes of four elements, each lane's squares rounded and added in order
+// (sum_of_squares4), the lanes' sums added in group_sum's butterfly (masks G/2 .. 1), the square
+// root. fmaf(a, a, 0) is a's square rounded once, and the sums of its results are not contracted.
+static float head_records_norm(const float* y, int D) {
+    const int G = D / 4;
+    std::vector<float> lane(G), next(G);
+    for (int j = 0; j < G; j++) {
+        float sum = std::fmaf(y[4 * j], y[4 * j], 0.0f);
+        for (int i = 1; i < 4; i++) sum = sum + std::fmaf(y[4 * j + i], y[4 * j + i], 0.0f);
+        lane[j] = sum;
+    }
+    for (int mask = G / 2; mask > 0; mask /= 2) {
+        for (int j = 0; j < G; j++) next[j] = lane[j] + lane[j ^ mask];
+        lane.swap(next);
+    }
+    return std::sqrt(lane[0]);
+}
+
+// The candidates' forward (qk_norm_rope_forward_ahead_kernel) against ./train's vectorised one on
+// the same inputs, each output poisoned (all bits set) first: with one and with four items a group,
+// the same qk_rope and rstd, without the float32 vectors (a step without statistics) and with them,
+// and the same vectors, bit for bit. With the queries' norms (query_norms): the same qk_rope, rstd
+// and keys' vectors, bit for bit; each query's first element its vector's norm, the bits that the
+// heads' records compute from ./train's vector (head_records_norm) and the CPU's norm within
+// compare_float32's tolerance; the rest of its row left as it was. Times each, without the float32
+// vectors and with them.
+static void check_qk_forward_ahead(int N, int T, int H, int Hkv, int D, bool normalise, const std::vector<float>& normed,
+                                   const std::string& tag, const bf16* d_qkv, const bf16* d_gq, const bf16* d_gk,
+                                   const float* d_cs, const float* d_sn) {
+    const int NH = H + Hkv;
+    const size_t vectors = (size_t)N * NH * D;
+    bf16* d_rope;
+    float *d_normed, *d_rstd;
+    cudaCheck(cudaMalloc(&d_rope, vectors * sizeof(bf16)));
+    cudaCheck(cudaMalloc(&d_normed, vectors * sizeof(float)));
+    cudaCheck(cudaMalloc(&d_rstd, (size_t)N * NH * sizeof(float)));
+    struct Outputs { std::vector<uint16_t> rope; std::vector<float> normed, rstd; };
+    // items 0: ./train's vectorised kernel; with_vectors false: no float32 vectors asked for
+    auto run = [&](int items, bool query_norms, bool with_vectors = true) {
+        cudaCheck(cudaMemset(d_rope, 0xFF, vectors * sizeof(bf16)));
+        cudaCheck(cudaMemset(d_normed, 0xFF, vectors * sizeof(float)));
+        cudaCheck(cudaMemset(d_rstd, 0xFF, (size_t)N * NH * sizeof(float)));
+        qk_norm_rope_forward(d_rope, with_vectors ? d_normed : nullptr, d_rstd, d_qkv, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv,
+                             D, 1e-5f, normalise, 0, items, query_norms);
+        Outputs o{std::vector<uint16_t>(vectors), download(d_normed, vectors), download(d_rstd, (size_t)N * NH)};
+        cudaCheck(cudaMemcpy(o.rope.data(), d_rope, vectors * sizeof(bf16), cudaMemcpyDeviceToHost));
+        return o;
+    };
+    auto same = [](const auto& a, const auto& b) {
+        return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+    };
+    const Outputs vec = run(0, false);
+    for (int items : {1, kQkForwardAheadItems}) {
+        const Outputs bare = run(items, false, false);
+        report(same(bare.rope, vec.rope) && same(bare.rstd, vec.rstd),
+               strprintf("qk norm forward, %d item(s) a group loaded ahead, no float32 vectors: ./train's qk_rope and "
+                         "rstd, bit for bit%s", items, tag.c_str()));
+        const Outputs o = run(items, false);
+        report(same(o.rope, vec.rope) && same(o.normed, vec.normed) && same(o.rstd, vec.rstd),
+               strprintf("qk norm forward, %d item(s) a group loaded ahead: ./train's qk_rope, rstd and float32 vectors, bit for bit%s",
+                         items, tag.c_str()));
+        const Outputs q = run(items, true);
+        std::vector<float> norm_got, norm_want;
+        bool keys_same = same(q.rope, vec.rope) && same(q.rstd, vec.rstd), rest_untouched = true, records_bits = true;
+        uint32_t poison = 0xFFFFFFFFu;
+        for (size_t item = 0; item < (size_t)N * NH; item++) {
+            const size_t row = item * D;
+            if ((int)(item % NH) >= H) {
+                keys_same &= memcmp(&q.normed[row], &vec.normed[row], D * sizeof(float)) == 0;
+                continue;
+            }
+            double sq = 0;
+            for (int i = 0; i < D; i++) sq += (double)normed[row + i] * normed[row + i];
+            norm_got.push_back(q.normed[row]);
+            norm_want.push_back((float)std::sqrt(sq));
+            const float records_norm = head_records_norm(&vec.normed[row], D);
+            records_bits &= memcmp(&q.normed[row], &records_norm, sizeof(float)) == 0;
+            for (int i = 1; i < D; i++) rest_untouched &= memcmp(&q.normed[row + i], &poison, sizeof poison) == 0;
+        }
+        report(keys_same, strprintf("qk norm forward with the queries' norms, %d item(s) a group: ./train's qk_rope, rstd and "
+                                    "keys' vectors, bit for bit%s", items, tag.c_str()));
+        compare_float32(strprintf("qk norm forward with the queries' norms, %d item(s) a group: each query's norm%s", items,
+                                  tag.c_str()),
+                        norm_got, norm_want);
+        report(records_bits, strprintf("qk norm forward with the queries' norms, %d item(s) a group: each norm the bits "
+                                       "the heads' records compute from the query's vector%s", items, tag.c_str()));
+        report(rest_untouched, strprintf("qk norm forward with the queries' norms, %d item(s) a group: the rest of a query's "
+                                         "row not written%s", items, tag.c_str()));
+    }
+    auto ms = [&](int items, float* out, bool query_norms) {
+        return time_ms([&] {
+            qk_norm_rope_forward(d_rope, out, d_rstd, d_qkv, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 1e-5f, normalise, 0,
+                                 items, query_norms);
+        });
+    };
+    const float plain = ms(0, nullptr, false), ahead = ms(kQkForwardAheadItems, nullptr, false);
+    const float stats = ms(0, d_normed, false), stats_ahead = ms(kQkForwardAheadItems, d_normed, false),
+                stats_norms = ms(kQkForwardAheadItems, d_normed, true);
+    printf("   qk norm + rope forward, %d items a group loaded ahead%s: %.3f ms (%.2fx the vectorised one); with the float32 "
+           "vectors %.3f ms (%.2fx), with the queries' norms in place of theirs %.3f ms (%.2fx)\n",
+           kQkForwardAheadItems, tag.c_str(), ahead, plain / ahead, stats_ahead, stats / stats_ahead, stats_norms,
+           stats / stats_norms);
+    for (void* p : {(void*)d_rope, (void*)d_normed, (void*)d_rstd}) cudaCheck(cudaFree(p));
+}
+
 static void check_qk_norm_rope(int B, int T, int H, int Hkv, int qk_norm = QK_NORM_GAIN, int D = 64) {
     ModelConfig c;
     c.qk_norm = qk_norm;
@@ -161,6 +268,7 @@ static void check_qk_norm_rope(int B, int T, int H, int Hkv, int qk_norm = QK_NO
             });
         printf("   qk norm + rope, vec%s: forward %.3f ms (%.2fx), backward %.3f ms (%.2fx)\n", tag.c_str(), fwd_vec,
                fwd / fwd_vec, bwd_vec, bwd / bwd_vec);
+        check_qk_forward_ahead(N, T, H, Hkv, D, normalise, normed, tag, d_qkv, d_gq, d_gk, d_cs, d_sn);
     }
     for (void* p : {(void*)d_qkv, (void*)d_gq, (void*)d_gk, (void*)d_dqk, (void*)d_rope, (void*)d_normed, (void*)d_dqkv,
                     (void*)d_cs, (void*)d_sn, (void*)d_rstd, (void*)d_dg, (void*)d_scratch})
@@ -222,6 +330,7 @@ int main() {
     check_qk_norm_rope(2, 17, 4, 2, QK_NORM_NONE);
     check_qk_norm_rope(3, 100, 4, 2);  // 1,800 (token, head) items: a last block of 8 of 256
     check_qk_norm_rope(2, 17, 4, 2, QK_NORM_GAIN, 16);   // the narrowest and widest heads of the vectorised kernels
+    check_qk_norm_rope(2, 17, 4, 2, QK_NORM_GAIN, 32);
     check_qk_norm_rope(2, 17, 4, 2, QK_NORM_GAIN, 256);
     check_qk_norm_rope(8, 2048, 8, 8);
     check_qk_norm_rope(2, 17, 16, 8, QK_NORM_GAIN, 128);  // Qwen3's heads

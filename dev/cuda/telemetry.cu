@@ -5,12 +5,15 @@
 // the Gram products on the float64 tensor cores from the float32 keys (D = 64: all tiles, and the
 // upper tiles from registers, which ./train takes) and split over the rows (an alternative) against
 // the copy to float64 and one DGEMM, and the vectorised head and attention statistics (./train's,
-// "candidate" in the rows printed) against the simpler kernels ("default"). Times one layer's
-// telemetry, its parts, each way of the Gram products and both kernels of each statistic.
+// "candidate" in the rows printed) against the simpler kernels ("default"), and the heads' records
+// from the QK-norm forward's queries' norms (the candidate query_norms) against those from the
+// vectors, bit for bit. Times one layer's telemetry, its parts, each way of the Gram products and
+// both kernels of each statistic.
 // Build: make build/dev_telemetry.
 #include <cstring>
 #include "dev/cuda/common.h"
 #include "llmc/model_cpu.h"
+#include "llmc/qknorm_rope.cuh"
 #include "llmc/telemetry.cuh"
 
 // The split Gram products (telemetry.cuh) against one DGEMM's, on the same float64 keys: products
@@ -178,6 +181,63 @@ static void check_attention_stats_split(const ModelConfig& c, const TelemetrySum
     report(same_max, "attention statistics, candidate: the largest logits exactly" + tag);
 }
 
+// The candidate query_norms: the heads' records from the QK-norm forward's queries' norms (each in
+// its row's first element, qk_norm_rope_forward_ahead_kernel) against those from the float32 vectors
+// of ./train's forward, on the same projections: the same sums, bit for bit (the forward computes a
+// norm as the records' kernel does). Both forwards' buffers are set to NaN first. Times the records
+// both ways.
+static void check_query_norms(const ModelConfig& c, const TelemetrySums& lay, int B, int T, int layer,
+                              const std::string& tag) {
+    const int N = B * T, H = c.n_head, Hkv = c.n_kv_head, NH = H + Hkv, D = c.head_dim, half = D / 2;
+    Rng rng{(uint64_t)N * 13 + H};
+    ModelConfig rc = c;
+    rc.max_seq_len = T;
+    std::vector<float> cs((size_t)T * half), sn((size_t)T * half);
+    rope_tables(rc, T, cs.data(), sn.data());
+    bf16 *d_qkv = upload_bf16(random_values((size_t)N * c.qkv_dim(), 2.0f, rng)),
+         *d_gq = upload_bf16(random_values(D, 1.0f, rng)), *d_gk = upload_bf16(random_values(D, 1.0f, rng)), *d_rope;
+    float *d_cs = upload(cs), *d_sn = upload(sn), *d_rstd, *d_vectors, *d_norms, *d_partial;
+    double* d_sums;
+    const size_t vectors = (size_t)N * NH * D;
+    cudaCheck(cudaMalloc(&d_rope, vectors * sizeof(bf16)));
+    cudaCheck(cudaMalloc(&d_rstd, (size_t)N * NH * sizeof(float)));
+    cudaCheck(cudaMalloc(&d_vectors, vectors * sizeof(float)));
+    cudaCheck(cudaMalloc(&d_norms, vectors * sizeof(float)));
+    cudaCheck(cudaMalloc(&d_partial, telemetry_partial_floats(N, c) * sizeof(float)));
+    cudaCheck(cudaMalloc(&d_sums, lay.total * sizeof(double)));
+    if (!qk_norm_rope_vec_supports(D, {d_rope, d_vectors, d_qkv, d_gq, d_gk, d_cs, d_sn}) ||
+        !head_row_stats_vec_supports(D, d_vectors))
+        fail("dev_telemetry: the queries' norms need head_dim 64 or 128, not %d", D);
+    auto records = [&](const float* qk_normed, bool query_norms) {
+        telemetry_sums_clear_kernel<<<64, 256>>>(d_sums, lay);
+        cuda_check_launch();
+        head_statistics(d_sums, lay, d_partial, qk_normed, N, c, layer, 0, true, query_norms);
+        return download(d_sums, lay.total);
+    };
+    cudaCheck(cudaMemset(d_vectors, 0xFF, vectors * sizeof(float)));
+    qk_norm_rope_forward(d_rope, d_vectors, d_rstd, d_qkv, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 1e-5f, true, 0);
+    const std::vector<double> from_vectors = records(d_vectors, false);
+    double norm_sum = 0;
+    for (int h = 0; h < H; h++) norm_sum += from_vectors[lay.query(layer, h) + QS_NORM];
+    for (int items : {1, kQkForwardAheadItems}) {
+        cudaCheck(cudaMemset(d_norms, 0xFF, vectors * sizeof(float)));
+        qk_norm_rope_forward(d_rope, d_norms, d_rstd, d_qkv, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 1e-5f, true, 0, items,
+                             true);
+        const std::vector<double> from_norms = records(d_norms, true);
+        report(memcmp(from_vectors.data(), from_norms.data(), lay.total * sizeof(double)) == 0 &&
+                   std::isfinite(norm_sum) && norm_sum > 0,
+               strprintf("head statistics from the queries' norms of the QK-norm forward (%d item(s) a group): those from "
+                         "their vectors, bit for bit%s", items, tag.c_str()));
+    }
+    const float ms_vectors = time_ms([&] { head_statistics(d_sums, lay, d_partial, d_vectors, N, c, layer, 0); });
+    const float ms_norms = time_ms([&] { head_statistics(d_sums, lay, d_partial, d_norms, N, c, layer, 0, true, true); });
+    printf("   head statistics%s: from the queries' vectors %.3f ms, from their norms %.3f ms (%.2fx)\n", tag.c_str(),
+           ms_vectors, ms_norms, ms_vectors / ms_norms);
+    for (void* p : {(void*)d_qkv, (void*)d_gq, (void*)d_gk, (void*)d_rope, (void*)d_cs, (void*)d_sn, (void*)d_rstd,
+                    (void*)d_vectors, (void*)d_norms, (void*)d_partial, (void*)d_sums})
+        cudaCheck(cudaFree(p));
+}
+
 static void check_layer(int B, int T, int H, int Hkv, int layer, int D = 64) {
     ModelConfig c;
     c.n_layer = layer + 1;
@@ -260,6 +320,7 @@ static void check_layer(int B, int T, int H, int Hkv, int layer, int D = 64) {
            time_ms([&] { attention_statistics(d_sums, lay, d_partial, d_rows, B, T, c, layer, 0); }),
            time_ms([&] { key_gram(d_sums, lay, d_partial, d_keys_f64, mm, d_qk, N, c, layer, 0); }));
     check_head_stats_vec(c, lay, d_qk, N, layer, tag);
+    check_query_norms(c, lay, B, T, layer, tag);
     check_attention_stats_split(c, lay, d_rows, row_stats, B, T, layer, tag);
     if (D == 64) check_gram_from_float32(mm, d_qk, N, H, Hkv, D, tag);
     check_gram_split(mm, d_qk, N, H, Hkv, D, tag);
