@@ -114,6 +114,18 @@ struct KernelClock {
 // 35.00 -> 34.43 ms a step at 8 x 2048, 24.88 -> 23.73 ms at 4 x 2048. --profile 2 keeps them on the
 // model's stream, timed one by one, and so does a model's first forward pass, which times the matrix
 // products' algorithms (matmul_tune) and must have the GPU alone.
+//
+// Candidate (stats_deferred): the statistics left to run beside the backward pass too. Each layer's
+// float32 queries and keys and rows' statistics in buffers of their own (+1.5 GB at d22, 8 x 2048,
+// carved where the candidate build trains), so that the forward pass never waits for a layer's
+// statistics; the model's stream waits for them all (stats_join) only where something needs them or
+// would write over what they read: the sums read (model_stats_sums, which the training loop calls
+// after the step's last backward pass), the sums cleared, the weights written (AdamW, an upload),
+// and the start of the next forward pass (the document starts, the activations). The backward pass
+// writes nothing they read where the rows' statistics come from the lse (the other way takes the
+// backward's att_delta and datty as scratch, and then they are not deferred). A pass with deferred
+// statistics is not captured as a graph (stats_pass_graph): a capture must join its second stream
+// before it ends.
 struct StatsBeside {
     bool on = true;
     bool warm = false;  // a forward pass has run (its products' algorithms tuned)
@@ -121,6 +133,14 @@ struct StatsBeside {
     cudaEvent_t ready = nullptr;   // a layer's forward pass done: its statistics may start
     cudaEvent_t done[2] = {};      // the statistics of the last layer that used each pair of buffers
     float *qk_normed = nullptr, *row_stats = nullptr;  // an odd layer's
+    bool defer = candidate_on("stats_deferred");
+    float *layer_qk_normed = nullptr, *layer_row_stats = nullptr;  // deferred: every layer's, one after another
+    cudaEvent_t deferred_done = nullptr;  // the last layer's deferred statistics done
+    bool pending = false;                 // deferred statistics queued that the model's stream has not waited for
+    // For the tests: the deferred statistics of each layer wait this long on their stream first, and
+    // the passes skip their waits for them (a check that the comparison catches a missing wait).
+    int test_delay_us = 0;
+    bool test_skip_waits = false;
 };
 
 // Candidate (grads_beside): the weight gradients' products of the backward pass on streams beside
@@ -158,7 +178,7 @@ struct GradsBeside {
     bool test_skip_waits = false;
 };
 
-// Spins for `us` microseconds (GradsBeside's test delay).
+// Spins for `us` microseconds (the test delays of GradsBeside and of StatsBeside's deferred statistics).
 __global__ void spin_kernel(int us) {
     for (int i = 0; i < us; i++) __nanosleep(1000);
 }
@@ -218,6 +238,19 @@ struct GpuModel : ModelShape {  // and backend.h's ModelShape
     cudaStream_t stream;
 };
 
+// Whether a pass with statistics (tm) leaves them to run past its end (StatsBeside's stats_deferred).
+static bool stats_defer_now(const GpuModel& g, bool tm) {
+    return tm && g.beside.defer && g.beside.on && g.beside.warm && !g.clock.on && g.beside.layer_qk_normed &&
+           attention_auto(g.cfg.head_dim) == ATTENTION_MMA;
+}
+
+// The model's stream waits for the deferred statistics queued so far (nothing when none are).
+static void stats_join(GpuModel& g) {
+    if (!g.beside.pending) return;
+    if (!g.beside.test_skip_waits) cudaCheck(cudaStreamWaitEvent(g.stream, g.beside.deferred_done, 0));
+    g.beside.pending = false;
+}
+
 // Whether GPU `index` (this process's among those of its machine) exists; its name if so, and
 // then it is the GPU everything after runs on.
 inline bool cuda_device_present(int index, std::string* name) {
@@ -256,6 +289,9 @@ static void gpu_carve(GpuModel& g, Arena& a) {
     g.stats_partial = a.take<float>(telemetry_partial_floats((int)N, c));
     g.beside.qk_normed = a.take<float>(N * NH * D);
     g.beside.row_stats = a.take<float>((size_t)ATTN_NUM_ROW_STATS * N * c.n_head);
+    const bool deferrable = kCandidateKernels && g.trains;  // the candidate stats_deferred's buffers
+    g.beside.layer_qk_normed = a.take<float>(deferrable ? c.n_layer * N * NH * D : 0);
+    g.beside.layer_row_stats = a.take<float>(deferrable ? (size_t)c.n_layer * ATTN_NUM_ROW_STATS * N * c.n_head : 0);
     g.doc_bits = a.take<uint32_t>((size_t)g.max_B * document_start_words(g.max_T));
     g.tokens = a.take<int>(N);
     g.targets = a.take<int>(N);
@@ -338,6 +374,7 @@ static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T, 
     cudaCheck(cudaStreamCreateWithPriority(&g.beside.stream, cudaStreamNonBlocking, least));
     cudaCheck(cudaEventCreateWithFlags(&g.beside.ready, cudaEventDisableTiming));
     for (cudaEvent_t& e : g.beside.done) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&g.beside.deferred_done, cudaEventDisableTiming));
     cudaCheck(cudaStreamCreateWithPriority(&g.grads_beside.stream[0], cudaStreamNonBlocking, greatest));
     cudaCheck(cudaStreamCreateWithPriority(&g.grads_beside.stream[1], cudaStreamNonBlocking, least));
     cudaCheck(cudaEventCreateWithFlags(&g.grads_beside.ready, cudaEventDisableTiming));
@@ -389,6 +426,7 @@ static void model_free(GpuModel& g) {
     cudaCheck(cudaStreamDestroy(g.beside.stream));
     cudaCheck(cudaEventDestroy(g.beside.ready));
     for (cudaEvent_t e : g.beside.done) cudaCheck(cudaEventDestroy(e));
+    cudaCheck(cudaEventDestroy(g.beside.deferred_done));
     g.beside = StatsBeside();
     for (cudaStream_t gs : g.grads_beside.stream) cudaCheck(cudaStreamDestroy(gs));
     cudaCheck(cudaEventDestroy(g.grads_beside.ready));
@@ -409,6 +447,7 @@ static HostState host_state(GpuModel& g) {
 
 static void model_upload(GpuModel& g) {
     size_t b = g.shard.begin, n = g.shard.end - g.shard.begin;
+    stats_join(g);  // deferred statistics read the gains (the copies below follow the model's stream's work)
     cudaCheck(cudaMemcpy(g.params, g.host_params.data(), g.P * sizeof(float), cudaMemcpyHostToDevice));
     if (g.trains) {
         cudaCheck(cudaMemcpy(g.adam_m, g.host_adam_m.data() + b, n * sizeof(float), cudaMemcpyHostToDevice));
@@ -489,11 +528,14 @@ static void forward_pass(GpuModel& g, bool targets, int B, int T, bool tm) {
     // cuDNN's attention on the passes that train or evaluate, not a sample's (a new T every token,
     // and cuDNN makes plans for each shape).
     bool cudnn = targets;
-    // the statistics beside the layers (StatsBeside)
-    const bool beside = tm && g.beside.on && g.beside.warm && !g.clock.on;
+    // the statistics beside the layers (StatsBeside), deferred past the pass or not
+    const bool beside = tm && g.beside.on && g.beside.warm && !g.clock.on, defer = stats_defer_now(g, tm);
     for (int l = 0; l < L; l++) {
         Activations<bf16> la = layer_activations(a, dims, l);  // this layer's part of each buffer
-        if (beside && l % 2 == 1) {
+        if (defer) {
+            la.qk_normed = g.beside.layer_qk_normed + (size_t)l * N * (H + Hkv) * D;
+            la.row_stats = g.beside.layer_row_stats + (size_t)l * ATTN_NUM_ROW_STATS * N * H;
+        } else if (beside && l % 2 == 1) {
             la.qk_normed = g.beside.qk_normed;
             la.row_stats = g.beside.row_stats;
         }
@@ -503,7 +545,7 @@ static void forward_pass(GpuModel& g, bool targets, int B, int T, bool tm) {
         mark("matrix products of the layers, forward");
         matmul_forward(g.mm, la.qkv, la.ln1, gpu_param(g, P_WQ, l), nullptr, N, C, QKV, s);  // [Wq; Wk; Wv] in one product
         mark("QK-norm + RoPE forward");
-        if (beside && l >= 2) cudaCheck(cudaStreamWaitEvent(s, g.beside.done[l % 2], 0));  // its buffers measured
+        if (beside && !defer && l >= 2) cudaCheck(cudaStreamWaitEvent(s, g.beside.done[l % 2], 0));  // its buffers measured
         const bool vec = qk_norm_rope_vec_supports(D, {la.qk_rope, la.qkv, la.qk_normed, gpu_param(g, P_Q_GAIN, l),
                                                        gpu_param(g, P_K_GAIN, l), g.rope_cos, g.rope_sin});
         const bool query_norms = tm && vec && g.query_norms && head_row_stats_vec_supports(D, la.qk_normed);
@@ -519,6 +561,7 @@ static void forward_pass(GpuModel& g, bool targets, int B, int T, bool tm) {
                 cudaCheck(cudaEventRecord(g.beside.ready, s));
                 cudaCheck(cudaStreamWaitEvent(g.beside.stream, g.beside.ready, 0));
                 ts = g.beside.stream;
+                if (defer && g.beside.test_delay_us) spin_kernel<<<1, 1, 0, ts>>>(g.beside.test_delay_us);
             }
             if (rows_left) layer_attention_row_stats(g, la, B, T, ts);
             telemetry_layer(g.stat_sums, g.stats_layout, g.stats_partial, a.keys_f64, g.mm, la.qk_normed, la.row_stats,
@@ -547,7 +590,12 @@ static void forward_pass(GpuModel& g, bool targets, int B, int T, bool tm) {
         mark("losses to the host");
         cudaCheck(cudaMemcpyAsync(g.losses_host, a.losses, N * sizeof(float), cudaMemcpyDeviceToHost, s));
     }
-    if (beside) cudaCheck(cudaStreamWaitEvent(s, g.beside.done[(L - 1) % 2], 0));  // every layer measured
+    if (defer) {  // waited for by stats_join
+        cudaCheck(cudaEventRecord(g.beside.deferred_done, g.beside.stream));
+        g.beside.pending = true;
+    } else if (beside) {
+        cudaCheck(cudaStreamWaitEvent(s, g.beside.done[(L - 1) % 2], 0));  // every layer measured
+    }
     g.beside.warm = true;
 }
 
@@ -570,6 +618,7 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
     g.T = T;
     const int N = B * T;
     cudaStream_t s = g.stream;
+    stats_join(g);  // the last pass's deferred statistics read the document starts and the activations
     g.clock.mark("inputs to the device", s);
     cudaCheck(cudaMemcpyAsync(g.tokens, tokens, N * sizeof(int), cudaMemcpyHostToDevice, s));
     if (targets) cudaCheck(cudaMemcpyAsync(g.targets, targets, N * sizeof(int), cudaMemcpyHostToDevice, s));
@@ -582,7 +631,7 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
     auto pass = [&] { forward_pass(g, targets != nullptr, B, T, tm); };
     // A graph keeps the way its pass ran when captured: with the statistics beside the layers or
     // between them (g.beside.on), which the key leaves out; the two give the same bits.
-    if (targets && (!tm || stats_pass_graph_on()) && !g.clock.on)
+    if (targets && (!tm || (stats_pass_graph_on() && !stats_defer_now(g, tm))) && !g.clock.on)
         pass_graph_run(g.graphs, {tm ? 2 : 0, B, T, 0.0f, g.cudnn.workspace_generation}, s, pass);
     else
         pass();
@@ -782,6 +831,7 @@ static float model_grad_norm(GpuModel& g) {
 // host copy, is not needed here).
 static void model_adamw_step(GpuModel& g, const AdamWSettings& o, int t, float grad_norm, float clip) {
     (void)grad_norm;
+    stats_join(g);  // deferred statistics read the gains
     static const bool tiles = candidate_on("adamw_tiles");
     if (tiles)
         adamw_step_tiles(g.params, g.params_bf16, g.grads, g.adam_m, g.adam_v, (long long)g.shard.begin, g.segments,
@@ -804,6 +854,7 @@ static void model_param_sync(GpuModel& g) {
 // A stats step: the sums cleared before its first forward pass; after its last, copied to the
 // host (with the counts of tokens and of queries that see a document start, which the host keeps).
 static void model_stats_begin(GpuModel& g) {
+    stats_join(g);
     telemetry_sums_clear_kernel<<<64, 256, 0, g.stream>>>(g.stat_sums, g.stats_layout);
     cuda_check_launch();
     g.stats_tokens = 0;
@@ -811,6 +862,7 @@ static void model_stats_begin(GpuModel& g) {
 }
 
 static double* model_stats_sums(GpuModel& g) {
+    stats_join(g);
     cudaCheck(cudaMemcpyAsync(g.stat_sums_host, g.stat_sums, g.stats_layout.total * sizeof(double), cudaMemcpyDeviceToHost,
                               g.stream));
     cudaCheck(cudaStreamSynchronize(g.stream));
@@ -1172,9 +1224,11 @@ struct Profile {
     }
 };
 
-// After a stats step's last forward pass: every process's sums added into rank 0's, which turns
-// them into the statistics (two eigenvalue problems per key head) beside the backward pass and the
-// steps that follow on the GPU, when they are waited for on the CPU (wait_stats).
+// After a stats step's last backward pass (its last forward pass where it has none): every
+// process's sums added into rank 0's, which turns them into the statistics (two eigenvalue problems
+// per key head) beside the steps that follow on the GPU, when they are waited for on the CPU
+// (wait_stats). After the backward pass, so that the GPU's statistics may run beside it
+// (StatsBeside's stats_deferred).
 template <typename Model>
 static void collect_stats(Model& m, Run& r, Telemetry* out) {
     double* sums = model_stats_sums(m);
@@ -1218,13 +1272,16 @@ static float forward_backward(Model& m, Run& r, long long* data_position, Teleme
     if (r.dist.world > 1) dataloader_seek(&r.train, *data_position + (long long)r.dist.rank * r.local_accum);
     double loss_sum = 0;
     for (int micro = 0; micro < r.local_accum; micro++) {
+        const bool last = micro == r.local_accum - 1;
         dataloader_next_batch(&r.train);
         loss_sum += model_forward(m, r.train.inputs.data(), r.train.targets.data(), r.B, r.T, stats != nullptr);
         prof.end_phase(m, Profile::FORWARD);
-        if (stats && micro == r.local_accum - 1) collect_stats(m, r, stats);
+        if (stats && last && !backward) collect_stats(m, r, stats);
         if (!backward) continue;
         model_backward(m, r.train.inputs.data(), r.train.targets.data(), 1.0f / r.accum);
         prof.end_phase(m, Profile::BACKWARD);
+        // after the backward pass, beside which the GPU's deferred statistics may still run
+        if (stats && last) collect_stats(m, r, stats);
     }
     *data_position += r.accum;
     dist_sum(r.dist, &loss_sum, 1);

@@ -90,7 +90,7 @@ done
 # CUDA graphs (the same binary, command and cuDNN log settings): the time, and whether every step's
 # loss, gradient norm and statistics are the same bits. ./train at statistics every 10 steps, and
 # train_candidates, where the bundle has it, at statistics every step (its passes with statistics
-# come from a graph too). The window (steps 22-51) of a run with graphs starts after the steps that
+# come from a graph too where their statistics are not deferred). The window (steps 22-51) of a run with graphs starts after the steps that
 # capture the passes' graphs (a cost of milliseconds once).
 B=${SPEED_BATCHES:-8}
 B=${B%% *}
@@ -110,9 +110,12 @@ for direct in train:10 train_candidates:1; do
 done
 # Each candidate's share: train_candidates with one candidate turned off (TRAIN_CANDIDATES_OFF,
 # cuda_common.cuh's candidate_on), at the statistics' interval and batch where it is meant to
-# count, against the same run with all of them (SPEED_CANDIDATES_OFF: name:every:B, default below;
-# each while more than 90 s are left, for torch.compile after them)
-for entry in ${SPEED_CANDIDATES_OFF-grads_beside:10:8 query_norms:1:8 adamw_tiles:10:4 stats_pass_graph:1:4}; do
+# count, against the same run with all of them (SPEED_CANDIDATES_OFF: name:every:B, default below,
+# a name that may be several separated by commas; each while more than 90 s are left, for
+# torch.compile after them). A pass whose statistics are deferred (stats_deferred) is not captured
+# as a graph, so stats_pass_graph's share is the run without both against the run without the first.
+for entry in ${SPEED_CANDIDATES_OFF-grads_beside:10:8 stats_deferred:1:8 query_norms:1:8 stats_deferred:1:4 \
+    stats_deferred,stats_pass_graph:1:4 adamw_tiles:10:4}; do
     IFS=: read -r off every B <<<"$entry"
     all=d22_b${B}_s${every}_train_candidates
     [ -e "$runs/$all.ok" ] && [ $((deadline - SECONDS)) -gt 90 ] || continue

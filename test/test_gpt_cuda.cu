@@ -191,6 +191,7 @@ static void check_qk_forward_candidates(GpuModel& g, const std::string& label, c
     const ModelConfig& c = g.cfg;
     const int NH = c.n_head + c.n_kv_head, D = c.head_dim;
     const size_t vectors = (size_t)B * T * NH * D;
+    g.beside.defer = false;  // the float32 vectors in the buffers read below
     auto pass = [&](bool candidates, Telemetry& stats) {
         g.qk_forward_ahead = g.query_norms = candidates;
         for (float* p : {g.acts.qk_normed, g.beside.qk_normed})
@@ -213,6 +214,61 @@ static void check_qk_forward_candidates(GpuModel& g, const std::string& label, c
     }
     g.qk_forward_ahead = candidate_on("qk_forward_ahead");
     g.query_norms = candidate_on("query_norms");
+    g.beside.defer = candidate_on("stats_deferred");
+}
+
+// The candidate build's statistics deferred past their forward pass (StatsBeside's stats_deferred),
+// on and off: a stats step of two micro-batches (the batch, then the batch shifted by one), each a
+// forward pass with statistics and a backward pass, then the sums read, as the training loop does it.
+// The same statistics and gradients, bit for bit, with each layer's deferred statistics made slow
+// (each waits 20 ms on its stream first: far longer than the passes that follow, so that a missing
+// wait would show). The statistics must have been deferred, and the same slow statistics with the
+// waits skipped must give other statistics: the comparison catches a missing wait.
+static void check_stats_deferred(GpuModel& g, const std::string& label, const std::vector<int>& tokens,
+                                 const std::vector<int>& targets, int B, int T) {
+    StatsBeside& sb = g.beside;
+    std::vector<int> shifted(tokens.size());
+    for (size_t i = 0; i < tokens.size(); i++) shifted[i] = tokens[(i + 1) % tokens.size()];
+    const std::vector<int>* batches[2] = {&tokens, &shifted};
+    bool deferred = false;
+    auto step = [&](bool defer, bool skip_waits, std::vector<float>& grads) {
+        sb.defer = defer;
+        sb.test_delay_us = defer ? 20000 : 0;
+        sb.test_skip_waits = skip_waits;
+        deferred = false;
+        model_zero_grad(g);
+        model_stats_begin(g);
+        for (const std::vector<int>* x : batches) {
+            model_forward(g, x->data(), targets.data(), B, T, true);
+            deferred |= sb.pending;
+            model_backward(g, x->data(), targets.data(), 0.5f);
+        }
+        Telemetry stats;
+        telemetry_from_sums(stats, model_stats_sums(g), g.stats_layout, g.cfg);
+        grads.resize(g.P);
+        cudaCheck(cudaMemcpy(grads.data(), g.grads, g.P * sizeof(float), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaStreamSynchronize(sb.stream));  // nothing left running into the next check
+        return stats;
+    };
+    auto same_stats = [](const Telemetry& a, const Telemetry& b) {
+        bool same = true;
+        for (int k = 0; k < M_NUM_METRICS; k++) same &= a.values[k] == b.values[k];
+        return same;
+    };
+    std::vector<float> plain_grads, grads, unwaited_grads;
+    const Telemetry plain = step(false, false, plain_grads);
+    const bool plain_deferred = deferred;
+    const Telemetry later = step(true, false, grads);
+    report(deferred && !plain_deferred && same_stats(later, plain) &&
+               memcmp(grads.data(), plain_grads.data(), g.P * sizeof(float)) == 0,
+           label + "statistics deferred past their forward pass (slowed): the same statistics and gradients, bit for bit",
+           deferred ? "" : "the statistics were not deferred");
+    const Telemetry unwaited = step(true, true, unwaited_grads);
+    report(!same_stats(unwaited, plain),
+           label + "the deferred statistics without their waits (slowed): other statistics, as they must be");
+    sb.defer = candidate_on("stats_deferred");
+    sb.test_delay_us = 0;
+    sb.test_skip_waits = false;
 }
 
 // The candidate build's weight gradients' products beside the backward pass (GradsBeside), on and
@@ -256,7 +312,8 @@ static void check_grads_beside(GpuModel& g, const std::string& label, const std:
 // CUDA graphs (./train's unless TRAIN_CUDA_GRAPH=0, cuda_graph.cuh). A step, on one of two batches (the tokens and
 // the same tokens shifted by one): the batch's forward and backward passes, its first sequence's as
 // a micro-batch (another shape: two more graphs), then a statistics forward pass of the batch (run
-// directly; from a graph of its own in the candidate build) and a backward pass after it. Six steps
+// directly; from a graph of its own in the candidate build, unless its statistics are deferred) and
+// a backward pass after it. Six steps
 // with graphs, the batches in turn, take every pass through its direct run, its capture and launch,
 // and launches of its graph; each step must give the loss, every gradient and every statistic of
 // the same step run directly, bit for bit. Before each step the host's copy of the losses and the
@@ -307,7 +364,8 @@ static void check_graphs(const std::string& label, const std::string& ckpt, cons
         report(same, strprintf("%sstep %d (batch %d): the direct step's loss, gradients and statistics, bit for bit",
                                label.c_str(), k + 1, batch + 1));
     }
-    int captured = 0, want = stats_pass_graph_on() ? 5 : 4;
+    // the pass with statistics from a graph of its own unless its statistics are deferred past it
+    int captured = 0, want = stats_pass_graph_on() && !stats_defer_now(g, true) ? 5 : 4;
     for (const PassGraphs::Entry& e : g.graphs.entries) captured += e.exec != nullptr;
     report(captured == want && g.graphs.refused.empty(), strprintf("%sthe %d passes were captured", label.c_str(), want),
            strprintf("%d captured%s%s", captured, g.graphs.refused.empty() ? "" : "; refused: ", g.graphs.refused.c_str()));
@@ -366,6 +424,7 @@ int main(int argc, char** argv) {
     check_stats_beside(g, "cuda ", tokens, targets, B, T);
     if (kCandidateKernels) check_grads_beside(g, "cuda ", tokens, targets, B, T);
     if (kCandidateKernels) check_qk_forward_candidates(g, "cuda ", tokens, targets, B, T);
+    if (kCandidateKernels) check_stats_deferred(g, "cuda ", tokens, targets, B, T);
 
     // Gradient accumulation as the training loop does it: the batch's B sequences as B micro-batches,
     // each backward pass scaled by 1/B and added into the gradients, give the whole batch's gradient.
@@ -434,6 +493,7 @@ int main(int argc, char** argv) {
         check_stats_beside(g, v.label, tokens, targets, B, T);
         if (kCandidateKernels) check_grads_beside(g, v.label, tokens, targets, B, T);
         if (kCandidateKernels) check_qk_forward_candidates(g, v.label, tokens, targets, B, T);
+        if (kCandidateKernels) check_stats_deferred(g, v.label, tokens, targets, B, T);
         compare_gradients(g, v.label, backward_gradients(g, tokens, targets, B, T), vdbg);
         // Frozen: no gradient (so out of the norm), and AdamW leaves the tensors as they were.
         model_freeze(g, (uint32_t)tensor_or_fail(read_tensorfile(vdbg), "freeze", vdbg).values[0]);
