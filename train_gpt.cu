@@ -240,8 +240,8 @@ struct GpuModel : ModelShape {  // and backend.h's ModelShape
 
 // Whether a pass with statistics (tm) leaves them to run past its end (StatsBeside's stats_deferred).
 static bool stats_defer_now(const GpuModel& g, bool tm) {
-    return tm && g.beside.defer && g.beside.on && g.beside.warm && !g.clock.on && g.beside.layer_qk_normed &&
-           attention_auto(g.cfg.head_dim) == ATTENTION_MMA;
+    return tm && g.beside.defer && g.beside.on && g.beside.warm && !g.clock.on && g.trains &&
+           g.beside.layer_qk_normed && attention_auto(g.cfg.head_dim) == ATTENTION_MMA;
 }
 
 // The model's stream waits for the deferred statistics queued so far (nothing when none are).
@@ -289,9 +289,10 @@ static void gpu_carve(GpuModel& g, Arena& a) {
     g.stats_partial = a.take<float>(telemetry_partial_floats((int)N, c));
     g.beside.qk_normed = a.take<float>(N * NH * D);
     g.beside.row_stats = a.take<float>((size_t)ATTN_NUM_ROW_STATS * N * c.n_head);
-    const bool deferrable = kCandidateKernels && g.trains;  // the candidate stats_deferred's buffers
-    g.beside.layer_qk_normed = a.take<float>(deferrable ? c.n_layer * N * NH * D : 0);
-    g.beside.layer_row_stats = a.take<float>(deferrable ? (size_t)c.n_layer * ATTN_NUM_ROW_STATS * N * c.n_head : 0);
+    if (kCandidateKernels && g.trains && g.beside.defer) {  // the candidate stats_deferred's buffers
+        g.beside.layer_qk_normed = a.take<float>(c.n_layer * N * NH * D);
+        g.beside.layer_row_stats = a.take<float>((size_t)c.n_layer * ATTN_NUM_ROW_STATS * N * c.n_head);
+    }
     g.doc_bits = a.take<uint32_t>((size_t)g.max_B * document_start_words(g.max_T));
     g.tokens = a.take<int>(N);
     g.targets = a.take<int>(N);
@@ -861,6 +862,8 @@ static void model_stats_begin(GpuModel& g) {
     g.stats_doc_view = 0;
 }
 
+static bool model_stats_pending(GpuModel& g) { return g.beside.pending; }
+
 static double* model_stats_sums(GpuModel& g) {
     stats_join(g);
     cudaCheck(cudaMemcpyAsync(g.stat_sums_host, g.stat_sums, g.stats_layout.total * sizeof(double), cudaMemcpyDeviceToHost,
@@ -1224,11 +1227,10 @@ struct Profile {
     }
 };
 
-// After a stats step's last backward pass (its last forward pass where it has none): every
-// process's sums added into rank 0's, which turns them into the statistics (two eigenvalue problems
-// per key head) beside the steps that follow on the GPU, when they are waited for on the CPU
-// (wait_stats). After the backward pass, so that the GPU's statistics may run beside it
-// (StatsBeside's stats_deferred).
+// After a stats step's last forward pass (or its backward pass, where the GPU's statistics run beside
+// it: StatsBeside's stats_deferred): every process's sums added into rank 0's, which turns them into
+// the statistics (two eigenvalue problems per key head) beside the backward pass and the steps that
+// follow on the GPU, when they are waited for on the CPU (wait_stats).
 template <typename Model>
 static void collect_stats(Model& m, Run& r, Telemetry* out) {
     double* sums = model_stats_sums(m);
@@ -1276,12 +1278,15 @@ static float forward_backward(Model& m, Run& r, long long* data_position, Teleme
         dataloader_next_batch(&r.train);
         loss_sum += model_forward(m, r.train.inputs.data(), r.train.targets.data(), r.B, r.T, stats != nullptr);
         prof.end_phase(m, Profile::FORWARD);
-        if (stats && last && !backward) collect_stats(m, r, stats);
+        // The sums once the last forward pass is done, so that the host's part runs beside the
+        // backward pass; where the device's part still runs (model_stats_pending), after the
+        // backward pass, beside which it runs.
+        const bool after_backward = backward && model_stats_pending(m);
+        if (stats && last && !after_backward) collect_stats(m, r, stats);
         if (!backward) continue;
         model_backward(m, r.train.inputs.data(), r.train.targets.data(), 1.0f / r.accum);
+        if (stats && last && after_backward) collect_stats(m, r, stats);
         prof.end_phase(m, Profile::BACKWARD);
-        // after the backward pass, beside which the GPU's deferred statistics may still run
-        if (stats && last) collect_stats(m, r, stats);
     }
     *data_position += r.accum;
     dist_sum(r.dist, &loss_sum, 1);

@@ -99,6 +99,8 @@ struct AdamWSettings {
     /* statistics */                                                                                                 \
     X(void, model_stats_begin(m), "clear the sums before a stats step's first forward pass")                        \
     X(double*, model_stats_sums(m), "the sums of the forward passes since, on the host, in stats_layout")           \
+    X(bool, model_stats_pending(m),                                                                                  \
+      "the last forward pass's statistics still run (beside the backward pass): read the sums after it")             \
     /* sampling */                                                                                                   \
     X(void, model_logits_row(m, row, out), "row `row` of the last forward pass's logits, vocab_size floats, into out")
 

@@ -643,6 +643,7 @@ inline void model_param_sync(CpuModel& m) { dist_all_gather(m.dist, m.params.dat
 // A stats step: the sums cleared before its first forward pass, and read after its last.
 inline void model_stats_begin(CpuModel& m) { telemetry_sums_clear(m.stat_sums.data(), m.stats_layout); }
 inline double* model_stats_sums(CpuModel& m) { return m.stat_sums.data(); }
+inline bool model_stats_pending(CpuModel&) { return false; }  // computed in the forward pass
 
 // The rest of backend.h's contract. The host arrays are the model's own here, so moving them
 // between host and device does nothing.
