@@ -117,10 +117,11 @@ struct KernelClock {
 //
 // Candidate (stats_deferred): the statistics left to run beside the backward pass too. Each layer's
 // float32 queries and keys and rows' statistics in buffers of their own (+1.5 GB at d22, 8 x 2048,
-// carved where the candidate build trains), so that the forward pass never waits for a layer's
-// statistics; the model's stream waits for them all (stats_join) only where something needs them or
-// would write over what they read: the sums read (model_stats_sums, which the training loop calls
-// after the step's last backward pass), the sums cleared, the weights written (AdamW, an upload),
+// carved where the candidate build trains with it on), so that the forward pass never waits for a
+// layer's statistics; the model's stream waits for them all (stats_join) only where something needs
+// them or would write over what they read: the sums read (model_stats_sums, which the training loop
+// then calls after the step's last backward pass: model_stats_pending), the sums cleared, the
+// weights written (AdamW, an upload),
 // and the start of the next forward pass (the document starts, the activations). The backward pass
 // writes nothing they read where the rows' statistics come from the lse (the other way takes the
 // backward's att_delta and datty as scratch, and then they are not deferred). A pass with deferred

@@ -207,9 +207,9 @@ __global__ void qk_norm_rope_forward_vec_kernel(bf16* qk_rope, float* qk_normed,
 // item's 16-byte load of x issued before the first item is worked on. Nsight Compute read the kernel
 // above at 25.7 us a call at d22, 8 x 2048 on an H200, 40% of the memory's speed at 5 blocks an SM:
 // one load in flight a group, 20 KB an SM, about two thirds of what the memory's latency asks for
-// at its speed. ITEMS = 4 keeps four in flight at 4 blocks an SM (64 registers a thread, 4 bytes spilled). Item k of
-// a group is first + k * groups, so that a warp's loads stay contiguous. The same arithmetic, item
-// by item, as the kernel above: the same bits.
+// at its speed. ITEMS = 4 keeps four in flight at 4 blocks an SM (64 registers a thread, 4 bytes
+// spilled). Item k of a group is first + k * groups, so that a warp's loads stay contiguous. The
+// same arithmetic, item by item, as the kernel above (qk_norm_rope_group): the same bits.
 //
 // query_norms (on a stats step, qk_normed non-null): a query head's float32 vector, which the
 // statistics read only for its norm, is replaced by that norm in its first element; the rest of the
