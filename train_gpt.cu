@@ -121,12 +121,11 @@ struct KernelClock {
 // layer's statistics; the model's stream waits for them all (stats_join) only where something needs
 // them or would write over what they read: the sums read (model_stats_sums, which the training loop
 // then calls after the step's last backward pass: model_stats_pending), the sums cleared, the
-// weights written (AdamW, an upload),
-// and the start of the next forward pass (the document starts, the activations). The backward pass
-// writes nothing they read where the rows' statistics come from the lse (the other way takes the
-// backward's att_delta and datty as scratch, and then they are not deferred). A pass with deferred
-// statistics is not captured as a graph (stats_pass_graph): a capture must join its second stream
-// before it ends.
+// weights written (AdamW, an upload), and the start of the next forward pass (the document starts,
+// the activations). The backward pass writes nothing they read where the rows' statistics come
+// from the lse (the other way takes the backward's att_delta and datty as scratch, and then they
+// are not deferred). A pass with deferred statistics is not captured as a graph
+// (stats_pass_graph): a capture must join its second stream before it ends.
 struct StatsBeside {
     bool on = true;
     bool warm = false;  // a forward pass has run (its products' algorithms tuned)
