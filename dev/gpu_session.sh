@@ -10,8 +10,8 @@
 #                                    algorithm cuBLASLt offers for the d22 products timed
 #                                    (OUT/matmul_algorithms.txt), Nsight Compute on ./train's
 #                                    statistics' and memory-bound kernels (OUT/ncu_memory_bound.txt),
-#                                    cuDNN's engines for the d22 layer surveyed
-#                                    (OUT/cudnn_engines.txt), all while torch.compile compiles
+#                                    cuDNN's engines for the d22 layer surveyed, every
+#                                    setting of their knobs (OUT/cudnn_engines.txt), all while torch.compile compiles
 #                                    the reports' recipe in the background; then
 #                                    dev/gpu_speed.sh at 8 and 4 x 2048
 # Each ends within SESSION_SECONDS; the tables print as they come, and all that the call prints is
@@ -67,15 +67,18 @@ for B in map(int, sys.argv[2:]):
         echo "cuBLASLt's algorithms: status $?"
         grep -E "a step's matrix products|^FAIL|passed, [0-9]+ failed" "${OUT:-/tmp}/matmul_algorithms.txt" | cut -c1-250 |
             sed 's/^/  /'
-        # Every engine configuration cuDNN offers for the d22 layer at 8 x 2048, timed, with its bits
-        # against ./train's plan's (OUT/cudnn_engines.txt): whether a faster one gives the same bits
-        # twice. Up to 40 s, and only while 360 s are left for what follows (the timings).
-        survey=$(( $(left) - 360 < 40 ? $(left) - 360 : 40 ))
+        # Every engine configuration cuDNN's heuristics offer for the d22 layer at 8 x 2048, then every
+        # engine at every setting of its knobs, timed, with its bits against ./train's plan's
+        # (OUT/cudnn_engines.txt): whether a faster one gives the same bits twice. Up to 50 s, and
+        # only while 360 s are left for what follows (the timings). Printed: ./train's plans, how
+        # many settings of each engine made plans, and the fastest of each pass.
+        survey=$(( $(left) - 360 < 50 ? $(left) - 360 : 50 ))
         if [ "$survey" -ge 10 ]; then
             (source dev/gpu_env.sh && timeout $((survey + 20)) "${with_cudnn[@]}" CUDNN_SURVEY_SECONDS=$survey \
                 "$g/bin/dev_cudnn_attention" --engines >"${OUT:-/tmp}/cudnn_engines.txt" 2>&1)
             echo "cuDNN's engines: status $?"
-            grep -E "^   (forward|backward) " "${OUT:-/tmp}/cudnn_engines.txt" | head -20 | cut -c1-160
+            grep -E "^   (fastest|(forward|backward) +(\./train's plan|sweep, engine [0-9]+:))" \
+                "${OUT:-/tmp}/cudnn_engines.txt" | cut -c1-200
         else
             echo "cuDNN's engines: not surveyed, no time"
         fi

@@ -13,13 +13,16 @@
 //                 two operation graphs and stops there; that needs no GPU (only the library), so it
 //                 checks the graphs' construction on any machine (make test runs it; without the
 //                 library or a build with cuDNN it says so and checks nothing).
-//   --engines     checks nothing: a survey of every engine configuration cuDNN offers for the d22
-//                 layer at 8 x 2048 (survey_engines), their times and bits beside ./train's plan's.
+//   --engines     checks nothing: a survey of every engine configuration cuDNN's heuristics offer
+//                 for the d22 layer at 8 x 2048, then of every engine at every setting of its knobs
+//                 (survey_engines), their times and bits beside ./train's plan's.
 // CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr make cuDNN say why a graph or plan is refused.
 // Build: make build/dev_cudnn_attention.
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include "dev/cuda/common.h"
 #include "llmc/attention.cuh"
 #include "llmc/cudnn_attention.cuh"
@@ -207,34 +210,63 @@ static void experiment(cudnnHandle_t handle, const CudnnShape& s, bool timing) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// A survey of cuDNN's engines for one layer: every engine configuration its heuristics offer (in
-// modes A and FALLBACK; ./train runs mode A's first that finalises), each run on random inputs,
-// the backward pass from ./train's plan's forward outputs. A row each: the engine, its knobs and
-// what cuDNN says of its determinism, the seconds its plan took to make (the heuristics and the
-// finalising), its workspace and time, whether it gives the bits of ./train's plan and the same
-// bits twice. It checks nothing: the measurement that a rule choosing another engine than
-// ./train's would start from. A program run of its own (--engines), since a faulty engine may
-// leave the GPU unusable; it stops after CUDNN_SURVEY_SECONDS (default 30; a third of them for the
-// forward pass's configurations) or kSurveyConfigs configurations of a mode.
+// A survey of cuDNN's engines for one layer, each configuration run on random inputs (the backward
+// pass from ./train's plan's forward outputs): first every configuration its heuristics offer (in
+// modes A and FALLBACK; ./train runs mode A's first that finalises), then every engine that takes
+// the graph at every setting of its knobs (a sweep: the heuristics offer a few of the 37 values of
+// an engine's kernel configuration knob; which others make plans, and how fast, the sweep finds
+// out). A row each: the engine, its knobs and what cuDNN says of its determinism, the seconds its
+// plan took to make, its workspace and time, whether it gives the bits of ./train's plan and the
+// same bits twice; then, for each pass, the fastest that gives ./train's bits and the fastest that
+// gives the same bits twice. It checks nothing: the measurement that a rule choosing another
+// configuration than ./train's would start from. A program run of its own (--engines), since a
+// faulty engine may leave the GPU unusable (its rows are printed a line at a time, so that they
+// survive a crash); it stops after CUDNN_SURVEY_SECONDS (default 30): the heuristics'
+// configurations of both passes within the first 30% of them, then the backward pass's sweep (the
+// backward is three quarters of the attention's time) until 80%, then the forward's.
 
 static const size_t kSurveyConfigs = 12;
 
-// What a configuration runs, for a survey of them: its engine's number among cuDNN's engines, its
-// knobs (type=value) and whether cuDNN says its results may differ from run to run.
-static std::string cudnn_config_text(CudnnGraph& g, CudnnDesc config) {
-    CudnnDesc engine = g.make(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-    int64_t n = 0, index = -1;
-    cudnn_check(g_cudnn.get_attribute(config, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine),
-                "read a configuration's engine");
-    cudnn_check(g_cudnn.get_attribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &index),
-                "read an engine's index");
-    std::string text = strprintf("engine %lld", (long long)index);
+// A configuration as an engine takes it: the engine's number and its knobs' values.
+struct CudnnSetting {
+    int64_t engine = -1;
+    std::vector<std::pair<cudnnBackendKnobType_t, int64_t>> knobs;
+    std::string text() const {
+        std::string t = strprintf("engine %lld", (long long)engine);
+        for (size_t i = 0; i < knobs.size(); i++)
+            t += strprintf("%s%d=%lld", i == 0 ? ", knobs " : " ", (int)knobs[i].first, (long long)knobs[i].second);
+        return t;
+    }
+};
+
+// An engine's knob: the values it takes, from min to max by stride.
+struct CudnnKnob {
+    cudnnBackendKnobType_t type;
+    int64_t min, max, stride;
+};
+
+// " (nondeterministic, cuDNN says)" where cuDNN notes that the engine's results may differ from
+// run to run, else "".
+static std::string engine_note(CudnnDesc engine) {
     cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+    int64_t n = 0;
     cudnn_check(g_cudnn.get_attribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
                                       CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n, notes),
                 "read an engine's numerical notes");
     for (int64_t i = 0; i < n; i++)
-        if (notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) text += " (nondeterministic, cuDNN says)";
+        if (notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) return " (nondeterministic, cuDNN says)";
+    return "";
+}
+
+// The setting of a configuration the heuristics offer; *engine: its engine.
+static CudnnSetting config_setting(CudnnGraph& g, CudnnDesc config, CudnnDesc* engine) {
+    CudnnSetting s;
+    *engine = g.make(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+    int64_t n = 0;
+    cudnn_check(g_cudnn.get_attribute(config, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, engine),
+                "read a configuration's engine");
+    cudnn_check(g_cudnn.get_attribute(*engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &s.engine),
+                "read an engine's index");
     const int64_t most = CUDNN_KNOB_TYPE_COUNTS;
     std::vector<CudnnDesc> knobs(most);
     for (CudnnDesc& k : knobs) k = g.make(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR);
@@ -248,9 +280,298 @@ static std::string cudnn_config_text(CudnnGraph& g, CudnnDesc config) {
                     "read a knob's type");
         cudnn_check(g_cudnn.get_attribute(knobs[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &got, &value),
                     "read a knob's value");
-        text += strprintf("%s%d=%lld", i == 0 ? ", knobs " : " ", (int)type, (long long)value);
+        s.knobs.push_back({type, value});
     }
-    return text;
+    return s;
+}
+
+// Engine `index` for a finished operation graph, with its knobs in *knobs; null where the engine
+// does not take the graph.
+static CudnnDesc engine_for(CudnnGraph& g, CudnnDesc op_graph, int64_t index, std::vector<CudnnKnob>* knobs) {
+    CudnnDesc engine = g.make(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+    CudnnGraph::set_desc(engine, CUDNN_ATTR_ENGINE_OPERATION_GRAPH, op_graph, "engine graph");
+    CudnnGraph::set(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &index, "engine index");
+    if (g_cudnn.finalize(engine) != CUDNN_STATUS_SUCCESS) return nullptr;
+    const int64_t most = CUDNN_KNOB_TYPE_COUNTS;
+    std::vector<CudnnDesc> infos(most);
+    for (CudnnDesc& k : infos) k = g.make(CUDNN_BACKEND_KNOB_INFO_DESCRIPTOR);
+    int64_t n = 0;
+    cudnn_check(g_cudnn.get_attribute(engine, CUDNN_ATTR_ENGINE_KNOB_INFO, CUDNN_TYPE_BACKEND_DESCRIPTOR, most, &n,
+                                      infos.data()),
+                "read an engine's knobs");
+    knobs->clear();
+    for (int64_t i = 0; i < n && i < most; i++) {
+        CudnnKnob k;
+        int64_t got = 0;
+        cudnn_check(g_cudnn.get_attribute(infos[i], CUDNN_ATTR_KNOB_INFO_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &got, &k.type),
+                    "read a knob's type");
+        cudnn_check(g_cudnn.get_attribute(infos[i], CUDNN_ATTR_KNOB_INFO_MINIMUM_VALUE, CUDNN_TYPE_INT64, 1, &got, &k.min),
+                    "read a knob's least value");
+        cudnn_check(g_cudnn.get_attribute(infos[i], CUDNN_ATTR_KNOB_INFO_MAXIMUM_VALUE, CUDNN_TYPE_INT64, 1, &got, &k.max),
+                    "read a knob's largest value");
+        cudnn_check(g_cudnn.get_attribute(infos[i], CUDNN_ATTR_KNOB_INFO_STRIDE, CUDNN_TYPE_INT64, 1, &got, &k.stride),
+                    "read a knob's stride");
+        knobs->push_back(k);
+    }
+    return engine;
+}
+
+// The configuration of `engine` with the knob values of s; null where cuDNN refuses it.
+static CudnnDesc config_for(CudnnGraph& g, CudnnDesc engine, const CudnnSetting& s) {
+    std::vector<CudnnDesc> choices;
+    for (const auto& knob : s.knobs) {
+        CudnnDesc c = g.make(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR);
+        CudnnGraph::set(c, CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &knob.first, "knob type");
+        CudnnGraph::set(c, CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &knob.second, "knob value");
+        if (g_cudnn.finalize(c) != CUDNN_STATUS_SUCCESS) return nullptr;
+        choices.push_back(c);
+    }
+    CudnnDesc config = g.make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+    CudnnGraph::set_desc(config, CUDNN_ATTR_ENGINECFG_ENGINE, engine, "configuration engine");
+    if (!choices.empty())
+        CudnnGraph::set(config, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR, (int64_t)choices.size(),
+                        choices.data(), "configuration knobs");
+    return g_cudnn.finalize(config) == CUDNN_STATUS_SUCCESS ? config : nullptr;
+}
+
+// Every setting of an engine's knobs: each knob from its least value to its largest by its stride
+// (the largest taken at most kSweepValues values apart from the least), all combinations.
+static const int64_t kSweepValues = 64;
+static std::vector<CudnnSetting> knob_settings(int64_t engine, const std::vector<CudnnKnob>& knobs) {
+    std::vector<CudnnSetting> all(1);
+    all[0].engine = engine;
+    for (const CudnnKnob& k : knobs) {
+        std::vector<CudnnSetting> next;
+        const int64_t stride = std::max<int64_t>(1, k.stride);
+        for (const CudnnSetting& s : all)
+            for (int64_t v = k.min, i = 0; v <= k.max && i < kSweepValues; v += stride, i++) {
+                CudnnSetting t = s;
+                t.knobs.push_back({k.type, v});
+                next.push_back(t);
+            }
+        all.swap(next);
+    }
+    return all;
+}
+
+// One pass's survey: its graph, how to run it and read its results, ./train's plan's results, the
+// settings surveyed so far and the fastest.
+struct PassSurvey {
+    bool backward;
+    std::function<void(CudnnPlan&, void*)> run;
+    std::function<std::vector<float>()> results;
+    std::function<void()> keep_forward_outputs;  // the backward pass's inputs, from ./train's forward plan
+    double flops;
+    cudnnHandle_t handle;
+    std::vector<float> train_bits;  // ./train's plan's results (empty: its row not made yet)
+    std::vector<std::string> surveyed;
+    std::vector<CudnnSetting> offered;  // the heuristics' settings, best first
+    float train_ms = 0, best_same_ms = 0, best_twice_ms = 0;
+    std::string best_same, best_twice;
+
+    const char* name() const { return backward ? "backward" : "forward"; }
+    void build(CudnnGraph& g, const CudnnShape& s) const {
+        if (backward) cudnn_attention_backward_graph(g, s);
+        else cudnn_attention_forward_graph(g, s);
+    }
+    // A plan's row. False, with the reason printed, where it did not run.
+    bool row(CudnnPlan& p, const std::string& label, double prepare_s) {
+        void* workspace = nullptr;
+        if (cudaMalloc(&workspace, std::max<int64_t>(1, p.workspace_bytes)) != cudaSuccess) {
+            cudaGetLastError();
+            printf("   %-8s %s: no memory for its %.1f MiB of workspace\n", name(), label.c_str(),
+                   p.workspace_bytes / 1048576.0);
+            return false;
+        }
+        try {
+            run(p, workspace);
+            std::vector<float> got = results();
+            run(p, workspace);
+            const bool twice = same_bits(results(), got), reference = train_bits.empty();
+            if (reference) {
+                train_bits = got;
+                if (keep_forward_outputs) keep_forward_outputs();
+            }
+            const bool same = same_bits(got, train_bits);
+            const float ms = time_ms([&] { run(p, workspace); }, 10);
+            printf("   %-8s %s: ready in %.2f s, %.1f MiB of workspace, %.3f ms (%.0f TFLOP/s), %s, %s\n", name(),
+                   label.c_str(), prepare_s, p.workspace_bytes / 1048576.0, ms, flops / ms * 1e-9,
+                   same ? "./train's bits" : "OTHER BITS than ./train's",
+                   twice ? "the same bits twice" : "OTHER BITS THE SECOND TIME");
+            if (reference) train_ms = ms;
+            if (same && twice && (best_same.empty() || ms < best_same_ms)) best_same = label, best_same_ms = ms;
+            if (twice && (best_twice.empty() || ms < best_twice_ms)) best_twice = label, best_twice_ms = ms;
+        } catch (const std::exception& e) {
+            printf("   %-8s %s: %s\n", name(), label.c_str(), e.what());
+            cudaCheck(cudaFree(workspace));
+            return false;
+        }
+        cudaCheck(cudaFree(workspace));
+        return true;
+    }
+};
+
+// ./train's plan's row, then those of the configurations the heuristics offer, until `end` s.
+static void survey_offered(PassSurvey& ps, const CudnnShape& s, const std::function<double()>& elapsed, double end) {
+    try {
+        CudnnPlan p;
+        ps.build(p.graph, s);
+        const double t0 = elapsed();
+        cudnn_make_plan(p, ps.handle);
+        if (!ps.row(p, "./train's plan (mode A, " + p.engine + ")", elapsed() - t0)) return;
+    } catch (const std::exception& e) {
+        printf("   %-8s ./train's plan: %s\n", ps.name(), e.what());
+        return;
+    }
+    for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+        const char* mode_name = mode == CUDNN_HEUR_MODE_A ? "A" : "FALLBACK";
+        for (size_t i = 0; i < kSurveyConfigs; i++) {
+            if (elapsed() > end) {
+                printf("   (the %s's configurations from the heuristics stopped: their time is up)\n", ps.name());
+                return;
+            }
+            bool listed = false;  // the heuristics answered: an error after that is this configuration's
+            try {
+                CudnnPlan p;
+                ps.build(p.graph, s);
+                const double t0 = elapsed();
+                std::vector<CudnnDesc> configs = cudnn_engine_configs(p.graph, p.graph.finish(ps.handle), mode);
+                listed = true;
+                if (i >= configs.size()) break;
+                CudnnDesc engine;
+                const CudnnSetting setting = config_setting(p.graph, configs[i], &engine);
+                ps.offered.push_back(setting);
+                ps.surveyed.push_back(setting.text());
+                const std::string label = strprintf("mode %s %zu/%zu, %s%s", mode_name, i, configs.size(),
+                                                    setting.text().c_str(), engine_note(engine).c_str());
+                std::string why;
+                if (!cudnn_plan_from(p, ps.handle, configs[i], &why)) {
+                    printf("   %-8s %s: refused (%s)\n", ps.name(), label.c_str(), why.c_str());
+                    continue;
+                }
+                ps.row(p, label, elapsed() - t0);
+            } catch (const std::exception& e) {
+                printf("   %-8s mode %s %zu: %s\n", ps.name(), mode_name, i, e.what());
+                if (!listed) break;  // the mode's heuristics fail: they would for every configuration
+            }
+        }
+    }
+}
+
+// The sweep: every engine that takes the pass's graph, at every setting of its knobs not surveyed
+// already, the heuristics' engines first; a row for each setting that makes a plan, a line for each
+// engine with how many cuDNN refused. Until `end` s.
+static void survey_sweep(PassSurvey& ps, const CudnnShape& s, const std::function<double()>& elapsed, double end) {
+    if (ps.train_bits.empty()) return;  // no reference for the bits
+    std::vector<int64_t> order;
+    for (const CudnnSetting& o : ps.offered)
+        if (std::find(order.begin(), order.end(), o.engine) == order.end()) order.push_back(o.engine);
+    int64_t count = 0;
+    try {
+        CudnnGraph g;
+        ps.build(g, s);
+        int64_t n = 0;
+        cudnn_check(g_cudnn.get_attribute(g.finish(ps.handle), CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT,
+                                          CUDNN_TYPE_INT64, 1, &n, &count),
+                    "count the engines");
+    } catch (const std::exception& e) {
+        printf("   %-8s sweep: %s\n", ps.name(), e.what());
+        return;
+    }
+    for (int64_t i = 0; i < count; i++)
+        if (std::find(order.begin(), order.end(), i) == order.end()) order.push_back(i);
+    for (int64_t index : order) {
+        std::vector<CudnnSetting> settings;
+        try {
+            CudnnGraph g;
+            ps.build(g, s);
+            std::vector<CudnnKnob> knobs;
+            if (!engine_for(g, g.finish(ps.handle), index, &knobs)) continue;  // the engine does not take the graph
+            settings = knob_settings(index, knobs);
+        } catch (const std::exception& e) {
+            printf("   %-8s sweep, engine %lld: %s\n", ps.name(), (long long)index, e.what());
+            continue;
+        }
+        int refused = 0, made = 0, seen = 0;
+        for (const CudnnSetting& setting : settings) {
+            if (elapsed() > end) {
+                printf("   %-8s sweep, engine %lld: %d of %zu settings made plans, %d refused, %d surveyed before; the "
+                       "sweep stopped: its time is up\n",
+                       ps.name(), (long long)index, made, settings.size(), refused, seen);
+                return;
+            }
+            if (std::find(ps.surveyed.begin(), ps.surveyed.end(), setting.text()) != ps.surveyed.end()) {
+                seen++;
+                continue;
+            }
+            ps.surveyed.push_back(setting.text());
+            try {
+                CudnnPlan p;
+                ps.build(p.graph, s);
+                const double t0 = elapsed();
+                std::vector<CudnnKnob> knobs;
+                CudnnDesc engine = engine_for(p.graph, p.graph.finish(ps.handle), index, &knobs);
+                CudnnDesc config = engine ? config_for(p.graph, engine, setting) : nullptr;
+                std::string why;
+                if (!config || !cudnn_plan_from(p, ps.handle, config, &why)) {
+                    refused++;
+                    continue;
+                }
+                made++;
+                ps.row(p, "sweep, " + setting.text() + engine_note(engine), elapsed() - t0);
+            } catch (const std::exception& e) {
+                printf("   %-8s sweep, %s: %s\n", ps.name(), setting.text().c_str(), e.what());
+            }
+        }
+        printf("   %-8s sweep, engine %lld: %d of %zu settings made plans, %d refused, %d surveyed before\n", ps.name(),
+               (long long)index, made, settings.size(), refused, seen);
+    }
+}
+
+// The sweep's settings of each engine that takes a pass's graph, which needs no device: every
+// combination of its knobs' values, each once, each value in its knob's range.
+static void check_sweep_settings(const CudnnShape& s) {
+    for (int backward = 0; backward < 2; backward++) {
+        PassSurvey ps{backward == 1};
+        const std::string name = strprintf("the sweep's settings of the %s graph %s", ps.name(), shape_name(s).c_str());
+        try {
+            CudnnGraph counted;
+            ps.build(counted, s);
+            int64_t count = 0, n = 0;
+            cudnn_check(g_cudnn.get_attribute(counted.finish(nullptr), CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT,
+                                              CUDNN_TYPE_INT64, 1, &n, &count),
+                        "count the engines");
+            int engines = 0;
+            size_t total = 0;
+            bool right = true;
+            for (int64_t index = 0; index < count; index++) {
+                CudnnGraph g;
+                ps.build(g, s);
+                std::vector<CudnnKnob> knobs;
+                if (!engine_for(g, g.finish(nullptr), index, &knobs)) continue;
+                const std::vector<CudnnSetting> settings = knob_settings(index, knobs);
+                size_t want = 1;
+                for (const CudnnKnob& k : knobs)
+                    want *= (size_t)std::min(kSweepValues, (k.max - k.min) / std::max<int64_t>(1, k.stride) + 1);
+                std::vector<std::string> texts;
+                for (const CudnnSetting& t : settings) {
+                    texts.push_back(t.text());
+                    right = right && t.engine == index && t.knobs.size() == knobs.size();
+                    for (size_t j = 0; right && j < knobs.size(); j++)
+                        right = t.knobs[j].first == knobs[j].type && t.knobs[j].second >= knobs[j].min &&
+                                t.knobs[j].second <= knobs[j].max;
+                }
+                std::sort(texts.begin(), texts.end());
+                right = right && settings.size() == want && std::unique(texts.begin(), texts.end()) == texts.end();
+                engines++;
+                total += settings.size();
+            }
+            report(right && engines > 0, name, strprintf("%d of %lld engines take the graph, %zu settings", engines,
+                                                         (long long)count, total));
+        } catch (const std::exception& e) {
+            report(false, name, e.what());
+        }
+    }
 }
 
 static void survey_engines(cudnnHandle_t handle, const CudnnShape& s) {
@@ -260,7 +581,9 @@ static void survey_engines(cudnnHandle_t handle, const CudnnShape& s) {
     const char* seconds_text = getenv("CUDNN_SURVEY_SECONDS");
     const double budget = seconds_text ? atof(seconds_text) : 30.0;
     const auto start = std::chrono::steady_clock::now();
-    auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+    const std::function<double()> elapsed = [&] {
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
     Rng rng{(uint64_t)s.T * 11 + s.H};
     bf16 *qk = upload_bf16(random_values(qk_n, 1.0f, rng)), *qkv = upload_bf16(random_values(qkv_n, 1.0f, rng));
     bf16* dout = upload_bf16(random_values(out_n, 1.0f, rng));
@@ -271,115 +594,40 @@ static void survey_engines(cudnnHandle_t handle, const CudnnShape& s) {
     cudaCheck(cudaMalloc(&dqkv, qkv_n * sizeof(bf16)));
     cudaCheck(cudaMemset(dqkv, 0, qkv_n * sizeof(bf16)));
     for (float** p : {&lse, &lse_train, &delta}) cudaCheck(cudaMalloc(p, rows * sizeof(float)));
-    const double fwd_flops = 2.0 * 2.0 * s.B * s.H * (double)s.T * s.T * s.D / 2.0, bwd_flops = 2.5 * fwd_flops;
+    const double fwd_flops = 2.0 * 2.0 * s.B * s.H * (double)s.T * s.T * s.D / 2.0;
     printf("cuDNN's engines for %s (a survey: no checks):\n", shape_name(s).c_str());
-    bool have_forward = false;
-    for (int backward = 0; backward < 2; backward++) {
-        const char* pass = backward ? "backward" : "forward";
-        const double pass_end = backward ? budget : budget / 3;
-        bool stopped = false;
-        auto build = [&](CudnnGraph& g) {
-            if (backward) cudnn_attention_backward_graph(g, s);
-            else cudnn_attention_forward_graph(g, s);
-        };
-        auto run = [&](CudnnPlan& p, void* workspace) {
-            if (backward)
-                cudnn_attention_run_backward(handle, p, workspace, dqk, dqkv, delta, dout, out_train, lse_train, qk, qkv,
-                                             s.H, s.Hkv, s.D);
-            else cudnn_attention_run_forward(handle, p, workspace, out, lse, qk, qkv, s.H, s.Hkv, s.D);
-        };
-        auto results = [&] {  // the pass's outputs, each bf16 or float exactly as a float
-            std::vector<float> a = backward ? download_bf16(dqk, qk_n) : download_bf16(out, out_n);
-            std::vector<float> b = backward ? download_bf16(dqkv, qkv_n) : download(lse, rows);
-            a.insert(a.end(), b.begin(), b.end());
-            return a;
-        };
-        // One configuration's row; train_bits: ./train's plan's results, or empty while this is that
-        // plan's row (which then fills them). False, with the reason printed, where it did not run.
-        auto survey_one = [&](CudnnPlan& p, const std::string& label, double prepare_s, std::vector<float>* train_bits) {
-            void* workspace = nullptr;
-            if (cudaMalloc(&workspace, std::max<int64_t>(1, p.workspace_bytes)) != cudaSuccess) {
-                cudaGetLastError();
-                printf("   %-8s %s: no memory for its %.1f MiB of workspace\n", pass, label.c_str(),
-                       p.workspace_bytes / 1048576.0);
-                return false;
-            }
-            try {
-                run(p, workspace);
-                std::vector<float> got = results();
-                run(p, workspace);
-                const bool twice = same_bits(results(), got);
-                if (train_bits->empty()) {
-                    *train_bits = got;
-                    if (!backward) {  // the backward pass's inputs: ./train's forward outputs
-                        cudaCheck(cudaMemcpy(out_train, out, out_n * sizeof(bf16), cudaMemcpyDeviceToDevice));
-                        cudaCheck(cudaMemcpy(lse_train, lse, rows * sizeof(float), cudaMemcpyDeviceToDevice));
-                    }
-                }
-                const float ms = time_ms([&] { run(p, workspace); }, 10);
-                printf("   %-8s %s: ready in %.2f s, %.1f MiB of workspace, %.3f ms (%.0f TFLOP/s), %s, %s\n", pass,
-                       label.c_str(), prepare_s, p.workspace_bytes / 1048576.0, ms,
-                       (backward ? bwd_flops : fwd_flops) / ms * 1e-9,
-                       same_bits(got, *train_bits) ? "./train's bits" : "OTHER BITS than ./train's",
-                       twice ? "the same bits twice" : "OTHER BITS THE SECOND TIME");
-            } catch (const std::exception& e) {
-                printf("   %-8s %s: %s\n", pass, label.c_str(), e.what());
-                cudaCheck(cudaFree(workspace));
-                return false;
-            }
-            cudaCheck(cudaFree(workspace));
-            return true;
-        };
-        // ./train's plan first: its results are the others' reference, and its forward outputs the
-        // backward pass's inputs (without them there is no backward survey)
-        std::vector<float> train_bits;
-        bool reference = false;
-        if (!backward || have_forward) {
-            try {
-                CudnnPlan p;
-                build(p.graph);
-                const double t0 = elapsed();
-                cudnn_make_plan(p, handle);
-                reference = survey_one(p, "./train's plan (mode A, " + p.engine + ")", elapsed() - t0, &train_bits);
-            } catch (const std::exception& e) {
-                printf("   %-8s ./train's plan: %s\n", pass, e.what());
-            }
-        }
-        if (!backward) have_forward = reference;
-        if (!reference) {
-            printf("   %-8s (no survey without ./train's plan's results)\n", pass);
-            continue;
-        }
-        for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
-            const char* mode_name = mode == CUDNN_HEUR_MODE_A ? "A" : "FALLBACK";
-            for (size_t i = 0; i < kSurveyConfigs; i++) {
-                if (elapsed() > pass_end) {  // the forward's configurations take a third, the backward's the rest
-                    if (!stopped) printf("   (the %s's survey stopped: its time is up)\n", pass);
-                    stopped = true;
-                    break;
-                }
-                bool listed = false;  // the heuristics answered: an error after that is this configuration's
-                try {
-                    CudnnPlan p;
-                    build(p.graph);
-                    const double t0 = elapsed();
-                    std::vector<CudnnDesc> configs = cudnn_engine_configs(p.graph, p.graph.finish(handle), mode);
-                    listed = true;
-                    if (i >= configs.size()) break;
-                    const std::string label = strprintf("mode %s %zu/%zu, %s", mode_name, i, configs.size(),
-                                                        cudnn_config_text(p.graph, configs[i]).c_str());
-                    std::string why;
-                    if (!cudnn_plan_from(p, handle, configs[i], &why)) {
-                        printf("   %-8s %s: refused (%s)\n", pass, label.c_str(), why.c_str());
-                        continue;
-                    }
-                    survey_one(p, label, elapsed() - t0, &train_bits);
-                } catch (const std::exception& e) {
-                    printf("   %-8s mode %s %zu: %s\n", pass, mode_name, i, e.what());
-                    if (!listed) break;  // the mode's heuristics fail: they would for every configuration
-                }
-            }
-        }
+    // the results of each pass, each bf16 or float exactly as a float
+    auto concatenated = [](std::vector<float> a, const std::vector<float>& b) {
+        a.insert(a.end(), b.begin(), b.end());
+        return a;
+    };
+    PassSurvey forward{false};
+    forward.run = [&](CudnnPlan& p, void* w) { cudnn_attention_run_forward(handle, p, w, out, lse, qk, qkv, s.H, s.Hkv, s.D); };
+    forward.results = [&] { return concatenated(download_bf16(out, out_n), download(lse, rows)); };
+    forward.keep_forward_outputs = [&] {
+        cudaCheck(cudaMemcpy(out_train, out, out_n * sizeof(bf16), cudaMemcpyDeviceToDevice));
+        cudaCheck(cudaMemcpy(lse_train, lse, rows * sizeof(float), cudaMemcpyDeviceToDevice));
+    };
+    forward.flops = fwd_flops;
+    forward.handle = handle;
+    PassSurvey backward{true};
+    backward.run = [&](CudnnPlan& p, void* w) {
+        cudnn_attention_run_backward(handle, p, w, dqk, dqkv, delta, dout, out_train, lse_train, qk, qkv, s.H, s.Hkv, s.D);
+    };
+    backward.results = [&] { return concatenated(download_bf16(dqk, qk_n), download_bf16(dqkv, qkv_n)); };
+    backward.flops = 2.5 * fwd_flops;
+    backward.handle = handle;
+    survey_offered(forward, s, elapsed, 0.15 * budget);
+    if (!forward.train_bits.empty()) survey_offered(backward, s, elapsed, 0.3 * budget);
+    else printf("   backward (no survey without ./train's forward plan's outputs)\n");
+    survey_sweep(backward, s, elapsed, 0.8 * budget);
+    survey_sweep(forward, s, elapsed, budget);
+    for (const PassSurvey* ps : {&forward, &backward}) {
+        if (ps->train_bits.empty()) continue;
+        printf("   fastest %-8s with ./train's bits, the same twice: %s, %.3f ms (./train's plan %.3f ms)\n", ps->name(),
+               ps->best_same.c_str(), ps->best_same_ms, ps->train_ms);
+        printf("   fastest %-8s with the same bits twice: %s, %.3f ms\n", ps->name(), ps->best_twice.c_str(),
+               ps->best_twice_ms);
     }
     for (void* p : {(void*)qk, (void*)qkv, (void*)dout, (void*)out, (void*)out_train, (void*)dqk, (void*)dqkv,
                     (void*)lse, (void*)lse_train, (void*)delta})
@@ -390,6 +638,7 @@ int main(int argc, char** argv) {
     bool graph_only = argc == 2 && strcmp(argv[1], "--graph-only") == 0;
     bool engines = argc == 2 && strcmp(argv[1], "--engines") == 0;
     if (argc > 1 && !graph_only && !engines) fail("usage: %s [--graph-only | --engines]", argv[0]);
+    if (engines) setvbuf(stdout, nullptr, _IOLBF, 0);  // the survey's rows survive a crash in cuDNN
     std::string why;
     if (!cudnn_load(&why) && graph_only) {  // make test's run on a machine without the library: nothing to check
         printf("(%s: the graphs not checked)\n", why.c_str());
@@ -414,6 +663,7 @@ int main(int argc, char** argv) {
     if (graph_only) {
         check_unfit_rules();
         for (const CudnnShape& s : shapes) check_graphs(s);
+        check_sweep_settings(shapes[1]);
     } else if (require_gpu()) {
         cudnnHandle_t handle = nullptr;
         try {
