@@ -1266,8 +1266,9 @@ static double wait_stats(Run& r) {
 // The step's micro-batches are the next r.accum of the data, whatever the number of processes:
 // process k takes the k-th run of local_accum of them, so one process with gradient accumulation
 // and several without see the same batches.
-template <typename Model>
-static float forward_backward(Model& m, Run& r, long long* data_position, Telemetry* stats, Profile& prof) {
+template <typename Model, typename Finish>
+static float forward_backward(Model& m, Run& r, long long* data_position, Telemetry* stats, Profile& prof,
+                              Finish&& finish_previous) {
     bool backward = !r.measuring();
     if (backward) model_zero_grad(m);
     if (stats) model_stats_begin(m);
@@ -1281,11 +1282,19 @@ static float forward_backward(Model& m, Run& r, long long* data_position, Teleme
         // The sums once the last forward pass is done, so that the host's part runs beside the
         // backward pass; where the device's part still runs (model_stats_pending), after the
         // backward pass, beside which it runs.
+        // The last stats step's statistics are finished (finish_previous) just before these sums
+        // replace theirs.
         const bool after_backward = backward && model_stats_pending(m);
-        if (stats && last && !after_backward) collect_stats(m, r, stats);
+        if (stats && last && !after_backward) {
+            finish_previous();
+            collect_stats(m, r, stats);
+        }
         if (!backward) continue;
         model_backward(m, r.train.inputs.data(), r.train.targets.data(), 1.0f / r.accum);
-        if (stats && last && after_backward) collect_stats(m, r, stats);
+        if (stats && last && after_backward) {
+            finish_previous();
+            collect_stats(m, r, stats);
+        }
         prof.end_phase(m, Profile::BACKWARD);
     }
     *data_position += r.accum;
@@ -1512,8 +1521,7 @@ static int train(Model& m, Run& r) {
         bool stats_step = o.stats_every > 0 && (step % o.stats_every == 0 || last);
         double t0 = now_seconds();
         prof.begin_step(m, step > start_step, stats_step, t0);
-        if (stats_step) log_stats();
-        float loss = forward_backward(m, r, &data_position, stats_step ? &stats : nullptr, prof);
+        float loss = forward_backward(m, r, &data_position, stats_step ? &stats : nullptr, prof, log_stats);
         model_grad_sync(m);  // the gradients summed over the processes, each its own shard
         float norm = model_grad_norm(m);
         opt.lr = lr_at_step(step, o.steps, o.warmup, o.lr, o.lr * o.lr_floor);
@@ -1572,7 +1580,7 @@ static int measure(Model& m, Run& r) {
     for (int step = 0; step < o.measure; step++) {
         double t0 = now_seconds();
         prof.begin_step(m, step > 0, true, t0);
-        float loss = forward_backward(m, r, &data_position, &stats, prof);
+        float loss = forward_backward(m, r, &data_position, &stats, prof, [] {});  // the last batch's waited for below
         model_wait(m);
         prof.stats_finished(r, wait_stats(r));
         double dt = now_seconds() - t0;

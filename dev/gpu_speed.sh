@@ -9,8 +9,9 @@
 # SPEED_BATCHES, one more run of ./train with statistics every 10 steps (and of train_candidates
 # with statistics every step), its passes run directly (TRAIN_CUDA_GRAPH=0) where it replays them
 # from CUDA graphs: its time, and whether its losses, gradient norms and statistics are the run's
-# with graphs, bit for bit. Then train_candidates with each candidate turned off in turn
-# (SPEED_CANDIDATES_OFF, below). Then, while SPEED_SECONDS (default 150)
+# with graphs, bit for bit. Then train_candidates with each cuDNN setting of SPEED_CUDNN (which
+# gpu_session.sh takes from dev_cudnn_attention --engines), then with each candidate turned off in
+# turn (SPEED_CANDIDATES_OFF, below). Then, while SPEED_SECONDS (default 150)
 # last, PyTorch's torch.compile recipe of scripts/bench.py at each of SPEED_TORCH_BATCHES (default 8)
 # x 2048 with the reports' statistics every 10 steps and never (one process: it compiles the step
 # with and without statistics once a shape, a minute or more). Last, the phases of one run of
@@ -107,6 +108,24 @@ for direct in train:10 train_candidates:1; do
             "$(tail -1 "$runs/${name}_direct.log" | cut -c1-150)"
     fi
     grep -E '^CUDA graphs' "$runs/$name.log" | cut -c1-200 | sed 's/^/    /'
+done
+# cuDNN settings that dev_cudnn_attention --engines found faster (SPEED_CUDNN: assignments of
+# TRAIN_CUDNN_FORWARD or TRAIN_CUDNN_BACKWARD, which the candidate build takes), each in whole steps:
+# train_candidates at the first batch size, statistics every 10 steps, against the same run with
+# the heuristics' plans (other kernels: other bits, the final loss says whether it trains alike).
+for setting in ${SPEED_CUDNN:-}; do
+    all=d22_b${B}_s10_train_candidates
+    [ -e "$runs/$all.ok" ] || continue
+    name=${all}_${setting%%=*}
+    if run_d22 "$name" train_candidates "$B" 10 "$setting"; then
+        printf '  %-18s %d x 2048, statistics every 10 %s ms with %s (%s ms with the heuristics'"'"' plans), final loss %s (%s)\n' \
+            ./train_candidates "$B" "$(mean_ms "$runs/$name/run.attnlog")" "$setting" "$(mean_ms "$runs/$all/run.attnlog")" \
+            "$(final_loss "$runs/$name/run.attnlog")" "$(final_loss "$runs/$all/run.attnlog")"
+        grep -E '^attention' "$runs/$name.log" | cut -c1-250 | sed 's/^/    /'
+    else
+        printf '  %-18s %d x 2048, statistics every 10 with %s FAILED: %s\n' ./train_candidates "$B" "$setting" \
+            "$(tail -1 "$runs/$name.log" | cut -c1-150)"
+    fi
 done
 # Each candidate's share: train_candidates with one candidate turned off (TRAIN_CANDIDATES_OFF,
 # cuda_common.cuh's candidate_on), at the statistics' interval and batch where it is meant to

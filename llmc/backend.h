@@ -98,7 +98,8 @@ struct AdamWSettings {
     X(WorkTimes, model_profile_times(m, slot), "--profile 2: the times per kind of work added into a slot")          \
     /* statistics */                                                                                                 \
     X(void, model_stats_begin(m), "clear the sums before a stats step's first forward pass")                        \
-    X(double*, model_stats_sums(m), "the sums of the forward passes since, on the host, in stats_layout")           \
+    X(double*, model_stats_sums(m),                                                                                  \
+      "a host copy of the sums of the forward passes since, in stats_layout, that stays until the next call")        \
     X(bool, model_stats_pending(m),                                                                                  \
       "the last forward pass's statistics still run (beside the backward pass): read the sums after it")             \
     /* sampling */                                                                                                   \

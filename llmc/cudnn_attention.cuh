@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -416,6 +417,118 @@ inline void cudnn_make_plan(CudnnPlan& p, cudnnHandle_t handle) {
     throw std::runtime_error("no engine configuration finalises:" + refusals);
 }
 
+// A configuration as an engine takes it: the engine's number and its knobs' values.
+struct CudnnSetting {
+    int64_t engine = -1;
+    std::vector<std::pair<cudnnBackendKnobType_t, int64_t>> knobs;
+    std::string text() const {
+        std::string t = strprintf("engine %lld", (long long)engine);
+        for (size_t i = 0; i < knobs.size(); i++)
+            t += strprintf("%s%d=%lld", i == 0 ? ", knobs " : " ", (int)knobs[i].first, (long long)knobs[i].second);
+        return t;
+    }
+    // As TRAIN_CUDNN_FORWARD and TRAIN_CUDNN_BACKWARD take it: "engine:type=value,type=value".
+    std::string arg() const {
+        std::string t = strprintf("%lld", (long long)engine);
+        for (size_t i = 0; i < knobs.size(); i++)
+            t += strprintf("%s%d=%lld", i == 0 ? ":" : ",", (int)knobs[i].first, (long long)knobs[i].second);
+        return t;
+    }
+};
+
+// A setting from its arg() form; false where the text is not one.
+inline bool cudnn_parse_setting(const std::string& text, CudnnSetting* s) {
+    *s = CudnnSetting();
+    const char* p = text.c_str();
+    char* end = nullptr;
+    auto number = [&](int64_t* v) {
+        if (*p < '0' || *p > '9') return false;
+        *v = strtoll(p, &end, 10);
+        p = end;
+        return true;
+    };
+    if (!number(&s->engine)) return false;
+    if (*p == '\0') return true;
+    if (*p++ != ':') return false;
+    for (;;) {
+        int64_t type = 0, value = 0;
+        if (!number(&type) || type >= CUDNN_KNOB_TYPE_COUNTS || *p++ != '=' || !number(&value)) return false;
+        s->knobs.push_back({(cudnnBackendKnobType_t)type, value});
+        if (*p == '\0') return true;
+        if (*p++ != ',') return false;
+    }
+}
+
+// An engine's knob: the values it takes, from min to max by stride.
+struct CudnnKnob {
+    cudnnBackendKnobType_t type;
+    int64_t min, max, stride;
+};
+
+// Engine `index` for a finished operation graph, with its knobs in *knobs; null where the engine
+// does not take the graph.
+inline CudnnDesc cudnn_engine_for(CudnnGraph& g, CudnnDesc op_graph, int64_t index, std::vector<CudnnKnob>* knobs) {
+    CudnnDesc engine = g.make(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+    CudnnGraph::set_desc(engine, CUDNN_ATTR_ENGINE_OPERATION_GRAPH, op_graph, "engine graph");
+    CudnnGraph::set(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &index, "engine index");
+    if (g_cudnn.finalize(engine) != CUDNN_STATUS_SUCCESS) return nullptr;
+    const int64_t most = CUDNN_KNOB_TYPE_COUNTS;
+    std::vector<CudnnDesc> infos(most);
+    for (CudnnDesc& k : infos) k = g.make(CUDNN_BACKEND_KNOB_INFO_DESCRIPTOR);
+    int64_t n = 0;
+    cudnn_check(g_cudnn.get_attribute(engine, CUDNN_ATTR_ENGINE_KNOB_INFO, CUDNN_TYPE_BACKEND_DESCRIPTOR, most, &n,
+                                      infos.data()),
+                "read an engine's knobs");
+    knobs->clear();
+    for (int64_t i = 0; i < n && i < most; i++) {
+        CudnnKnob k;
+        int64_t got = 0;
+        cudnn_check(g_cudnn.get_attribute(infos[i], CUDNN_ATTR_KNOB_INFO_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &got, &k.type),
+                    "read a knob's type");
+        cudnn_check(g_cudnn.get_attribute(infos[i], CUDNN_ATTR_KNOB_INFO_MINIMUM_VALUE, CUDNN_TYPE_INT64, 1, &got, &k.min),
+                    "read a knob's least value");
+        cudnn_check(g_cudnn.get_attribute(infos[i], CUDNN_ATTR_KNOB_INFO_MAXIMUM_VALUE, CUDNN_TYPE_INT64, 1, &got, &k.max),
+                    "read a knob's largest value");
+        cudnn_check(g_cudnn.get_attribute(infos[i], CUDNN_ATTR_KNOB_INFO_STRIDE, CUDNN_TYPE_INT64, 1, &got, &k.stride),
+                    "read a knob's stride");
+        knobs->push_back(k);
+    }
+    return engine;
+}
+
+// The configuration of `engine` with the knob values of s; null where cuDNN refuses it.
+inline CudnnDesc cudnn_config_for(CudnnGraph& g, CudnnDesc engine, const CudnnSetting& s) {
+    std::vector<CudnnDesc> choices;
+    for (const auto& knob : s.knobs) {
+        CudnnDesc c = g.make(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR);
+        CudnnGraph::set(c, CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &knob.first, "knob type");
+        CudnnGraph::set(c, CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &knob.second, "knob value");
+        if (g_cudnn.finalize(c) != CUDNN_STATUS_SUCCESS) return nullptr;
+        choices.push_back(c);
+    }
+    CudnnDesc config = g.make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+    CudnnGraph::set_desc(config, CUDNN_ATTR_ENGINECFG_ENGINE, engine, "configuration engine");
+    if (!choices.empty())
+        CudnnGraph::set(config, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR, (int64_t)choices.size(),
+                        choices.data(), "configuration knobs");
+    return g_cudnn.finalize(config) == CUDNN_STATUS_SUCCESS ? config : nullptr;
+}
+
+// p's plan from a setting asked for by hand (cudnn_make_plan's choice left aside): false, with
+// the reason in *why, where cuDNN refuses the engine, the knobs or the plan.
+inline bool cudnn_make_plan_with(CudnnPlan& p, cudnnHandle_t handle, const CudnnSetting& s, std::string* why) {
+    std::vector<CudnnKnob> knobs;
+    CudnnDesc engine = cudnn_engine_for(p.graph, p.graph.finish(handle), s.engine, &knobs);
+    CudnnDesc config = engine ? cudnn_config_for(p.graph, engine, s) : nullptr;
+    if (!config) {
+        *why = engine ? "cuDNN refuses its knobs" : "the engine does not take the graph";
+        return false;
+    }
+    if (!cudnn_plan_from(p, handle, config, why)) return false;
+    p.engine = s.text() + " (asked for)";
+    return true;
+}
+
 // Runs a plan with the given (uid, pointer) pairs; the workspace is the caller's.
 inline void cudnn_execute(cudnnHandle_t handle, CudnnPlan& p, const std::vector<std::pair<int64_t, void*>>& tensors, void* workspace) {
     std::vector<int64_t> uids;
@@ -510,6 +623,10 @@ struct CudnnAttention {
     void* workspace = nullptr;       // the largest any plan needs
     int64_t workspace_bytes = 0;
     int workspace_generation = 0;    // times the workspace moved (a pass's CUDA graph holds its address)
+    // Candidate builds: each pass's plan from a setting asked for by hand (engine < 0: none), from
+    // TRAIN_CUDNN_FORWARD and TRAIN_CUDNN_BACKWARD ("engine:type=value,...", the form
+    // dev_cudnn_attention --engines prints), for timing a setting its survey found in whole steps.
+    CudnnSetting asked[2];
 };
 
 inline bool operator==(const CudnnShape& a, const CudnnShape& b) {
@@ -519,6 +636,12 @@ inline bool operator==(const CudnnShape& a, const CudnnShape& b) {
 // The library and a handle (its stream is set at every call); c.unavailable says why not.
 inline void cudnn_attention_start(CudnnAttention& c) {
     c.started = true;
+    const char* names[2] = {"TRAIN_CUDNN_FORWARD", "TRAIN_CUDNN_BACKWARD"};
+    for (int pass = 0; kCandidateKernels && pass < 2; pass++) {
+        const char* text = getenv(names[pass]);
+        if (text && *text && !cudnn_parse_setting(text, &c.asked[pass]))
+            fail("%s=%s: not a setting of cuDNN's (engine:knob type=value,... as in 6:14=1,24=26)", names[pass], text);
+    }
     if (!cudnn_load(&c.unavailable)) return;
     try {
         cudnn_check(g_cudnn.create(&c.handle), "create a handle");
@@ -541,10 +664,17 @@ inline CudnnAttention::Plans* cudnn_attention_plans(CudnnAttention& c, const Cud
         try {
             p.forward.reset(new CudnnPlan);
             cudnn_attention_forward_graph(p.forward->graph, s);
-            cudnn_make_plan(*p.forward, c.handle);
             p.backward.reset(new CudnnPlan);
             cudnn_attention_backward_graph(p.backward->graph, s);
-            cudnn_make_plan(*p.backward, c.handle);
+            CudnnPlan* plans[2] = {p.forward.get(), p.backward.get()};
+            for (int pass = 0; pass < 2; pass++) {
+                std::string refused;
+                if (c.asked[pass].engine < 0)
+                    cudnn_make_plan(*plans[pass], c.handle);
+                else if (!cudnn_make_plan_with(*plans[pass], c.handle, c.asked[pass], &refused))
+                    fail("TRAIN_CUDNN_%s=%s: cuDNN refuses it for the attention at %d x %d: %s",
+                         pass ? "BACKWARD" : "FORWARD", c.asked[pass].arg().c_str(), s.B, s.T, refused.c_str());
+            }
         } catch (const std::exception& e) {
             why = e.what();
             p.forward.reset();
@@ -569,9 +699,14 @@ inline CudnnAttention::Plans* cudnn_attention_plans(CudnnAttention& c, const Cud
     }
     if (g_fail_rank <= 0) {
         std::string shape = strprintf("attention at %d x %d:", s.B, s.T);
+        std::string asked;
+        for (int pass = 0; p.backward && pass < 2; pass++)
+            if (c.asked[pass].engine >= 0)
+                asked += strprintf("; the %s from %s", pass ? "backward" : "forward", (pass ? p.backward : p.forward)->engine.c_str());
         if (p.backward)
-            printf("%s cuDNN %s's fused kernels (%.1f MiB of workspace; statistics: ./train's kernel beside them)\n",
-                   shape.c_str(), cudnn_version_text(g_cudnn.get_version()).c_str(), c.workspace_bytes / 1048576.0);
+            printf("%s cuDNN %s's fused kernels (%.1f MiB of workspace; statistics: ./train's kernel beside them%s)\n",
+                   shape.c_str(), cudnn_version_text(g_cudnn.get_version()).c_str(), c.workspace_bytes / 1048576.0,
+                   asked.c_str());
         else
             printf("%s ./train's kernels (not cuDNN's: %s)\n", shape.c_str(), why.c_str());
     }

@@ -43,6 +43,7 @@ struct CpuModel : ModelShape {
     std::vector<ParamSegment> segments;  // what AdamW updates: the unfrozen parameters of the shard
     std::vector<float> grad_scratch;     // a shard, for the reduce-scatter
     std::vector<double> stat_sums;       // a stats step's sums, added into by every forward pass with statistics
+    std::vector<double> stat_sums_read;  // their copy model_stats_sums returns, which the next stats step leaves alone
 };
 
 inline float* param_ptr(CpuModel& m, int kind, int l = 0) { return m.params.data() + param_offset(m.cfg, kind, l); }
@@ -642,7 +643,10 @@ inline void model_param_sync(CpuModel& m) { dist_all_gather(m.dist, m.params.dat
 
 // A stats step: the sums cleared before its first forward pass, and read after its last.
 inline void model_stats_begin(CpuModel& m) { telemetry_sums_clear(m.stat_sums.data(), m.stats_layout); }
-inline double* model_stats_sums(CpuModel& m) { return m.stat_sums.data(); }
+inline double* model_stats_sums(CpuModel& m) {
+    m.stat_sums_read = m.stat_sums;
+    return m.stat_sums_read.data();
+}
 inline bool model_stats_pending(CpuModel&) { return false; }  // computed in the forward pass
 
 // The rest of backend.h's contract. The host arrays are the model's own here, so moving them

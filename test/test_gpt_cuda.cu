@@ -338,6 +338,7 @@ static void check_graphs(const std::string& label, const std::string& ckpt, cons
     std::vector<int> shifted(tokens.begin() + 1, tokens.end());
     shifted.push_back(tokens[0]);
     const std::vector<int>* batches[2] = {&tokens, &shifted};
+    bool deferred = false;  // a pass's statistics ran on past it, beside the backward pass
     auto step = [&](int batch, std::vector<float>& grads, Telemetry& stats) {
         const int* x = batches[batch]->data();
         std::fill(g.losses_host, g.losses_host + (size_t)B * T, NAN);
@@ -347,8 +348,13 @@ static void check_graphs(const std::string& label, const std::string& ckpt, cons
         model_backward(g, x, targets.data(), 1.0f);
         loss += model_forward(g, x, targets.data(), 1, T, false);
         model_backward(g, x, targets.data(), 0.5f);
-        loss += forward_with_stats(g, x, targets.data(), B, T, stats);
+        // the statistics' sums read after the backward pass, as a training step reads them where
+        // they are deferred: the deferred statistics run beside the backward pass's graph
+        model_stats_begin(g);
+        loss += model_forward(g, x, targets.data(), B, T, true);
+        deferred |= model_stats_pending(g);
         model_backward(g, x, targets.data(), 1.0f);
+        telemetry_from_sums(stats, model_stats_sums(g), g.stats_layout, g.cfg);
         grads.resize(g.P);
         cudaCheck(cudaStreamSynchronize(g.stream));
         cudaCheck(cudaMemcpy(grads.data(), g.grads, g.P * sizeof(float), cudaMemcpyDeviceToHost));
@@ -373,6 +379,11 @@ static void check_graphs(const std::string& label, const std::string& ckpt, cons
         report(same, strprintf("%sstep %d (batch %d): the direct step's loss, gradients and statistics, bit for bit",
                                label.c_str(), k + 1, batch + 1));
     }
+    // deferred where asked wherever the rows' statistics come from the lse (the mma kernels take the
+    // head width), and nowhere else
+    const bool deferrable = defer && kCandidateKernels && attention_auto(g.cfg.head_dim) == ATTENTION_MMA;
+    report(deferred == deferrable, strprintf("%sthe statistics %sdeferred past their forward pass", label.c_str(),
+                                             deferrable ? "" : "not "));
     // the pass with statistics from a graph of its own unless its statistics are deferred past it
     int captured = 0, want = stats_pass_graph_on() && !stats_defer_now(g, true) ? 5 : 4;
     for (const PassGraphs::Entry& e : g.graphs.entries) captured += e.exec != nullptr;

@@ -227,24 +227,6 @@ static void experiment(cudnnHandle_t handle, const CudnnShape& s, bool timing) {
 
 static const size_t kSurveyConfigs = 12;
 
-// A configuration as an engine takes it: the engine's number and its knobs' values.
-struct CudnnSetting {
-    int64_t engine = -1;
-    std::vector<std::pair<cudnnBackendKnobType_t, int64_t>> knobs;
-    std::string text() const {
-        std::string t = strprintf("engine %lld", (long long)engine);
-        for (size_t i = 0; i < knobs.size(); i++)
-            t += strprintf("%s%d=%lld", i == 0 ? ", knobs " : " ", (int)knobs[i].first, (long long)knobs[i].second);
-        return t;
-    }
-};
-
-// An engine's knob: the values it takes, from min to max by stride.
-struct CudnnKnob {
-    cudnnBackendKnobType_t type;
-    int64_t min, max, stride;
-};
-
 // " (nondeterministic, cuDNN says)" where cuDNN notes that the engine's results may differ from
 // run to run, else "".
 static std::string engine_note(CudnnDesc engine) {
@@ -285,55 +267,6 @@ static CudnnSetting config_setting(CudnnGraph& g, CudnnDesc config, CudnnDesc* e
     return s;
 }
 
-// Engine `index` for a finished operation graph, with its knobs in *knobs; null where the engine
-// does not take the graph.
-static CudnnDesc engine_for(CudnnGraph& g, CudnnDesc op_graph, int64_t index, std::vector<CudnnKnob>* knobs) {
-    CudnnDesc engine = g.make(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-    CudnnGraph::set_desc(engine, CUDNN_ATTR_ENGINE_OPERATION_GRAPH, op_graph, "engine graph");
-    CudnnGraph::set(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &index, "engine index");
-    if (g_cudnn.finalize(engine) != CUDNN_STATUS_SUCCESS) return nullptr;
-    const int64_t most = CUDNN_KNOB_TYPE_COUNTS;
-    std::vector<CudnnDesc> infos(most);
-    for (CudnnDesc& k : infos) k = g.make(CUDNN_BACKEND_KNOB_INFO_DESCRIPTOR);
-    int64_t n = 0;
-    cudnn_check(g_cudnn.get_attribute(engine, CUDNN_ATTR_ENGINE_KNOB_INFO, CUDNN_TYPE_BACKEND_DESCRIPTOR, most, &n,
-                                      infos.data()),
-                "read an engine's knobs");
-    knobs->clear();
-    for (int64_t i = 0; i < n && i < most; i++) {
-        CudnnKnob k;
-        int64_t got = 0;
-        cudnn_check(g_cudnn.get_attribute(infos[i], CUDNN_ATTR_KNOB_INFO_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &got, &k.type),
-                    "read a knob's type");
-        cudnn_check(g_cudnn.get_attribute(infos[i], CUDNN_ATTR_KNOB_INFO_MINIMUM_VALUE, CUDNN_TYPE_INT64, 1, &got, &k.min),
-                    "read a knob's least value");
-        cudnn_check(g_cudnn.get_attribute(infos[i], CUDNN_ATTR_KNOB_INFO_MAXIMUM_VALUE, CUDNN_TYPE_INT64, 1, &got, &k.max),
-                    "read a knob's largest value");
-        cudnn_check(g_cudnn.get_attribute(infos[i], CUDNN_ATTR_KNOB_INFO_STRIDE, CUDNN_TYPE_INT64, 1, &got, &k.stride),
-                    "read a knob's stride");
-        knobs->push_back(k);
-    }
-    return engine;
-}
-
-// The configuration of `engine` with the knob values of s; null where cuDNN refuses it.
-static CudnnDesc config_for(CudnnGraph& g, CudnnDesc engine, const CudnnSetting& s) {
-    std::vector<CudnnDesc> choices;
-    for (const auto& knob : s.knobs) {
-        CudnnDesc c = g.make(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR);
-        CudnnGraph::set(c, CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &knob.first, "knob type");
-        CudnnGraph::set(c, CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &knob.second, "knob value");
-        if (g_cudnn.finalize(c) != CUDNN_STATUS_SUCCESS) return nullptr;
-        choices.push_back(c);
-    }
-    CudnnDesc config = g.make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
-    CudnnGraph::set_desc(config, CUDNN_ATTR_ENGINECFG_ENGINE, engine, "configuration engine");
-    if (!choices.empty())
-        CudnnGraph::set(config, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR, (int64_t)choices.size(),
-                        choices.data(), "configuration knobs");
-    return g_cudnn.finalize(config) == CUDNN_STATUS_SUCCESS ? config : nullptr;
-}
-
 // Every setting of an engine's knobs: each knob from its least value to its largest by its stride
 // (the largest taken at most kSweepValues values apart from the least), all combinations.
 static const int64_t kSweepValues = 64;
@@ -367,15 +300,17 @@ struct PassSurvey {
     std::vector<std::string> surveyed;
     std::vector<CudnnSetting> offered;  // the heuristics' settings, best first
     float train_ms = 0, best_same_ms = 0, best_twice_ms = 0;
-    std::string best_same, best_twice;
+    std::string best_same, best_twice;  // the fastest rows' labels
+    CudnnSetting best_twice_setting;    // engine < 0: ./train's plan's, or none
 
     const char* name() const { return backward ? "backward" : "forward"; }
     void build(CudnnGraph& g, const CudnnShape& s) const {
         if (backward) cudnn_attention_backward_graph(g, s);
         else cudnn_attention_forward_graph(g, s);
     }
-    // A plan's row. False, with the reason printed, where it did not run.
-    bool row(CudnnPlan& p, const std::string& label, double prepare_s) {
+    // A plan's row (setting: what made the plan; null for ./train's plan). False, with the reason
+    // printed, where it did not run.
+    bool row(CudnnPlan& p, const std::string& label, double prepare_s, const CudnnSetting* setting = nullptr) {
         void* workspace = nullptr;
         if (cudaMalloc(&workspace, std::max<int64_t>(1, p.workspace_bytes)) != cudaSuccess) {
             cudaGetLastError();
@@ -400,7 +335,11 @@ struct PassSurvey {
                    twice ? "the same bits twice" : "OTHER BITS THE SECOND TIME");
             if (reference) train_ms = ms;
             if (same && twice && (best_same.empty() || ms < best_same_ms)) best_same = label, best_same_ms = ms;
-            if (twice && (best_twice.empty() || ms < best_twice_ms)) best_twice = label, best_twice_ms = ms;
+            if (twice && (best_twice.empty() || ms < best_twice_ms)) {
+                best_twice = label;
+                best_twice_ms = ms;
+                best_twice_setting = setting ? *setting : CudnnSetting();
+            }
         } catch (const std::exception& e) {
             printf("   %-8s %s: %s\n", name(), label.c_str(), e.what());
             cudaCheck(cudaFree(workspace));
@@ -449,7 +388,7 @@ static void survey_offered(PassSurvey& ps, const CudnnShape& s, const std::funct
                     printf("   %-8s %s: refused (%s)\n", ps.name(), label.c_str(), why.c_str());
                     continue;
                 }
-                ps.row(p, label, elapsed() - t0);
+                ps.row(p, label, elapsed() - t0, &setting);
             } catch (const std::exception& e) {
                 printf("   %-8s mode %s %zu: %s\n", ps.name(), mode_name, i, e.what());
                 if (!listed) break;  // the mode's heuristics fail: they would for every configuration
@@ -486,7 +425,7 @@ static void survey_sweep(PassSurvey& ps, const CudnnShape& s, const std::functio
             CudnnGraph g;
             ps.build(g, s);
             std::vector<CudnnKnob> knobs;
-            if (!engine_for(g, g.finish(ps.handle), index, &knobs)) continue;  // the engine does not take the graph
+            if (!cudnn_engine_for(g, g.finish(ps.handle), index, &knobs)) continue;  // the engine does not take the graph
             settings = knob_settings(index, knobs);
         } catch (const std::exception& e) {
             printf("   %-8s sweep, engine %lld: %s\n", ps.name(), (long long)index, e.what());
@@ -510,15 +449,15 @@ static void survey_sweep(PassSurvey& ps, const CudnnShape& s, const std::functio
                 ps.build(p.graph, s);
                 const double t0 = elapsed();
                 std::vector<CudnnKnob> knobs;
-                CudnnDesc engine = engine_for(p.graph, p.graph.finish(ps.handle), index, &knobs);
-                CudnnDesc config = engine ? config_for(p.graph, engine, setting) : nullptr;
+                CudnnDesc engine = cudnn_engine_for(p.graph, p.graph.finish(ps.handle), index, &knobs);
+                CudnnDesc config = engine ? cudnn_config_for(p.graph, engine, setting) : nullptr;
                 std::string why;
                 if (!config || !cudnn_plan_from(p, ps.handle, config, &why)) {
                     refused++;
                     continue;
                 }
                 made++;
-                ps.row(p, "sweep, " + setting.text() + engine_note(engine), elapsed() - t0);
+                ps.row(p, "sweep, " + setting.text() + engine_note(engine), elapsed() - t0, &setting);
             } catch (const std::exception& e) {
                 printf("   %-8s sweep, %s: %s\n", ps.name(), setting.text().c_str(), e.what());
             }
@@ -529,7 +468,8 @@ static void survey_sweep(PassSurvey& ps, const CudnnShape& s, const std::functio
 }
 
 // The sweep's settings of each engine that takes a pass's graph, which needs no device: every
-// combination of its knobs' values, each once, each value in its knob's range.
+// combination of its knobs' values, each once, each value in its knob's range, each read back
+// from the text TRAIN_CUDNN_BACKWARD takes (and malformed texts refused).
 static void check_sweep_settings(const CudnnShape& s) {
     for (int backward = 0; backward < 2; backward++) {
         PassSurvey ps{backward == 1};
@@ -548,7 +488,7 @@ static void check_sweep_settings(const CudnnShape& s) {
                 CudnnGraph g;
                 ps.build(g, s);
                 std::vector<CudnnKnob> knobs;
-                if (!engine_for(g, g.finish(nullptr), index, &knobs)) continue;
+                if (!cudnn_engine_for(g, g.finish(nullptr), index, &knobs)) continue;
                 const std::vector<CudnnSetting> settings = knob_settings(index, knobs);
                 size_t want = 1;
                 for (const CudnnKnob& k : knobs)
@@ -556,6 +496,8 @@ static void check_sweep_settings(const CudnnShape& s) {
                 std::vector<std::string> texts;
                 for (const CudnnSetting& t : settings) {
                     texts.push_back(t.text());
+                    CudnnSetting back;  // as TRAIN_CUDNN_BACKWARD takes it
+                    right = right && cudnn_parse_setting(t.arg(), &back) && back.text() == t.text();
                     right = right && t.engine == index && t.knobs.size() == knobs.size();
                     for (size_t j = 0; right && j < knobs.size(); j++)
                         right = t.knobs[j].first == knobs[j].type && t.knobs[j].second >= knobs[j].min &&
@@ -565,6 +507,10 @@ static void check_sweep_settings(const CudnnShape& s) {
                 right = right && settings.size() == want && std::unique(texts.begin(), texts.end()) == texts.end();
                 engines++;
                 total += settings.size();
+            }
+            for (const char* bad : {"", "x", "6:", "6:24", "6:24=", "6:24=1,", "6;24=1", "6:99=1", "-6", "6:24=1 "}) {
+                CudnnSetting ignored;
+                right = right && !cudnn_parse_setting(bad, &ignored);
             }
             report(right && engines > 0, name, strprintf("%d of %lld engines take the graph, %zu settings", engines,
                                                          (long long)count, total));
@@ -628,6 +574,10 @@ static void survey_engines(cudnnHandle_t handle, const CudnnShape& s) {
                ps->best_same.c_str(), ps->best_same_ms, ps->train_ms);
         printf("   fastest %-8s with the same bits twice: %s, %.3f ms\n", ps->name(), ps->best_twice.c_str(),
                ps->best_twice_ms);
+        // what gpu_speed.sh then times in whole steps (train_candidates): a setting 3% faster or more
+        if (ps->best_twice_setting.engine >= 0 && ps->best_twice_ms < 0.97f * ps->train_ms)
+            printf("   suggested: TRAIN_CUDNN_%s=%s (%.3f of ./train's plan's time)\n", ps->backward ? "BACKWARD" : "FORWARD",
+                   ps->best_twice_setting.arg().c_str(), ps->best_twice_ms / ps->train_ms);
     }
     for (void* p : {(void*)qk, (void*)qkv, (void*)dout, (void*)out, (void*)out_train, (void*)dqk, (void*)dqkv,
                     (void*)lse, (void*)lse_train, (void*)delta})
