@@ -241,7 +241,7 @@ struct GpuModel : ModelShape {  // and backend.h's ModelShape
 // Whether a pass with statistics (tm) leaves them to run past its end (StatsBeside's stats_deferred).
 static bool stats_defer_now(const GpuModel& g, bool tm) {
     return tm && g.beside.defer && g.beside.on && g.beside.warm && !g.clock.on && g.trains &&
-           g.beside.layer_qk_normed && attention_auto(g.cfg.head_dim) == ATTENTION_MMA;
+           g.beside.layer_qk_normed && attention_row_stats_from_lse_supports(g.cfg.head_dim);
 }
 
 // The model's stream waits for the deferred statistics queued so far (nothing when none are).
@@ -1165,8 +1165,11 @@ struct Profile {
     double sum[2][NUM_PHASES] = {}, steps[2] = {}, mark = 0;
     double stats_host = 0, stats_waited = 0;  // the statistics from their sums on the host; the step's wait for them
 
-    // A stats step's statistics, finished on the host (wait_stats) after `waited` seconds of waiting.
+    // A stats step's statistics, finished on the host (wait_stats) after `waited` seconds of waiting:
+    // the wait stays out of the phase it falls in (a later stats step's forward or backward pass),
+    // and in the step's time.
     void stats_finished(const Run& r, double waited) {
+        mark += waited;
         if (!counting) return;
         stats_host += r.stats_host_seconds;
         stats_waited += waited;

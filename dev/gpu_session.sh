@@ -79,10 +79,11 @@ for B in map(int, sys.argv[2:]):
             echo "cuDNN's engines: status $?"
             grep -E "^   (fastest|suggested|(forward|backward) +(\./train's plan|sweep, engine [0-9]+:))" \
                 "${OUT:-/tmp}/cudnn_engines.txt" | cut -c1-200
-            # a setting 3% faster than ./train's plan, or more, that gives the same bits twice: gpu_speed.sh
-            # times train_candidates with it (TRAIN_CUDNN_FORWARD, TRAIN_CUDNN_BACKWARD)
+            # the last (fastest) setting suggested for each pass, 3% faster than ./train's plan or more
+            # and the same bits twice: gpu_speed.sh times train_candidates with it (TRAIN_CUDNN_FORWARD,
+            # TRAIN_CUDNN_BACKWARD)
             SPEED_CUDNN=$(sed -n 's/^   suggested: \(TRAIN_CUDNN_[A-Z]*=[0-9:=,]*\) .*/\1/p' "${OUT:-/tmp}/cudnn_engines.txt" |
-                tr '\n' ' ')
+                tac | awk -F= '!seen[$1]++' | tr '\n' ' ')
             export SPEED_CUDNN
         else
             echo "cuDNN's engines: not surveyed, no time"

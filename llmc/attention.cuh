@@ -1538,12 +1538,16 @@ inline void attention_row_stats(float* lse, float* row_stats, bf16* out_scratch,
         attention_forward(out_scratch, lse, row_stats, doc_bits, qk, qkv, B, T, H, Hkv, D, stream, impl);
 }
 
+// Whether attention_row_stats_from_lse takes head width D (the mma kernels do): where it does, the
+// rows' statistics read nothing the backward pass writes (attention_row_stats' scratch is).
+inline bool attention_row_stats_from_lse_supports(int D) { return attention_auto(D) == ATTENTION_MMA; }
+
 // The rows' statistics (row_stats) from the lse of a forward pass made elsewhere, through
 // attention_row_stats_from_lse_kernel where the mma kernels take D (true), else nothing (false);
 // lpt: its blocks in tile_block's LPT order where its grid takes the shape (the same bits).
 inline bool attention_row_stats_from_lse(float* row_stats, const float* lse, const uint32_t* doc_bits, const bf16* qk,
                                          int B, int T, int H, int Hkv, int D, cudaStream_t stream, bool lpt = false) {
-    if (attention_auto(D) != ATTENTION_MMA) return false;
+    if (!attention_row_stats_from_lse_supports(D)) return false;
     attention_prepare(ATTENTION_MMA, B, T, H, Hkv, D, {qk}, {lse, row_stats});
     lpt = lpt && lpt_grid_fits(ceil_div(T, kMmaTile), H, B);
     const dim3 grid = tile_grid(lpt, ceil_div(T, kMmaTile), H, B);

@@ -681,6 +681,7 @@ inline CudnnAttention::Plans* cudnn_attention_plans(CudnnAttention& c, const Cud
             p.backward.reset();
         }
     }
+    const bool asked = c.asked[0].engine >= 0 || c.asked[1].engine >= 0;
     int64_t need = p.backward ? std::max(p.forward->workspace_bytes, p.backward->workspace_bytes) : 0;
     if (need > c.workspace_bytes) {  // a larger workspace first, so that a failure leaves the old one to the others
         void* larger = nullptr;
@@ -697,16 +698,20 @@ inline CudnnAttention::Plans* cudnn_attention_plans(CudnnAttention& c, const Cud
             p.backward.reset();
         }
     }
+    // a setting asked for by hand runs as asked or not at all
+    if (asked && !p.backward) fail("TRAIN_CUDNN_FORWARD or TRAIN_CUDNN_BACKWARD set, but the attention at %d x %d cannot "
+                                   "run on cuDNN: %s", s.B, s.T, why.c_str());
     if (g_fail_rank <= 0) {
         std::string shape = strprintf("attention at %d x %d:", s.B, s.T);
-        std::string asked;
+        std::string settings;
         for (int pass = 0; p.backward && pass < 2; pass++)
             if (c.asked[pass].engine >= 0)
-                asked += strprintf("; the %s from %s", pass ? "backward" : "forward", (pass ? p.backward : p.forward)->engine.c_str());
+                settings += strprintf("; the %s from %s", pass ? "backward" : "forward",
+                                      (pass ? p.backward : p.forward)->engine.c_str());
         if (p.backward)
             printf("%s cuDNN %s's fused kernels (%.1f MiB of workspace; statistics: ./train's kernel beside them%s)\n",
                    shape.c_str(), cudnn_version_text(g_cudnn.get_version()).c_str(), c.workspace_bytes / 1048576.0,
-                   asked.c_str());
+                   settings.c_str());
         else
             printf("%s ./train's kernels (not cuDNN's: %s)\n", shape.c_str(), why.c_str());
     }

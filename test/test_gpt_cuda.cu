@@ -264,7 +264,7 @@ static void check_stats_deferred(GpuModel& g, const std::string& label, const st
     const bool plain_deferred = deferred;
     const Telemetry later = step(true, false, grads);
     // deferred wherever the rows' statistics come from the lse (the mma kernels take the head width)
-    const bool deferrable = attention_auto(g.cfg.head_dim) == ATTENTION_MMA;
+    const bool deferrable = attention_row_stats_from_lse_supports(g.cfg.head_dim);
     report(deferred == deferrable && !plain_deferred && same_stats(later, plain) &&
                memcmp(grads.data(), plain_grads.data(), g.P * sizeof(float)) == 0,
            label + "statistics deferred past their forward pass (slowed): the same statistics and gradients, bit for bit",
@@ -348,13 +348,15 @@ static void check_graphs(const std::string& label, const std::string& ckpt, cons
         model_backward(g, x, targets.data(), 1.0f);
         loss += model_forward(g, x, targets.data(), 1, T, false);
         model_backward(g, x, targets.data(), 0.5f);
-        // the statistics' sums read after the backward pass, as a training step reads them where
-        // they are deferred: the deferred statistics run beside the backward pass's graph
+        // the statistics' sums read where a training step reads them (forward_backward): after the
+        // backward pass where they are deferred, which then runs beside them, else before it
         model_stats_begin(g);
         loss += model_forward(g, x, targets.data(), B, T, true);
-        deferred |= model_stats_pending(g);
+        const bool pending = model_stats_pending(g);
+        deferred |= pending;
+        if (!pending) telemetry_from_sums(stats, model_stats_sums(g), g.stats_layout, g.cfg);
         model_backward(g, x, targets.data(), 1.0f);
-        telemetry_from_sums(stats, model_stats_sums(g), g.stats_layout, g.cfg);
+        if (pending) telemetry_from_sums(stats, model_stats_sums(g), g.stats_layout, g.cfg);
         grads.resize(g.P);
         cudaCheck(cudaStreamSynchronize(g.stream));
         cudaCheck(cudaMemcpy(grads.data(), g.grads, g.P * sizeof(float), cudaMemcpyDeviceToHost));
@@ -381,7 +383,8 @@ static void check_graphs(const std::string& label, const std::string& ckpt, cons
     }
     // deferred where asked wherever the rows' statistics come from the lse (the mma kernels take the
     // head width), and nowhere else
-    const bool deferrable = defer && kCandidateKernels && attention_auto(g.cfg.head_dim) == ATTENTION_MMA;
+    const bool deferrable = defer && kCandidateKernels && g.beside.layer_qk_normed &&
+                            attention_row_stats_from_lse_supports(g.cfg.head_dim);
     report(deferred == deferrable, strprintf("%sthe statistics %sdeferred past their forward pass", label.c_str(),
                                              deferrable ? "" : "not "));
     // the pass with statistics from a graph of its own unless its statistics are deferred past it

@@ -216,14 +216,17 @@ static void experiment(cudnnHandle_t handle, const CudnnShape& s, bool timing) {
 // the graph at every setting of its knobs (a sweep: the heuristics offer a few of the 37 values of
 // an engine's kernel configuration knob; which others make plans, and how fast, the sweep finds
 // out). A row each: the engine, its knobs and what cuDNN says of its determinism, the seconds its
-// plan took to make, its workspace and time, whether it gives the bits of ./train's plan and the
-// same bits twice; then, for each pass, the fastest that gives ./train's bits and the fastest that
-// gives the same bits twice. It checks nothing: the measurement that a rule choosing another
-// configuration than ./train's would start from. A program run of its own (--engines), since a
-// faulty engine may leave the GPU unusable (its rows are printed a line at a time, so that they
-// survive a crash); it stops after CUDNN_SURVEY_SECONDS (default 30): the heuristics'
-// configurations of both passes within the first 30% of them, then the backward pass's sweep (the
-// backward is three quarters of the attention's time) until 80%, then the forward's.
+// plan took to make, its workspace and time, and, where it is faster than ./train's plan, whether
+// it gives ./train's bits and the same bits twice; a `suggested:` line for each setting that gives
+// the same bits twice, is not noted nondeterministic, and is faster than ./train's plan by 3% or
+// more when the two are timed again in turns (each better than the last); at the end, for each
+// pass, the fastest with ./train's bits and the fastest with the same bits twice. It checks
+// nothing: the measurement that a rule choosing another configuration than ./train's would start
+// from. A program run of its own (--engines), since a faulty engine may leave the GPU unusable (its
+// lines are printed one at a time, so that they survive a crash); it stops after
+// CUDNN_SURVEY_SECONDS (default 30): the heuristics' configurations of both passes within the first
+// 30% of them, then the backward pass's sweep (the backward is three quarters of the attention's
+// time) until 80%, then the forward's.
 
 static const size_t kSurveyConfigs = 12;
 
@@ -287,8 +290,9 @@ static std::vector<CudnnSetting> knob_settings(int64_t engine, const std::vector
     return all;
 }
 
-// One pass's survey: its graph, how to run it and read its results, ./train's plan's results, the
-// settings surveyed so far and the fastest.
+// One pass's survey: its graph, how to run it and read its results, ./train's plan (kept, with its
+// workspace, to time the others against) and its results, the settings surveyed so far and the
+// fastest.
 struct PassSurvey {
     bool backward;
     std::function<void(CudnnPlan&, void*)> run;
@@ -296,21 +300,58 @@ struct PassSurvey {
     std::function<void()> keep_forward_outputs;  // the backward pass's inputs, from ./train's forward plan
     double flops;
     cudnnHandle_t handle;
+    std::unique_ptr<CudnnPlan> train_plan;
+    void* train_workspace = nullptr;
     std::vector<float> train_bits;  // ./train's plan's results (empty: its row not made yet)
     std::vector<std::string> surveyed;
     std::vector<CudnnSetting> offered;  // the heuristics' settings, best first
-    float train_ms = 0, best_same_ms = 0, best_twice_ms = 0;
+    float train_ms = 0, best_same_ms = 0, best_twice_ms = 0, suggested_ratio = 0.97f;
     std::string best_same, best_twice;  // the fastest rows' labels
-    CudnnSetting best_twice_setting;    // engine < 0: ./train's plan's, or none
 
+    PassSurvey(bool backward_pass) : backward(backward_pass) {}
+    PassSurvey(const PassSurvey&) = delete;
+    ~PassSurvey() {
+        if (train_workspace) cudaCheck(cudaFree(train_workspace));
+    }
     const char* name() const { return backward ? "backward" : "forward"; }
     void build(CudnnGraph& g, const CudnnShape& s) const {
         if (backward) cudnn_attention_backward_graph(g, s);
         else cudnn_attention_forward_graph(g, s);
     }
-    // A plan's row (setting: what made the plan; null for ./train's plan). False, with the reason
-    // printed, where it did not run.
-    bool row(CudnnPlan& p, const std::string& label, double prepare_s, const CudnnSetting* setting = nullptr) {
+    // ./train's plan's row: its results and time, the others' reference. False where it did not run.
+    bool reference_row(std::unique_ptr<CudnnPlan> p, const std::string& label, double prepare_s) {
+        if (cudaMalloc(&train_workspace, std::max<int64_t>(1, p->workspace_bytes)) != cudaSuccess) {
+            cudaGetLastError();
+            train_workspace = nullptr;
+            printf("   %-8s %s: no memory for its %.1f MiB of workspace\n", name(), label.c_str(), p->workspace_bytes / 1048576.0);
+            return false;
+        }
+        try {
+            run(*p, train_workspace);
+            std::vector<float> got = results();
+            run(*p, train_workspace);
+            const bool twice = same_bits(results(), got);
+            train_ms = time_ms([&] { run(*p, train_workspace); }, 10);
+            printf("   %-8s %s: ready in %.2f s, %.1f MiB of workspace, %.3f ms (%.0f TFLOP/s), %s\n", name(),
+                   label.c_str(), prepare_s, p->workspace_bytes / 1048576.0, train_ms, flops / train_ms * 1e-9,
+                   twice ? "the same bits twice" : "OTHER BITS THE SECOND TIME");
+            train_bits = got;
+            if (keep_forward_outputs) keep_forward_outputs();
+            best_same = best_twice = label;
+            best_same_ms = best_twice_ms = train_ms;
+        } catch (const std::exception& e) {
+            printf("   %-8s %s: %s\n", name(), label.c_str(), e.what());
+            return false;
+        }
+        train_plan = std::move(p);
+        return true;
+    }
+    // Another plan's row (setting: what made it; deterministic: cuDNN does not note its engine as
+    // nondeterministic). Timed first; its bits checked only where it is faster than ./train's plan.
+    // One whose bits come out the same twice and whose time, taken again in turns with ./train's
+    // plan's, is below suggested_ratio of it prints a `suggested:` line (each better than the last),
+    // which gpu_session.sh reads. False, with the reason printed, where it did not run.
+    bool row(CudnnPlan& p, const std::string& label, double prepare_s, const CudnnSetting& setting, bool deterministic) {
         void* workspace = nullptr;
         if (cudaMalloc(&workspace, std::max<int64_t>(1, p.workspace_bytes)) != cudaSuccess) {
             cudaGetLastError();
@@ -319,27 +360,32 @@ struct PassSurvey {
             return false;
         }
         try {
-            run(p, workspace);
-            std::vector<float> got = results();
-            run(p, workspace);
-            const bool twice = same_bits(results(), got), reference = train_bits.empty();
-            if (reference) {
-                train_bits = got;
-                if (keep_forward_outputs) keep_forward_outputs();
-            }
-            const bool same = same_bits(got, train_bits);
             const float ms = time_ms([&] { run(p, workspace); }, 10);
-            printf("   %-8s %s: ready in %.2f s, %.1f MiB of workspace, %.3f ms (%.0f TFLOP/s), %s, %s\n", name(),
-                   label.c_str(), prepare_s, p.workspace_bytes / 1048576.0, ms, flops / ms * 1e-9,
-                   same ? "./train's bits" : "OTHER BITS than ./train's",
-                   twice ? "the same bits twice" : "OTHER BITS THE SECOND TIME");
-            if (reference) train_ms = ms;
-            if (same && twice && (best_same.empty() || ms < best_same_ms)) best_same = label, best_same_ms = ms;
-            if (twice && (best_twice.empty() || ms < best_twice_ms)) {
-                best_twice = label;
-                best_twice_ms = ms;
-                best_twice_setting = setting ? *setting : CudnnSetting();
+            std::string bits = "slower than ./train's plan: its bits not checked";
+            if (ms < train_ms) {
+                run(p, workspace);
+                std::vector<float> got = results();
+                run(p, workspace);
+                const bool twice = same_bits(results(), got), same = same_bits(got, train_bits);
+                bits = strprintf("%s, %s", same ? "./train's bits" : "OTHER BITS than ./train's",
+                                 twice ? "the same bits twice" : "OTHER BITS THE SECOND TIME");
+                if (same && twice && ms < best_same_ms) best_same = label, best_same_ms = ms;
+                if (twice && ms < best_twice_ms) best_twice = label, best_twice_ms = ms;
+                if (twice && deterministic) {
+                    float mine = ms, theirs = train_ms;  // each the least of three turns
+                    for (int turn = 0; turn < 3; turn++) {
+                        theirs = std::min(theirs, time_ms([&] { run(*train_plan, train_workspace); }, 10));
+                        mine = std::min(mine, time_ms([&] { run(p, workspace); }, 10));
+                    }
+                    if (mine / theirs < suggested_ratio) {
+                        suggested_ratio = mine / theirs;
+                        printf("   suggested: TRAIN_CUDNN_%s=%s (%.3f of ./train's plan's time, %.3f against %.3f ms)\n",
+                               backward ? "BACKWARD" : "FORWARD", setting.arg().c_str(), suggested_ratio, mine, theirs);
+                    }
+                }
             }
+            printf("   %-8s %s: ready in %.2f s, %.1f MiB of workspace, %.3f ms (%.0f TFLOP/s), %s\n", name(),
+                   label.c_str(), prepare_s, p.workspace_bytes / 1048576.0, ms, flops / ms * 1e-9, bits.c_str());
         } catch (const std::exception& e) {
             printf("   %-8s %s: %s\n", name(), label.c_str(), e.what());
             cudaCheck(cudaFree(workspace));
@@ -353,11 +399,12 @@ struct PassSurvey {
 // ./train's plan's row, then those of the configurations the heuristics offer, until `end` s.
 static void survey_offered(PassSurvey& ps, const CudnnShape& s, const std::function<double()>& elapsed, double end) {
     try {
-        CudnnPlan p;
-        ps.build(p.graph, s);
+        std::unique_ptr<CudnnPlan> p(new CudnnPlan);
+        ps.build(p->graph, s);
         const double t0 = elapsed();
-        cudnn_make_plan(p, ps.handle);
-        if (!ps.row(p, "./train's plan (mode A, " + p.engine + ")", elapsed() - t0)) return;
+        cudnn_make_plan(*p, ps.handle);
+        const std::string label = "./train's plan (mode A, " + p->engine + ")";
+        if (!ps.reference_row(std::move(p), label, elapsed() - t0)) return;
     } catch (const std::exception& e) {
         printf("   %-8s ./train's plan: %s\n", ps.name(), e.what());
         return;
@@ -381,14 +428,15 @@ static void survey_offered(PassSurvey& ps, const CudnnShape& s, const std::funct
                 const CudnnSetting setting = config_setting(p.graph, configs[i], &engine);
                 ps.offered.push_back(setting);
                 ps.surveyed.push_back(setting.text());
+                const std::string note = engine_note(engine);
                 const std::string label = strprintf("mode %s %zu/%zu, %s%s", mode_name, i, configs.size(),
-                                                    setting.text().c_str(), engine_note(engine).c_str());
+                                                    setting.text().c_str(), note.c_str());
                 std::string why;
                 if (!cudnn_plan_from(p, ps.handle, configs[i], &why)) {
                     printf("   %-8s %s: refused (%s)\n", ps.name(), label.c_str(), why.c_str());
                     continue;
                 }
-                ps.row(p, label, elapsed() - t0, &setting);
+                ps.row(p, label, elapsed() - t0, setting, note.empty());
             } catch (const std::exception& e) {
                 printf("   %-8s mode %s %zu: %s\n", ps.name(), mode_name, i, e.what());
                 if (!listed) break;  // the mode's heuristics fail: they would for every configuration
@@ -457,7 +505,8 @@ static void survey_sweep(PassSurvey& ps, const CudnnShape& s, const std::functio
                     continue;
                 }
                 made++;
-                ps.row(p, "sweep, " + setting.text() + engine_note(engine), elapsed() - t0, &setting);
+                const std::string note = engine_note(engine);
+                ps.row(p, "sweep, " + setting.text() + note, elapsed() - t0, setting, note.empty());
             } catch (const std::exception& e) {
                 printf("   %-8s sweep, %s: %s\n", ps.name(), setting.text().c_str(), e.what());
             }
@@ -520,49 +569,70 @@ static void check_sweep_settings(const CudnnShape& s) {
     }
 }
 
+// One layer's random inputs and outputs on the device, and its two passes as PassSurvey runs and
+// reads them: the backward pass from the forward outputs of ./train's plan (keep_forward_outputs).
+struct LayerRuns {
+    size_t qk_n, qkv_n, out_n, rows;
+    bf16 *qk, *qkv, *dout, *out, *out_train, *dqk, *dqkv;
+    float *lse, *lse_train, *delta;
+    PassSurvey forward{false}, backward{true};
+
+    LayerRuns(cudnnHandle_t handle, const CudnnShape& s) {
+        qk_n = (size_t)s.B * s.T * (s.H + s.Hkv) * s.D;
+        qkv_n = (size_t)s.B * s.T * (s.H + 2 * s.Hkv) * s.D;
+        out_n = (size_t)s.B * s.T * s.H * s.D;
+        rows = (size_t)s.B * s.H * s.T;
+        Rng rng{(uint64_t)s.T * 11 + s.H};
+        qk = upload_bf16(random_values(qk_n, 1.0f, rng));
+        qkv = upload_bf16(random_values(qkv_n, 1.0f, rng));
+        dout = upload_bf16(random_values(out_n, 1.0f, rng));
+        for (bf16** p : {&out, &out_train}) cudaCheck(cudaMalloc(p, out_n * sizeof(bf16)));
+        cudaCheck(cudaMalloc(&dqk, qk_n * sizeof(bf16)));
+        cudaCheck(cudaMalloc(&dqkv, qkv_n * sizeof(bf16)));
+        cudaCheck(cudaMemset(dqkv, 0, qkv_n * sizeof(bf16)));
+        for (float** p : {&lse, &lse_train, &delta}) cudaCheck(cudaMalloc(p, rows * sizeof(float)));
+        // the results of each pass, each bf16 or float exactly as a float
+        auto concatenated = [](std::vector<float> a, const std::vector<float>& b) {
+            a.insert(a.end(), b.begin(), b.end());
+            return a;
+        };
+        forward.run = [this, handle, s](CudnnPlan& p, void* w) {
+            cudnn_attention_run_forward(handle, p, w, out, lse, qk, qkv, s.H, s.Hkv, s.D);
+        };
+        forward.results = [this, concatenated] { return concatenated(download_bf16(out, out_n), download(lse, rows)); };
+        forward.keep_forward_outputs = [this] {
+            cudaCheck(cudaMemcpy(out_train, out, out_n * sizeof(bf16), cudaMemcpyDeviceToDevice));
+            cudaCheck(cudaMemcpy(lse_train, lse, rows * sizeof(float), cudaMemcpyDeviceToDevice));
+        };
+        backward.run = [this, handle, s](CudnnPlan& p, void* w) {
+            cudnn_attention_run_backward(handle, p, w, dqk, dqkv, delta, dout, out_train, lse_train, qk, qkv, s.H, s.Hkv,
+                                         s.D);
+        };
+        backward.results = [this, concatenated] {
+            return concatenated(download_bf16(dqk, qk_n), download_bf16(dqkv, qkv_n));
+        };
+        forward.flops = 2.0 * 2.0 * s.B * s.H * (double)s.T * s.T * s.D / 2.0;
+        backward.flops = 2.5 * forward.flops;
+        forward.handle = backward.handle = handle;
+    }
+    LayerRuns(const LayerRuns&) = delete;
+    ~LayerRuns() {
+        for (void* p : {(void*)qk, (void*)qkv, (void*)dout, (void*)out, (void*)out_train, (void*)dqk, (void*)dqkv,
+                        (void*)lse, (void*)lse_train, (void*)delta})
+            cudaCheck(cudaFree(p));
+    }
+};
+
 static void survey_engines(cudnnHandle_t handle, const CudnnShape& s) {
-    const int NH = s.H + s.Hkv;
-    const size_t qk_n = (size_t)s.B * s.T * NH * s.D, qkv_n = (size_t)s.B * s.T * (s.H + 2 * s.Hkv) * s.D;
-    const size_t out_n = (size_t)s.B * s.T * s.H * s.D, rows = (size_t)s.B * s.H * s.T;
     const char* seconds_text = getenv("CUDNN_SURVEY_SECONDS");
     const double budget = seconds_text ? atof(seconds_text) : 30.0;
     const auto start = std::chrono::steady_clock::now();
     const std::function<double()> elapsed = [&] {
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     };
-    Rng rng{(uint64_t)s.T * 11 + s.H};
-    bf16 *qk = upload_bf16(random_values(qk_n, 1.0f, rng)), *qkv = upload_bf16(random_values(qkv_n, 1.0f, rng));
-    bf16* dout = upload_bf16(random_values(out_n, 1.0f, rng));
-    bf16 *out, *dqk, *dqkv, *out_train;
-    float *lse, *lse_train, *delta;
-    for (bf16** p : {&out, &out_train}) cudaCheck(cudaMalloc(p, out_n * sizeof(bf16)));
-    cudaCheck(cudaMalloc(&dqk, qk_n * sizeof(bf16)));
-    cudaCheck(cudaMalloc(&dqkv, qkv_n * sizeof(bf16)));
-    cudaCheck(cudaMemset(dqkv, 0, qkv_n * sizeof(bf16)));
-    for (float** p : {&lse, &lse_train, &delta}) cudaCheck(cudaMalloc(p, rows * sizeof(float)));
-    const double fwd_flops = 2.0 * 2.0 * s.B * s.H * (double)s.T * s.T * s.D / 2.0;
+    LayerRuns layer(handle, s);
+    PassSurvey &forward = layer.forward, &backward = layer.backward;
     printf("cuDNN's engines for %s (a survey: no checks):\n", shape_name(s).c_str());
-    // the results of each pass, each bf16 or float exactly as a float
-    auto concatenated = [](std::vector<float> a, const std::vector<float>& b) {
-        a.insert(a.end(), b.begin(), b.end());
-        return a;
-    };
-    PassSurvey forward{false};
-    forward.run = [&](CudnnPlan& p, void* w) { cudnn_attention_run_forward(handle, p, w, out, lse, qk, qkv, s.H, s.Hkv, s.D); };
-    forward.results = [&] { return concatenated(download_bf16(out, out_n), download(lse, rows)); };
-    forward.keep_forward_outputs = [&] {
-        cudaCheck(cudaMemcpy(out_train, out, out_n * sizeof(bf16), cudaMemcpyDeviceToDevice));
-        cudaCheck(cudaMemcpy(lse_train, lse, rows * sizeof(float), cudaMemcpyDeviceToDevice));
-    };
-    forward.flops = fwd_flops;
-    forward.handle = handle;
-    PassSurvey backward{true};
-    backward.run = [&](CudnnPlan& p, void* w) {
-        cudnn_attention_run_backward(handle, p, w, dqk, dqkv, delta, dout, out_train, lse_train, qk, qkv, s.H, s.Hkv, s.D);
-    };
-    backward.results = [&] { return concatenated(download_bf16(dqk, qk_n), download_bf16(dqkv, qkv_n)); };
-    backward.flops = 2.5 * fwd_flops;
-    backward.handle = handle;
     survey_offered(forward, s, elapsed, 0.15 * budget);
     if (!forward.train_bits.empty()) survey_offered(backward, s, elapsed, 0.3 * budget);
     else printf("   backward (no survey without ./train's forward plan's outputs)\n");
@@ -574,14 +644,45 @@ static void survey_engines(cudnnHandle_t handle, const CudnnShape& s) {
                ps->best_same.c_str(), ps->best_same_ms, ps->train_ms);
         printf("   fastest %-8s with the same bits twice: %s, %.3f ms\n", ps->name(), ps->best_twice.c_str(),
                ps->best_twice_ms);
-        // what gpu_speed.sh then times in whole steps (train_candidates): a setting 3% faster or more
-        if (ps->best_twice_setting.engine >= 0 && ps->best_twice_ms < 0.97f * ps->train_ms)
-            printf("   suggested: TRAIN_CUDNN_%s=%s (%.3f of ./train's plan's time)\n", ps->backward ? "BACKWARD" : "FORWARD",
-                   ps->best_twice_setting.arg().c_str(), ps->best_twice_ms / ps->train_ms);
     }
-    for (void* p : {(void*)qk, (void*)qkv, (void*)dout, (void*)out, (void*)out_train, (void*)dqk, (void*)dqkv,
-                    (void*)lse, (void*)lse_train, (void*)delta})
-        cudaCheck(cudaFree(p));
+}
+
+// ./train's plan of each pass made again from its setting, as TRAIN_CUDNN_FORWARD and
+// TRAIN_CUDNN_BACKWARD make one (cudnn_make_plan_with): the same bits.
+static void check_plan_with_setting(cudnnHandle_t handle, const CudnnShape& s) {
+    LayerRuns layer(handle, s);
+    for (PassSurvey* ps : {&layer.forward, &layer.backward}) {
+        const std::string name = strprintf("cuDNN %s %s: ./train's plan made again from its setting", ps->name(),
+                                           shape_name(s).c_str());
+        void *workspace = nullptr, *again_workspace = nullptr;
+        try {
+            CudnnPlan train, again;
+            ps->build(train.graph, s);
+            std::string why;
+            CudnnSetting setting;
+            for (CudnnDesc config : cudnn_engine_configs(train.graph, train.graph.finish(handle), CUDNN_HEUR_MODE_A))
+                if (cudnn_plan_from(train, handle, config, &why)) {  // cudnn_make_plan's choice: the first that finalises
+                    CudnnDesc engine;
+                    setting = config_setting(train.graph, config, &engine);
+                    break;
+                }
+            ps->build(again.graph, s);
+            if (setting.engine < 0 || !cudnn_make_plan_with(again, handle, setting, &why)) {
+                report(false, name, setting.engine < 0 ? "no plan from the heuristics" : setting.text() + ": " + why);
+                continue;
+            }
+            cudaCheck(cudaMalloc(&workspace, std::max<int64_t>(1, train.workspace_bytes)));
+            cudaCheck(cudaMalloc(&again_workspace, std::max<int64_t>(1, again.workspace_bytes)));
+            ps->run(train, workspace);
+            const std::vector<float> want = ps->results();
+            if (ps->keep_forward_outputs) ps->keep_forward_outputs();
+            ps->run(again, again_workspace);
+            report(same_bits(ps->results(), want), name, setting.arg());
+        } catch (const std::exception& e) {
+            report(false, name, e.what());
+        }
+        for (void* w : {workspace, again_workspace}) cudaCheck(cudaFree(w));
+    }
 }
 
 int main(int argc, char** argv) {
@@ -635,6 +736,7 @@ int main(int argc, char** argv) {
                 if (!why.empty()) printf("(%s left out: %s)\n", shape_name(s).c_str(), why.c_str());
                 else experiment(handle, s, s.T == 2048);
             }
+            if (cudnn_attention_unfit(version, shapes[1]).empty()) check_plan_with_setting(handle, shapes[1]);
         }
         if (handle) g_cudnn.destroy(handle);
     }
