@@ -51,3 +51,13 @@ def test_readme_commits_are_those_of_the_benchmarks():
     """A commit the README names for a figure is the commit its section of the benchmarks names."""
     named = set(COMMIT.findall(README))
     assert named and named <= set(COMMIT.findall(BENCHMARKS)), named
+
+
+def test_readme_names_every_candidate():
+    """The candidates the README says TRAIN_CANDIDATES_OFF takes are those the candidate build has
+    (candidate_on's names in train_gpt.cu and llmc/)."""
+    sources = [ROOT / "train_gpt.cu", *sorted((ROOT / "llmc").glob("*.cuh"))]
+    built = {name for path in sources for name in re.findall(r'candidate_on\("(\w+)"\)', path.read_text())}
+    said = re.search(r"`TRAIN_CANDIDATES_OFF`\s*\(names separated by commas: ([^)]*)\)", README)
+    assert said, "README.md no longer lists the candidates after TRAIN_CANDIDATES_OFF"
+    assert set(re.findall(r"`(\w+)`", said.group(1))) == built
