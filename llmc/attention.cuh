@@ -868,9 +868,9 @@ constexpr int attention_stats_from_lse_smem_bytes() {
     return 2 * kMmaTile * (D + kMmaTilePad) * (int)sizeof(bf16);
 }
 
-template <int D, bool LPT = false>
-__global__ void __launch_bounds__(kMmaThreads) attention_row_stats_from_lse_kernel(float* row_stats, const float* lse,
-        const uint32_t* doc_bits, const bf16* qk, int B, int T, int H, int Hkv) {
+template <int D, bool LPT = false, int MIN_BLOCKS = 0>
+__global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_row_stats_from_lse_kernel(float* row_stats,
+        const float* lse, const uint32_t* doc_bits, const bf16* qk, int B, int T, int H, int Hkv) {
     static_assert(D % 32 == 0, "D must be a multiple of 32");
     constexpr int LD = D + kMmaTilePad;
     extern __shared__ __align__(16) unsigned char keys_shared[];  // attention_stats_from_lse_smem_bytes<D>()

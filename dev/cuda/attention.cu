@@ -470,10 +470,11 @@ static void check_row_stats_from_lse(const Problem& p, const CpuForward& ref) {
 // Registers against occupancy: the mma kernels' MIN_BLOCKS (attention.cuh: the blocks an SM must be
 // able to hold at once, which caps each thread's registers; ./train's is 0, ptxas's own choice) at
 // D = 64: 1 (up to 255 registers), 3 (168; the backward kernels spill a little) and 4 (128, with
-// spills). For each kernel and value: its registers, the bytes it spills to local memory, the blocks
-// an SM holds, and its time; and every value must give ./train's bits (the same floating-point and
-// tensor-core instructions in the same order; only the registers and integer arithmetic differ). dK/dV and
-// dQ are timed apart, so the table also says how the backward divides between them.
+// spills); then the rows' statistics from lse, ./train's kernel on a statistics step, at 5 and 6.
+// For each kernel and value: its registers, the bytes it spills to local memory, the blocks an SM
+// holds, and its time; and every value must give ./train's bits (the same floating-point and
+// tensor-core instructions in the same order; only the registers and integer arithmetic differ).
+// dK/dV and dQ are timed apart, so the table also says how the backward divides between them.
 
 struct AttentionOutputs {
     std::vector<bf16> out, dqk, dqkv;
@@ -536,6 +537,28 @@ static void min_blocks_variant(const Problem& p, const AttentionOutputs& want) {
     print_kernel_occupancy("backward dQ", M, (const void*)attention_backward_dq_mma_kernel<64, 1, M>, kv_smem, dq);
 }
 
+// The rows' statistics from lse (./train's on a statistics step: attention_row_stats_from_lse_kernel
+// in the LPT order) at MIN_BLOCKS = M, the statistics poisoned first; its row of the table. At D =
+// 64 ptxas gives it 116 registers, 4 blocks of 4 warps an SM; 5 and 6 blocks cap them at 102 and 85.
+template <int M>
+static std::vector<float> from_lse_min_blocks(const Problem& p) {
+    const Shape& s = p.s;
+    const dim3 grid = tile_grid(true, ceil_div(s.T, kMmaTile), s.H, s.B);
+    const int smem = attention_stats_from_lse_smem_bytes<64>();
+    auto launch = [&] {
+        attention_row_stats_from_lse_kernel<64, true, M><<<grid, kMmaThreads, smem>>>(p.d_stats, p.d_lse, p.d_doc_bits,
+                                                                                       p.d_qk, s.B, s.T, s.H, s.Hkv);
+    };
+    poison(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
+    launch();
+    cudaCheck(cudaGetLastError());
+    cudaCheck(cudaDeviceSynchronize());
+    const std::vector<float> got = host_copy(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
+    print_kernel_occupancy("statistics from lse", M, (const void*)attention_row_stats_from_lse_kernel<64, true, M>, smem,
+                           time_ms(launch));
+    return got;
+}
+
 static void min_blocks_experiment(const Shape& s) {
     Problem p = make_problem(s, 11);
     // ./train's entry points (MIN_BLOCKS = 0) leave Delta in p.d_delta for the variants.
@@ -550,6 +573,11 @@ static void min_blocks_experiment(const Shape& s) {
     min_blocks_variant<1>(p, want);
     min_blocks_variant<3>(p, want);
     min_blocks_variant<4>(p, want);
+    const std::vector<float> rows = from_lse_min_blocks<0>(p);  // from the lse of run_min_blocks<4>: ./train's bits
+    const std::vector<float> rows5 = from_lse_min_blocks<5>(p), rows6 = from_lse_min_blocks<6>(p);
+    for (int m : {5, 6})
+        report(same_bits(m == 5 ? rows5 : rows6, rows),
+               "statistics from lse MIN_BLOCKS " + std::to_string(m) + " " + shape_name(s) + ": the bits of MIN_BLOCKS 0");
     free_problem(p);
 }
 
