@@ -1284,20 +1284,17 @@ static float forward_backward(Model& m, Run& r, long long* data_position, Teleme
         prof.end_phase(m, Profile::FORWARD);
         // The sums once the last forward pass is done, so that the host's part runs beside the
         // backward pass; where the device's part still runs (model_stats_pending), after the
-        // backward pass, beside which it runs.
-        // The last stats step's statistics are finished (finish_previous) just before these sums
-        // replace theirs.
-        const bool after_backward = backward && model_stats_pending(m);
-        if (stats && last && !after_backward) {
+        // backward pass, beside which it runs. The last stats step's statistics are finished
+        // (finish_previous) just before these sums replace theirs.
+        const bool collect = stats && last, after_backward = backward && model_stats_pending(m);
+        auto finish_and_collect = [&] {
             finish_previous();
             collect_stats(m, r, stats);
-        }
+        };
+        if (collect && !after_backward) finish_and_collect();
         if (!backward) continue;
         model_backward(m, r.train.inputs.data(), r.train.targets.data(), 1.0f / r.accum);
-        if (stats && last && after_backward) {
-            finish_previous();
-            collect_stats(m, r, stats);
-        }
+        if (collect && after_backward) finish_and_collect();
         prof.end_phase(m, Profile::BACKWARD);
     }
     *data_position += r.accum;

@@ -672,8 +672,9 @@ inline CudnnAttention::Plans* cudnn_attention_plans(CudnnAttention& c, const Cud
                 if (c.asked[pass].engine < 0)
                     cudnn_make_plan(*plans[pass], c.handle);
                 else if (!cudnn_make_plan_with(*plans[pass], c.handle, c.asked[pass], &refused))
-                    fail("TRAIN_CUDNN_%s=%s: cuDNN refuses it for the attention at %d x %d: %s",
-                         pass ? "BACKWARD" : "FORWARD", c.asked[pass].arg().c_str(), s.B, s.T, refused.c_str());
+                    throw std::runtime_error(strprintf("TRAIN_CUDNN_%s=%s: cuDNN refuses it: %s",
+                                                       pass ? "BACKWARD" : "FORWARD", c.asked[pass].arg().c_str(),
+                                                       refused.c_str()));
             }
         } catch (const std::exception& e) {
             why = e.what();
@@ -699,8 +700,8 @@ inline CudnnAttention::Plans* cudnn_attention_plans(CudnnAttention& c, const Cud
         }
     }
     // a setting asked for by hand runs as asked or not at all
-    if (asked && !p.backward) fail("TRAIN_CUDNN_FORWARD or TRAIN_CUDNN_BACKWARD set, but the attention at %d x %d cannot "
-                                   "run on cuDNN: %s", s.B, s.T, why.c_str());
+    if (asked && !p.backward) fail("a cuDNN setting asked for (TRAIN_CUDNN_FORWARD, TRAIN_CUDNN_BACKWARD), but the "
+                                   "attention at %d x %d cannot run on cuDNN: %s", s.B, s.T, why.c_str());
     if (g_fail_rank <= 0) {
         std::string shape = strprintf("attention at %d x %d:", s.B, s.T);
         std::string settings;

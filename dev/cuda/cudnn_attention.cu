@@ -298,8 +298,8 @@ struct PassSurvey {
     std::function<void(CudnnPlan&, void*)> run;
     std::function<std::vector<float>()> results;
     std::function<void()> keep_forward_outputs;  // the backward pass's inputs, from ./train's forward plan
-    double flops;
-    cudnnHandle_t handle;
+    double flops = 0;
+    cudnnHandle_t handle = nullptr;  // none: the graphs built without a device (--graph-only)
     std::unique_ptr<CudnnPlan> train_plan;
     void* train_workspace = nullptr;
     std::vector<float> train_bits;  // ./train's plan's results (empty: its row not made yet)
@@ -317,6 +317,16 @@ struct PassSurvey {
     void build(CudnnGraph& g, const CudnnShape& s) const {
         if (backward) cudnn_attention_backward_graph(g, s);
         else cudnn_attention_forward_graph(g, s);
+    }
+    // The number of cuDNN's engines for the pass's graph (some of which may not take it).
+    int64_t engine_count(const CudnnShape& s) const {
+        CudnnGraph g;
+        build(g, s);
+        int64_t count = 0, n = 0;
+        cudnn_check(g_cudnn.get_attribute(g.finish(handle), CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT,
+                                          CUDNN_TYPE_INT64, 1, &n, &count),
+                    "count the engines");
+        return count;
     }
     // ./train's plan's row: its results and time, the others' reference. False where it did not run.
     bool reference_row(std::unique_ptr<CudnnPlan> p, const std::string& label, double prepare_s) {
@@ -455,12 +465,7 @@ static void survey_sweep(PassSurvey& ps, const CudnnShape& s, const std::functio
         if (std::find(order.begin(), order.end(), o.engine) == order.end()) order.push_back(o.engine);
     int64_t count = 0;
     try {
-        CudnnGraph g;
-        ps.build(g, s);
-        int64_t n = 0;
-        cudnn_check(g_cudnn.get_attribute(g.finish(ps.handle), CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT,
-                                          CUDNN_TYPE_INT64, 1, &n, &count),
-                    "count the engines");
+        count = ps.engine_count(s);
     } catch (const std::exception& e) {
         printf("   %-8s sweep: %s\n", ps.name(), e.what());
         return;
@@ -524,12 +529,7 @@ static void check_sweep_settings(const CudnnShape& s) {
         PassSurvey ps{backward == 1};
         const std::string name = strprintf("the sweep's settings of the %s graph %s", ps.name(), shape_name(s).c_str());
         try {
-            CudnnGraph counted;
-            ps.build(counted, s);
-            int64_t count = 0, n = 0;
-            cudnn_check(g_cudnn.get_attribute(counted.finish(nullptr), CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT,
-                                              CUDNN_TYPE_INT64, 1, &n, &count),
-                        "count the engines");
+            const int64_t count = ps.engine_count(s);
             int engines = 0;
             size_t total = 0;
             bool right = true;
