@@ -178,7 +178,43 @@ struct GradsBeside {
     bool test_skip_waits = false;
 };
 
-// Spins for `us` microseconds (the test delays of GradsBeside and of StatsBeside's deferred statistics).
+// Candidate (adamw_beside): a step's AdamW update on a stream beside the next step's forward pass.
+// AdamW takes 0.77-0.88 ms of a d22 step at 8 x 2048 (an H200 at e5cf2c5), bound by the memory,
+// with the tensor cores idle; the next forward pass reads a layer's weights only when it reaches the
+// layer. So the update runs in the parts of the parameter layout that a forward pass reads one after
+// another (config.h's forward_read_bounds: the embedding, each layer's block, the final norm and an
+// untied output projection), each part's end marked by an event, and the forward pass waits for a
+// part's event just before it first reads that part: layer l's update runs beside the layers before
+// it, and beside the host's work between the steps. After the last part the update's stream sets
+// the gradients to 0 (AdamW was their last reader), so model_zero_grad leaves them to it; the
+// forward pass's last wait comes after that, so the next backward pass adds into zeros. A captured
+// forward pass holds its waits as nodes on events recorded outside the graph
+// (cudaEventWaitExternal): a replay waits for the update queued before it. The host's reads and
+// writes of the weights (model_download, model_upload) wait for the update first. The same kernels
+// on the same values: the same bits (test_gpt_cuda_candidates checks it, with the update slowed so
+// that a missing wait would show). One process only (the processes' shards are gathered after the
+// update), and not under --profile 2, which times the update on the model's stream.
+struct AdamwBeside {
+    bool on = candidate_on("adamw_beside");
+    cudaStream_t stream = nullptr;
+    cudaEvent_t start = nullptr;     // the gradients' norm is on the device: the update may begin
+    std::vector<cudaEvent_t> done;   // each part's update done (the last: the gradients zeroed too)
+    struct Part {
+        int first = 0, count = 0;       // its segments in `segments`
+        int tile_first = 0, tiles = 0;  // its adamw_tile_starts in `tile_first`, and their last entry
+    };
+    std::vector<Part> parts;
+    ParamSegment* segments = nullptr;  // AdamW's segments cut at the parts' bounds (device)
+    int* tile_first = nullptr;         // each part's adamw_tile_starts, one after another (device)
+    bool pending = false;              // an update queued that the model's stream has not waited for
+    // For the tests: each part's update waits this long on its stream first, and the forward pass
+    // skips its waits (a check that the comparison catches a missing one).
+    int test_delay_us = 0;
+    bool test_skip_waits = false;
+};
+
+// Spins for `us` microseconds (the test delays of GradsBeside, AdamwBeside and StatsBeside's deferred
+// statistics).
 __global__ void spin_kernel(int us) {
     for (int i = 0; i < us; i++) __nanosleep(1000);
 }
@@ -194,6 +230,7 @@ struct GpuModel : ModelShape {  // and backend.h's ModelShape
     CudnnAttention cudnn;   // the attention where libcudnn.so.9 loads (cudnn_attention.cuh)
     StatsBeside beside;
     GradsBeside grads_beside;
+    AdamwBeside adamw_beside;
     // Candidates (qknorm_rope.cuh's qk_norm_rope_forward_ahead_kernel): the QK-norm + RoPE forward
     // with four items' loads in flight a group of lanes; on a stats step, the queries' norms in place
     // of their float32 vectors, which the statistics read only for those norms.
@@ -251,6 +288,39 @@ static void stats_join(GpuModel& g) {
     g.beside.pending = false;
 }
 
+// Whether this step's AdamW update runs beside the next forward pass (AdamwBeside).
+static bool adamw_beside_now(const GpuModel& g) {
+    return g.adamw_beside.on && !g.adamw_beside.done.empty() && g.adamw_beside.segments && !g.use_nccl && !g.clock.on;
+}
+
+// The model's stream waits for part `part` of the update beside it (a forward pass, before it reads
+// the part's weights); in a capture, the graph's node waits for the update queued before its launch.
+static void wait_for_update(GpuModel& g, int part) {
+    AdamwBeside& ab = g.adamw_beside;
+    if (ab.done.empty() || ab.test_skip_waits) return;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    cudaCheck(cudaStreamIsCapturing(g.stream, &capture));
+    cudaCheck(cudaStreamWaitEvent(g.stream, ab.done[part],
+                                  capture == cudaStreamCaptureStatusActive ? cudaEventWaitExternal : cudaEventWaitDefault));
+}
+
+// The host waits for an update beside that the model's stream has not waited for (before it reads or
+// writes the weights itself).
+static void adamw_beside_finish(GpuModel& g) {
+    if (!g.adamw_beside.pending) return;
+    cudaCheck(cudaStreamSynchronize(g.adamw_beside.stream));
+    g.adamw_beside.pending = false;
+}
+
+// The model's stream waits for all of an update beside that it has not waited for (a backward pass
+// or the gradients' norm with no forward pass since the update: the gradients are its to set to 0).
+static void adamw_beside_join(GpuModel& g) {
+    AdamwBeside& ab = g.adamw_beside;
+    if (!ab.pending) return;
+    cudaCheck(cudaStreamWaitEvent(g.stream, ab.done.back(), 0));
+    ab.pending = false;
+}
+
 // Whether GPU `index` (this process's among those of its machine) exists; its name if so, and
 // then it is the GPU everything after runs on.
 inline bool cuda_device_present(int index, std::string* name) {
@@ -302,6 +372,12 @@ static void gpu_carve(GpuModel& g, Arena& a) {
     g.grad_norm = a.take<float>(1);
     g.segments = a.take<ParamSegment>(g.max_segments);
     g.adamw_tile_first = a.take<int>(g.max_segments + 1);
+    // AdamwBeside's: each of the parts' L + 1 bounds cuts at most one segment in two
+    if (kCandidateKernels && g.trains && g.dist.world == 1) {
+        const int parts = c.n_layer + 2;
+        g.adamw_beside.segments = a.take<ParamSegment>(g.max_segments + parts - 1);
+        g.adamw_beside.tile_first = a.take<int>(g.max_segments + 2 * parts - 1);
+    }
 }
 
 // The sizes everything is carved to.
@@ -315,12 +391,28 @@ static void gpu_set_shape(GpuModel& g, const ModelConfig& c, int max_B, int max_
 // AdamW's segments (in this process's shard) of the kinds not frozen, each with its weight decay flag,
 // onto the device.
 static void upload_segments(GpuModel& g) {
+    adamw_beside_finish(g);  // its segments are read by an update beside
     std::vector<ParamSegment> segments = shard_segments(adamw_segments(g.cfg, g.frozen, g.decayed), g.shard);
     g.num_segments = (int)segments.size();
     cudaCheck(cudaMemcpy(g.segments, segments.data(), segments.size() * sizeof(ParamSegment), cudaMemcpyHostToDevice));
     const std::vector<int> tile_first = adamw_tile_starts(segments);
     g.adamw_tiles = tile_first.back();
     cudaCheck(cudaMemcpy(g.adamw_tile_first, tile_first.data(), tile_first.size() * sizeof(int), cudaMemcpyHostToDevice));
+    AdamwBeside& ab = g.adamw_beside;
+    if (!ab.segments) return;
+    const std::vector<long long> bounds = forward_read_bounds(g.cfg);
+    std::vector<ParamSegment> cut;
+    std::vector<int> cut_tile_first;
+    ab.parts.clear();
+    for (size_t p = 0; p + 1 < bounds.size(); p++) {
+        const std::vector<ParamSegment> part = segments_within(segments, bounds[p], bounds[p + 1]);
+        const std::vector<int> part_tiles = adamw_tile_starts(part);
+        ab.parts.push_back({(int)cut.size(), (int)part.size(), (int)cut_tile_first.size(), part_tiles.back()});
+        cut.insert(cut.end(), part.begin(), part.end());
+        cut_tile_first.insert(cut_tile_first.end(), part_tiles.begin(), part_tiles.end());
+    }
+    cudaCheck(cudaMemcpy(ab.segments, cut.data(), cut.size() * sizeof(ParamSegment), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(ab.tile_first, cut_tile_first.data(), cut_tile_first.size() * sizeof(int), cudaMemcpyHostToDevice));
 }
 
 // Holds the parameter kinds in `asked` (and those the variant leaves unused) fixed from now on:
@@ -381,6 +473,13 @@ static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T, 
     cudaCheck(cudaEventCreateWithFlags(&g.grads_beside.ready, cudaEventDisableTiming));
     for (cudaEvent_t& e : g.grads_beside.joined) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     for (cudaEvent_t& e : g.grads_beside.done) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    cudaCheck(cudaStreamCreateWithPriority(&g.adamw_beside.stream, cudaStreamNonBlocking, least));
+    cudaCheck(cudaEventCreateWithFlags(&g.adamw_beside.start, cudaEventDisableTiming));
+    g.adamw_beside.done.assign(kCandidateKernels && trains ? c.n_layer + 2 : 0, nullptr);
+    for (cudaEvent_t& e : g.adamw_beside.done) {  // recorded once, so that every wait has a record to wait for
+        cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        cudaCheck(cudaEventRecord(e, g.adamw_beside.stream));
+    }
     matmul_init(g.mm);
     g.mm.tune = true;  // algorithms tuned among those with the first choice's bits (matmul_tune)
     g.graphs.on = pass_graphs_wanted();
@@ -412,6 +511,7 @@ static void model_free(GpuModel& g) {
     cudaCheck(cudaStreamSynchronize(g.stream));
     cudaCheck(cudaStreamSynchronize(g.beside.stream));
     for (cudaStream_t gs : g.grads_beside.stream) cudaCheck(cudaStreamSynchronize(gs));
+    cudaCheck(cudaStreamSynchronize(g.adamw_beside.stream));
     cudaCheck(cudaFree(g.memory));
     cudaCheck(cudaFreeHost(g.stat_sums_host));
     cudaCheck(cudaFreeHost(g.losses_host));
@@ -434,6 +534,10 @@ static void model_free(GpuModel& g) {
     for (cudaEvent_t e : g.grads_beside.joined) cudaCheck(cudaEventDestroy(e));
     for (cudaEvent_t e : g.grads_beside.done) cudaCheck(cudaEventDestroy(e));
     g.grads_beside = GradsBeside();
+    cudaCheck(cudaStreamDestroy(g.adamw_beside.stream));
+    cudaCheck(cudaEventDestroy(g.adamw_beside.start));
+    for (cudaEvent_t e : g.adamw_beside.done) cudaCheck(cudaEventDestroy(e));
+    g.adamw_beside = AdamwBeside();
     g.memory = nullptr;
     g.losses_host = nullptr;
     g.stat_sums_host = nullptr;
@@ -449,6 +553,7 @@ static HostState host_state(GpuModel& g) {
 static void model_upload(GpuModel& g) {
     size_t b = g.shard.begin, n = g.shard.end - g.shard.begin;
     stats_join(g);  // deferred statistics read the gains (the copies below follow the model's stream's work)
+    adamw_beside_finish(g);
     cudaCheck(cudaMemcpy(g.params, g.host_params.data(), g.P * sizeof(float), cudaMemcpyHostToDevice));
     if (g.trains) {
         cudaCheck(cudaMemcpy(g.adam_m, g.host_adam_m.data() + b, n * sizeof(float), cudaMemcpyHostToDevice));
@@ -460,6 +565,7 @@ static void model_upload(GpuModel& g) {
 
 static void model_download(GpuModel& g) {
     size_t b = g.shard.begin, n = g.shard.end - g.shard.begin;
+    adamw_beside_finish(g);
     cudaCheck(cudaStreamSynchronize(g.stream));
     cudaCheck(cudaMemcpy(g.host_params.data(), g.params, g.P * sizeof(float), cudaMemcpyDeviceToHost));
     if (!g.trains) return;
@@ -524,6 +630,7 @@ static void forward_pass(GpuModel& g, bool targets, int B, int T, bool tm) {
     cudaStream_t s = g.stream;
     auto mark = [&](const char* work) { g.clock.mark(work, s); };  // --profile 2
     mark("embedding");
+    wait_for_update(g, 0);  // the weights' update beside (AdamwBeside), part by part
     embedding_forward(a.emb, g.tokens, gpu_param(g, P_WTE), N, C, s);
     ActivationDims dims = activation_dims(c, B, T, g.Vp);
     // cuDNN's attention on the passes that train or evaluate, not a sample's (a new T every token,
@@ -542,6 +649,7 @@ static void forward_pass(GpuModel& g, bool targets, int B, int T, bool tm) {
         }
         const bf16* x = l == 0 ? a.emb : layer_activations(a, dims, l - 1).res_mlp;
         mark("RMSNorm forward");
+        wait_for_update(g, l + 1);
         rmsnorm_forward(la.ln1, la.ln1_rstd, x, gpu_param(g, P_ATTN_NORM, l), N, C, c.norm_eps, s);
         mark("matrix products of the layers, forward");
         matmul_forward(g.mm, la.qkv, la.ln1, gpu_param(g, P_WQ, l), nullptr, N, C, QKV, s);  // [Wq; Wk; Wv] in one product
@@ -582,6 +690,7 @@ static void forward_pass(GpuModel& g, bool targets, int B, int T, bool tm) {
         matmul_forward(g.mm, la.res_mlp, la.swi, gpu_param(g, P_W2, l), la.res_attn, N, F, C, s);  // + residual
     }
     mark("RMSNorm forward");
+    wait_for_update(g, L + 1);
     rmsnorm_forward(a.lnf, a.lnf_rstd, layer_activations(a, dims, L - 1).res_mlp, gpu_param(g, P_FINAL_NORM), N, C,
                     c.norm_eps, s);
     mark("classifier forward: matrix product, softmax and loss");
@@ -636,6 +745,7 @@ static float model_forward(GpuModel& g, const int* tokens, const int* targets, i
         pass_graph_run(g.graphs, {tm ? 2 : 0, B, T, 0.0f, g.cudnn.workspace_generation}, s, pass);
     else
         pass();
+    g.adamw_beside.pending = false;  // the pass waited for all of it (AdamwBeside)
     cudaCheck(cudaStreamSynchronize(s));
     float mean = 0.0f;
     if (targets) {
@@ -774,6 +884,7 @@ static void model_backward(GpuModel& g, const int* tokens, const int* targets, f
     const ModelConfig& c = g.cfg;
     const int N = g.B * g.T, V = c.vocab_size;
     cudaStream_t s = g.stream;
+    adamw_beside_join(g);
     auto pass = [&] { backward_pass(g, loss_scale); };
     if (!g.clock.on)
         pass_graph_run(g.graphs, {1, g.B, g.T, loss_scale, g.cudnn.workspace_generation}, s, pass);
@@ -804,7 +915,8 @@ static WorkTimes model_profile_times(GpuModel& g, int slot) { return g.clock.ms[
 
 static void model_zero_grad(GpuModel& g) {
     g.clock.mark("optimiser: gradients zeroed, summed, their norm, AdamW", g.stream);
-    cudaCheck(cudaMemsetAsync(g.grads, 0, g.P * sizeof(float), g.stream));
+    // an update beside the model's stream sets them to 0 after AdamW reads them (AdamwBeside)
+    if (!g.adamw_beside.pending) cudaCheck(cudaMemsetAsync(g.grads, 0, g.P * sizeof(float), g.stream));
     g.clock.mark("idle: the host between phases", g.stream);  // it loads the first micro-batch
 }
 
@@ -818,6 +930,7 @@ static void model_grad_sync(GpuModel& g) {
 // Global L2 norm of the gradients (after model_grad_sync): each process's square of its shard,
 // summed over the processes. Left on the device for AdamW too.
 static float model_grad_norm(GpuModel& g) {
+    adamw_beside_join(g);
     squared_norm(g.grad_sq, g.norm_partial, g.grads + g.shard.begin, (long long)(g.shard.end - g.shard.begin), g.stream);
     if (g.use_nccl) nccl_sum(g.nccl, g.grad_sq, 1, g.stream);
     norm_from_square_kernel<<<1, 1, 0, g.stream>>>(g.grad_norm, g.grad_sq);
@@ -834,13 +947,31 @@ static void model_adamw_step(GpuModel& g, const AdamWSettings& o, int t, float g
     (void)grad_norm;
     stats_join(g);  // deferred statistics read the gains
     static const bool tiles = candidate_on("adamw_tiles");
-    if (tiles)
-        adamw_step_tiles(g.params, g.params_bf16, g.grads, g.adam_m, g.adam_v, (long long)g.shard.begin, g.segments,
-                         g.adamw_tile_first, g.num_segments, g.adamw_tiles, g.grad_norm, clip, o.lr, o.beta1, o.beta2, o.eps,
-                         o.weight_decay, t, g.stream);
-    else
-        adamw_step(g.params, g.params_bf16, g.grads, g.adam_m, g.adam_v, (long long)g.shard.begin, g.segments,
-                   g.num_segments, g.grad_norm, clip, o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, t, g.stream);
+    // AdamW on `count` segments (and their `tile_count` tiles from tile_first) on stream s
+    auto update = [&](const ParamSegment* segments, const int* tile_first, int count, int tile_count, cudaStream_t s) {
+        if (tiles)
+            adamw_step_tiles(g.params, g.params_bf16, g.grads, g.adam_m, g.adam_v, (long long)g.shard.begin, segments,
+                             tile_first, count, tile_count, g.grad_norm, clip, o.lr, o.beta1, o.beta2, o.eps,
+                             o.weight_decay, t, s);
+        else
+            adamw_step(g.params, g.params_bf16, g.grads, g.adam_m, g.adam_v, (long long)g.shard.begin, segments, count,
+                       g.grad_norm, clip, o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, t, s);
+    };
+    if (!adamw_beside_now(g)) {
+        update(g.segments, g.adamw_tile_first, g.num_segments, g.adamw_tiles, g.stream);
+        return;
+    }
+    AdamwBeside& ab = g.adamw_beside;
+    cudaCheck(cudaEventRecord(ab.start, g.stream));
+    cudaCheck(cudaStreamWaitEvent(ab.stream, ab.start, 0));
+    for (size_t p = 0; p < ab.parts.size(); p++) {
+        const AdamwBeside::Part& part = ab.parts[p];
+        if (ab.test_delay_us) spin_kernel<<<1, 1, 0, ab.stream>>>(ab.test_delay_us);
+        update(ab.segments + part.first, ab.tile_first + part.tile_first, part.count, part.tiles, ab.stream);
+        if (p + 1 == ab.parts.size()) cudaCheck(cudaMemsetAsync(g.grads, 0, g.P * sizeof(float), ab.stream));
+        cudaCheck(cudaEventRecord(ab.done[p], ab.stream));
+    }
+    ab.pending = true;
 }
 
 // Every process's updated shard to every process, and the bf16 copy of the whole model remade
@@ -1158,7 +1289,8 @@ static void print_run_summary(const Run& r) {
 
 // --profile: seconds per phase of a step, summed over the steps after the first (which warms
 // up), split by whether the step measured statistics; with --profile 2 also the device's time per
-// kind of work, where the backend can time it (the GPU's).
+// kind of work, where the backend can time it (the GPU's). With the candidate adamw_beside (not
+// under --profile 2) the update's time falls in the next step's forward pass.
 struct Profile {
     enum Phase { FORWARD, BACKWARD, OPTIMIZER, STEP, NUM_PHASES };
     bool on = false, kernels = false, counting = false, stats_step = false;
@@ -1531,7 +1663,7 @@ static int train(Model& m, Run& r) {
         }
         model_adamw_step(m, opt, step + 1, norm, o.clip);
         model_param_sync(m);  // every process's updated shard to every process
-        model_wait(m);        // the step's time includes the update
+        model_wait(m);        // the step's time includes the update (adamw_beside: beside the next forward pass)
         prof.end_phase(m, Profile::OPTIMIZER);
         double dt = now_seconds() - t0;
         prof.end_step(m, dt);

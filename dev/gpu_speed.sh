@@ -133,8 +133,8 @@ done
 # a name that may be several separated by commas; each while more than 90 s are left, for
 # torch.compile after them). A pass whose statistics are deferred (stats_deferred) is not captured
 # as a graph, so stats_pass_graph's share is the run without both against the run without the first.
-for entry in ${SPEED_CANDIDATES_OFF-grads_beside:10:8 stats_deferred:1:8 query_norms:1:8 stats_deferred:1:4 \
-    stats_deferred,stats_pass_graph:1:4 adamw_tiles:10:4}; do
+for entry in ${SPEED_CANDIDATES_OFF-adamw_beside:10:8 grads_beside:10:8 stats_deferred:1:8 query_norms:1:8 \
+    stats_deferred:1:4 stats_deferred,stats_pass_graph:1:4 adamw_beside:10:4 adamw_tiles:10:4}; do
     IFS=: read -r off every B <<<"$entry"
     all=d22_b${B}_s${every}_train_candidates
     [ -e "$runs/$all.ok" ] && [ $((deadline - SECONDS)) -gt 90 ] || continue

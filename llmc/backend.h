@@ -91,7 +91,7 @@ struct AdamWSettings {
     X(void, model_adamw_step(m, opt, step, norm, clip),                                                             \
       "AdamW step `step` (from 1) of this process's shard, the gradients clipped to norm clip (0: not)")             \
     X(void, model_param_sync(m), "every process's updated shard to every process")                                \
-    X(void, model_wait(m), "return once the work queued so far is done (timing)")                                 \
+    X(void, model_wait(m), "return once the work queued so far is done (timing; an update beside the next forward pass excepted)")                                 \
     X(void, model_profile_begin(m), "--profile 2: a step begins; time its work by kind from now on")                \
     X(void, model_profile_end(m, slot),                                                                              \
       "--profile 2: the step's work is done: add its times by kind into slot 0 or 1, or drop them (-1)")            \

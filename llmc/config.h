@@ -480,14 +480,30 @@ inline ParamShard param_shard(size_t P, int rank, int world) {
     return s;
 }
 
-// The segments cut to a shard: what this process's AdamW updates.
-inline std::vector<ParamSegment> shard_segments(const std::vector<ParamSegment>& segs, const ParamShard& s) {
+// The segments cut to the parameters [begin, end).
+inline std::vector<ParamSegment> segments_within(const std::vector<ParamSegment>& segs, long long begin, long long end) {
     std::vector<ParamSegment> cut;
     for (const ParamSegment& g : segs) {
-        long long lo = std::max(g.start, (long long)s.begin), hi = std::min(g.start + g.count, (long long)s.end);
+        long long lo = std::max(g.start, begin), hi = std::min(g.start + g.count, end);
         if (lo < hi) cut.push_back({lo, hi - lo, g.decay});
     }
     return cut;
+}
+
+// The segments cut to a shard: what this process's AdamW updates.
+inline std::vector<ParamSegment> shard_segments(const std::vector<ParamSegment>& segs, const ParamShard& s) {
+    return segments_within(segs, (long long)s.begin, (long long)s.end);
+}
+
+// The parameter layout in the parts a forward pass reads one after another: the tensors before
+// the layers (the embedding), each layer's block, the tensors after them (the final norm, an untied
+// output projection). Part p is [bounds[p], bounds[p + 1]): n_layer + 2 parts, from 0 to P.
+inline std::vector<long long> forward_read_bounds(const ModelConfig& c) {
+    std::vector<long long> bounds{0};
+    for (int l = 0; l <= c.n_layer; l++)
+        bounds.push_back((long long)(param_offset(c, kFirstLayerKind, 0) + (size_t)l * layer_numel(c)));
+    bounds.push_back((long long)num_parameters(c));
+    return bounds;
 }
 
 // A comma-separated list of words as a mask: each word's mask from `word_mask` (0 when it names

@@ -27,8 +27,8 @@ constexpr bool kCandidateKernels = false;
 // Whether the candidate `name` is on: in the candidate build, unless the environment's
 // TRAIN_CANDIDATES_OFF (names separated by commas) turns it off, so that a GPU machine can time
 // each candidate's share of a step with one binary (dev/gpu_speed.sh). The names: adamw_tiles
-// (adamw.cuh), grads_beside, stats_pass_graph and stats_deferred (train_gpt.cu), qk_forward_ahead
-// and query_norms (qknorm_rope.cuh, train_gpt.cu).
+// (adamw.cuh), adamw_beside, grads_beside, stats_pass_graph and stats_deferred (train_gpt.cu),
+// qk_forward_ahead and query_norms (qknorm_rope.cuh, train_gpt.cu).
 inline bool candidate_on(const char* name) {
     if (!kCandidateKernels) return false;
     const char* off = getenv("TRAIN_CANDIDATES_OFF");

@@ -900,6 +900,45 @@ static void test_param_shards() {
     }
 }
 
+// The parts a forward pass reads in turn (forward_read_bounds), which the candidate adamw_beside
+// updates one by one: every tensor lies in its part (the embedding in the first, layer l's block in
+// part l + 1, the final norm and an untied output projection in the last), and the AdamW segments
+// cut to the parts are together the whole segments, decay flags included, also where --decay merges
+// one layer's last tensor with the next layer's first.
+static void test_forward_read_parts() {
+    ModelConfig tied = small_config(), untied = small_config();
+    untied.tied_embeddings = false;
+    for (const ModelConfig& c : {tied, untied}) {
+        const std::vector<long long> bounds = forward_read_bounds(c);
+        const long long P = (long long)num_parameters(c);
+        bool parts_ok = (int)bounds.size() == c.n_layer + 3 && bounds.front() == 0 && bounds.back() == P &&
+                        std::is_sorted(bounds.begin(), bounds.end());
+        for (int kind = 0; kind < P_NUM_KINDS && parts_ok; kind++)
+            for (int l = 0; l < param_layers(c, kind); l++) {
+                const int part = param_is_per_layer(kind) ? l + 1 : kind < kFirstLayerKind ? 0 : c.n_layer + 1;
+                const long long start = (long long)param_offset(c, kind, l), end = start + (long long)param_numel(c, kind);
+                parts_ok &= start >= bounds[part] && end <= bounds[part + 1];
+            }
+        for (uint32_t decayed : {matrix_kinds(), kAllParamKinds})
+            for (uint32_t frozen : {0u, param_kind_bit(P_WTE) | param_kind_bit(P_ATTN_NORM)}) {
+                const std::vector<ParamSegment> whole = adamw_segments(c, frozen, decayed);
+                std::vector<int> want(P, -1), got(P, -1);  // -1: not updated; else the decay flag
+                for (const ParamSegment& g : whole)
+                    for (long long i = g.start; i < g.start + g.count; i++) want[i] = g.decay;
+                bool within = true;
+                for (size_t p = 0; p + 1 < bounds.size(); p++)
+                    for (const ParamSegment& g : segments_within(whole, bounds[p], bounds[p + 1])) {
+                        within &= g.count > 0 && g.start >= bounds[p] && g.start + g.count <= bounds[p + 1];
+                        for (long long i = g.start; i < g.start + g.count; i++) got[i] = got[i] == -1 ? g.decay : 9;
+                    }
+                report(parts_ok && within && got == want,
+                       strprintf("forward read parts: %s embeddings, decay %s, frozen %s: every tensor in its part, the "
+                                 "segments cut to the parts intact", c.tied_embeddings ? "tied" : "untied",
+                                 param_kinds_text(decayed).c_str(), param_kinds_text(frozen).c_str()));
+            }
+    }
+}
+
 // The run folder (run_dir.h): which checkpoints may resume into a log, which --keep removes, and
 // the lock a live run holds.
 static void test_run_dir() {
@@ -1059,6 +1098,7 @@ int main() {
     test_checkpoint();
     test_forward_only_model();
     test_param_shards();
+    test_forward_read_parts();
     test_run_dir();
     test_cgroup_memory();
     return test_exit_code();

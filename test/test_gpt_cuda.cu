@@ -317,6 +317,101 @@ static void check_grads_beside(GpuModel& g, const std::string& label, const std:
     gb.test_skip_waits = false;
 }
 
+// The candidate adamw_beside (AdamwBeside, train_gpt.cu): four training steps of two micro-batches
+// each (the third step's first with statistics), each step's update beside the next step's forward
+// pass, give the losses, the gradients' norms, the statistics' sums, the weights and the AdamW state
+// of the same steps with the update on the model's stream, bit for bit: with the passes run
+// directly, and from CUDA graphs (captured at their second run and replayed after, so that the
+// graph's waits on the update queued outside it are exercised; the passes must have been captured). Each part's
+// update is slowed by 200 us, so that a forward pass reading a part before its update is done, or a
+// backward pass adding into gradients not yet set to 0, would show. The update must have run beside
+// the passes, and the same slowed update with the forward pass's waits skipped must give other
+// losses: the comparison catches a missing wait. On a model of its own, from the weights of `ckpt`
+// with the parameter kinds `freeze` frozen.
+static void check_adamw_beside(const std::string& label, const std::string& ckpt, uint32_t freeze,
+                               const std::vector<int>& tokens, const std::vector<int>& targets, int B, int T) {
+    GpuModel g;
+    model_init(g, checkpoint_read_header(ckpt).config, B, T);
+    model_freeze(g, freeze);
+    AdamwBeside& ab = g.adamw_beside;
+    HostState h = host_state(g);
+    checkpoint_read(ckpt, h.params, nullptr, nullptr);
+    const std::vector<float> params(g.host_params), adam_m(g.host_adam_m), adam_v(g.host_adam_v);
+    struct Steps {
+        std::vector<float> losses, norms, params, adam_m, adam_v;
+        std::vector<double> stat_sums;
+    };
+    long long beside_updates = 0;
+    std::string graphs_problem;  // of the run from graphs: a pass not captured, or a capture refused
+    auto train = [&](bool beside, bool graphs, bool skip_waits) {
+        g.host_params = params;
+        g.host_adam_m = adam_m;
+        g.host_adam_v = adam_v;
+        model_upload(g);
+        ab.on = beside;
+        ab.test_delay_us = beside ? 200 : 0;
+        ab.test_skip_waits = skip_waits;
+        g.graphs.on = graphs;
+        AdamWSettings opt;
+        opt.lr = 1e-3f;
+        opt.weight_decay = 0.1f;
+        Steps r;
+        auto read_sums = [&] {
+            const double* sums = model_stats_sums(g);
+            r.stat_sums.assign(sums, sums + g.stats_layout.total);
+        };
+        for (int step = 0; step < 4; step++) {
+            model_zero_grad(g);
+            for (int micro = 0; micro < 2; micro++) {
+                const bool tm = step == 2 && micro == 0;
+                if (tm) model_stats_begin(g);
+                r.losses.push_back(model_forward(g, tokens.data(), targets.data(), B, T, tm));
+                const bool pending = tm && model_stats_pending(g);  // read after the backward pass, as training does
+                if (tm && !pending) read_sums();
+                model_backward(g, tokens.data(), targets.data(), 0.5f);
+                if (pending) read_sums();
+            }
+            r.norms.push_back(model_grad_norm(g));
+            model_adamw_step(g, opt, step + 1, r.norms.back(), 1.0f);
+            beside_updates += ab.pending;
+        }
+        cudaCheck(cudaDeviceSynchronize());  // with the waits skipped, the update may still run
+        model_download(g);
+        r.params = g.host_params;
+        r.adam_m = g.host_adam_m;
+        r.adam_v = g.host_adam_v;
+        if (graphs) {
+            int captured = 0;
+            for (const PassGraphs::Entry& e : g.graphs.entries) captured += e.exec != nullptr;
+            if (captured < 2 || !g.graphs.refused.empty())  // at least the forward and backward passes without statistics
+                graphs_problem = strprintf("%d passes captured%s%s", captured, g.graphs.refused.empty() ? "" : "; refused: ",
+                                           g.graphs.refused.c_str());
+        }
+        pass_graphs_free(g.graphs);
+        return r;
+    };
+    auto same = [](const Steps& a, const Steps& b) {
+        return a.losses == b.losses && a.norms == b.norms && a.stat_sums == b.stat_sums &&
+               memcmp(a.params.data(), b.params.data(), a.params.size() * sizeof(float)) == 0 &&
+               memcmp(a.adam_m.data(), b.adam_m.data(), a.adam_m.size() * sizeof(float)) == 0 &&
+               memcmp(a.adam_v.data(), b.adam_v.data(), a.adam_v.size() * sizeof(float)) == 0;
+    };
+    const Steps plain = train(false, false, false);
+    const bool none_beside = beside_updates == 0;
+    const Steps direct = train(true, false, false), graphed = train(true, true, false);
+    report(none_beside && beside_updates == 8 && same(direct, plain),
+           label + "AdamW steps with the update beside the next forward pass: the same losses, norms, weights and "
+                   "AdamW state, bit for bit",
+           strprintf("%lld updates beside of 8", beside_updates));
+    report(graphs_problem.empty() && same(graphed, plain),
+           label + "the same with the passes from CUDA graphs, which wait for the update queued outside them: the same bits",
+           graphs_problem);
+    const Steps unwaited = train(true, false, true);
+    report(unwaited.losses != plain.losses,
+           label + "the update beside without the forward pass's waits (slowed): other losses, as they must be");
+    model_free(g);
+}
+
 // CUDA graphs (./train's unless TRAIN_CUDA_GRAPH=0, cuda_graph.cuh). A step, on one of two batches (the tokens and
 // the same tokens shifted by one): the batch's forward and backward passes, its first sequence's as
 // a micro-batch (another shape: two more graphs), then a statistics forward pass of the batch (run
@@ -543,5 +638,11 @@ int main(int argc, char** argv) {
     check_graphs("cuda graphs: ", ckpt, tokens, targets, B, T);
     check_graphs("cuda graphs, qwen3 shape: ", dir + "/qwen3.ckpt", tokens, targets, B, T);
     if (kCandidateKernels) check_graphs("cuda graphs, statistics deferred: ", ckpt, tokens, targets, B, T, true);
+    if (kCandidateKernels) {  // the model's tensors, lm_head untied, two kinds frozen
+        check_adamw_beside("cuda adamw beside: ", ckpt, 0, tokens, targets, B, T);
+        check_adamw_beside("cuda adamw beside, qwen3 shape, untied: ", dir + "/qwen3.ckpt", 0, tokens, targets, B, T);
+        check_adamw_beside("cuda adamw beside, freeze wk,k_gain: ", ckpt, param_kind_bit(P_WK) | param_kind_bit(P_K_GAIN),
+                           tokens, targets, B, T);
+    }
     return test_exit_code();
 }
