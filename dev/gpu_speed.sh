@@ -21,7 +21,9 @@
 # with_cudnn: they load cuDNN from there), so that they use the same ones. The first ./train run's
 # lines of what runs its attention (cuDNN's kernels, or why not) and of what tuning its matrix
 # products' algorithms did are printed. scripts/bench.py gpu is the full benchmark; this is its part
-# that fits what is left of a device call.
+# that fits what is left of a device call. Before all of it, a short run of train_candidates: a
+# candidate that ends that build's runs is turned off in every run (printed), so that the others
+# are still timed.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 deadline=$((SECONDS + ${SPEED_SECONDS:-150}))
@@ -58,6 +60,24 @@ run_d22() {  # name, binary, B, statistics every, then env's assignments: a 53-s
         >"$runs/$name.log" 2>&1
 }
 echo "speed, d22 ($(cat "$g/COMMIT" 2>/dev/null)): ms/step, mean of steps 22-51 (from 0)"
+# A candidate that ends train_candidates' runs (a call the device refuses) would cost every timing of
+# that build: a short d22 run first (its passes captured as graphs and replayed, statistics on some
+# steps), and should it fail, the same with each candidate off in turn; the first that runs is
+# turned off for every run below (TRAIN_CANDIDATES_OFF, added to those the runs that time one
+# candidate's share turn off).
+smoke() {  # env's assignments: a 6-step run of train_candidates, d22 at 1 x 512
+    timeout 60 env "$@" "${with_cudnn[@]}" "$g/bin/train_candidates" "${data[@]}" -m d22 -b 1 -t 512 -x 6 -s 2 \
+        --device cuda -o "$runs/smoke" >"$runs/smoke.log" 2>&1
+}
+if [ -x "$g/bin/train_candidates" ] && ! smoke; then
+    echo "  ./train_candidates, d22 at 1 x 512: a short run FAILED: $(tail -1 "$runs/smoke.log" | cut -c1-150)"
+    for name in adamw_beside stats_pass_graph stats_deferred grads_beside query_norms qk_forward_ahead adamw_tiles; do
+        smoke "TRAIN_CANDIDATES_OFF=${TRAIN_CANDIDATES_OFF:+$TRAIN_CANDIDATES_OFF,}$name" || continue
+        export TRAIN_CANDIDATES_OFF=${TRAIN_CANDIDATES_OFF:+$TRAIN_CANDIDATES_OFF,}$name
+        echo "  ./train_candidates runs without $name: turned off in every run below"
+        break
+    done
+fi
 # Both builds run with the wheels' folders on the path, where a CUDA 13 wheel's cuBLAS comes before
 # the machine's: the one they load (gpu_check.sh's parity runs load the machine's)
 echo "  cuBLASLt: $("${with_cudnn[@]}" ldd "$g/bin/train" 2>/dev/null | awk '/libcublasLt/ {print $3}')"
@@ -138,7 +158,8 @@ for entry in ${SPEED_CANDIDATES_OFF-adamw_beside:10:8 grads_beside:10:8 stats_de
     IFS=: read -r off every B <<<"$entry"
     all=d22_b${B}_s${every}_train_candidates
     [ -e "$runs/$all.ok" ] && [ $((deadline - SECONDS)) -gt 90 ] || continue
-    if run_d22 "${all}_without_$off" train_candidates "$B" "$every" "TRAIN_CANDIDATES_OFF=$off"; then
+    if run_d22 "${all}_without_$off" train_candidates "$B" "$every" \
+        "TRAIN_CANDIDATES_OFF=${TRAIN_CANDIDATES_OFF:+$TRAIN_CANDIDATES_OFF,}$off"; then
         printf '  %-18s %d x 2048, statistics every %-2s %s ms without %s (%s ms with every candidate): %s\n' \
             ./train_candidates "$B" "$every" "$(mean_ms "$runs/${all}_without_$off/run.attnlog")" "$off" \
             "$(mean_ms "$runs/$all/run.attnlog")" "$(same_bits "$runs/$all/run.attnlog" "$runs/${all}_without_$off/run.attnlog")"
