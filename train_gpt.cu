@@ -288,9 +288,10 @@ static void stats_join(GpuModel& g) {
     g.beside.pending = false;
 }
 
-// Whether this step's AdamW update runs beside the next forward pass (AdamwBeside).
+// Whether this step's AdamW update runs beside the next forward pass (AdamwBeside: its segments are
+// carved where the candidate build trains as one process).
 static bool adamw_beside_now(const GpuModel& g) {
-    return g.adamw_beside.on && !g.adamw_beside.done.empty() && g.adamw_beside.segments && !g.use_nccl && !g.clock.on;
+    return g.adamw_beside.on && g.adamw_beside.segments && !g.use_nccl && !g.clock.on;
 }
 
 // The model's stream waits for part `part` of the update beside it (a forward pass, before it reads

@@ -61,16 +61,13 @@ run_d22() {  # name, binary, B, statistics every, then env's assignments: a 53-s
 }
 echo "speed, d22 ($(cat "$g/COMMIT" 2>/dev/null)): ms/step, mean of steps 22-51 (from 0)"
 # A candidate that ends train_candidates' runs (a call the device refuses) would cost every timing of
-# that build: a short d22 run first (its passes captured as graphs and replayed, statistics on some
-# steps), and should it fail, the same with each candidate off in turn; the first that runs is
-# turned off for every run below (TRAIN_CANDIDATES_OFF, added to those the runs that time one
-# candidate's share turn off).
-smoke() {  # env's assignments: a 6-step run of train_candidates, d22 at 1 x 512
-    timeout 60 env "$@" "${with_cudnn[@]}" "$g/bin/train_candidates" "${data[@]}" -m d22 -b 1 -t 512 -x 6 -s 2 \
-        --device cuda -o "$runs/smoke" >"$runs/smoke.log" 2>&1
-}
+# that build: a short run first (d22 at 1 x 2048, its passes captured as graphs and replayed,
+# statistics every other step), and should it fail, the same with each candidate off in turn; the
+# first that runs is turned off for every run below (TRAIN_CANDIDATES_OFF, added to those the runs
+# that time one candidate's share turn off).
+smoke() { run_d22 smoke train_candidates 1 2 "$@"; }  # env's assignments
 if [ -x "$g/bin/train_candidates" ] && ! smoke; then
-    echo "  ./train_candidates, d22 at 1 x 512: a short run FAILED: $(tail -1 "$runs/smoke.log" | cut -c1-150)"
+    echo "  ./train_candidates, d22 at 1 x 2048: a short run FAILED: $(tail -1 "$runs/smoke.log" | cut -c1-150)"
     for name in adamw_beside stats_pass_graph stats_deferred grads_beside query_norms qk_forward_ahead adamw_tiles; do
         smoke "TRAIN_CANDIDATES_OFF=${TRAIN_CANDIDATES_OFF:+$TRAIN_CANDIDATES_OFF,}$name" || continue
         export TRAIN_CANDIDATES_OFF=${TRAIN_CANDIDATES_OFF:+$TRAIN_CANDIDATES_OFF,}$name

@@ -322,9 +322,9 @@ static void check_grads_beside(GpuModel& g, const std::string& label, const std:
 // pass, give the losses, the gradients' norms, the statistics' sums, the weights and the AdamW state
 // of the same steps with the update on the model's stream, bit for bit: with the passes run
 // directly, and from CUDA graphs (captured at their second run and replayed after, so that the
-// graph's waits on the update queued outside it are exercised; the passes must have been captured). Each part's
-// update is slowed by 200 us, so that a forward pass reading a part before its update is done, or a
-// backward pass adding into gradients not yet set to 0, would show. The update must have run beside
+// graph's waits on the update queued outside it are exercised; the passes must have been
+// captured). Each part's update is slowed by 200 us, so that a forward pass reading a part before
+// its update is done, or a backward pass adding into gradients not yet set to 0, would show. The update must have run beside
 // the passes, and the same slowed update with the forward pass's waits skipped must give other
 // losses: the comparison catches a missing wait. On a model of its own, from the weights of `ckpt`
 // with the parameter kinds `freeze` frozen.
