@@ -606,8 +606,9 @@ static void layer_attention_row_stats(GpuModel& g, Activations<bf16>& la, int B,
     const ModelConfig& c = g.cfg;
     Activations<bf16>& a = g.acts;
     const int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim;
+    static const bool plain_tiles = candidate_on("stats_rows_plain");
     if (!attention_row_stats_from_lse(la.row_stats, la.att_lse, g.doc_bits, la.qk_rope, B, T, H, Hkv, D, s,
-                                      /* lpt */ true))
+                                      /* lpt */ true, plain_tiles))
         attention_row_stats(a.att_delta, la.row_stats, a.datty, g.doc_bits, la.qk_rope, la.qkv, B, T, H, Hkv, D, s);
 }
 static void layer_attention_backward(GpuModel& g, Activations<bf16>& la, int B, int T) {

@@ -68,7 +68,8 @@ echo "speed, d22 ($(cat "$g/COMMIT" 2>/dev/null)): ms/step, mean of steps 22-51 
 smoke() { run_d22 smoke train_candidates 1 2 "$@"; }  # env's assignments
 if [ -x "$g/bin/train_candidates" ] && ! smoke; then
     echo "  ./train_candidates, d22 at 1 x 2048: a short run FAILED: $(tail -1 "$runs/smoke.log" | cut -c1-150)"
-    for name in adamw_beside stats_pass_graph stats_deferred grads_beside query_norms qk_forward_ahead adamw_tiles; do
+    for name in adamw_beside stats_pass_graph stats_deferred grads_beside query_norms qk_forward_ahead adamw_tiles \
+        stats_rows_plain; do
         smoke "TRAIN_CANDIDATES_OFF=${TRAIN_CANDIDATES_OFF:+$TRAIN_CANDIDATES_OFF,}$name" || continue
         export TRAIN_CANDIDATES_OFF=${TRAIN_CANDIDATES_OFF:+$TRAIN_CANDIDATES_OFF,}$name
         echo "  ./train_candidates runs without $name: turned off in every run below"
@@ -151,7 +152,7 @@ done
 # torch.compile after them). A pass whose statistics are deferred (stats_deferred) is not captured
 # as a graph, so stats_pass_graph's share is the run without both against the run without the first.
 for entry in ${SPEED_CANDIDATES_OFF-adamw_beside:10:8 grads_beside:10:8 stats_deferred:1:8 query_norms:1:8 \
-    stats_deferred:1:4 stats_deferred,stats_pass_graph:1:4 adamw_beside:10:4 adamw_tiles:10:4}; do
+    stats_deferred:1:4 stats_deferred,stats_pass_graph:1:4 adamw_beside:10:4 adamw_tiles:10:4 stats_rows_plain:1:8}; do
     IFS=: read -r off every B <<<"$entry"
     all=d22_b${B}_s${every}_train_candidates
     [ -e "$runs/$all.ok" ] && [ $((deadline - SECONDS)) -gt 90 ] || continue

@@ -863,12 +863,17 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_forward_mma
 // the mass on document starts; they agree with the forward kernel's to float rounding, and the
 // largest logit bit for bit (the same scaled scores). ./train's statistics steps beside cuDNN's
 // forward, in tile_block's LPT order; dev_attention checks and times it in both orders.
+// PLAIN_TILES (the candidate stats_rows_plain): a tile that holds no masked score, no key 0 and no
+// document start (at T = 2048, 465 of a head's 528 tiles, fewer where documents start) takes a form of the loop without
+// their tests, a product-add, an ex2, a maximum and a product-add a score, where every tile now
+// also pays a mask's compares and select; the same operations on every score that counts, so the
+// same bits.
 template <int D>
 constexpr int attention_stats_from_lse_smem_bytes() {
     return 2 * kMmaTile * (D + kMmaTilePad) * (int)sizeof(bf16);
 }
 
-template <int D, bool LPT = false, int MIN_BLOCKS = 0>
+template <int D, bool LPT = false, int MIN_BLOCKS = 0, bool PLAIN_TILES = false>
 __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_row_stats_from_lse_kernel(float* row_stats,
         const float* lse, const uint32_t* doc_bits, const bf16* qk, int B, int T, int H, int Hkv) {
     static_assert(D % 32 == 0, "D must be a multiple of 32");
@@ -922,28 +927,31 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_row_stats_f
             // p = 2^(s c2 - lse log2(e)) in the LEAN form of the forward kernel (see kLog2e): one
             // product-add and one ex2 a score, its entropy term one more product-add. The document
             // starts are looked at only in a tile that holds one (DOC; tile_bits is the same for
-            // the whole block, and most tiles hold none).
-            auto tile = [&](auto doc_starts) {
-                constexpr bool DOC = decltype(doc_starts)::value;
+            // the whole block, and most tiles hold none); with PLAIN_TILES the mask and key 0 only
+            // in a tile that may hold them (EDGE: the diagonal tiles and the first).
+            auto tile = [&](auto doc_starts, auto edge) {
+                constexpr bool DOC = decltype(doc_starts)::value, EDGE = decltype(edge)::value;
 #pragma unroll
                 for (int nb = 0; nb < kMmaTile / 8; nb++) {
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const int j = j0 + nb * 8 + 2 * c + e % 2, r = e / 2;
-                        const float raw = diagonal && (j > t[r] || j >= T) ? kLeanMasked : s[0][nb][e];
+                        const float raw = EDGE && diagonal && (j > t[r] || j >= T) ? kLeanMasked : s[0][nb][e];
                         const float x = fmaf(raw, c2, -row_lse2[r]);  // (s - lse) log2(e); -1e29 or less where masked
                         const float p = exp2_ftz(x);                   // 0 where masked
                         max_raw[r] = fmaxf(max_raw[r], raw);
                         neg_entropy2[r] = fmaf(p, x, neg_entropy2[r]);
-                        if (nb == 0 && e % 2 == 0 && j == 0) sink[r] = p;  // key 0: lane c = 0 of the first tile
+                        if (EDGE && nb == 0 && e % 2 == 0 && j == 0) sink[r] = p;  // key 0: lane c = 0 of the first tile
                         if (DOC && ((tile_bits >> (nb * 8 + 2 * c + e % 2)) & 1)) doc[r] += p;
                     }
                 }
             };
-            if (tile_bits)
-                tile(std::true_type());
+            if (PLAIN_TILES && !tile_bits && !diagonal && j0 > 0)
+                tile(std::false_type(), std::false_type());
+            else if (tile_bits)
+                tile(std::true_type(), std::true_type());
             else
-                tile(std::false_type());
+                tile(std::false_type(), std::true_type());
         }
         __syncthreads();  // every warp is done with this buffer before the next iteration refills it
     }
@@ -1544,9 +1552,11 @@ inline bool attention_row_stats_from_lse_supports(int D) { return attention_auto
 
 // The rows' statistics (row_stats) from the lse of a forward pass made elsewhere, through
 // attention_row_stats_from_lse_kernel where the mma kernels take D (true), else nothing (false);
-// lpt: its blocks in tile_block's LPT order where its grid takes the shape (the same bits).
+// lpt: its blocks in tile_block's LPT order where its grid takes the shape; plain_tiles: its
+// PLAIN_TILES form (both the same bits).
 inline bool attention_row_stats_from_lse(float* row_stats, const float* lse, const uint32_t* doc_bits, const bf16* qk,
-                                         int B, int T, int H, int Hkv, int D, cudaStream_t stream, bool lpt = false) {
+                                         int B, int T, int H, int Hkv, int D, cudaStream_t stream, bool lpt = false,
+                                         bool plain_tiles = false) {
     if (!attention_row_stats_from_lse_supports(D)) return false;
     attention_prepare(ATTENTION_MMA, B, T, H, Hkv, D, {qk}, {lse, row_stats});
     lpt = lpt && lpt_grid_fits(ceil_div(T, kMmaTile), H, B);
@@ -1554,12 +1564,20 @@ inline bool attention_row_stats_from_lse(float* row_stats, const float* lse, con
     auto launch = [&](auto kernel, int smem) {
         kernel<<<grid, kMmaThreads, smem, stream>>>(row_stats, lse, doc_bits, qk, B, T, H, Hkv);
     };
+    auto launch_d = [&](auto width) {
+        constexpr int W = decltype(width)::value;
+        constexpr int smem = attention_stats_from_lse_smem_bytes<W>();
+        if (plain_tiles)
+            lpt ? launch(attention_row_stats_from_lse_kernel<W, true, 0, true>, smem)
+                : launch(attention_row_stats_from_lse_kernel<W, false, 0, true>, smem);
+        else
+            lpt ? launch(attention_row_stats_from_lse_kernel<W, true>, smem)
+                : launch(attention_row_stats_from_lse_kernel<W, false>, smem);
+    };
     if (D == 64)
-        lpt ? launch(attention_row_stats_from_lse_kernel<64, true>, attention_stats_from_lse_smem_bytes<64>())
-            : launch(attention_row_stats_from_lse_kernel<64, false>, attention_stats_from_lse_smem_bytes<64>());
+        launch_d(std::integral_constant<int, 64>());
     else
-        lpt ? launch(attention_row_stats_from_lse_kernel<128, true>, attention_stats_from_lse_smem_bytes<128>())
-            : launch(attention_row_stats_from_lse_kernel<128, false>, attention_stats_from_lse_smem_bytes<128>());
+        launch_d(std::integral_constant<int, 128>());
     cuda_check_launch();
     return true;
 }

@@ -439,6 +439,13 @@ static void check_row_stats_from_lse(const Problem& p, const CpuForward& ref) {
     attention_row_stats_from_lse(p.d_stats, p.d_lse, p.d_doc_bits, p.d_qk, s.B, s.T, s.H, s.Hkv, s.D, 0, true);
     cudaCheck(cudaDeviceSynchronize());
     report(same_bits(host_copy(p.d_stats, ATTN_NUM_ROW_STATS * p.rows), got), prefix + "in the LPT order, the same bits");
+    for (bool lpt : {false, true}) {  // the candidate stats_rows_plain: the same bits in either order
+        poison(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
+        attention_row_stats_from_lse(p.d_stats, p.d_lse, p.d_doc_bits, p.d_qk, s.B, s.T, s.H, s.Hkv, s.D, 0, lpt, true);
+        cudaCheck(cudaDeviceSynchronize());
+        report(same_bits(host_copy(p.d_stats, ATTN_NUM_ROW_STATS * p.rows), got),
+               prefix + "plain tiles apart" + (lpt ? ", in the LPT order" : "") + ", the same bits");
+    }
     auto stat = [&](const std::vector<float>& v, AttentionRowStat k) { return v.data() + k * p.rows; };
     const std::vector<float> got_max(stat(got, ATTN_STAT_LOGIT_MAX), stat(got, ATTN_STAT_LOGIT_MAX) + p.rows),
         want_max(stat(want, ATTN_STAT_LOGIT_MAX), stat(want, ATTN_STAT_LOGIT_MAX) + p.rows);
@@ -539,23 +546,24 @@ static void min_blocks_variant(const Problem& p, const AttentionOutputs& want) {
 
 // The rows' statistics from lse (./train's on a statistics step: attention_row_stats_from_lse_kernel
 // in the LPT order) at MIN_BLOCKS = M, the statistics poisoned first; its row of the table. At D =
-// 64 ptxas gives it 116 registers, 4 blocks of 4 warps an SM; 5 and 6 blocks cap them at 102 and 85.
-template <int M>
+// 64 ptxas gives it 116 registers, 4 blocks of 4 warps an SM; 5 and 6 blocks cap them. PLAIN: the
+// candidate stats_rows_plain's form (102 registers uncapped, 2 short of a fifth block).
+template <int M, bool PLAIN = false>
 static std::vector<float> from_lse_min_blocks(const Problem& p) {
     const Shape& s = p.s;
     const dim3 grid = tile_grid(true, ceil_div(s.T, kMmaTile), s.H, s.B);
     const int smem = attention_stats_from_lse_smem_bytes<64>();
     auto launch = [&] {
-        attention_row_stats_from_lse_kernel<64, true, M><<<grid, kMmaThreads, smem>>>(p.d_stats, p.d_lse, p.d_doc_bits,
-                                                                                       p.d_qk, s.B, s.T, s.H, s.Hkv);
+        attention_row_stats_from_lse_kernel<64, true, M, PLAIN><<<grid, kMmaThreads, smem>>>(
+            p.d_stats, p.d_lse, p.d_doc_bits, p.d_qk, s.B, s.T, s.H, s.Hkv);
     };
     poison(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
     launch();
     cudaCheck(cudaGetLastError());
     cudaCheck(cudaDeviceSynchronize());
     const std::vector<float> got = host_copy(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
-    print_kernel_occupancy("statistics from lse", M, (const void*)attention_row_stats_from_lse_kernel<64, true, M>, smem,
-                           time_ms(launch));
+    print_kernel_occupancy(PLAIN ? "from lse, plain tiles" : "statistics from lse", M,
+                           (const void*)attention_row_stats_from_lse_kernel<64, true, M, PLAIN>, smem, time_ms(launch));
     return got;
 }
 
@@ -578,6 +586,11 @@ static void min_blocks_experiment(const Shape& s) {
     for (int m : {5, 6})
         report(same_bits(m == 5 ? rows5 : rows6, rows),
                "statistics from lse MIN_BLOCKS " + std::to_string(m) + " " + shape_name(s) + ": the bits of MIN_BLOCKS 0");
+    const std::vector<float> plain = from_lse_min_blocks<0, true>(p), plain5 = from_lse_min_blocks<5, true>(p);
+    for (int m : {0, 5})
+        report(same_bits(m == 0 ? plain : plain5, rows), "statistics from lse, plain tiles, MIN_BLOCKS " +
+                                                             std::to_string(m) + " " + shape_name(s) +
+                                                             ": the bits of ./train's kernel");
     free_problem(p);
 }
 
@@ -624,6 +637,11 @@ static void benchmark(const Shape& s) {
         }, 20);
         printf("%-12s %-24s %10.3f %10.1f\n", "lpt", "statistics from lse", from_lse_lpt,
                fwd_flops / (from_lse_lpt * 1e-3) * 1e-12);
+        float from_lse_plain = time_ms([&] {
+            attention_row_stats_from_lse(p.d_stats, p.d_lse, p.d_doc_bits, p.d_qk, s.B, s.T, s.H, s.Hkv, s.D, 0, true, true);
+        }, 20);
+        printf("%-12s %-24s %10.3f %10.1f\n", "lpt plain", "statistics from lse", from_lse_plain,
+               fwd_flops / (from_lse_plain * 1e-3) * 1e-12);
     }
     cudaCheck(cudaDeviceSynchronize());
     free_problem(p);
