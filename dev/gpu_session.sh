@@ -2,7 +2,8 @@
 # The two device calls of a lent GPU session, from the repository root, with build/gpu.tar.xz carried
 # (dev/gpu_bundle.sh made it). Each call unpacks the bundle and makes the PyTorch reference where the
 # machine lacks them: a machine left idle for 30 s goes back, and the next call gets a bare one.
-#   bash dev/gpu_session.sh verify   the default build as a whole (the reference, cuda_parity), then,
+#   bash dev/gpu_session.sh verify   the default build as a whole (the reference, cuda_parity; whether
+#                                    ./train finds cuDNN with only its own libraries on the path), then,
 #                                    if that passed and CONFIGS names configurations, runs of the
 #                                    reports' experiment (dev/gpu_experiment.sh) in the time left
 #   bash dev/gpu_session.sh speed    the candidates' parity (where the bundle has them), cuDNN's
@@ -42,6 +43,12 @@ case ${1:-} in
             echo "the experiment's runs not made: they must come from a build that passed its checks"
             exit 1
         fi
+        # ./train with only the bundle's libraries on the path (not gpu_env.sh's with_cudnn): whether
+        # it finds cuDNN on its own, the loader's or PyTorch's wheel's (dynamic_library.h); its line
+        # of what runs the attention
+        (source dev/gpu_env.sh && timeout 60 "$g/bin/train" -i "$g/data/train_*.bin" -k "$g/data/tokenizer.model" \
+            -m d22 -b 1 -t 2048 -x 2 -v 0 -g 0 -n 0 --device cuda -o "$(mktemp -d)" 2>&1 |
+            grep -E '^(attention|error)' | cut -c1-250 | sed 's/^/  ./train without the wheels on its path: /')
         # The configurations CONFIGS names, each seed of SEEDS not kept in docs/runs/d22 yet, the
         # first run of each probed (its final checkpoint: the probes' outputs kept with the run)
         [ -n "${CONFIGS:-}" ] || exit 0

@@ -17,8 +17,8 @@ LLMC = Path(__file__).resolve().parent.parent / "llmc"
 LAYERS = [
     ("foundations: errors and files, numbers, JSON",
      ["utils.h", "math.h", "eigen.h", "rand.h", "json.h"]),
-    ("the machine and the data: devices, processes, memory, tokens, weight files",
-     ["cuda_common.cuh", "cuda_graph.cuh", "distributed.h", "memory.h", "tokenizer.h", "dataloader.h", "safetensors.h"]),
+    ("the machine and the data: devices, processes, libraries, memory, tokens, weight files",
+     ["cuda_common.cuh", "cuda_graph.cuh", "distributed.h", "dynamic_library.h", "memory.h", "tokenizer.h", "dataloader.h", "safetensors.h"]),
     ("the model's description: configuration and parameters, buffers, the statistics' sums, files",
      ["config.h", "telemetry_sums.h", "activations.h", "checkpoint.h", "hf_checkpoint.h", "dataprep.h"]),
     ("computing: the statistics, the backend contract, the CPU backend, the GPU kernels",

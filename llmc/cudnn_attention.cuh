@@ -9,8 +9,8 @@
 //             form), and with GQA the full-head dK, dV summed over each group of query heads.
 // K and V enter as transposed views (dimensions and strides 2 and 3 swapped, the same memory).
 //
-// libcudnn.so.9 is loaded at run time (dlopen), as nccl.cuh loads NCCL: a GPU machine with PyTorch
-// has it in its wheels (nvidia/cudnn/lib). dev/cuda/cudnn_attention.cu checks these graphs against
+// libcudnn.so.9 is loaded at run time (dlopen), as nccl.cuh loads NCCL: as the loader finds it, else
+// from PyTorch's wheels (nvidia/cudnn/lib; dynamic_library.h). dev/cuda/cudnn_attention.cu checks these graphs against
 // attention.cuh's kernels and times them; ./train hands its attention to them where they take the
 // shape (CudnnAttention below). A failed cuDNN call throws std::runtime_error with
 // cuDNN's own account of it; CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr make cuDNN say more.
@@ -22,7 +22,7 @@
 #include "cuda_common.cuh"
 #ifdef USE_CUDNN
 #include <cudnn_graph.h>
-#include <dlfcn.h>
+#include "dynamic_library.h"
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -53,13 +53,12 @@ struct CudnnApi {
 
 inline CudnnApi g_cudnn;
 
-// Loads libcudnn.so.9; false (with the reason in *why) when it or a function is missing.
-inline bool cudnn_load(std::string* why) {
-    void* lib = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_GLOBAL);
+// Loads libcudnn.so.9 (*from: the wheel's path it came from, or empty); false (with the reason in
+// *why) when it or a function is missing.
+inline bool cudnn_load(std::string* from, std::string* why) {
+    void* lib = load_library("libcudnn.so.9", "cudnn", from, why);
     if (!lib) {
-        // where it is likely to be, and how to point the loader at it
-        *why = std::string("cannot load libcudnn.so.9 (") + dlerror() + "); put its folder on LD_LIBRARY_PATH: " +
-               "PyTorch's CUDA wheels carry it in site-packages/nvidia/cudnn/lib";
+        *why += "; put its folder on LD_LIBRARY_PATH";
         return false;
     }
     bool ok = true;
@@ -618,6 +617,7 @@ struct CudnnAttention {
     };
     bool started = false;
     std::string unavailable;         // why cuDNN is not used at all ("": it is)
+    std::string loaded_from;         // the path of PyTorch's wheel's library, where it came from there
     cudnnHandle_t handle = nullptr;
     std::vector<Plans> shapes;       // every shape met
     void* workspace = nullptr;       // the largest any plan needs
@@ -642,7 +642,7 @@ inline void cudnn_attention_start(CudnnAttention& c) {
         if (text && *text && !cudnn_parse_setting(text, &c.asked[pass]))
             fail("%s=%s: not a setting of cuDNN's (engine:knob type=value,... as in 6:14=1,24=26)", names[pass], text);
     }
-    if (!cudnn_load(&c.unavailable)) return;
+    if (!cudnn_load(&c.loaded_from, &c.unavailable)) return;
     try {
         cudnn_check(g_cudnn.create(&c.handle), "create a handle");
     } catch (const std::exception& e) {
@@ -709,6 +709,7 @@ inline CudnnAttention::Plans* cudnn_attention_plans(CudnnAttention& c, const Cud
             if (c.asked[pass].engine >= 0)
                 settings += strprintf("; the %s from %s", pass ? "backward" : "forward",
                                       (pass ? p.backward : p.forward)->engine.c_str());
+        if (!c.loaded_from.empty()) settings += "; loaded from PyTorch's wheel, " + c.loaded_from;
         if (p.backward)
             printf("%s cuDNN %s's fused kernels (%.1f MiB of workspace; statistics: ./train's kernel beside them%s)\n",
                    shape.c_str(), cudnn_version_text(g_cudnn.get_version()).c_str(), c.workspace_bytes / 1048576.0,

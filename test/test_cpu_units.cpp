@@ -5,10 +5,12 @@
 #include <sys/resource.h>
 #include <algorithm>
 #include <csignal>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
 #include "../llmc/checkpoint.h"
+#include "../llmc/dynamic_library.h"
 #include "../llmc/memory.h"
 #include "../llmc/model_cpu.h"
 #include "../llmc/run_dir.h"
@@ -1081,6 +1083,47 @@ static void test_cgroup_memory() {
     report(std::isinf(cgroup_memory_headroom("", root).bytes), "cgroup: none known, no limit");
 }
 
+// A library the loader cannot find by its name, taken from a wheel's folder on python3's sys.path:
+// zlib copied to <site>/nvidia/zwheel/lib/libzwheel.so.1, the site on PYTHONPATH.
+static void test_wheel_libraries() {
+    void* z = dlopen("libz.so.1", RTLD_NOW);
+    Dl_info info{};
+    if (!z || !dladdr(dlsym(z, "zlibVersion"), &info) || !info.dli_fname) fail("test: zlib not found");
+    char dir[] = "/tmp/wheel_test_XXXXXX";
+    if (!mkdtemp(dir)) fail("mkdtemp failed");
+    const std::string lib_dir = std::string(dir) + "/site/nvidia/zwheel/lib", path = lib_dir + "/libzwheel.so.1";
+    make_dirs(lib_dir);
+    {
+        std::ifstream in(info.dli_fname, std::ios::binary);
+        std::ofstream out(path, std::ios::binary);
+        out << in.rdbuf();
+    }
+    write_file(lib_dir + "/libbroken.so.1", "not a shared library\n");
+    const char* old = getenv("PYTHONPATH");
+    const std::string saved = old ? old : "";
+    setenv("PYTHONPATH", (std::string(dir) + "/site").c_str(), 1);
+    report(wheel_library_path("zwheel", "libzwheel.so.1") == path, "wheels: a library in nvidia/<package>/lib on sys.path",
+           wheel_library_path("zwheel", "libzwheel.so.1"));
+    report(wheel_library_path("zwheel", "libother.so.1").empty() && wheel_library_path("other", "libzwheel.so.1").empty(),
+           "wheels: none where the package's folder lacks the file, or there is no such package");
+    std::string from, why;
+    void* lib = load_library("libzwheel.so.1", "zwheel", &from, &why);
+    report(lib && from == path && dlsym(lib, "zlibVersion"), "wheels: a library the loader does not find opens from the wheel",
+           from + why);
+    lib = load_library("libz.so.1", "zwheel", &from, &why);
+    report(lib && from.empty(), "wheels: one the loader finds by its name is taken from there", from);
+    lib = load_library("libbroken.so.1", "zwheel", &from, &why);
+    report(!lib && why.find(lib_dir + "/libbroken.so.1") != std::string::npos,
+           "wheels: a wheel's file that does not load is named in the error", why);
+    unsetenv("PYTHONPATH");
+    lib = load_library("libzwheel.so.1", "zwheel", &from, &why);
+    report(!lib && why.find("cannot load libzwheel.so.1") != std::string::npos &&
+               why.find("nvidia/zwheel/lib/libzwheel.so.1") != std::string::npos,
+           "wheels: neither the loader nor a wheel: the error says both", why);
+    if (old) setenv("PYTHONPATH", saved.c_str(), 1);
+    if (system((std::string("rm -rf ") + dir).c_str()) != 0) fail("cleanup failed");
+}
+
 int main() {
     test_eigenvalues();
     test_effective_ranks_interleaved();
@@ -1101,5 +1144,6 @@ int main() {
     test_forward_read_parts();
     test_run_dir();
     test_cgroup_memory();
+    test_wheel_libraries();
     return test_exit_code();
 }

@@ -690,8 +690,8 @@ int main(int argc, char** argv) {
     bool engines = argc == 2 && strcmp(argv[1], "--engines") == 0;
     if (argc > 1 && !graph_only && !engines) fail("usage: %s [--graph-only | --engines]", argv[0]);
     if (engines) setvbuf(stdout, nullptr, _IOLBF, 0);  // the survey's rows survive a crash in cuDNN
-    std::string why;
-    if (!cudnn_load(&why) && graph_only) {  // make test's run on a machine without the library: nothing to check
+    std::string why, from;
+    if (!cudnn_load(&from, &why) && graph_only) {  // make test's run on a machine without the library: nothing to check
         printf("(%s: the graphs not checked)\n", why.c_str());
         return 0;
     }
@@ -700,7 +700,7 @@ int main(int argc, char** argv) {
         printf("\n%d passed, %d failed\n", g_passed, g_failed);
         return 1;
     }
-    printf("cuDNN %zu\n", g_cudnn.get_version());
+    printf("cuDNN %zu%s\n", g_cudnn.get_version(), from.empty() ? "" : (", from " + from).c_str());
     // The layers the timings are for come first: a failure that ends the process (an illegal memory
     // access in cuDNN) then loses the least.
     const CudnnShape shapes[] = {

@@ -1,0 +1,62 @@
+"""cuDNN from PyTorch's wheels (llmc/dynamic_library.h): where the loader cannot find libcudnn.so.9
+by its name, the programs take it from a folder nvidia/cudnn/lib on python3's sys.path, and cuDNN
+then loads its own parts from beside it. Run on the machine's cuDNN, hidden from the loader (its
+cache ignored: ld.so --inhibit-cache) and shown to the programs as a wheel's folder of links to its
+files; dev_cudnn_attention --graph-only builds ./train's attention graphs with it, no GPU needed.
+
+    /usr/bin/python3 -m pytest -q test/test_wheel_libraries.py
+"""
+import ctypes
+import glob
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BINARY = ROOT / "build" / "dev_cudnn_attention"
+
+
+def loaded_path(soname):
+    """The file the loader opens for soname in this process, or None where it finds none."""
+    try:
+        ctypes.CDLL(soname)
+    except OSError:
+        return None
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            if os.path.basename(path).startswith(soname):
+                return path
+    return None
+
+
+def test_cudnn_from_a_wheels_folder(tmp_path):
+    if not BINARY.exists():
+        pytest.skip("no build/dev_cudnn_attention (built where nvcc and cuDNN's headers are)")
+    cudnn = loaded_path("libcudnn.so.9")
+    if cudnn is None:
+        pytest.skip("no cuDNN 9 on this machine")
+    loaders = sorted(glob.glob("/lib64/ld-linux-*.so.2") + glob.glob("/lib/ld-linux-*.so.*"))
+    if not loaders:
+        pytest.skip("no dynamic loader found to run without its cache")
+    site = tmp_path / "site"
+    lib = site / "nvidia" / "cudnn" / "lib"
+    lib.mkdir(parents=True)
+    for part in glob.glob(os.path.join(os.path.dirname(cudnn), "libcudnn*.so.9")):
+        (lib / os.path.basename(part)).symlink_to(os.path.realpath(part))
+
+    def run(pythonpath):
+        env = dict(os.environ, PYTHONPATH=pythonpath)
+        env.pop("LD_LIBRARY_PATH", None)
+        return subprocess.run([loaders[0], "--inhibit-cache", str(BINARY), "--graph-only"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+
+    hidden = run(str(tmp_path / "elsewhere"))
+    assert "cannot load libcudnn.so.9" in hidden.stdout and "nor find it in PyTorch's wheels" in hidden.stdout, \
+        hidden.stdout[-2000:]
+    found = run(str(site))
+    assert found.returncode == 0, found.stdout[-2000:]
+    assert f"from {lib / 'libcudnn.so.9'}" in found.stdout, found.stdout[-2000:]
+    assert found.stdout.rstrip().endswith("passed, 0 failed") and "\n0 passed" not in found.stdout, found.stdout[-2000:]
