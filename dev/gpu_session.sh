@@ -48,7 +48,7 @@ case ${1:-} in
         # of what runs the attention
         (source dev/gpu_env.sh && timeout 60 "$g/bin/train" -i "$g/data/train_*.bin" -k "$g/data/tokenizer.model" \
             -m d22 -b 1 -t 2048 -x 2 -v 0 -g 0 -n 0 --device cuda -o "$(mktemp -d)" 2>&1 |
-            grep -E '^(attention|error)' | cut -c1-250 | sed 's/^/  ./train without the wheels on its path: /')
+            grep -E '^(attention|error)' | cut -c1-250 | sed 's|^|  ./train without the wheels on its path: |')
         # The configurations CONFIGS names, each seed of SEEDS not kept in docs/runs/d22 yet, the
         # first run of each probed (its final checkpoint: the probes' outputs kept with the run)
         [ -n "${CONFIGS:-}" ] || exit 0

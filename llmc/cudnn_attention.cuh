@@ -10,7 +10,7 @@
 // K and V enter as transposed views (dimensions and strides 2 and 3 swapped, the same memory).
 //
 // libcudnn.so.9 is loaded at run time (dlopen), as nccl.cuh loads NCCL: as the loader finds it, else
-// from PyTorch's wheels (nvidia/cudnn/lib; dynamic_library.h). dev/cuda/cudnn_attention.cu checks these graphs against
+// from PyTorch's (its wheels' nvidia/cudnn/lib, a conda environment's lib; dynamic_library.h). dev/cuda/cudnn_attention.cu checks these graphs against
 // attention.cuh's kernels and times them; ./train hands its attention to them where they take the
 // shape (CudnnAttention below). A failed cuDNN call throws std::runtime_error with
 // cuDNN's own account of it; CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr make cuDNN say more.
@@ -53,14 +53,11 @@ struct CudnnApi {
 
 inline CudnnApi g_cudnn;
 
-// Loads libcudnn.so.9 (*from: the wheel's path it came from, or empty); false (with the reason in
+// Loads libcudnn.so.9 (*from: the path it came from where the loader did not find it); false (with the reason in
 // *why) when it or a function is missing.
 inline bool cudnn_load(std::string* from, std::string* why) {
     void* lib = load_library("libcudnn.so.9", "cudnn", from, why);
-    if (!lib) {
-        *why += "; put its folder on LD_LIBRARY_PATH";
-        return false;
-    }
+    if (!lib) return false;
     bool ok = true;
     auto find = [&](const char* name) {
         void* f = dlsym(lib, name);
@@ -617,7 +614,7 @@ struct CudnnAttention {
     };
     bool started = false;
     std::string unavailable;         // why cuDNN is not used at all ("": it is)
-    std::string loaded_from;         // the path of PyTorch's wheel's library, where it came from there
+    std::string loaded_from;         // where the library came from, if not found by the loader (PyTorch's)
     cudnnHandle_t handle = nullptr;
     std::vector<Plans> shapes;       // every shape met
     void* workspace = nullptr;       // the largest any plan needs
@@ -709,7 +706,7 @@ inline CudnnAttention::Plans* cudnn_attention_plans(CudnnAttention& c, const Cud
             if (c.asked[pass].engine >= 0)
                 settings += strprintf("; the %s from %s", pass ? "backward" : "forward",
                                       (pass ? p.backward : p.forward)->engine.c_str());
-        if (!c.loaded_from.empty()) settings += "; loaded from PyTorch's wheel, " + c.loaded_from;
+        if (!c.loaded_from.empty()) settings += "; loaded from " + c.loaded_from;
         if (p.backward)
             printf("%s cuDNN %s's fused kernels (%.1f MiB of workspace; statistics: ./train's kernel beside them%s)\n",
                    shape.c_str(), cudnn_version_text(g_cudnn.get_version()).c_str(), c.workspace_bytes / 1048576.0,

@@ -2,8 +2,8 @@
 // NCCL on the model's stream, one communicator over every process, brought up through MPI.
 //
 // Built with -DUSE_NCCL (the Makefile sets it when nccl.h is found). The library itself is opened
-// (dlopen) only when a run needs it, as the loader finds it or else from PyTorch's wheels
-// (nvidia/nccl/lib; dynamic_library.h), so a ./train built with NCCL support still runs on one GPU
+// (dlopen) only when a run needs it, as the loader finds it or else from PyTorch's (its wheels'
+// nvidia/nccl/lib, a conda environment's lib; dynamic_library.h), so a ./train built with NCCL support still runs on one GPU
 // where no libnccl is installed. One process can take this path too, a communicator of one GPU,
 // with TRAIN_NCCL=1 in its environment: on a machine with a single GPU that checks the NCCL path
 // against the plain one (NCCL refuses two processes on one GPU).
@@ -29,8 +29,8 @@ inline const NcclApi& nccl_api() {
     static NcclApi api = [] {
         std::string from, why;
         void* lib = load_library("libnccl.so.2", "nccl", &from, &why);
-        if (!lib) fail("NCCL: %s; install NCCL or add its directory to LD_LIBRARY_PATH", why.c_str());
-        if (!from.empty() && g_fail_rank <= 0) printf("NCCL: loaded from PyTorch's wheel, %s\n", from.c_str());
+        if (!lib) fail("NCCL: %s", why.c_str());
+        if (!from.empty() && g_fail_rank <= 0) printf("NCCL: loaded from %s\n", from.c_str());
         auto find = [lib](const char* name) {
             void* f = dlsym(lib, name);
             if (!f) fail("NCCL: libnccl.so.2 has no %s (%s); install NCCL 2.12 or later", name, dlerror());

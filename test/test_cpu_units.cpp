@@ -1084,29 +1084,43 @@ static void test_cgroup_memory() {
 }
 
 // A library the loader cannot find by its name, taken from a wheel's folder on python3's sys.path:
-// zlib copied to <site>/nvidia/zwheel/lib/libzwheel.so.1, the site on PYTHONPATH.
+// zlib copied to <site>/nvidia/zwheel/lib/libzwheel.so.1, the site on PYTHONPATH; or from an active
+// conda environment's lib.
 static void test_wheel_libraries() {
     void* z = dlopen("libz.so.1", RTLD_NOW);
     Dl_info info{};
     if (!z || !dladdr(dlsym(z, "zlibVersion"), &info) || !info.dli_fname) fail("test: zlib not found");
     char dir[] = "/tmp/wheel_test_XXXXXX";
     if (!mkdtemp(dir)) fail("mkdtemp failed");
-    const std::string lib_dir = std::string(dir) + "/site/nvidia/zwheel/lib", path = lib_dir + "/libzwheel.so.1";
-    make_dirs(lib_dir);
-    {
+    const std::string root = dir, lib_dir = root + "/site/nvidia/zwheel/lib", path = lib_dir + "/libzwheel.so.1";
+    auto copy_zlib = [&](const std::string& to) {
+        make_dirs(to.substr(0, to.find_last_of('/')));
         std::ifstream in(info.dli_fname, std::ios::binary);
-        std::ofstream out(path, std::ios::binary);
+        std::ofstream out(to, std::ios::binary);
         out << in.rdbuf();
-    }
+    };
+    copy_zlib(path);
+    copy_zlib(root + "/conda/lib/libzconda.so.1");
     write_file(lib_dir + "/libbroken.so.1", "not a shared library\n");
-    const char* old = getenv("PYTHONPATH");
-    const std::string saved = old ? old : "";
-    setenv("PYTHONPATH", (std::string(dir) + "/site").c_str(), 1);
-    report(wheel_library_path("zwheel", "libzwheel.so.1") == path, "wheels: a library in nvidia/<package>/lib on sys.path",
-           wheel_library_path("zwheel", "libzwheel.so.1"));
-    report(wheel_library_path("zwheel", "libother.so.1").empty() && wheel_library_path("other", "libzwheel.so.1").empty(),
-           "wheels: none where the package's folder lacks the file, or there is no such package");
-    std::string from, why;
+    // start-up code that prints, with and without an end of line, before the answer
+    make_dirs(root + "/noisy");
+    write_file(root + "/noisy/sitecustomize.py", "import sys\nprint('site says hello')\nsys.stdout.write('and more')\n");
+    const char* saved_names[] = {"PYTHONPATH", "CONDA_PREFIX", "PATH"};
+    std::string saved[3];
+    bool had[3];
+    for (int k = 0; k < 3; k++) {
+        const char* v = getenv(saved_names[k]);
+        had[k] = v != nullptr;
+        saved[k] = v ? v : "";
+    }
+    unsetenv("CONDA_PREFIX");
+    std::string problem, from, why;
+    setenv("PYTHONPATH", (root + "/site").c_str(), 1);
+    std::string found = wheel_library_path("zwheel", "libzwheel.so.1", &problem);
+    report(found == path && problem.empty(), "wheels: a library in nvidia/<package>/lib on sys.path", found + problem);
+    report(wheel_library_path("zwheel", "libother.so.1", &problem).empty() &&
+               wheel_library_path("other", "libzwheel.so.1", &problem).empty() && problem.empty(),
+           "wheels: none where the package's folder lacks the file, or there is no such package", problem);
     void* lib = load_library("libzwheel.so.1", "zwheel", &from, &why);
     report(lib && from == path && dlsym(lib, "zlibVersion"), "wheels: a library the loader does not find opens from the wheel",
            from + why);
@@ -1115,12 +1129,31 @@ static void test_wheel_libraries() {
     lib = load_library("libbroken.so.1", "zwheel", &from, &why);
     report(!lib && why.find(lib_dir + "/libbroken.so.1") != std::string::npos,
            "wheels: a wheel's file that does not load is named in the error", why);
+    setenv("PYTHONPATH", (root + "/noisy:" + root + "/site").c_str(), 1);
+    found = wheel_library_path("zwheel", "libzwheel.so.1", &problem);
+    report(found == path, "wheels: found whatever python3's start-up code prints before", found + problem);
+    setenv("CONDA_PREFIX", (root + "/conda").c_str(), 1);
+    lib = load_library("libzconda.so.1", "zwheel", &from, &why);
+    report(lib && from == root + "/conda/lib/libzconda.so.1", "wheels: a conda environment's lib", from + why);
+    unsetenv("CONDA_PREFIX");
     unsetenv("PYTHONPATH");
     lib = load_library("libzwheel.so.1", "zwheel", &from, &why);
     report(!lib && why.find("cannot load libzwheel.so.1") != std::string::npos &&
-               why.find("nvidia/zwheel/lib/libzwheel.so.1") != std::string::npos,
-           "wheels: neither the loader nor a wheel: the error says both", why);
-    if (old) setenv("PYTHONPATH", saved.c_str(), 1);
+               why.find("no nvidia/zwheel/lib/libzwheel.so.1 on the sys.path of python3") != std::string::npos &&
+               why.find("LD_LIBRARY_PATH") != std::string::npos,
+           "wheels: neither the loader nor a wheel: the error says both, and what to do", why);
+    setenv("PATH", (root + "/conda").c_str(), 1);  // a PATH without python3
+    found = wheel_library_path("zwheel", "libzwheel.so.1", &problem);
+    lib = load_library("libzwheel.so.1", "zwheel", &from, &why);
+    report(found.empty() && problem.find("cannot run python3") != std::string::npos && !lib &&
+               why.find("cannot run python3") != std::string::npos,
+           "wheels: no python3 on PATH is said so", why);
+    for (int k = 0; k < 3; k++) {
+        if (had[k])
+            setenv(saved_names[k], saved[k].c_str(), 1);
+        else
+            unsetenv(saved_names[k]);
+    }
     if (system((std::string("rm -rf ") + dir).c_str()) != 0) fail("cleanup failed");
 }
 

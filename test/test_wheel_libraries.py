@@ -10,6 +10,7 @@ import ctypes
 import glob
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,8 +48,15 @@ def test_cudnn_from_a_wheels_folder(tmp_path):
     for part in glob.glob(os.path.join(os.path.dirname(cudnn), "libcudnn*.so.9")):
         (lib / os.path.basename(part)).symlink_to(os.path.realpath(part))
 
+    # The python3 the programs ask, without its site-packages (-S): a machine whose python3 has
+    # PyTorch's own wheels would otherwise give them its cuDNN; PYTHONPATH still counts.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    (bin_dir / "python3").chmod(0o755)
+
     def run(pythonpath):
-        env = dict(os.environ, PYTHONPATH=pythonpath)
+        env = dict(os.environ, PYTHONPATH=pythonpath, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
         env.pop("LD_LIBRARY_PATH", None)
         return subprocess.run([loaders[0], "--inhibit-cache", str(BINARY), "--graph-only"], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)

@@ -153,6 +153,18 @@ static std::vector<uint32_t> random_document_starts(int B, int T, Rng& rng) {
     return bits;
 }
 
+// A document start at positions first, first + every, ... of each sequence (position 0 is none):
+// where the random starts above put one in nearly every 64-key tile, these leave tiles without any,
+// as a corpus of long documents does (the Brown corpus' run about 2,000 tokens).
+static std::vector<uint32_t> spaced_document_starts(int B, int T, int first, int every) {
+    std::vector<int> tokens((size_t)B * T, 1);
+    for (int b = 0; b < B; b++)
+        for (int t = first; t < T; t += every) tokens[(size_t)b * T + t - 1] = 0;
+    std::vector<uint32_t> bits((size_t)B * document_start_words(T));
+    document_start_bits(bits.data(), tokens.data(), B, T, 0);
+    return bits;
+}
+
 static Problem make_problem(const Shape& s, uint64_t seed) {
     Problem p;
     p.s = s;
@@ -414,6 +426,29 @@ static void check_row_stats_alone(const Problem& p) {
 }
 
 
+// The candidate stats_rows_plain (PLAIN_TILES): its statistics those of ./train's form, bit for bit,
+// in both block orders, each run on a poisoned buffer, from the lse in p.d_lse. Its plain form runs
+// only in a tile without a document start, so with p's random starts (one token in ten) it would
+// hardly run: here starts one every 150 tokens (tiles with and without them), and none at all.
+static void check_plain_tiles(const Problem& p, const std::string& prefix) {
+    const Shape& s = p.s;
+    uint32_t* spaced = device_copy(spaced_document_starts(s.B, s.T, 37, 150));
+    for (const uint32_t* doc_bits : {(const uint32_t*)spaced, (const uint32_t*)nullptr}) {
+        auto run = [&](bool lpt, bool plain) {
+            poison(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
+            attention_row_stats_from_lse(p.d_stats, p.d_lse, doc_bits, p.d_qk, s.B, s.T, s.H, s.Hkv, s.D, 0, lpt, plain);
+            cudaCheck(cudaDeviceSynchronize());
+            return host_copy(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
+        };
+        const std::vector<float> want = run(false, false);
+        for (bool lpt : {false, true})
+            report(same_bits(run(lpt, true), want), prefix + "plain tiles apart" + (lpt ? ", in the LPT order" : "") +
+                                                        (doc_bits ? ", starts every 150 tokens" : ", no document starts") +
+                                                        ": ./train's bits");
+    }
+    cudaCheck(cudaFree(spaced));
+}
+
 // attention_row_stats_from_lse (the statistics from a log-sum-exp made elsewhere) against the
 // statistics attention_forward makes beside that lse, and against the CPU: the largest logit bit for
 // bit (the same scaled scores), the others to float rounding: a lane's float sums of up to 512
@@ -439,13 +474,7 @@ static void check_row_stats_from_lse(const Problem& p, const CpuForward& ref) {
     attention_row_stats_from_lse(p.d_stats, p.d_lse, p.d_doc_bits, p.d_qk, s.B, s.T, s.H, s.Hkv, s.D, 0, true);
     cudaCheck(cudaDeviceSynchronize());
     report(same_bits(host_copy(p.d_stats, ATTN_NUM_ROW_STATS * p.rows), got), prefix + "in the LPT order, the same bits");
-    for (bool lpt : {false, true}) {  // the candidate stats_rows_plain: the same bits in either order
-        poison(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
-        attention_row_stats_from_lse(p.d_stats, p.d_lse, p.d_doc_bits, p.d_qk, s.B, s.T, s.H, s.Hkv, s.D, 0, lpt, true);
-        cudaCheck(cudaDeviceSynchronize());
-        report(same_bits(host_copy(p.d_stats, ATTN_NUM_ROW_STATS * p.rows), got),
-               prefix + "plain tiles apart" + (lpt ? ", in the LPT order" : "") + ", the same bits");
-    }
+    check_plain_tiles(p, prefix);
     auto stat = [&](const std::vector<float>& v, AttentionRowStat k) { return v.data() + k * p.rows; };
     const std::vector<float> got_max(stat(got, ATTN_STAT_LOGIT_MAX), stat(got, ATTN_STAT_LOGIT_MAX) + p.rows),
         want_max(stat(want, ATTN_STAT_LOGIT_MAX), stat(want, ATTN_STAT_LOGIT_MAX) + p.rows);
@@ -547,22 +576,23 @@ static void min_blocks_variant(const Problem& p, const AttentionOutputs& want) {
 // The rows' statistics from lse (./train's on a statistics step: attention_row_stats_from_lse_kernel
 // in the LPT order) at MIN_BLOCKS = M, the statistics poisoned first; its row of the table. At D =
 // 64 ptxas gives it 116 registers, 4 blocks of 4 warps an SM; 5 and 6 blocks cap them. PLAIN: the
-// candidate stats_rows_plain's form (102 registers uncapped, 2 short of a fifth block).
+// candidate stats_rows_plain's form (102 registers uncapped, still 4 blocks: 5 take 96 or fewer).
+// doc_bits: the document starts (p's, or others).
 template <int M, bool PLAIN = false>
-static std::vector<float> from_lse_min_blocks(const Problem& p) {
+static std::vector<float> from_lse_min_blocks(const Problem& p, const uint32_t* doc_bits) {
     const Shape& s = p.s;
     const dim3 grid = tile_grid(true, ceil_div(s.T, kMmaTile), s.H, s.B);
     const int smem = attention_stats_from_lse_smem_bytes<64>();
     auto launch = [&] {
         attention_row_stats_from_lse_kernel<64, true, M, PLAIN><<<grid, kMmaThreads, smem>>>(
-            p.d_stats, p.d_lse, p.d_doc_bits, p.d_qk, s.B, s.T, s.H, s.Hkv);
+            p.d_stats, p.d_lse, doc_bits, p.d_qk, s.B, s.T, s.H, s.Hkv);
     };
     poison(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
     launch();
     cudaCheck(cudaGetLastError());
     cudaCheck(cudaDeviceSynchronize());
     const std::vector<float> got = host_copy(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
-    print_kernel_occupancy(PLAIN ? "from lse, plain tiles" : "statistics from lse", M,
+    print_kernel_occupancy(PLAIN ? "from lse, plain tiles" : doc_bits == p.d_doc_bits ? "statistics from lse" : "from lse, long docs", M,
                            (const void*)attention_row_stats_from_lse_kernel<64, true, M, PLAIN>, smem, time_ms(launch));
     return got;
 }
@@ -581,16 +611,22 @@ static void min_blocks_experiment(const Shape& s) {
     min_blocks_variant<1>(p, want);
     min_blocks_variant<3>(p, want);
     min_blocks_variant<4>(p, want);
-    const std::vector<float> rows = from_lse_min_blocks<0>(p);  // from the lse of run_min_blocks<4>: ./train's bits
-    const std::vector<float> rows5 = from_lse_min_blocks<5>(p), rows6 = from_lse_min_blocks<6>(p);
+    // from the lse of run_min_blocks<4>: ./train's bits
+    const std::vector<float> rows = from_lse_min_blocks<0>(p, p.d_doc_bits);
+    const std::vector<float> rows5 = from_lse_min_blocks<5>(p, p.d_doc_bits), rows6 = from_lse_min_blocks<6>(p, p.d_doc_bits);
     for (int m : {5, 6})
         report(same_bits(m == 5 ? rows5 : rows6, rows),
                "statistics from lse MIN_BLOCKS " + std::to_string(m) + " " + shape_name(s) + ": the bits of MIN_BLOCKS 0");
-    const std::vector<float> plain = from_lse_min_blocks<0, true>(p), plain5 = from_lse_min_blocks<5, true>(p);
+    // The candidate stats_rows_plain against ./train's kernel, both with long documents (a start
+    // every 1,024 tokens; p's random starts leave no tile to its plain form)
+    uint32_t* long_docs = device_copy(spaced_document_starts(s.B, s.T, 37, 1024));
+    const std::vector<float> train_rows = from_lse_min_blocks<0>(p, long_docs);
+    const std::vector<float> plain = from_lse_min_blocks<0, true>(p, long_docs), plain5 = from_lse_min_blocks<5, true>(p, long_docs);
     for (int m : {0, 5})
-        report(same_bits(m == 0 ? plain : plain5, rows), "statistics from lse, plain tiles, MIN_BLOCKS " +
-                                                             std::to_string(m) + " " + shape_name(s) +
-                                                             ": the bits of ./train's kernel");
+        report(same_bits(m == 0 ? plain : plain5, train_rows), "statistics from lse, plain tiles, MIN_BLOCKS " +
+                                                                   std::to_string(m) + " " + shape_name(s) +
+                                                                   ", long documents: the bits of ./train's kernel");
+    cudaCheck(cudaFree(long_docs));
     free_problem(p);
 }
 
@@ -637,11 +673,17 @@ static void benchmark(const Shape& s) {
         }, 20);
         printf("%-12s %-24s %10.3f %10.1f\n", "lpt", "statistics from lse", from_lse_lpt,
                fwd_flops / (from_lse_lpt * 1e-3) * 1e-12);
-        float from_lse_plain = time_ms([&] {
-            attention_row_stats_from_lse(p.d_stats, p.d_lse, p.d_doc_bits, p.d_qk, s.B, s.T, s.H, s.Hkv, s.D, 0, true, true);
-        }, 20);
-        printf("%-12s %-24s %10.3f %10.1f\n", "lpt plain", "statistics from lse", from_lse_plain,
-               fwd_flops / (from_lse_plain * 1e-3) * 1e-12);
+        // The random starts put one in nearly every tile; with long documents (one start every 1,024
+        // tokens) most tiles hold none: ./train's kernel and the candidate stats_rows_plain's form.
+        uint32_t* long_docs = device_copy(spaced_document_starts(s.B, s.T, 37, 1024));
+        for (bool plain : {false, true}) {
+            float ms = time_ms([&] {
+                attention_row_stats_from_lse(p.d_stats, p.d_lse, long_docs, p.d_qk, s.B, s.T, s.H, s.Hkv, s.D, 0, true, plain);
+            }, 20);
+            printf("%-12s %-24s %10.3f %10.1f\n", plain ? "lpt plain" : "lpt", "from lse, long documents", ms,
+                   fwd_flops / (ms * 1e-3) * 1e-12);
+        }
+        cudaCheck(cudaFree(long_docs));
     }
     cudaCheck(cudaDeviceSynchronize());
     free_problem(p);
