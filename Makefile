@@ -29,14 +29,24 @@ NVLDLIBS = -L$(OPENBLAS_DIR) -Xlinker -rpath,$(OPENBLAS_DIR) -lopenblas -lsenten
 # MPI (data-parallel training over processes, llmc/distributed.h), NCCL's header (its GPU
 # collectives, llmc/nccl.cuh) and cuDNN's (its fused attention, llmc/cudnn_attention.cuh), each used
 # when found; the libraries are opened at run time, when needed. Expanded when used, so after the
-# build packages are installed.
+# build packages are installed. NCCL's and cuDNN's headers where the CUDA toolkit, the system or an
+# active conda environment has them, or else in PyTorch's CUDA wheels (nvidia/<package>/include
+# on the sys.path of the python3 on PATH), whose libraries ./train then opens from beside them
+# (llmc/dynamic_library.h).
 MPI_INC = $(shell mpicxx --showme:incdirs 2>/dev/null)
 MPI_CFLAGS = $(if $(MPI_INC),-DUSE_MPI $(addprefix -I,$(MPI_INC)))
 MPI_LDLIBS = $(if $(MPI_INC),$(addprefix -L,$(shell mpicxx --showme:libdirs)) -lmpi)
-NCCL_INC = $(firstword $(dir $(wildcard $(dir $(NVCC))../include/nccl.h /usr/include/nccl.h)))
+wheel_include = $(if $(NVCC),$(shell python3 -c 'import os, sys; \
+    print(next((i for i in (os.path.join(os.path.abspath(d), "nvidia", sys.argv[1], "include") for d in filter(None, sys.path)) \
+                if os.path.isfile(os.path.join(i, sys.argv[2]))), ""))' $(1) $(2) 2>/dev/null))
+NCCL_SYSTEM_INC = $(firstword $(dir $(wildcard $(dir $(NVCC))../include/nccl.h /usr/include/nccl.h \
+                                               $(if $(CONDA_PREFIX),$(CONDA_PREFIX)/include/nccl.h))))
+NCCL_INC = $(or $(NCCL_SYSTEM_INC),$(call wheel_include,nccl,nccl.h))
 NCCL_CFLAGS = $(if $(NCCL_INC),-DUSE_NCCL -I$(NCCL_INC))
-CUDNN_INC = $(firstword $(dir $(wildcard $(dir $(NVCC))../include/cudnn_graph.h /usr/include/cudnn_graph.h \
-                                         /usr/include/$(MULTIARCH)/cudnn_graph.h)))
+CUDNN_SYSTEM_INC = $(firstword $(dir $(wildcard $(dir $(NVCC))../include/cudnn_graph.h /usr/include/cudnn_graph.h \
+                                                /usr/include/$(MULTIARCH)/cudnn_graph.h \
+                                                $(if $(CONDA_PREFIX),$(CONDA_PREFIX)/include/cudnn_graph.h))))
+CUDNN_INC = $(or $(CUDNN_SYSTEM_INC),$(call wheel_include,cudnn,cudnn_graph.h))
 CUDNN_CFLAGS = $(if $(CUDNN_INC),-DUSE_CUDNN -I$(CUDNN_INC))
 
 HEADERS = $(wildcard llmc/*.h llmc/*.cuh)

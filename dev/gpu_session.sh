@@ -49,6 +49,10 @@ case ${1:-} in
         (source dev/gpu_env.sh && timeout 60 "$g/bin/train" -i "$g/data/train_*.bin" -k "$g/data/tokenizer.model" \
             -m d22 -b 1 -t 2048 -x 2 -v 0 -g 0 -n 0 --device cuda -o "$(mktemp -d)" 2>&1 |
             grep -E '^(attention|error)' | cut -c1-250 | sed 's|^|  ./train without the wheels on its path: |')
+        # and whether a build on this machine would find cuDNN's and NCCL's headers in the wheels (Makefile)
+        python3 -c 'import glob, site; print("  headers in the wheels:", ", ".join((glob.glob(site.getsitepackages()[0]
+            + "/nvidia/" + h) or ["none: " + h])[0] for h in ("cudnn/include/cudnn_graph.h", "nccl/include/nccl.h")))' 2>&1 |
+            cut -c1-300
         # The configurations CONFIGS names, each seed of SEEDS not kept in docs/runs/d22 yet, the
         # first run of each probed (its final checkpoint: the probes' outputs kept with the run)
         [ -n "${CONFIGS:-}" ] || exit 0

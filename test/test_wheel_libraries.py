@@ -1,8 +1,11 @@
-"""cuDNN from PyTorch's wheels (llmc/dynamic_library.h): where the loader cannot find libcudnn.so.9
-by its name, the programs take it from a folder nvidia/cudnn/lib on python3's sys.path, and cuDNN
-then loads its own parts from beside it. Run on the machine's cuDNN, hidden from the loader (its
-cache ignored: ld.so --inhibit-cache) and shown to the programs as a wheel's folder of links to its
-files; dev_cudnn_attention --graph-only builds ./train's attention graphs with it, no GPU needed.
+"""cuDNN and NCCL from PyTorch's wheels. The build: where neither the CUDA toolkit, the system nor a
+conda environment has cuDNN's or NCCL's header, the Makefile takes it from a folder
+nvidia/<package>/include on python3's sys.path. The run (llmc/dynamic_library.h): where the loader
+cannot find libcudnn.so.9 by its name, the programs take it from a folder nvidia/cudnn/lib there,
+and cuDNN then loads its own parts from beside it. Run on the machine's cuDNN, hidden from the
+loader (its cache ignored: ld.so --inhibit-cache) and shown to the programs as a wheel's folder of
+links to its files; dev_cudnn_attention --graph-only builds ./train's attention graphs with it, no
+GPU needed.
 
     /usr/bin/python3 -m pytest -q test/test_wheel_libraries.py
 """
@@ -33,6 +36,53 @@ def loaded_path(soname):
     return None
 
 
+def python3_without_site(tmp_path):
+    """A folder holding a python3 that runs without its site-packages (-S), for the front of PATH: a
+    machine whose python3 has PyTorch's own wheels would otherwise show them; PYTHONPATH still counts."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    (bin_dir / "python3").chmod(0o755)
+    return bin_dir
+
+
+def make_env(**assignments):
+    """The environment for a make of its own (none of the make that runs the tests' settings)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
+    env.update(assignments)
+    return env
+
+
+def test_headers_from_a_wheel(tmp_path):
+    site, conda = tmp_path / "site", tmp_path / "conda"
+    for folder, header in ((site / "nvidia" / "cudnn" / "include", "cudnn_graph.h"),
+                           (site / "nvidia" / "nccl" / "include", "nccl.h"), (conda / "include", "cudnn_graph.h")):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / header).write_text("")
+    bin_dir = python3_without_site(tmp_path)
+
+    def flags(pythonpath):
+        """The Makefile's flags for cuDNN and NCCL, its own finds of their headers left out."""
+        env = make_env(PYTHONPATH=pythonpath, CONDA_PREFIX="",
+                       PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+        out = subprocess.run(["make", "-s", "--no-print-directory", "--eval",
+                              'wheel-flags: ; @echo "$(CUDNN_CFLAGS)|$(NCCL_CFLAGS)"', "wheel-flags", "NVCC=nvcc",
+                              "CUDNN_SYSTEM_INC=", "NCCL_SYSTEM_INC="], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, timeout=60)
+        assert out.returncode == 0, out.stdout
+        return out.stdout.strip()
+
+    assert flags(str(site)) == (f"-DUSE_CUDNN -I{site}/nvidia/cudnn/include|-DUSE_NCCL -I{site}/nvidia/nccl/include")
+    assert flags(str(tmp_path / "elsewhere")) == "|"
+    # an active conda environment's header: the Makefile's own find, its other places left out
+    env = make_env(CONDA_PREFIX=str(conda))
+    out = subprocess.run(["make", "-s", "--no-print-directory", "--eval", 'wheel-flags: ; @echo "$(CUDNN_CFLAGS)"',
+                          "wheel-flags", "NVCC=/nonexistent/bin/nvcc", "MULTIARCH=none"], cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    if not any(os.path.exists(p) for p in ("/usr/include/cudnn_graph.h", "/usr/include/none/cudnn_graph.h")):
+        assert out.stdout.strip() == f"-DUSE_CUDNN -I{conda}/include/", out.stdout
+
+
 def test_cudnn_from_a_wheels_folder(tmp_path):
     if not BINARY.exists():
         pytest.skip("no build/dev_cudnn_attention (built where nvcc and cuDNN's headers are)")
@@ -48,12 +98,7 @@ def test_cudnn_from_a_wheels_folder(tmp_path):
     for part in glob.glob(os.path.join(os.path.dirname(cudnn), "libcudnn*.so.9")):
         (lib / os.path.basename(part)).symlink_to(os.path.realpath(part))
 
-    # The python3 the programs ask, without its site-packages (-S): a machine whose python3 has
-    # PyTorch's own wheels would otherwise give them its cuDNN; PYTHONPATH still counts.
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
-    (bin_dir / "python3").chmod(0o755)
+    bin_dir = python3_without_site(tmp_path)
 
     def run(pythonpath):
         env = dict(os.environ, PYTHONPATH=pythonpath, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
