@@ -864,10 +864,10 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_forward_mma
 // largest logit bit for bit (the same scaled scores). ./train's statistics steps beside cuDNN's
 // forward, in tile_block's LPT order; dev_attention checks and times it in both orders.
 // PLAIN_TILES (the candidate stats_rows_plain): a tile that holds no masked score, no key 0 and no
-// document start (at T = 2048, 465 of a head's 528 tiles, fewer where documents start) takes a form of the loop without
-// their tests, a product-add, an ex2, a maximum and a product-add a score, where every tile now
-// also pays a mask's compares and select; the same operations on every score that counts, so the
-// same bits.
+// document start (at T = 2048, 465 of a head's 528 tiles, fewer where documents start) takes a
+// form of the loop without their tests: a product-add, an ex2, a maximum and a product-add a
+// score, where ./train's form gives every tile the mask's compares and select too. The same
+// operations on every score that counts, so the same bits.
 template <int D>
 constexpr int attention_stats_from_lse_smem_bytes() {
     return 2 * kMmaTile * (D + kMmaTilePad) * (int)sizeof(bf16);
