@@ -155,7 +155,7 @@ static std::vector<uint32_t> random_document_starts(int B, int T, Rng& rng) {
 
 // A document start at positions first, first + every, ... of each sequence (position 0 is none):
 // where the random starts above put one in nearly every 64-key tile, these leave tiles without any,
-// as a corpus of long documents does (the Brown corpus' run about 2,000 tokens).
+// as a corpus of long documents does (the Brown corpus' 500 texts run about 2,000 words each).
 static std::vector<uint32_t> spaced_document_starts(int B, int T, int first, int every) {
     std::vector<int> tokens((size_t)B * T, 1);
     for (int b = 0; b < B; b++)
@@ -592,8 +592,9 @@ static std::vector<float> from_lse_min_blocks(const Problem& p, const uint32_t* 
     cudaCheck(cudaGetLastError());
     cudaCheck(cudaDeviceSynchronize());
     const std::vector<float> got = host_copy(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
-    print_kernel_occupancy(PLAIN ? "from lse, plain tiles" : doc_bits == p.d_doc_bits ? "statistics from lse" : "from lse, long docs", M,
-                           (const void*)attention_row_stats_from_lse_kernel<64, true, M, PLAIN>, smem, time_ms(launch));
+    const char* name = PLAIN ? "from lse, plain tiles" : doc_bits == p.d_doc_bits ? "statistics from lse" : "from lse, long docs";
+    print_kernel_occupancy(name, M, (const void*)attention_row_stats_from_lse_kernel<64, true, M, PLAIN>, smem,
+                           time_ms(launch));
     return got;
 }
 
@@ -621,7 +622,8 @@ static void min_blocks_experiment(const Shape& s) {
     // every 1,024 tokens; p's random starts leave no tile to its plain form)
     uint32_t* long_docs = device_copy(spaced_document_starts(s.B, s.T, 37, 1024));
     const std::vector<float> train_rows = from_lse_min_blocks<0>(p, long_docs);
-    const std::vector<float> plain = from_lse_min_blocks<0, true>(p, long_docs), plain5 = from_lse_min_blocks<5, true>(p, long_docs);
+    const std::vector<float> plain = from_lse_min_blocks<0, true>(p, long_docs);
+    const std::vector<float> plain5 = from_lse_min_blocks<5, true>(p, long_docs);
     for (int m : {0, 5})
         report(same_bits(m == 0 ? plain : plain5, train_rows), "statistics from lse, plain tiles, MIN_BLOCKS " +
                                                                    std::to_string(m) + " " + shape_name(s) +
