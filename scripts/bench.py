@@ -37,7 +37,8 @@ TRAIN = os.environ.get("TRAIN_BIN", os.path.join(ROOT, "train"))  # dev/gpu_bund
 
 def run_train(args, out_dir, extra, threads=None, launch=()):
     """Runs ./train (after `launch`, e.g. mpirun's command); returns (the ms of each step after the
-    warm-up, profile lines, log)."""
+    warm-up, its lines of profile and, on a GPU, of what runs its attention (cuDNN, from where, or its
+    own kernels), log)."""
     threads = threads or max(args.threads)
     data = os.path.join(ROOT, args.data_dir)
     cmd = [*launch, TRAIN, "-i", os.path.join(data, "train_*.bin"), "-j", os.path.join(data, "val_*.bin"), "-o", out_dir,
@@ -49,7 +50,7 @@ def run_train(args, out_dir, extra, threads=None, launch=()):
     log = attnlog.open_log(os.path.join(out_dir, "run.attnlog"))
     steps, ms = log.scalars("ms")
     timed = [float(x) for x in ms[args.warmup:]]
-    profile = [line for line in proc.stdout.splitlines() if line.startswith("profile")]
+    profile = [line for line in proc.stdout.splitlines() if line.startswith(("profile", "attention"))]
     return timed, profile, log
 
 
