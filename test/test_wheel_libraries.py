@@ -107,6 +107,8 @@ def test_cudnn_from_a_wheels_folder(tmp_path):
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
 
     hidden = run(str(tmp_path / "elsewhere"))
+    if "this build has no cuDNN" in hidden.stdout:  # the library without its header: built without cuDNN
+        pytest.skip(f"build/dev_cudnn_attention was built without cuDNN's header (its library: {cudnn})")
     assert "cannot load libcudnn.so.9" in hidden.stdout and "nor find it in PyTorch's wheels" in hidden.stdout, \
         hidden.stdout[-2000:]
     found = run(str(site))
