@@ -235,6 +235,10 @@ struct GpuModel : ModelShape {  // and backend.h's ModelShape
     // with four items' loads in flight a group of lanes; on a stats step, the queries' norms in place
     // of their float32 vectors, which the statistics read only for those norms.
     bool qk_forward_ahead = candidate_on("qk_forward_ahead"), query_norms = candidate_on("query_norms");
+    // Candidates (attention.cuh's attention_row_stats_from_lse_kernel): the rows' statistics with
+    // the tiles that need no mask apart (stats_rows_plain), their scores from wgmma's products
+    // (stats_rows_wgmma, where the build has sm_90a's code: model_init decides).
+    bool stats_rows_plain = candidate_on("stats_rows_plain"), stats_rows_wgmma = false;
     // Everything on the device lives in one allocation, `memory`, carved by gpu_carve.
     void* memory = nullptr;
     float *params, *grads, *adam_m, *adam_v;  // float32, the layout of config.h
@@ -481,6 +485,11 @@ static void model_init(GpuModel& g, const ModelConfig& c, int max_B, int max_T, 
         cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
         cudaCheck(cudaEventRecord(e, g.adamw_beside.stream));
     }
+    if (candidate_on("stats_rows_wgmma")) {
+        g.stats_rows_wgmma = attention_wgmma_compiled();
+        if (!g.stats_rows_wgmma && g_fail_rank <= 0)
+            printf("stats_rows_wgmma: this build has no sm_90a code (CUDA_ARCHS=90a): ./train's kernel instead\n");
+    }
     matmul_init(g.mm);
     g.mm.tune = true;  // algorithms tuned among those with the first choice's bits (matmul_tune)
     g.graphs.on = pass_graphs_wanted();
@@ -606,9 +615,8 @@ static void layer_attention_row_stats(GpuModel& g, Activations<bf16>& la, int B,
     const ModelConfig& c = g.cfg;
     Activations<bf16>& a = g.acts;
     const int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim;
-    static const bool plain_tiles = candidate_on("stats_rows_plain");
     if (!attention_row_stats_from_lse(la.row_stats, la.att_lse, g.doc_bits, la.qk_rope, B, T, H, Hkv, D, s,
-                                      /* lpt */ true, plain_tiles))
+                                      /* lpt */ true, g.stats_rows_plain, g.stats_rows_wgmma))
         attention_row_stats(a.att_delta, la.row_stats, a.datty, g.doc_bits, la.qk_rope, la.qkv, B, T, H, Hkv, D, s);
 }
 static void layer_attention_backward(GpuModel& g, Activations<bf16>& la, int B, int T) {

@@ -4,8 +4,9 @@
 #   bin/   ./train, prepare_data, the CUDA parity test, the dev/cuda kernel checks and hf_logits (the
 #          Hugging Face import on the CPU, for the comparison with transformers), train_candidates and
 #          test_gpt_cuda_candidates (the same with the candidate kernels, kCandidateKernels, when a
-#          kernel is one), for one CUDA architecture (CUDA_ARCHS, default 90: the H100 and H200) with
-#          host code for any x86-64-v3 processor
+#          kernel is one), for one CUDA architecture (CUDA_ARCHS, default 90a: the H100 and H200,
+#          Hopper's own instructions included, which the candidate stats_rows_wgmma needs) with host
+#          code for any x86-64-v3 processor
 #   lib/   the shared libraries they link that a machine with only the CUDA toolkit lacks
 #          (OpenBLAS, SentencePiece, the Fortran runtime OpenBLAS needs, Open MPI's libraries; not
 #          NCCL's, too large to carry: check.sh finds the machine's or PyTorch's)
@@ -24,7 +25,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=build/gpu
 src=build/gpu_src
-archs=${CUDA_ARCHS:-90}
+archs=${CUDA_ARCHS:-90a}
 rm -rf "$src" "$out" "$out.tar.xz" && mkdir -p "$src" "$out/bin" "$out/lib" "$out/data"
 git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done |
     tar --null -T - -cf - | tar -xf - -C "$src"  # the working tree as it is: a file deleted but not committed left out

@@ -499,6 +499,146 @@ __device__ __forceinline__ void load_row_values_async(float* dst, const float* x
     }
 }
 
+// Hopper's warpgroup products (wgmma, the candidate stats_rows_wgmma): the block's four warps, a
+// warpgroup, compute one 64 x 64 tile S = Q K^T as a few asynchronous instructions, the keys read
+// by the tensor cores straight from shared memory, where mma.sync takes 32 products and 16 ldmatrix
+// loads a warp. Each warp's A operand (its 16 queries) stays in registers, as mma.sync's A
+// fragments (the same layout); S arrives in mma.sync's accumulator layout too, lane (g, c) of warp w
+// holding rows 16w + g and + 8 at columns 8n + 2c and + 1, so the code after the product is the
+// same. wgmma exists only in sm_90a's code (CUDA_ARCHS=90a): elsewhere these helpers trap, and
+// attention_wgmma_compiled() tells the host which build it has.
+//
+// The tiles wgmma reads are in its layout without swizzling: 8 x 8 "core matrices" (8 rows of 16
+// bytes, 128 contiguous bytes); a row group's D / 8 of them side by side, 128 bytes apart (the
+// descriptor's leading byte offset, along the product's k), and the row groups D * 16 bytes apart
+// (its stride byte offset). A row's 16-byte chunk lands at:
+template <int D>
+__host__ __device__ constexpr int core_tile_offset(int row, int chunk) {
+    return (row / 8) * D * 16 + chunk * 128 + (row % 8) * 16;
+}
+
+// load_tile_async into that layout. Lane i of 8 takes row 8 r + i of a chunk, so that 8 lanes write
+// one core matrix's 128 contiguous bytes, and a warp's 32 lanes read 4 neighbouring chunks (64
+// contiguous bytes) of 8 rows.
+template <int D>
+__device__ __forceinline__ void load_tile_core_async(bf16* tile, const bf16* src, size_t stride, int row0, int T) {
+    constexpr int kChunks = D / 8;
+    char* bytes = reinterpret_cast<char*>(tile);
+    for (int i = threadIdx.x; i < kMmaTile * kChunks; i += kMmaThreads) {
+        const int chunk = i / 8 % kChunks, r = i / (8 * kChunks) * 8 + i % 8;
+        const bool valid = row0 + r < T;
+        cp_async_16(bytes + core_tile_offset<D>(r, chunk), src + (size_t)(valid ? row0 + r : 0) * stride + chunk * 8, valid);
+    }
+}
+
+// load_a_fragment from a tile in the core-matrix layout: ldmatrix takes each lane's 16-byte row
+// wherever it lies.
+template <int D>
+__device__ __forceinline__ void load_a_fragment_core(uint32_t (&a)[4], const bf16* tile, int row0, int col0, int lane) {
+    const int r = row0 + lane % 8 + (lane / 8) % 2 * 8, chunk = col0 / 8 + lane / 16;
+    ldmatrix_x4(a, reinterpret_cast<const bf16*>(reinterpret_cast<const char*>(tile) + core_tile_offset<D>(r, chunk)));
+}
+
+// Shared memory written through the generic proxy (cp.async, stores) made visible to the async
+// proxy wgmma reads through: by each writing thread after its writes completed, before the barrier
+// that hands them to the warpgroup.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#else
+    __trap();
+#endif
+}
+
+// The descriptor of a shared-memory operand in the layout above, from its first core matrix:
+// address, leading and stride byte offsets, each in units of 16 bytes; no swizzling (bits 62-63: 0).
+__device__ __forceinline__ uint64_t wgmma_descriptor(const void* first, uint32_t leading_bytes, uint32_t stride_bytes) {
+    const uint32_t address = (uint32_t)__cvta_generic_to_shared(first);
+    return (uint64_t)((address & 0x3FFFF) >> 4) | (uint64_t)(leading_bytes >> 4) << 16 |
+           (uint64_t)(stride_bytes >> 4) << 32;
+}
+
+// Before a warpgroup's first wgmma of a product: its registers (A fragments, accumulators) settled.
+__device__ __forceinline__ void wgmma_fence() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#else
+    __trap();
+#endif
+}
+
+// s (the warpgroup's 64 x 64, this lane's share) = A B, or s + A B with ACCUMULATE: A the warp's
+// 16 x 16 slice of 64 x 16 in registers, B 16 x 64 from descriptor b (K-major: the tile's rows are
+// B's columns, as the keys of Q K^T). Asynchronous: s may be read only after wgmma_commit_and_wait.
+// Without ACCUMULATE s is only written ("=f"), so that nothing sets it before.
+#define WGMMA_SCORES(constraint)                                                                                    \
+    constraint(s[0][0]), constraint(s[0][1]), constraint(s[0][2]), constraint(s[0][3]), constraint(s[1][0]),         \
+        constraint(s[1][1]), constraint(s[1][2]), constraint(s[1][3]), constraint(s[2][0]), constraint(s[2][1]),     \
+        constraint(s[2][2]), constraint(s[2][3]), constraint(s[3][0]), constraint(s[3][1]), constraint(s[3][2]),     \
+        constraint(s[3][3]), constraint(s[4][0]), constraint(s[4][1]), constraint(s[4][2]), constraint(s[4][3]),     \
+        constraint(s[5][0]), constraint(s[5][1]), constraint(s[5][2]), constraint(s[5][3]), constraint(s[6][0]),     \
+        constraint(s[6][1]), constraint(s[6][2]), constraint(s[6][3]), constraint(s[7][0]), constraint(s[7][1]),     \
+        constraint(s[7][2]), constraint(s[7][3])
+#define WGMMA_64X64X16                                                                                             \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                                    \
+    "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "                                                          \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                          \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "                                \
+    "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+template <bool ACCUMULATE>
+__device__ __forceinline__ void wgmma_64x64x16(float (&s)[kMmaTile / 8][4], const uint32_t (&a)[4], uint64_t b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if constexpr (ACCUMULATE)
+        asm volatile(WGMMA_64X64X16 : WGMMA_SCORES("+f") : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1)
+                     : "memory");
+    else
+        asm volatile(WGMMA_64X64X16 : WGMMA_SCORES("=f") : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(0)
+                     : "memory");
+#else
+    __trap();
+#endif
+}
+#undef WGMMA_SCORES
+#undef WGMMA_64X64X16
+
+// The warpgroup's products committed and waited for; then each accumulator passes through an empty
+// statement that "writes" it, so that the compiler reads none of them before the wait.
+__device__ __forceinline__ void wgmma_commit_and_wait(float (&s)[kMmaTile / 8][4]) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+    for (int n = 0; n < kMmaTile / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(s[n][e])::"memory");
+#else
+    __trap();
+#endif
+}
+
+// Whether this build's device code has sm_90a's instructions (wgmma): what the device runs, asked of
+// it once. Where it does not, the wgmma forms above trap.
+__global__ void sm90a_code_kernel(int* present) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    *present = 1;
+#else
+    *present = 0;
+#endif
+}
+inline bool attention_wgmma_compiled() {
+    static const bool present = [] {
+        int* d = nullptr;
+        int h = 0;
+        cudaCheck(cudaMalloc(&d, sizeof(int)));
+        sm90a_code_kernel<<<1, 1>>>(d);
+        cuda_check_launch();
+        cudaCheck(cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaFree(d));
+        return h == 1;
+    }();
+    return present;
+}
+
 // C (MB blocks of 16 rows x N) += A tile^T, A the warp's MB blocks of 16 x D as A fragments in
 // registers, tile N x D: a product over the head dimension with the tile's rows as C's columns
 // (S = Q K^T, dP = dO V^T). Each B fragment is loaded once for all MB blocks (a warp of MB blocks
@@ -867,19 +1007,38 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_forward_mma
 // document start (at T = 2048, 465 of a head's 528 tiles, fewer where documents start) takes a
 // form of the loop without their tests: a product-add, an ex2, a maximum and a product-add a
 // score, where ./train's form gives every tile the mask's compares and select too. The same
-// operations on every score that counts, so the same bits.
-template <int D>
+// operations on every score that counts, so the same bits. WGMMA (the candidate stats_rows_wgmma,
+// sm_90a): S = Q K^T as the warpgroup's wgmma products, the key tiles in their core-matrix layout
+// (unpadded), the rest as it is.
+template <int D, bool WGMMA = false>
 constexpr int attention_stats_from_lse_smem_bytes() {
-    return 2 * kMmaTile * (D + kMmaTilePad) * (int)sizeof(bf16);
+    return 2 * kMmaTile * (WGMMA ? D : D + kMmaTilePad) * (int)sizeof(bf16);
 }
 
-template <int D, bool LPT = false, int MIN_BLOCKS = 0, bool PLAIN_TILES = false>
+// next_kv_tiles for the keys alone in wgmma's layout, each thread's copies made visible to wgmma
+// (fence_proxy_async_shared) before the block synchronises.
+template <int D>
+__device__ __forceinline__ void next_key_tile_core(bf16 (*k_tiles)[kMmaTile * D], const bf16* keys, size_t stride,
+                                                   int index, int last, int T) {
+    if (index < last) {
+        load_tile_core_async<D>(k_tiles[1 - index % 2], keys, stride, (index + 1) * kMmaTile, T);
+        cp_async_commit();
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+    fence_proxy_async_shared();
+    __syncthreads();
+}
+
+template <int D, bool LPT = false, int MIN_BLOCKS = 0, bool PLAIN_TILES = false, bool WGMMA = false>
 __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_row_stats_from_lse_kernel(float* row_stats,
         const float* lse, const uint32_t* doc_bits, const bf16* qk, int B, int T, int H, int Hkv) {
     static_assert(D % 32 == 0, "D must be a multiple of 32");
-    constexpr int LD = D + kMmaTilePad;
-    extern __shared__ __align__(16) unsigned char keys_shared[];  // attention_stats_from_lse_smem_bytes<D>()
-    bf16 (*k_tiles)[kMmaTile * LD] = reinterpret_cast<bf16 (*)[kMmaTile * LD]>(keys_shared);  // 2 buffers
+    static_assert(!WGMMA || kMmaThreads == 128, "a block is one warpgroup");
+    constexpr int LD = D + kMmaTilePad, kTile = kMmaTile * (WGMMA ? D : LD);
+    extern __shared__ __align__(128) unsigned char keys_shared[];  // attention_stats_from_lse_smem_bytes<D, WGMMA>()
+    bf16 (*k_tiles)[kTile] = reinterpret_cast<bf16 (*)[kTile]>(keys_shared);  // 2 buffers
     const TileBlock work = tile_block<LPT>(H, B);
     if (!work.valid) return;
     const int q_tile = (LPT ? (T + kMmaTile - 1) / kMmaTile : (int)gridDim.x) - 1 - work.rank;
@@ -893,15 +1052,22 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_row_stats_f
     const int last_k_tile = min(q0 + kMmaTile - 1, T - 1) / kMmaTile;
 
     // The queries through k_tiles[1] (free until the loop prefetches into it), then key tile 0.
-    load_tile_async<D, LD>(k_tiles[1], queries, qk_stride, q0, T);
+    auto load_tile = [&](bf16* tile, const bf16* src, int row0) {
+        if constexpr (WGMMA) load_tile_core_async<D>(tile, src, qk_stride, row0, T);
+        else load_tile_async<D, LD>(tile, src, qk_stride, row0, T);
+    };
+    load_tile(k_tiles[1], queries, q0);
     cp_async_commit();
-    load_tile_async<D, LD>(k_tiles[0], keys, qk_stride, 0, T);
+    load_tile(k_tiles[0], keys, 0);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
     uint32_t q_frag[1][D / 16][4];
 #pragma unroll
-    for (int kc = 0; kc < D / 16; kc++) load_a_fragment<LD>(q_frag[0][kc], k_tiles[1], warp * 16, kc * 16, lane);
+    for (int kc = 0; kc < D / 16; kc++) {
+        if constexpr (WGMMA) load_a_fragment_core<D>(q_frag[0][kc], k_tiles[1], warp * 16, kc * 16, lane);
+        else load_a_fragment<LD>(q_frag[0][kc], k_tiles[1], warp * 16, kc * 16, lane);
+    }
     __syncthreads();
 
     const size_t row0 = ((size_t)b * H + h) * T;
@@ -918,10 +1084,28 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_row_stats_f
     const uint32_t* row_bits = doc_bits ? doc_bits + (size_t)b * words : nullptr;
     for (int k_tile_index = 0; k_tile_index <= last_k_tile; k_tile_index++) {
         const int j0 = k_tile_index * kMmaTile, buffer = k_tile_index % 2;
-        next_kv_tiles<D, LD, false>(k_tiles, k_tiles, keys, keys, qk_stride, qk_stride, k_tile_index, last_k_tile, T);
-        if (j0 <= warp_q0 + 15) {
+        if constexpr (WGMMA) next_key_tile_core<D>(k_tiles, keys, qk_stride, k_tile_index, last_k_tile, T);
+        else next_kv_tiles<D, LD, false>(k_tiles, k_tiles, keys, keys, qk_stride, qk_stride, k_tile_index, last_k_tile, T);
+        // Every warp takes every tile (the last one starts at the block's first query): the
+        // warpgroup's products need all four.
+        if (WGMMA || j0 <= warp_q0 + 15) {
             float s[1][kMmaTile / 8][4] = {};
-            mma_blocks_times_tile_transposed<D, LD, 1, kMmaTile>(s, q_frag, k_tiles[buffer], lane);
+            if constexpr (WGMMA) {
+                // k steps of 16: the core matrices 2 kk and 2 kk + 1 of each row group
+                static_assert(core_tile_offset<D>(1, 0) == 16 && core_tile_offset<D>(0, 1) == 128 &&
+                                  core_tile_offset<D>(8, 0) == D * 16,
+                              "the descriptor's offsets: rows 16 bytes apart, k chunks 128, row groups D * 16");
+                auto keys_k = [&](int kk) {
+                    return wgmma_descriptor(reinterpret_cast<const char*>(k_tiles[buffer]) + kk * 256, 128, D * 16);
+                };
+                wgmma_fence();
+                wgmma_64x64x16<false>(s[0], q_frag[0][0], keys_k(0));
+#pragma unroll
+                for (int kk = 1; kk < D / 16; kk++) wgmma_64x64x16<true>(s[0], q_frag[0][kk], keys_k(kk));
+                wgmma_commit_and_wait(s[0]);
+            } else {
+                mma_blocks_times_tile_transposed<D, LD, 1, kMmaTile>(s, q_frag, k_tiles[buffer], lane);
+            }
             const bool diagonal = j0 + kMmaTile - 1 >= q0;
             const uint64_t tile_bits = tile_document_starts(row_bits, j0, words);
             // p = 2^(s c2 - lse log2(e)) in the LEAN form of the forward kernel (see kLog2e): one
@@ -1553,31 +1737,36 @@ inline bool attention_row_stats_from_lse_supports(int D) { return attention_auto
 // The rows' statistics (row_stats) from the lse of a forward pass made elsewhere, through
 // attention_row_stats_from_lse_kernel where the mma kernels take D (true), else nothing (false);
 // lpt: its blocks in tile_block's LPT order where its grid takes the shape; plain_tiles: its
-// PLAIN_TILES form (both the same bits).
+// PLAIN_TILES form (both the same bits); wgmma: its WGMMA form, where attention_wgmma_compiled().
 inline bool attention_row_stats_from_lse(float* row_stats, const float* lse, const uint32_t* doc_bits, const bf16* qk,
                                          int B, int T, int H, int Hkv, int D, cudaStream_t stream, bool lpt = false,
-                                         bool plain_tiles = false) {
+                                         bool plain_tiles = false, bool wgmma = false) {
     if (!attention_row_stats_from_lse_supports(D)) return false;
     attention_prepare(ATTENTION_MMA, B, T, H, Hkv, D, {qk}, {lse, row_stats});
+    if (wgmma && !attention_wgmma_compiled()) fail("internal: the wgmma statistics need a build for sm_90a");
     lpt = lpt && lpt_grid_fits(ceil_div(T, kMmaTile), H, B);
     const dim3 grid = tile_grid(lpt, ceil_div(T, kMmaTile), H, B);
     auto launch = [&](auto kernel, int smem) {
         kernel<<<grid, kMmaThreads, smem, stream>>>(row_stats, lse, doc_bits, qk, B, T, H, Hkv);
     };
-    auto launch_d = [&](auto width) {
+    auto launch_d = [&](auto width, auto use_wgmma) {
         constexpr int W = decltype(width)::value;
-        constexpr int smem = attention_stats_from_lse_smem_bytes<W>();
+        constexpr bool G = decltype(use_wgmma)::value;
+        constexpr int smem = attention_stats_from_lse_smem_bytes<W, G>();
         if (plain_tiles)
-            lpt ? launch(attention_row_stats_from_lse_kernel<W, true, 0, true>, smem)
-                : launch(attention_row_stats_from_lse_kernel<W, false, 0, true>, smem);
+            lpt ? launch(attention_row_stats_from_lse_kernel<W, true, 0, true, G>, smem)
+                : launch(attention_row_stats_from_lse_kernel<W, false, 0, true, G>, smem);
         else
-            lpt ? launch(attention_row_stats_from_lse_kernel<W, true>, smem)
-                : launch(attention_row_stats_from_lse_kernel<W, false>, smem);
+            lpt ? launch(attention_row_stats_from_lse_kernel<W, true, 0, false, G>, smem)
+                : launch(attention_row_stats_from_lse_kernel<W, false, 0, false, G>, smem);
+    };
+    auto launch_both = [&](auto width) {
+        wgmma ? launch_d(width, std::true_type()) : launch_d(width, std::false_type());
     };
     if (D == 64)
-        launch_d(std::integral_constant<int, 64>());
+        launch_both(std::integral_constant<int, 64>());
     else
-        launch_d(std::integral_constant<int, 128>());
+        launch_both(std::integral_constant<int, 128>());
     cuda_check_launch();
     return true;
 }

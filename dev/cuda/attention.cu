@@ -18,8 +18,10 @@
 // Prints PASS/FAIL lines; exit status 1 if any check fails.
 //
 // Build (from the repository root), all on one line:
-//   nvcc -std=c++17 -O3 -I. -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+//   nvcc -std=c++17 -O3 -I. -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a
 //        -Xcompiler -fopenmp dev/cuda/attention.cu -o build/dev_attention -lopenblas -lgomp
+// (sm_90a, not sm_90: the candidate stats_rows_wgmma's Hopper instructions, checked only where built;
+// make's own build: make CUDA_ARCHS="80 90a" build/dev_attention, as dev/gpu_bundle.sh does.)
 // Run: ./build/dev_attention [--check-only]   (--check-only skips the timings, e.g. under compute-sanitizer)
 #define LLMC_ATTENTION_VARIANTS  // every mma variant, not only those ./train runs
 #include <cstring>
@@ -449,6 +451,49 @@ static void check_plain_tiles(const Problem& p, const std::string& prefix) {
     cudaCheck(cudaFree(spaced));
 }
 
+// The candidate stats_rows_wgmma (WGMMA, sm_90a): its statistics against ./train's form's from the
+// same lse, each run on a poisoned buffer, with p's random starts, starts every 150 tokens and none.
+// Its scores come from wgmma's products where ./train's come from mma.sync's: the same terms, whose
+// float32 sums the two instructions need not round alike, so within the tolerances that hold the
+// statistics from lse to attention_forward's (1e-4 relative, 1e-6 absolute), the largest logits
+// too; whether they are the same bits is printed. Among its own forms (both block orders, plain
+// tiles or not, and run twice) the same bits: the same blocks do the same work.
+static void check_wgmma_tiles(const Problem& p, const CpuForward& ref, const std::string& prefix) {
+    const Shape& s = p.s;
+    if (!attention_wgmma_compiled()) {
+        printf("(this build has no sm_90a code: the wgmma statistics not checked)\n");
+        return;
+    }
+    uint32_t* spaced = device_copy(spaced_document_starts(s.B, s.T, 37, 150));
+    const std::pair<const uint32_t*, const char*> starts[] = {
+        {p.d_doc_bits, "random starts"}, {spaced, "starts every 150 tokens"}, {nullptr, "no document starts"}};
+    for (const auto& start : starts) {
+        const uint32_t* doc_bits = start.first;
+        const char* starts_name = start.second;
+        auto run = [&](bool lpt, bool plain, bool wgmma) {
+            poison(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
+            attention_row_stats_from_lse(p.d_stats, p.d_lse, doc_bits, p.d_qk, s.B, s.T, s.H, s.Hkv, s.D, 0, lpt, plain,
+                                         wgmma);
+            cudaCheck(cudaDeviceSynchronize());
+            return host_copy(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
+        };
+        const std::string name = prefix + "wgmma, " + starts_name;
+        const std::vector<float> train = run(false, false, false), got = run(true, false, true);
+        for (int k = 0; k < ATTN_NUM_ROW_STATS; k++)
+            check_close(name + ", statistic " + std::to_string(k) + " against ./train's kernel's", got.data() + k * p.rows,
+                        train.data() + k * p.rows, p.rows, 1e-4, k == ATTN_STAT_ENTROPY ? 1e-5 : 1e-6);
+        if (doc_bits == p.d_doc_bits)  // the CPU's statistics are those of p's own starts
+            for (AttentionRowStat k : {ATTN_STAT_ENTROPY, ATTN_STAT_SINK, ATTN_STAT_MAXP, ATTN_STAT_DOC_START})
+                check_close(name + ", statistic " + std::to_string((int)k) + " against the CPU", got.data() + k * p.rows,
+                            ref.row_stats.data() + k * p.rows, p.rows, 1e-3, k == ATTN_STAT_ENTROPY ? 1e-4 : 1e-6);
+        printf("  (%s: %s ./train's kernel's bits)\n", name.c_str(), same_bits(got, train) ? "the same as" : "not");
+        report(same_bits(run(true, false, true), got), name + ": the same bits twice");
+        report(same_bits(run(false, false, true), got), name + ": the same bits in ./train's block order");
+        report(same_bits(run(true, true, true), got), name + ": the same bits with plain tiles apart");
+    }
+    cudaCheck(cudaFree(spaced));
+}
+
 // attention_row_stats_from_lse (the statistics from a log-sum-exp made elsewhere) against the
 // statistics attention_forward makes beside that lse, and against the CPU: the largest logit bit for
 // bit (the same scaled scores), the others to float rounding: a lane's float sums of up to 512
@@ -475,6 +520,7 @@ static void check_row_stats_from_lse(const Problem& p, const CpuForward& ref) {
     cudaCheck(cudaDeviceSynchronize());
     report(same_bits(host_copy(p.d_stats, ATTN_NUM_ROW_STATS * p.rows), got), prefix + "in the LPT order, the same bits");
     check_plain_tiles(p, prefix);
+    check_wgmma_tiles(p, ref, prefix);
     auto stat = [&](const std::vector<float>& v, AttentionRowStat k) { return v.data() + k * p.rows; };
     const std::vector<float> got_max(stat(got, ATTN_STAT_LOGIT_MAX), stat(got, ATTN_STAT_LOGIT_MAX) + p.rows),
         want_max(stat(want, ATTN_STAT_LOGIT_MAX), stat(want, ATTN_STAT_LOGIT_MAX) + p.rows);
@@ -639,7 +685,7 @@ static void benchmark(const Shape& s) {
     double fwd_flops = 2.0 * 2.0 * s.B * s.H * (double)s.T * s.T * s.D / 2.0, bwd_flops = 2.5 * fwd_flops;
     printf("\ntiming %s (forward %.1f GFLOP, backward %.1f GFLOP)\n", shape_name(s).c_str(), fwd_flops * 1e-9,
            bwd_flops * 1e-9);
-    printf("%-12s %-24s %10s %10s\n", "impl", "pass", "ms", "TFLOP/s");
+    printf("%-16s %-24s %10s %10s\n", "impl", "pass", "ms", "TFLOP/s");
     for (AttentionImpl impl : {ATTENTION_MMA, ATTENTION_MMA_LPT, ATTENTION_MMA_LEAN, ATTENTION_MMA_LEAN_LPT,
                                ATTENTION_MMA_WIDE, ATTENTION_SIMPLE}) {
         if (!attention_supports(impl, s.D)) continue;
@@ -652,38 +698,44 @@ static void benchmark(const Shape& s) {
             attention_backward(p.d_dqk, p.d_dqkv, p.d_delta, p.d_dout, p.d_out, p.d_lse, p.d_qk, p.d_qkv, s.B, s.T, s.H,
                                s.Hkv, s.D, 0, impl);
         }, reps);
-        printf("%-12s %-24s %10.3f %10.1f\n", attention_impl_name(impl), "forward", fwd, fwd_flops / (fwd * 1e-3) * 1e-12);
-        printf("%-12s %-24s %10.3f %10.1f\n", attention_impl_name(impl), "forward + statistics", fwd_stats,
+        printf("%-16s %-24s %10.3f %10.1f\n", attention_impl_name(impl), "forward", fwd, fwd_flops / (fwd * 1e-3) * 1e-12);
+        printf("%-16s %-24s %10.3f %10.1f\n", attention_impl_name(impl), "forward + statistics", fwd_stats,
                fwd_flops / (fwd_stats * 1e-3) * 1e-12);
-        printf("%-12s %-24s %10.3f %10.1f\n", attention_impl_name(impl), "backward", bwd, bwd_flops / (bwd * 1e-3) * 1e-12);
+        printf("%-16s %-24s %10.3f %10.1f\n", attention_impl_name(impl), "backward", bwd, bwd_flops / (bwd * 1e-3) * 1e-12);
     }
     // The statistics alone (attention_row_stats: the mma kernel without P V), FLOPs counted as the
     // forward's, so that the column compares with the rows above.
     float alone = time_ms([&] {
         attention_row_stats(p.d_lse, p.d_stats, p.d_out, p.d_doc_bits, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0);
     }, 20);
-    printf("%-12s %-24s %10.3f %10.1f\n", "auto", "statistics alone", alone, fwd_flops / (alone * 1e-3) * 1e-12);
+    printf("%-16s %-24s %10.3f %10.1f\n", "auto", "statistics alone", alone, fwd_flops / (alone * 1e-3) * 1e-12);
     // The same from the forward's lse (attention_row_stats_from_lse), where the mma kernels run.
     if (attention_auto(s.D) == ATTENTION_MMA) {
         float from_lse = time_ms([&] {
             attention_row_stats_from_lse(p.d_stats, p.d_lse, p.d_doc_bits, p.d_qk, s.B, s.T, s.H, s.Hkv, s.D, 0);
         }, 20);
-        printf("%-12s %-24s %10.3f %10.1f\n", "auto", "statistics from lse", from_lse,
+        printf("%-16s %-24s %10.3f %10.1f\n", "auto", "statistics from lse", from_lse,
                fwd_flops / (from_lse * 1e-3) * 1e-12);
         float from_lse_lpt = time_ms([&] {
             attention_row_stats_from_lse(p.d_stats, p.d_lse, p.d_doc_bits, p.d_qk, s.B, s.T, s.H, s.Hkv, s.D, 0, true);
         }, 20);
-        printf("%-12s %-24s %10.3f %10.1f\n", "lpt", "statistics from lse", from_lse_lpt,
+        printf("%-16s %-24s %10.3f %10.1f\n", "lpt", "statistics from lse", from_lse_lpt,
                fwd_flops / (from_lse_lpt * 1e-3) * 1e-12);
         // The random starts put one in nearly every tile; with long documents (one start every 1,024
         // tokens) most tiles hold none: ./train's kernel and the candidate stats_rows_plain's form.
         uint32_t* long_docs = device_copy(spaced_document_starts(s.B, s.T, 37, 1024));
-        for (bool plain : {false, true}) {
-            float ms = time_ms([&] {
-                attention_row_stats_from_lse(p.d_stats, p.d_lse, long_docs, p.d_qk, s.B, s.T, s.H, s.Hkv, s.D, 0, true, plain);
-            }, 20);
-            printf("%-12s %-24s %10.3f %10.1f\n", plain ? "lpt plain" : "lpt", "from lse, long documents", ms,
-                   fwd_flops / (ms * 1e-3) * 1e-12);
+        // The candidate stats_rows_wgmma's forms beside them, where the build has sm_90a's code.
+        for (bool wgmma : {false, true}) {
+            if (wgmma && !attention_wgmma_compiled()) continue;
+            for (bool plain : {false, true}) {
+                float ms = time_ms([&] {
+                    attention_row_stats_from_lse(p.d_stats, p.d_lse, long_docs, p.d_qk, s.B, s.T, s.H, s.Hkv, s.D, 0, true,
+                                                 plain, wgmma);
+                }, 20);
+                const std::string impl = std::string("lpt") + (plain ? " plain" : "") + (wgmma ? " wgmma" : "");
+                printf("%-16s %-24s %10.3f %10.1f\n", impl.c_str(), "from lse, long documents", ms,
+                       fwd_flops / (ms * 1e-3) * 1e-12);
+            }
         }
         cudaCheck(cudaFree(long_docs));
     }
@@ -703,6 +755,9 @@ static void profile_passes(const Shape& s) {
                           ATTENTION_MMA);
         attention_row_stats(p.d_lse, p.d_stats, p.d_out, p.d_doc_bits, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv, s.D, 0);
         attention_row_stats_from_lse(p.d_stats, p.d_lse, p.d_doc_bits, p.d_qk, s.B, s.T, s.H, s.Hkv, s.D, 0);
+        if (attention_wgmma_compiled())  // the candidate stats_rows_wgmma's form
+            attention_row_stats_from_lse(p.d_stats, p.d_lse, p.d_doc_bits, p.d_qk, s.B, s.T, s.H, s.Hkv, s.D, 0, true, false,
+                                         true);
         attention_backward(p.d_dqk, p.d_dqkv, p.d_delta, p.d_dout, p.d_out, p.d_lse, p.d_qk, p.d_qkv, s.B, s.T, s.H, s.Hkv,
                            s.D, 0, ATTENTION_MMA);
         cudaCheck(cudaDeviceSynchronize());
