@@ -623,14 +623,15 @@ static void min_blocks_variant(const Problem& p, const AttentionOutputs& want) {
 // in the LPT order) at MIN_BLOCKS = M, the statistics poisoned first; its row of the table. At D =
 // 64 ptxas gives it 116 registers, 4 blocks of 4 warps an SM; 5 and 6 blocks cap them. PLAIN: the
 // candidate stats_rows_plain's form (102 registers uncapped, still 4 blocks: 5 take 96 or fewer).
+// WGMMA: the candidate stats_rows_wgmma's (96 registers uncapped, 5 blocks; at 6, 80 and 12 bytes spilled).
 // doc_bits: the document starts (p's, or others).
-template <int M, bool PLAIN = false>
+template <int M, bool PLAIN = false, bool WGMMA = false>
 static std::vector<float> from_lse_min_blocks(const Problem& p, const uint32_t* doc_bits) {
     const Shape& s = p.s;
     const dim3 grid = tile_grid(true, ceil_div(s.T, kMmaTile), s.H, s.B);
-    const int smem = attention_stats_from_lse_smem_bytes<64>();
+    const int smem = attention_stats_from_lse_smem_bytes<64, WGMMA>();
     auto launch = [&] {
-        attention_row_stats_from_lse_kernel<64, true, M, PLAIN><<<grid, kMmaThreads, smem>>>(
+        attention_row_stats_from_lse_kernel<64, true, M, PLAIN, WGMMA><<<grid, kMmaThreads, smem>>>(
             p.d_stats, p.d_lse, doc_bits, p.d_qk, s.B, s.T, s.H, s.Hkv);
     };
     poison(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
@@ -638,8 +639,9 @@ static std::vector<float> from_lse_min_blocks(const Problem& p, const uint32_t* 
     cudaCheck(cudaGetLastError());
     cudaCheck(cudaDeviceSynchronize());
     const std::vector<float> got = host_copy(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
-    const char* name = PLAIN ? "from lse, plain tiles" : doc_bits == p.d_doc_bits ? "statistics from lse" : "from lse, long docs";
-    print_kernel_occupancy(name, M, (const void*)attention_row_stats_from_lse_kernel<64, true, M, PLAIN>, smem,
+    const char* name = WGMMA ? (PLAIN ? "from lse, wgmma plain" : "from lse, wgmma")
+                       : PLAIN ? "from lse, plain tiles" : doc_bits == p.d_doc_bits ? "statistics from lse" : "from lse, long docs";
+    print_kernel_occupancy(name, M, (const void*)attention_row_stats_from_lse_kernel<64, true, M, PLAIN, WGMMA>, smem,
                            time_ms(launch));
     return got;
 }
@@ -674,6 +676,15 @@ static void min_blocks_experiment(const Shape& s) {
         report(same_bits(m == 0 ? plain : plain5, train_rows), "statistics from lse, plain tiles, MIN_BLOCKS " +
                                                                    std::to_string(m) + " " + shape_name(s) +
                                                                    ", long documents: the bits of ./train's kernel");
+    // The candidate stats_rows_wgmma (sm_90a builds) on the same starts: uncapped, at 6 blocks an SM,
+    // and with plain tiles apart; the same instructions on every score, so the same bits as each other
+    if (attention_wgmma_compiled()) {
+        const std::vector<float> wgmma = from_lse_min_blocks<0, false, true>(p, long_docs);
+        const std::vector<float> wgmma6 = from_lse_min_blocks<6, false, true>(p, long_docs);
+        const std::vector<float> wgmma_plain = from_lse_min_blocks<0, true, true>(p, long_docs);
+        report(same_bits(wgmma6, wgmma) && same_bits(wgmma_plain, wgmma),
+               "statistics from lse, wgmma, MIN_BLOCKS 6 and plain tiles " + shape_name(s) + ": the bits of MIN_BLOCKS 0");
+    }
     cudaCheck(cudaFree(long_docs));
     free_problem(p);
 }
