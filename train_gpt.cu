@@ -903,7 +903,8 @@ static void model_backward(GpuModel& g, const int* tokens, const int* targets, f
     if (!g.grads_beside.seen(g.B, g.T)) g.grads_beside.shapes.push_back({g.B, g.T});
     g.clock.mark("embedding backward", s);
     group_positions_by_token(g.host_buckets, tokens, N, V);
-    embedding_backward(gpu_grad(g, P_WTE), g.acts.dres, g.host_buckets, g.buckets, N, c.d_model, s);
+    static const bool ahead = candidate_on("embedding_ahead");
+    embedding_backward(gpu_grad(g, P_WTE), g.acts.dres, g.host_buckets, g.buckets, N, c.d_model, s, ahead);
     // Frozen parameters have no gradient: they stay out of the gradient norm.
     for (int kind = 0; kind < P_NUM_KINDS; kind++)
         if (g.frozen & param_kind_bit(kind))

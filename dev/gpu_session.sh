@@ -7,7 +7,7 @@
 #                                    if that passed and CONFIGS names configurations, runs of the
 #                                    reports' experiment (dev/gpu_experiment.sh) in the time left
 #   bash dev/gpu_session.sh speed    the candidates' parity (where the bundle has them), cuDNN's
-#                                    attention and the norms', optimiser's, attention and telemetry kernels' checks, every
+#                                    attention and the norms', optimiser's, attention, telemetry and elementwise kernels' checks, every
 #                                    algorithm cuBLASLt offers for the d22 products timed
 #                                    (OUT/matmul_algorithms.txt), Nsight Compute on ./train's
 #                                    statistics' and memory-bound kernels (OUT/ncu_memory_bound.txt),
@@ -69,7 +69,7 @@ for B in map(int, sys.argv[2:]):
     bench.bench_torch_gpu(types.SimpleNamespace(warmup=2), attnlog.open_log(sys.argv[1]).config, B, 2048, 3, True, [10])' \
             docs/runs/d22/gain_seed7/run.attnlog.xz ${SPEED_TORCH_BATCHES:-8 4} >"${OUT:-/tmp}/torch_compile_warm.txt" 2>&1) &
         warm=$!
-        CHECK_PARTS="$(reference) cuda_parity_candidates dev_norms dev_optimizer dev_cudnn_attention dev_attention dev_telemetry" \
+        CHECK_PARTS="$(reference) cuda_parity_candidates dev_norms dev_optimizer dev_cudnn_attention dev_attention dev_telemetry dev_elementwise" \
             CHECK_SECONDS=$(( $(left) < 200 ? $(left) : 200 )) bash dev/gpu_check.sh
         # Every algorithm cuBLASLt offers for the d22 products, timed (OUT/matmul_algorithms.txt): whether
         # one that gives the first choice's bits is faster; and whether those the candidate may keep

@@ -69,7 +69,7 @@ smoke() { run_d22 smoke train_candidates 1 2 "$@"; }  # env's assignments
 if [ -x "$g/bin/train_candidates" ] && ! smoke; then
     echo "  ./train_candidates, d22 at 1 x 2048: a short run FAILED: $(tail -1 "$runs/smoke.log" | cut -c1-150)"
     for name in adamw_beside stats_pass_graph stats_deferred grads_beside query_norms qk_forward_ahead adamw_tiles \
-        stats_rows_plain stats_rows_wgmma; do
+        stats_rows_plain stats_rows_wgmma embedding_ahead; do
         smoke "TRAIN_CANDIDATES_OFF=${TRAIN_CANDIDATES_OFF:+$TRAIN_CANDIDATES_OFF,}$name" || continue
         export TRAIN_CANDIDATES_OFF=${TRAIN_CANDIDATES_OFF:+$TRAIN_CANDIDATES_OFF,}$name
         echo "  ./train_candidates runs without $name: turned off in every run below"

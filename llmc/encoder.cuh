@@ -50,9 +50,41 @@ __global__ void embedding_backward_kernel(float* dwte, const bf16* dout, const i
     }
 }
 
-// device_buckets: 3N + 1 ints of device memory for the three arrays.
+// The candidate embedding_ahead: the same sums in the same order, a thread's next kEmbeddingAhead
+// rows loaded before the first of them is added. The kernel above waits on two loads' latency (the
+// position, then its values) at every row or every few, as the compiler unrolls its loop; its
+// longest block, the batch's most frequent token (hundreds of positions), bounds it. Here that wait comes once every kEmbeddingAhead rows. A thread
+// takes two neighbouring columns, one 4-byte load a row (C even).
+constexpr int kEmbeddingAhead = 16;
+__global__ void embedding_backward_ahead_kernel(float* dwte, const bf16* dout, const int* bucket_token,
+                                                const int* bucket_offset, const int* positions, int C) {
+    const int k = blockIdx.x, begin = bucket_offset[k], end = bucket_offset[k + 1];
+    float* row = dwte + (size_t)bucket_token[k] * C;
+    for (int i = 2 * threadIdx.x; i < C; i += 2 * blockDim.x) {
+        float acc0 = 0.0f, acc1 = 0.0f;
+        for (int p0 = begin; p0 < end; p0 += kEmbeddingAhead) {
+            __nv_bfloat162 v[kEmbeddingAhead];
+#pragma unroll
+            for (int a = 0; a < kEmbeddingAhead; a++) {  // past the bucket's end: its last row again, unused
+                const int p = min(p0 + a, end - 1);
+                v[a] = *reinterpret_cast<const __nv_bfloat162*>(dout + (size_t)positions[p] * C + i);
+            }
+#pragma unroll
+            for (int a = 0; a < kEmbeddingAhead; a++)
+                if (p0 + a < end) {
+                    acc0 += __low2float(v[a]);
+                    acc1 += __high2float(v[a]);
+                }
+        }
+        row[i] += acc0;
+        row[i + 1] += acc1;
+    }
+}
+
+// device_buckets: 3N + 1 ints of device memory for the three arrays. ahead: the kernel above, where
+// C is even (the same bits).
 inline void embedding_backward(float* dwte, const bf16* dout, const TokenBuckets& b, int* device_buckets, int N, int C,
-                               cudaStream_t s) {
+                               cudaStream_t s, bool ahead = false) {
     int K = (int)b.token.size();
     int* d_token = device_buckets;
     int* d_offset = d_token + K;
@@ -60,6 +92,9 @@ inline void embedding_backward(float* dwte, const bf16* dout, const TokenBuckets
     cudaCheck(cudaMemcpyAsync(d_token, b.token.data(), K * sizeof(int), cudaMemcpyHostToDevice, s));
     cudaCheck(cudaMemcpyAsync(d_offset, b.offset.data(), (K + 1) * sizeof(int), cudaMemcpyHostToDevice, s));
     cudaCheck(cudaMemcpyAsync(d_positions, b.positions.data(), N * sizeof(int), cudaMemcpyHostToDevice, s));
-    embedding_backward_kernel<<<K, 256, 0, s>>>(dwte, dout, d_token, d_offset, d_positions, C);
+    if (ahead && C % 2 == 0)
+        embedding_backward_ahead_kernel<<<K, 256, 0, s>>>(dwte, dout, d_token, d_offset, d_positions, C);
+    else
+        embedding_backward_kernel<<<K, 256, 0, s>>>(dwte, dout, d_token, d_offset, d_positions, C);
     cuda_check_launch();
 }
