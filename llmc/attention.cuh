@@ -1009,36 +1009,41 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_forward_mma
 // score, where ./train's form gives every tile the mask's compares and select too. The same
 // operations on every score that counts, so the same bits. WGMMA (the candidate stats_rows_wgmma,
 // sm_90a): S = Q K^T as the warpgroup's wgmma products, the key tiles in their core-matrix layout
-// (unpadded), the rest as it is.
-template <int D, bool WGMMA = false>
+// (unpadded), in STAGES buffers, STAGES - 1 tiles loading while one is in use (./train's form: 2;
+// the candidate's, kStatsWgmmaStages; whether the keys' loads are part of a tile's time, about
+// 3,400 clocks a block on an H200 at d22, dev_attention's times at 2, 3 and 4 say); the rest as
+// it is.
+template <int D, bool WGMMA = false, int STAGES = 2>
 constexpr int attention_stats_from_lse_smem_bytes() {
-    return 2 * kMmaTile * (WGMMA ? D : D + kMmaTilePad) * (int)sizeof(bf16);
+    return STAGES * kMmaTile * (WGMMA ? D : D + kMmaTilePad) * (int)sizeof(bf16);
 }
 
-// next_kv_tiles for the keys alone in wgmma's layout, each thread's copies made visible to wgmma
-// (fence_proxy_async_shared) before the block synchronises.
-template <int D>
-__device__ __forceinline__ void next_key_tile_core(bf16 (*k_tiles)[kMmaTile * D], const bf16* keys, size_t stride,
-                                                   int index, int last, int T) {
-    if (index < last) {
-        load_tile_core_async<D>(k_tiles[1 - index % 2], keys, stride, (index + 1) * kMmaTile, T);
-        cp_async_commit();
-        cp_async_wait<1>();
-    } else {
-        cp_async_wait<0>();
-    }
+// The keys' pipeline of STAGES buffers in wgmma's layout: tile index + STAGES - 1 starts loading
+// into the buffer tile index - 1 used (every warp was done with it at the previous iteration's end),
+// then tile `index` is waited for and made visible to wgmma (fence_proxy_async_shared) before the
+// block synchronises. A group is committed at every call, empty past the last tile, so that all but
+// the newest STAGES - 1 groups are always tile `index` and those before it.
+template <int D, int STAGES>
+__device__ __forceinline__ void next_key_tile_staged(bf16 (*k_tiles)[kMmaTile * D], const bf16* keys, size_t stride,
+                                                     int index, int last, int T) {
+    const int ahead = index + STAGES - 1;
+    if (ahead <= last) load_tile_core_async<D>(k_tiles[ahead % STAGES], keys, stride, ahead * kMmaTile, T);
+    cp_async_commit();
+    cp_async_wait<STAGES - 1>();
     fence_proxy_async_shared();
     __syncthreads();
 }
 
-template <int D, bool LPT = false, int MIN_BLOCKS = 0, bool PLAIN_TILES = false, bool WGMMA = false>
+template <int D, bool LPT = false, int MIN_BLOCKS = 0, bool PLAIN_TILES = false, bool WGMMA = false, int STAGES = 2>
 __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_row_stats_from_lse_kernel(float* row_stats,
         const float* lse, const uint32_t* doc_bits, const bf16* qk, int B, int T, int H, int Hkv) {
     static_assert(D % 32 == 0, "D must be a multiple of 32");
     static_assert(!WGMMA || kMmaThreads == 128, "a block is one warpgroup");
+    static_assert(STAGES == 2 || (WGMMA && STAGES > 2), "more stages in the wgmma form only");
     constexpr int LD = D + kMmaTilePad, kTile = kMmaTile * (WGMMA ? D : LD);
-    extern __shared__ __align__(128) unsigned char keys_shared[];  // attention_stats_from_lse_smem_bytes<D, WGMMA>()
-    bf16 (*k_tiles)[kTile] = reinterpret_cast<bf16 (*)[kTile]>(keys_shared);  // 2 buffers
+    // attention_stats_from_lse_smem_bytes<D, WGMMA, STAGES>()
+    extern __shared__ __align__(128) unsigned char keys_shared[];
+    bf16 (*k_tiles)[kTile] = reinterpret_cast<bf16 (*)[kTile]>(keys_shared);  // STAGES buffers
     const TileBlock work = tile_block<LPT>(H, B);
     if (!work.valid) return;
     const int q_tile = (LPT ? (T + kMmaTile - 1) / kMmaTile : (int)gridDim.x) - 1 - work.rank;
@@ -1051,22 +1056,30 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_row_stats_f
     const int q0 = q_tile * kMmaTile, warp_q0 = q0 + warp * 16;
     const int last_k_tile = min(q0 + kMmaTile - 1, T - 1) / kMmaTile;
 
-    // The queries through k_tiles[1] (free until the loop prefetches into it), then key tile 0.
-    auto load_tile = [&](bf16* tile, const bf16* src, int row0) {
-        if constexpr (WGMMA) load_tile_core_async<D>(tile, src, qk_stride, row0, T);
-        else load_tile_async<D, LD>(tile, src, qk_stride, row0, T);
-    };
-    load_tile(k_tiles[1], queries, q0);
-    cp_async_commit();
-    load_tile(k_tiles[0], keys, 0);
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
+    // The queries through the last buffer (free until the loop prefetches into it), then the key
+    // tiles before it (0 .. STAGES - 2, each its own group, empty past the last).
     uint32_t q_frag[1][D / 16][4];
+    if constexpr (WGMMA) {
+        load_tile_core_async<D>(k_tiles[STAGES - 1], queries, qk_stride, q0, T);
+        cp_async_commit();
+        for (int i = 0; i < STAGES - 1; i++) {
+            if (i <= last_k_tile) load_tile_core_async<D>(k_tiles[i], keys, qk_stride, i * kMmaTile, T);
+            cp_async_commit();
+        }
+        cp_async_wait<STAGES - 1>();
+        __syncthreads();
 #pragma unroll
-    for (int kc = 0; kc < D / 16; kc++) {
-        if constexpr (WGMMA) load_a_fragment_core<D>(q_frag[0][kc], k_tiles[1], warp * 16, kc * 16, lane);
-        else load_a_fragment<LD>(q_frag[0][kc], k_tiles[1], warp * 16, kc * 16, lane);
+        for (int kc = 0; kc < D / 16; kc++)
+            load_a_fragment_core<D>(q_frag[0][kc], k_tiles[STAGES - 1], warp * 16, kc * 16, lane);
+    } else {
+        load_tile_async<D, LD>(k_tiles[1], queries, qk_stride, q0, T);
+        cp_async_commit();
+        load_tile_async<D, LD>(k_tiles[0], keys, qk_stride, 0, T);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+#pragma unroll
+        for (int kc = 0; kc < D / 16; kc++) load_a_fragment<LD>(q_frag[0][kc], k_tiles[1], warp * 16, kc * 16, lane);
     }
     __syncthreads();
 
@@ -1083,8 +1096,8 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_row_stats_f
     const int words = document_start_words(T);
     const uint32_t* row_bits = doc_bits ? doc_bits + (size_t)b * words : nullptr;
     for (int k_tile_index = 0; k_tile_index <= last_k_tile; k_tile_index++) {
-        const int j0 = k_tile_index * kMmaTile, buffer = k_tile_index % 2;
-        if constexpr (WGMMA) next_key_tile_core<D>(k_tiles, keys, qk_stride, k_tile_index, last_k_tile, T);
+        const int j0 = k_tile_index * kMmaTile, buffer = k_tile_index % STAGES;
+        if constexpr (WGMMA) next_key_tile_staged<D, STAGES>(k_tiles, keys, qk_stride, k_tile_index, last_k_tile, T);
         else next_kv_tiles<D, LD, false>(k_tiles, k_tiles, keys, keys, qk_stride, qk_stride, k_tile_index, last_k_tile, T);
         // Every warp takes every tile (the last one starts at the block's first query): the
         // warpgroup's products need all four.
@@ -1737,7 +1750,9 @@ inline bool attention_row_stats_from_lse_supports(int D) { return attention_auto
 // The rows' statistics (row_stats) from the lse of a forward pass made elsewhere, through
 // attention_row_stats_from_lse_kernel where the mma kernels take D (true), else nothing (false);
 // lpt: its blocks in tile_block's LPT order where its grid takes the shape; plain_tiles: its
-// PLAIN_TILES form (both the same bits); wgmma: its WGMMA form, where attention_wgmma_compiled().
+// PLAIN_TILES form (both the same bits); wgmma: its WGMMA form with kStatsWgmmaStages buffers, where
+// attention_wgmma_compiled().
+constexpr int kStatsWgmmaStages = 4;
 inline bool attention_row_stats_from_lse(float* row_stats, const float* lse, const uint32_t* doc_bits, const bf16* qk,
                                          int B, int T, int H, int Hkv, int D, cudaStream_t stream, bool lpt = false,
                                          bool plain_tiles = false, bool wgmma = false) {
@@ -1747,18 +1762,19 @@ inline bool attention_row_stats_from_lse(float* row_stats, const float* lse, con
     lpt = lpt && lpt_grid_fits(ceil_div(T, kMmaTile), H, B);
     const dim3 grid = tile_grid(lpt, ceil_div(T, kMmaTile), H, B);
     auto launch = [&](auto kernel, int smem) {
+        allow_shared_memory(kernel, smem);  // the wgmma form's 4 buffers at D = 128: 64 KiB
         kernel<<<grid, kMmaThreads, smem, stream>>>(row_stats, lse, doc_bits, qk, B, T, H, Hkv);
     };
     auto launch_d = [&](auto width, auto use_wgmma) {
         constexpr int W = decltype(width)::value;
         constexpr bool G = decltype(use_wgmma)::value;
-        constexpr int smem = attention_stats_from_lse_smem_bytes<W, G>();
+        constexpr int S = G ? kStatsWgmmaStages : 2, smem = attention_stats_from_lse_smem_bytes<W, G, S>();
         if (plain_tiles)
-            lpt ? launch(attention_row_stats_from_lse_kernel<W, true, 0, true, G>, smem)
-                : launch(attention_row_stats_from_lse_kernel<W, false, 0, true, G>, smem);
+            lpt ? launch(attention_row_stats_from_lse_kernel<W, true, 0, true, G, S>, smem)
+                : launch(attention_row_stats_from_lse_kernel<W, false, 0, true, G, S>, smem);
         else
-            lpt ? launch(attention_row_stats_from_lse_kernel<W, true, 0, false, G>, smem)
-                : launch(attention_row_stats_from_lse_kernel<W, false, 0, false, G>, smem);
+            lpt ? launch(attention_row_stats_from_lse_kernel<W, true, 0, false, G, S>, smem)
+                : launch(attention_row_stats_from_lse_kernel<W, false, 0, false, G, S>, smem);
     };
     auto launch_both = [&](auto width) {
         wgmma ? launch_d(width, std::true_type()) : launch_d(width, std::false_type());

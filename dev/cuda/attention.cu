@@ -587,7 +587,7 @@ static void print_kernel_occupancy(const char* kernel, int min_blocks, const voi
     cudaCheck(cudaFuncGetAttributes(&a, fn));
     int blocks = 0;
     cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, kMmaThreads, smem));
-    printf("%-22s %10d %9d %8zu %13d %9.3f\n", kernel, min_blocks, a.numRegs, (size_t)a.localSizeBytes, blocks, ms);
+    printf("%-26s %10d %9d %8zu %13d %9.3f\n", kernel, min_blocks, a.numRegs, (size_t)a.localSizeBytes, blocks, ms);
 }
 
 template <int M>
@@ -623,15 +623,15 @@ static void min_blocks_variant(const Problem& p, const AttentionOutputs& want) {
 // in the LPT order) at MIN_BLOCKS = M, the statistics poisoned first; its row of the table. At D =
 // 64 ptxas gives it 116 registers, 4 blocks of 4 warps an SM; 5 and 6 blocks cap them. PLAIN: the
 // candidate stats_rows_plain's form (102 registers uncapped, still 4 blocks: 5 take 96 or fewer).
-// WGMMA: the candidate stats_rows_wgmma's (96 registers uncapped, 5 blocks; at 6, 80 and 12 bytes spilled).
-// doc_bits: the document starts (p's, or others).
-template <int M, bool PLAIN = false, bool WGMMA = false>
+// WGMMA: the candidate stats_rows_wgmma's (96 registers uncapped, 5 blocks; at 6, 80 and 16 bytes
+// spilled), its keys in STAGES buffers. doc_bits: the document starts (p's, or others).
+template <int M, bool PLAIN = false, bool WGMMA = false, int STAGES = 2>
 static std::vector<float> from_lse_min_blocks(const Problem& p, const uint32_t* doc_bits) {
     const Shape& s = p.s;
     const dim3 grid = tile_grid(true, ceil_div(s.T, kMmaTile), s.H, s.B);
-    const int smem = attention_stats_from_lse_smem_bytes<64, WGMMA>();
+    const int smem = attention_stats_from_lse_smem_bytes<64, WGMMA, STAGES>();
     auto launch = [&] {
-        attention_row_stats_from_lse_kernel<64, true, M, PLAIN, WGMMA><<<grid, kMmaThreads, smem>>>(
+        attention_row_stats_from_lse_kernel<64, true, M, PLAIN, WGMMA, STAGES><<<grid, kMmaThreads, smem>>>(
             p.d_stats, p.d_lse, doc_bits, p.d_qk, s.B, s.T, s.H, s.Hkv);
     };
     poison(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
@@ -639,9 +639,11 @@ static std::vector<float> from_lse_min_blocks(const Problem& p, const uint32_t* 
     cudaCheck(cudaGetLastError());
     cudaCheck(cudaDeviceSynchronize());
     const std::vector<float> got = host_copy(p.d_stats, ATTN_NUM_ROW_STATS * p.rows);
-    const char* name = WGMMA ? (PLAIN ? "from lse, wgmma plain" : "from lse, wgmma")
-                       : PLAIN ? "from lse, plain tiles" : doc_bits == p.d_doc_bits ? "statistics from lse" : "from lse, long docs";
-    print_kernel_occupancy(name, M, (const void*)attention_row_stats_from_lse_kernel<64, true, M, PLAIN, WGMMA>, smem,
+    const std::string name = WGMMA ? std::string("from lse, wgmma ") + (PLAIN ? "plain " : "") + std::to_string(STAGES) + "st"
+                             : PLAIN ? "from lse, plain tiles" : doc_bits == p.d_doc_bits ? "statistics from lse"
+                                                                                          : "from lse, long docs";
+    print_kernel_occupancy(name.c_str(), M,
+                           (const void*)attention_row_stats_from_lse_kernel<64, true, M, PLAIN, WGMMA, STAGES>, smem,
                            time_ms(launch));
     return got;
 }
@@ -655,7 +657,7 @@ static void min_blocks_experiment(const Shape& s) {
                        0, ATTENTION_MMA);
     AttentionOutputs want = run_min_blocks<0>(p);
     printf("\nregisters against occupancy, %s\n", shape_name(s).c_str());
-    printf("%-22s %10s %9s %8s %13s %9s\n", "kernel", "MIN_BLOCKS", "registers", "spilled", "blocks per SM", "ms");
+    printf("%-26s %10s %9s %8s %13s %9s\n", "kernel", "MIN_BLOCKS", "registers", "spilled", "blocks per SM", "ms");
     min_blocks_variant<0>(p, want);
     min_blocks_variant<1>(p, want);
     min_blocks_variant<3>(p, want);
@@ -676,14 +678,19 @@ static void min_blocks_experiment(const Shape& s) {
         report(same_bits(m == 0 ? plain : plain5, train_rows), "statistics from lse, plain tiles, MIN_BLOCKS " +
                                                                    std::to_string(m) + " " + shape_name(s) +
                                                                    ", long documents: the bits of ./train's kernel");
-    // The candidate stats_rows_wgmma (sm_90a builds) on the same starts: uncapped, at 6 blocks an SM,
-    // and with plain tiles apart; the same instructions on every score, so the same bits as each other
+    // The candidate stats_rows_wgmma (sm_90a builds) on the same starts: its keys in 2, 3 and 4
+    // buffers (the candidate's), at 6 blocks an SM, and with plain tiles apart; the same
+    // instructions on every score, so the same bits as each other
     if (attention_wgmma_compiled()) {
-        const std::vector<float> wgmma = from_lse_min_blocks<0, false, true>(p, long_docs);
-        const std::vector<float> wgmma6 = from_lse_min_blocks<6, false, true>(p, long_docs);
-        const std::vector<float> wgmma_plain = from_lse_min_blocks<0, true, true>(p, long_docs);
-        report(same_bits(wgmma6, wgmma) && same_bits(wgmma_plain, wgmma),
-               "statistics from lse, wgmma, MIN_BLOCKS 6 and plain tiles " + shape_name(s) + ": the bits of MIN_BLOCKS 0");
+        const std::vector<float> wgmma = from_lse_min_blocks<0, false, true, kStatsWgmmaStages>(p, long_docs);
+        const std::vector<float> others[] = {from_lse_min_blocks<0, false, true, 2>(p, long_docs),
+                                             from_lse_min_blocks<0, false, true, 3>(p, long_docs),
+                                             from_lse_min_blocks<6, false, true, kStatsWgmmaStages>(p, long_docs),
+                                             from_lse_min_blocks<0, true, true, kStatsWgmmaStages>(p, long_docs)};
+        bool same = true;
+        for (const std::vector<float>& o : others) same &= same_bits(o, wgmma);
+        report(same, "statistics from lse, wgmma, 2 and 3 stages, MIN_BLOCKS 6 and plain tiles " + shape_name(s) +
+                         ": the bits of the candidate's form");
     }
     cudaCheck(cudaFree(long_docs));
     free_problem(p);
