@@ -1019,8 +1019,9 @@ constexpr int attention_stats_from_lse_smem_bytes() {
 }
 
 // The keys' pipeline of STAGES buffers in wgmma's layout: tile index + STAGES - 1 starts loading
-// into the buffer tile index - 1 used (every warp was done with it at the previous iteration's end),
-// then tile `index` is waited for and made visible to wgmma (fence_proxy_async_shared) before the
+// into the buffer tile index - 1 used (every warp was done with it at the previous iteration's end;
+// at index 0, the queries', which every warp read before the barrier after its ldmatrix), then tile
+// `index` is waited for and made visible to wgmma (fence_proxy_async_shared) before the
 // block synchronises. A group is committed at every call, empty past the last tile, so that all but
 // the newest STAGES - 1 groups are always tile `index` and those before it.
 template <int D, int STAGES>

@@ -629,7 +629,8 @@ template <int M, bool PLAIN = false, bool WGMMA = false, int STAGES = 2>
 static std::vector<float> from_lse_min_blocks(const Problem& p, const uint32_t* doc_bits) {
     const Shape& s = p.s;
     const dim3 grid = tile_grid(true, ceil_div(s.T, kMmaTile), s.H, s.B);
-    const int smem = attention_stats_from_lse_smem_bytes<64, WGMMA, STAGES>();
+    constexpr int smem = attention_stats_from_lse_smem_bytes<64, WGMMA, STAGES>();
+    static_assert(smem <= 48 * 1024, "launched directly: no opt-in above 48 KiB");
     auto launch = [&] {
         attention_row_stats_from_lse_kernel<64, true, M, PLAIN, WGMMA, STAGES><<<grid, kMmaThreads, smem>>>(
             p.d_stats, p.d_lse, doc_bits, p.d_qk, s.B, s.T, s.H, s.Hkv);
