@@ -58,6 +58,6 @@ def test_readme_names_every_candidate():
     (candidate_on's names in train_gpt.cu and llmc/)."""
     sources = [ROOT / "train_gpt.cu", *sorted((ROOT / "llmc").glob("*.cuh"))]
     built = {name for path in sources for name in re.findall(r'candidate_on\("(\w+)"\)', path.read_text())}
-    said = re.search(r"`TRAIN_CANDIDATES_OFF`\s*\(names separated by commas: ([^)]*)\)", README)
+    said = re.search(r"`TRAIN_CANDIDATES_OFF`\s*\(names\s+separated\s+by\s+commas:\s+([^)]*)\)", README)
     assert said, "README.md no longer lists the candidates after TRAIN_CANDIDATES_OFF"
     assert set(re.findall(r"`(\w+)`", said.group(1))) == built
