@@ -1035,6 +1035,43 @@ __device__ __forceinline__ void next_key_tile_staged(bf16 (*k_tiles)[kMmaTile * 
     __syncthreads();
 }
 
+// The WGMMA form's start: the block's queries (through the last buffer, free until the loop refills
+// it) as each warp's A fragments, and key tiles 0 .. STAGES - 2 started, each its own group (empty
+// past the last tile). The caller synchronises the block before the loop.
+template <int D, int STAGES>
+__device__ __forceinline__ void wgmma_queries_and_first_keys(uint32_t (&q_frag)[1][D / 16][4],
+                                                             bf16 (*k_tiles)[kMmaTile * D], const bf16* queries,
+                                                             const bf16* keys, size_t stride, int q0, int last, int T,
+                                                             int warp, int lane) {
+    load_tile_core_async<D>(k_tiles[STAGES - 1], queries, stride, q0, T);
+    cp_async_commit();
+    for (int i = 0; i < STAGES - 1; i++) {
+        if (i <= last) load_tile_core_async<D>(k_tiles[i], keys, stride, i * kMmaTile, T);
+        cp_async_commit();
+    }
+    cp_async_wait<STAGES - 1>();
+    __syncthreads();
+#pragma unroll
+    for (int kc = 0; kc < D / 16; kc++) load_a_fragment_core<D>(q_frag[0][kc], k_tiles[STAGES - 1], warp * 16, kc * 16, lane);
+}
+
+// The WGMMA form's scores: s = Q K^T for a key tile in wgmma's layout, in k steps of 16 (the core
+// matrices 2 kk and 2 kk + 1 of each row group), waited for.
+template <int D>
+__device__ __forceinline__ void wgmma_scores(float (&s)[kMmaTile / 8][4], const uint32_t (&q_frag)[1][D / 16][4],
+                                             const bf16* key_tile) {
+    static_assert(core_tile_offset<D>(1, 0) == 16 && core_tile_offset<D>(0, 1) == 128 && core_tile_offset<D>(8, 0) == D * 16,
+                  "the descriptor's offsets: rows 16 bytes apart, k chunks 128, row groups D * 16");
+    auto keys_k = [&](int kk) {
+        return wgmma_descriptor(reinterpret_cast<const char*>(key_tile) + kk * 256, 128, D * 16);
+    };
+    wgmma_fence();
+    wgmma_64x64x16<false>(s, q_frag[0][0], keys_k(0));
+#pragma unroll
+    for (int kk = 1; kk < D / 16; kk++) wgmma_64x64x16<true>(s, q_frag[0][kk], keys_k(kk));
+    wgmma_commit_and_wait(s);
+}
+
 template <int D, bool LPT = false, int MIN_BLOCKS = 0, bool PLAIN_TILES = false, bool WGMMA = false, int STAGES = 2>
 __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_row_stats_from_lse_kernel(float* row_stats,
         const float* lse, const uint32_t* doc_bits, const bf16* qk, int B, int T, int H, int Hkv) {
@@ -1057,21 +1094,10 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_row_stats_f
     const int q0 = q_tile * kMmaTile, warp_q0 = q0 + warp * 16;
     const int last_k_tile = min(q0 + kMmaTile - 1, T - 1) / kMmaTile;
 
-    // The queries through the last buffer (free until the loop prefetches into it), then the key
-    // tiles before it (0 .. STAGES - 2, each its own group, empty past the last).
+    // The queries through k_tiles[1] (free until the loop prefetches into it), then key tile 0.
     uint32_t q_frag[1][D / 16][4];
     if constexpr (WGMMA) {
-        load_tile_core_async<D>(k_tiles[STAGES - 1], queries, qk_stride, q0, T);
-        cp_async_commit();
-        for (int i = 0; i < STAGES - 1; i++) {
-            if (i <= last_k_tile) load_tile_core_async<D>(k_tiles[i], keys, qk_stride, i * kMmaTile, T);
-            cp_async_commit();
-        }
-        cp_async_wait<STAGES - 1>();
-        __syncthreads();
-#pragma unroll
-        for (int kc = 0; kc < D / 16; kc++)
-            load_a_fragment_core<D>(q_frag[0][kc], k_tiles[STAGES - 1], warp * 16, kc * 16, lane);
+        wgmma_queries_and_first_keys<D, STAGES>(q_frag, k_tiles, queries, keys, qk_stride, q0, last_k_tile, T, warp, lane);
     } else {
         load_tile_async<D, LD>(k_tiles[1], queries, qk_stride, q0, T);
         cp_async_commit();
@@ -1104,22 +1130,10 @@ __global__ void __launch_bounds__(kMmaThreads, MIN_BLOCKS) attention_row_stats_f
         // warpgroup's products need all four.
         if (WGMMA || j0 <= warp_q0 + 15) {
             float s[1][kMmaTile / 8][4] = {};
-            if constexpr (WGMMA) {
-                // k steps of 16: the core matrices 2 kk and 2 kk + 1 of each row group
-                static_assert(core_tile_offset<D>(1, 0) == 16 && core_tile_offset<D>(0, 1) == 128 &&
-                                  core_tile_offset<D>(8, 0) == D * 16,
-                              "the descriptor's offsets: rows 16 bytes apart, k chunks 128, row groups D * 16");
-                auto keys_k = [&](int kk) {
-                    return wgmma_descriptor(reinterpret_cast<const char*>(k_tiles[buffer]) + kk * 256, 128, D * 16);
-                };
-                wgmma_fence();
-                wgmma_64x64x16<false>(s[0], q_frag[0][0], keys_k(0));
-#pragma unroll
-                for (int kk = 1; kk < D / 16; kk++) wgmma_64x64x16<true>(s[0], q_frag[0][kk], keys_k(kk));
-                wgmma_commit_and_wait(s[0]);
-            } else {
+            if constexpr (WGMMA)
+                wgmma_scores<D>(s[0], q_frag, k_tiles[buffer]);
+            else
                 mma_blocks_times_tile_transposed<D, LD, 1, kMmaTile>(s, q_frag, k_tiles[buffer], lane);
-            }
             const bool diagonal = j0 + kMmaTile - 1 >= q0;
             const uint64_t tile_bits = tile_document_starts(row_bits, j0, words);
             // p = 2^(s c2 - lse log2(e)) in the LEAN form of the forward kernel (see kLog2e): one
