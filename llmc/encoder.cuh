@@ -53,8 +53,9 @@ __global__ void embedding_backward_kernel(float* dwte, const bf16* dout, const i
 // The candidate embedding_ahead: the same sums in the same order, a thread's next kEmbeddingAhead
 // rows loaded before the first of them is added. The kernel above waits on two loads' latency (the
 // position, then its values) at every row or every few, as the compiler unrolls its loop; its
-// longest block, the batch's most frequent token (hundreds of positions), bounds it. Here that wait comes once every kEmbeddingAhead rows. A thread
-// takes two neighbouring columns, one 4-byte load a row (C even).
+// longest block, the batch's most frequent token (hundreds of positions), bounds it. Here that wait
+// comes once every kEmbeddingAhead rows. A thread takes two neighbouring columns, one 4-byte load a
+// row (C even).
 constexpr int kEmbeddingAhead = 16;
 __global__ void embedding_backward_ahead_kernel(float* dwte, const bf16* dout, const int* bucket_token,
                                                 const int* bucket_offset, const int* positions, int C) {

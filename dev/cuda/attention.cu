@@ -451,13 +451,22 @@ static void check_plain_tiles(const Problem& p, const std::string& prefix) {
     cudaCheck(cudaFree(spaced));
 }
 
+// Statistic k of the rows' statistics `got` (ATTN_NUM_ROW_STATS arrays of `rows`) against the CPU's,
+// at the CPU's tolerances.
+static void row_stat_against_cpu(const std::string& name, const std::vector<float>& got, const CpuForward& ref,
+                                 size_t rows, AttentionRowStat k) {
+    check_close(name + " against the CPU", got.data() + k * rows, ref.row_stats.data() + k * rows, rows, 1e-3,
+                k == ATTN_STAT_ENTROPY ? 1e-4 : 1e-6);
+}
+
 // The candidate stats_rows_wgmma (WGMMA, sm_90a): its statistics against ./train's form's from the
 // same lse, each run on a poisoned buffer, with p's random starts, starts every 150 tokens and none.
 // Its scores come from wgmma's products where ./train's come from mma.sync's: the same terms, whose
 // float32 sums the two instructions need not round alike, so within the tolerances that hold the
-// statistics from lse to attention_forward's (1e-4 relative, 1e-6 absolute), the largest logits
-// too; whether they are the same bits is printed. Among its own forms (both block orders, plain
-// tiles or not, and run twice) the same bits: the same blocks do the same work.
+// statistics from lse to attention_forward's (1e-4 relative, 1e-6 absolute, 1e-5 for the
+// entropy), the largest logits too; whether they are the same bits is printed. Among its own forms
+// (both block orders, plain tiles or not, and run twice) the same bits: the same blocks do the same
+// work.
 static void check_wgmma_tiles(const Problem& p, const CpuForward& ref, const std::string& prefix) {
     const Shape& s = p.s;
     if (!attention_wgmma_compiled()) {
@@ -484,8 +493,7 @@ static void check_wgmma_tiles(const Problem& p, const CpuForward& ref, const std
                         train.data() + k * p.rows, p.rows, 1e-4, k == ATTN_STAT_ENTROPY ? 1e-5 : 1e-6);
         if (doc_bits == p.d_doc_bits)  // the CPU's statistics are those of p's own starts
             for (AttentionRowStat k : {ATTN_STAT_ENTROPY, ATTN_STAT_SINK, ATTN_STAT_MAXP, ATTN_STAT_DOC_START})
-                check_close(name + ", statistic " + std::to_string((int)k) + " against the CPU", got.data() + k * p.rows,
-                            ref.row_stats.data() + k * p.rows, p.rows, 1e-3, k == ATTN_STAT_ENTROPY ? 1e-4 : 1e-6);
+                row_stat_against_cpu(name + ", statistic " + std::to_string((int)k), got, ref, p.rows, k);
         printf("  (%s: %s ./train's kernel's bits)\n", name.c_str(), same_bits(got, train) ? "the same as" : "not");
         report(same_bits(run(true, false, true), got), name + ": the same bits twice");
         report(same_bits(run(false, false, true), got), name + ": the same bits in ./train's block order");
@@ -526,8 +534,7 @@ static void check_row_stats_from_lse(const Problem& p, const CpuForward& ref) {
         want_max(stat(want, ATTN_STAT_LOGIT_MAX), stat(want, ATTN_STAT_LOGIT_MAX) + p.rows);
     report(same_bits(got_max, want_max), prefix + "the largest logits, attention_forward's bits");
     auto against_cpu = [&](const std::vector<float>& v, const std::string& name, AttentionRowStat k) {
-        check_close(name + " against the CPU", stat(v, k), ref.row_stats.data() + k * p.rows, p.rows, 1e-3,
-                    k == ATTN_STAT_ENTROPY ? 1e-4 : 1e-6);
+        row_stat_against_cpu(name, v, ref, p.rows, k);
     };
     for (AttentionRowStat k : {ATTN_STAT_ENTROPY, ATTN_STAT_SINK, ATTN_STAT_MAXP, ATTN_STAT_DOC_START}) {
         const std::string name = prefix + "statistic " + std::to_string((int)k);
