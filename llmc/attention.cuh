@@ -616,28 +616,9 @@ __device__ __forceinline__ void wgmma_commit_and_wait(float (&s)[kMmaTile / 8][4
 #endif
 }
 
-// Whether this build's device code has sm_90a's instructions (wgmma): what the device runs, asked of
-// it once. Where it does not, the wgmma forms above trap.
-__global__ void sm90a_code_kernel(int* present) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    *present = 1;
-#else
-    *present = 0;
-#endif
-}
-inline bool attention_wgmma_compiled() {
-    static const bool present = [] {
-        int* d = nullptr;
-        int h = 0;
-        cudaCheck(cudaMalloc(&d, sizeof(int)));
-        sm90a_code_kernel<<<1, 1>>>(d);
-        cuda_check_launch();
-        cudaCheck(cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost));
-        cudaCheck(cudaFree(d));
-        return h == 1;
-    }();
-    return present;
-}
+// Whether this build's device code has sm_90a's instructions (wgmma) for the device in use
+// (cuda_common.cuh's device_code). Where it does not, the wgmma forms above trap.
+inline bool attention_wgmma_compiled() { return device_code().sm90a; }
 
 // C (MB blocks of 16 rows x N) += A tile^T, A the warp's MB blocks of 16 x D as A fragments in
 // registers, tile N x D: a product over the head dimension with the tile's rows as C's columns

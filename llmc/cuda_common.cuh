@@ -29,7 +29,8 @@ constexpr bool kCandidateKernels = false;
 // each candidate's share of a step with one binary (dev/gpu_speed.sh). The names: adamw_tiles
 // (adamw.cuh), adamw_beside, grads_beside, stats_pass_graph and stats_deferred (train_gpt.cu),
 // qk_forward_ahead and query_norms (qknorm_rope.cuh, train_gpt.cu), stats_rows_plain and
-// stats_rows_wgmma (attention.cuh, train_gpt.cu), embedding_ahead (encoder.cuh).
+// stats_rows_wgmma (attention.cuh, train_gpt.cu), embedding_ahead (encoder.cuh), gram_dmma
+// (telemetry.cuh, train_gpt.cu).
 inline bool candidate_on(const char* name) {
     if (!kCandidateKernels) return false;
     const char* off = getenv("TRAIN_CANDIDATES_OFF");
@@ -52,6 +53,41 @@ inline bool aligned_16(std::initializer_list<const void*> arrays) {
     for (const void* p : arrays)
         if ((uintptr_t)p % 16) return false;
     return true;
+}
+
+// The code this build holds for the device in use, as the device reports it: the __CUDA_ARCH__ it
+// was compiled for (0: none) and whether it has sm_90a's own instructions (wgmma). Kernels that
+// need either trap elsewhere; the host asks this once before it launches them.
+struct DeviceCode {
+    int arch = 0;
+    bool sm90a = false;
+};
+__global__ void device_code_kernel(int* out) {
+#ifdef __CUDA_ARCH__
+    out[0] = __CUDA_ARCH__;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    out[1] = 1;
+#else
+    out[1] = 0;
+#endif
+#endif
+}
+inline DeviceCode device_code() {
+    static const DeviceCode code = [] {
+        int* d = nullptr;
+        int h[2] = {0, 0};
+        cudaCheck(cudaMalloc(&d, sizeof(h)));
+        cudaCheck(cudaMemset(d, 0, sizeof(h)));
+        device_code_kernel<<<1, 1>>>(d);
+        cuda_check_launch();
+        cudaCheck(cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaFree(d));
+        DeviceCode found;
+        found.arch = h[0];
+        found.sm90a = h[1] == 1;
+        return found;
+    }();
+    return code;
 }
 
 // The 8 bf16 of a 16-byte vector (one load or store of a thread at full width) as floats, and back.

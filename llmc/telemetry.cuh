@@ -559,6 +559,220 @@ inline bool gram_products_sym(double* gram_sums, double* partial, const float* q
     return true;
 }
 
+// Hopper's float64 tensor-core products (PTX ISA 7.8, sm_90 and later): D (16 x 8) += A (16 x K) B
+// (K x 8) for K = 4, 8 or 16 in one instruction of a warp, 512 to 2,048 products where Ampere's
+// m8n8k4 (above) does 256. Lane l (g = l / 4, t = l % 4) holds A[g + 8 (v % 2)][t + 4 (v / 2)] as
+// a[v] (K / 2 values), B[t + 4 v][g] as b[v] (K / 4) and D[g + 8 (v / 2)][2 t + v % 2] as d[v]
+// (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type", .f64). A build without
+// sm_90's code traps (gram_dmma_compiled tells the host).
+template <int K>
+__device__ __forceinline__ void mma_f64_16x8(double (&d)[4], const double (&a)[K / 2], const double (&b)[K / 4]) {
+    static_assert(K == 4 || K == 8 || K == 16, "m16n8k4, m16n8k8 or m16n8k16");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (K == 4)
+        asm volatile("mma.sync.aligned.m16n8k4.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+                     "{%0, %1, %2, %3};\n"
+                     : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+                     : "d"(a[0]), "d"(a[1]), "d"(b[0]));
+    else if constexpr (K == 8)
+        asm volatile("mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                     "{%0, %1, %2, %3};\n"
+                     : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+                     : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(b[0]), "d"(b[1]));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, "
+                     "{%4, %5, %6, %7, %8, %9, %10, %11}, {%12, %13, %14, %15}, {%0, %1, %2, %3};\n"
+                     : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+                     : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]), "d"(a[6]), "d"(a[7]),
+                       "d"(b[0]), "d"(b[1]), "d"(b[2]), "d"(b[3]));
+#else
+    (void)d, (void)a, (void)b;
+    __trap();
+#endif
+}
+
+// The candidate gram_dmma (dev_telemetry checks it against the DGEMM and times it at K = 4, 8 and 16
+// beside ./train's kernel): gram_products_sym's products through the instructions above. The
+// columns are grouped by class as there (class j: the columns 8p + j, p its place), lane (g, t)
+// holding columns 8g .. 8g + 7 of keys t, t + 4, ... of a step of K keys (two 16-byte loads a key).
+// A tile of 16 x 8 takes the classes 2r and 2r + 1 as its rows and class c as its columns: the
+// lane's A operand is x[v / 2][2r + v % 2], its B operand x[v][c], and d[v] is the entry (8g + 2r +
+// v / 2, 8 (2t + v % 2) + c). The 36 class blocks on and above the diagonal are the 20 tiles with c
+// >= 2r (the half (2r + 1, 2r) of tile (r, 2r) lies below it and is not written). Two roles of warp
+// take 10 tiles each: role 0 the row tiles 0 and 3 (and the column sums), role 1 the row tiles 1
+// and 2; 40 accumulators a lane, where gram_products_sym_kernel has 72. Block (slice, key head) of
+// 4 warps: warp w has role w % 2 and takes every other step of the slice from step w / 2, 16 keys
+// loaded ahead of the step in use (so the two warps of a step load the same keys, the second from
+// L1); the second half's sums are added into the first's through shared memory, then the slices'
+// in slice order (gram_slices_sum): the same keys give the same bits, not those of the kernels
+// above.
+static const int kGramDmmaWarps = 4;
+static const int kGramDmmaTiles = 10;  // a role's
+static const int kGramDmmaAheadKeys = 16;
+static const int kGramDmmaK = 8;  // ./train_candidates' (dev_telemetry times K = 4, 8 and 16)
+
+// Blocks an SM: three at K = 4 and 8 (168 registers a lane, one value spilled), two at 16
+// (228 registers; at 168 ptxas spills 464 bytes).
+__host__ __device__ constexpr int gram_dmma_blocks_per_sm(int K) { return K == 16 ? 2 : 3; }
+
+// Role ROLE's tile i: row tile gram_dmma_r, column class gram_dmma_c.
+__host__ __device__ constexpr int gram_dmma_r(int role, int i) { return i < 8 - 2 * role ? role : 3 - role; }
+__host__ __device__ constexpr int gram_dmma_c(int role, int i) {
+    return i < 8 - 2 * role ? 2 * role + i : 2 * (3 - role) + i - (8 - 2 * role);
+}
+
+// A warp of role ROLE over its steps of keys [n0, end), n0 += 2 K: its tiles into acc and, for role
+// 0, the sums of its lane's columns (over its keys) into column.
+template <int K, int ROLE>
+__device__ __forceinline__ void gram_dmma_steps(double (&acc)[kGramDmmaTiles][4], double (&column)[8],
+                                                const float* lane_columns, size_t stride, int n0, int end, int t) {
+    constexpr int U = K / 4, AHEAD = kGramDmmaAheadKeys / K;  // a lane's keys a step; the steps loaded ahead
+    // Columns 8g .. 8g + 7 of the lane's keys of the step from n, zeros at or beyond the slice's end
+    // (the load always runs, key 0's there, so that no branch stands before the warp's mma.sync).
+    auto load = [&](int n, float4 (&x)[U][2]) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int key = n + t + 4 * u;
+            const bool valid = key < end;
+            const float4* p = reinterpret_cast<const float4*>(lane_columns + (size_t)(valid ? key : 0) * stride);
+            const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f), lo = p[0], hi = p[1];
+            x[u][0] = valid ? lo : zero;
+            x[u][1] = valid ? hi : zero;
+        }
+    };
+    float4 ahead[AHEAD][U][2];
+#pragma unroll
+    for (int s = 0; s < AHEAD; s++) load(n0 + s * 2 * K, ahead[s]);
+    for (; n0 < end; n0 += 2 * K) {
+        double x[U][8];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const float4 lo = ahead[0][u][0], hi = ahead[0][u][1];
+            const double values[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+            for (int j = 0; j < 8; j++) x[u][j] = values[j];
+        }
+#pragma unroll
+        for (int s = 0; s + 1 < AHEAD; s++)
+#pragma unroll
+            for (int u = 0; u < U; u++) ahead[s][u][0] = ahead[s + 1][u][0], ahead[s][u][1] = ahead[s + 1][u][1];
+        load(n0 + AHEAD * 2 * K, ahead[AHEAD - 1]);
+        if (ROLE == 0)
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int j = 0; j < 8; j++) column[j] += x[u][j];
+#pragma unroll
+        for (int i = 0; i < kGramDmmaTiles; i++) {
+            const int r = gram_dmma_r(ROLE, i), c = gram_dmma_c(ROLE, i);
+            double a[K / 2], b[K / 4];
+#pragma unroll
+            for (int v = 0; v < K / 2; v++) a[v] = x[v / 2][2 * r + v % 2];
+#pragma unroll
+            for (int v = 0; v < K / 4; v++) b[v] = x[v][c];
+            mma_f64_16x8<K>(acc[i], a, b);
+        }
+    }
+}
+
+// Role ROLE's tiles (and for role 0 the column sums and the count) into the block's W x W matrix.
+template <int ROLE>
+__device__ __forceinline__ void gram_dmma_write(double* out, const double (&acc)[kGramDmmaTiles][4],
+                                                const double (&column)[8], int g, int t, int count) {
+    constexpr int D = 64, W = D + 1;
+#pragma unroll
+    for (int i = 0; i < kGramDmmaTiles; i++)
+#pragma unroll
+        for (int v = 0; v < 4; v++) {
+            const int row_class = 2 * gram_dmma_r(ROLE, i) + v / 2, column_class = gram_dmma_c(ROLE, i);
+            if (row_class > column_class) continue;  // below the diagonal: its mirror is another tile's
+            const int r = 8 * g + row_class, c = 8 * (2 * t + v % 2) + column_class;
+            out[(size_t)r * W + c] = acc[i][v];
+            if (row_class != column_class) out[(size_t)c * W + r] = acc[i][v];
+        }
+    if (ROLE == 0 && t == 0)
+#pragma unroll
+        for (int j = 0; j < 8; j++) out[(size_t)(8 * g + j) * W + D] = out[(size_t)D * W + 8 * g + j] = column[j];
+    if (ROLE == 0 && g == 0 && t == 0) out[(size_t)D * W + D] = (double)count;
+}
+
+template <int K>
+__global__ void __launch_bounds__(kGramDmmaWarps * 32, gram_dmma_blocks_per_sm(K))
+    gram_products_dmma_kernel(double* partial, const float* qk_normed, int N, int H, int Hkv, int slices) {
+    constexpr int D = 64, W = D + 1;
+    __shared__ double tile_sums[2][kGramDmmaTiles * 4][32];  // the second half's, by role
+    __shared__ double column_sums[8][8];                    // [g][j], role 0's second half
+    const int h = blockIdx.y, slice = blockIdx.x, rows = (N + slices - 1) / slices;
+    const int first = min(N, slice * rows), end = min(N, first + rows);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int role = warp % 2, half = warp / 2;
+    const size_t stride = (size_t)(H + Hkv) * D;
+    const float* lane_columns = qk_normed + (size_t)(H + h) * D + 8 * g;  // key n's columns 8g .. at n * stride
+
+    double acc[kGramDmmaTiles][4] = {};
+    double column[8] = {};
+    if (role == 0) gram_dmma_steps<K, 0>(acc, column, lane_columns, stride, first + half * K, end, t);
+    else gram_dmma_steps<K, 1>(acc, column, lane_columns, stride, first + half * K, end, t);
+    if (role == 0)
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            column[j] += __shfl_xor_sync(0xffffffffu, column[j], 1);
+            column[j] += __shfl_xor_sync(0xffffffffu, column[j], 2);
+        }
+    if (half == 1) {
+#pragma unroll
+        for (int i = 0; i < kGramDmmaTiles; i++)
+#pragma unroll
+            for (int v = 0; v < 4; v++) tile_sums[role][i * 4 + v][lane] = acc[i][v];
+        if (role == 0 && t == 0)
+#pragma unroll
+            for (int j = 0; j < 8; j++) column_sums[g][j] = column[j];
+    }
+    __syncthreads();
+    if (half == 1) return;
+#pragma unroll
+    for (int i = 0; i < kGramDmmaTiles; i++)
+#pragma unroll
+        for (int v = 0; v < 4; v++) acc[i][v] += tile_sums[role][i * 4 + v][lane];
+    if (role == 0)
+#pragma unroll
+        for (int j = 0; j < 8; j++) column[j] += column_sums[g][j];
+
+    double* out = partial + ((size_t)h * slices + slice) * W * W;  // row-major W x W (symmetric)
+    if (role == 0) gram_dmma_write<0>(out, acc, column, g, t, end - first);
+    else gram_dmma_write<1>(out, acc, column, g, t, end - first);
+}
+
+// Slices of at least 64 keys, as many as make one wave of blocks on the 132 SMs of an H100 or H200
+// at the blocks an SM the kernel's registers allow, at most kGramMmaSlices (the scratch's room): a
+// count that depends on the shape alone, so that any device gives the same bits.
+inline int gram_dmma_slices(int N, int Hkv, int K) {
+    return std::max(1, std::min({kGramMmaSlices, N / 64, ceil_div(132 * gram_dmma_blocks_per_sm(K), Hkv)}));
+}
+
+// Whether this build runs gram_products_dmma_kernel on the device in use (its code for sm_90 or
+// later).
+inline bool gram_dmma_compiled() { return device_code().arch >= 900; }
+
+// As gram_products_sym, with gram_products_dmma_kernel<K> (K = 4, 8 or 16); false, with nothing
+// done, where qk_normed is not 16-byte aligned, D is not 64 or the build has no sm_90 code for the
+// device.
+inline bool gram_products_dmma(double* gram_sums, double* partial, const float* qk_normed, int N, int H, int Hkv, int D,
+                               cudaStream_t s, int K) {
+    if (D != 64 || !aligned_16({qk_normed}) || !gram_dmma_compiled()) return false;
+    const int slices = gram_dmma_slices(N, Hkv, K);
+    auto launch = [&](auto kernel) {
+        kernel<<<dim3(slices, Hkv), kGramDmmaWarps * 32, 0, s>>>(partial, qk_normed, N, H, Hkv, slices);
+        cuda_check_launch();
+    };
+    if (K == 4) launch(gram_products_dmma_kernel<4>);
+    else if (K == 8) launch(gram_products_dmma_kernel<8>);
+    else if (K == 16) launch(gram_products_dmma_kernel<16>);
+    else fail("internal: the float64 tensor cores' products take K = 4, 8 or 16, not %d", K);
+    gram_slices_sum(gram_sums, partial, Hkv, slices, (D + 1) * (D + 1), s);
+    return true;
+}
+
 // As gram_products; partial: gram_split_doubles(Hkv, W) doubles. The slices of every head follow
 // each other in keys_f64, so product b = h * slices + s reads slice s of head h.
 inline void gram_products_split(double* gram_sums, double* partial, const double* keys_f64, Matmul& mm, int N, int Hkv,
@@ -623,12 +837,15 @@ inline void attention_statistics(double* sums, const TelemetrySums& lay, float* 
 // layer). Other widths copy the keys into keys_f64 (Hkv * N * (D+1) doubles) for cuBLAS's DGEMM;
 // dev_telemetry checks and times the products split over slices beside it. `sym` takes
 // gram_products_sym where it applies (0.047 against gram_products_mma's 0.063 ms a d22 layer at
-// 8 x 2048 on an H200).
+// 8 x 2048 on an H200). dmma_k, where not 0, takes gram_products_dmma with that K (the candidate
+// gram_dmma) where it applies.
 inline void key_gram(double* sums, const TelemetrySums& lay, float* partial, double* keys_f64, Matmul& mm,
                      const float* qk_normed, int N, const ModelConfig& c, int layer, cudaStream_t s,
-                     bool sym = true) {
+                     bool sym = true, int dmma_k = 0) {
     int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, W = D + 1;
     double* gram = sums + lay.gram(layer, 0);
+    if (dmma_k && gram_products_dmma(gram, reinterpret_cast<double*>(partial), qk_normed, N, H, Hkv, D, s, dmma_k))
+        return;
     if (sym && gram_products_sym(gram, reinterpret_cast<double*>(partial), qk_normed, N, H, Hkv, D, s)) return;
     if (D == 64) {
         gram_products_mma(gram, reinterpret_cast<double*>(partial), qk_normed, N, H, Hkv, D, s);
@@ -643,11 +860,12 @@ inline void key_gram(double* sums, const TelemetrySums& lay, float* partial, dou
 // gains; partial and keys_f64 are scratch (telemetry_partial_floats, Hkv * N * (D+1) doubles).
 // mark(label), where given, is called before each part with its name (./train's --profile 2 times
 // them apart). query_norms: the query heads' rows of qk_normed hold only their norms
-// (head_row_stats_vec_kernel's QUERY_NORMS).
+// (head_row_stats_vec_kernel's QUERY_NORMS). gram_dmma_k: key_gram's dmma_k.
 inline void telemetry_layer(double* sums, const TelemetrySums& lay, float* partial, double* keys_f64,
                             Matmul& mm, const float* qk_normed, const float* row_stats, const float* g_q,
                             const float* g_k, int B, int T, const ModelConfig& c, int layer, cudaStream_t s,
-                            const std::function<void(const char*)>& mark = {}, bool query_norms = false) {
+                            const std::function<void(const char*)>& mark = {}, bool query_norms = false,
+                            int gram_dmma_k = 0) {
     int N = B * T;
     auto part = [&](const char* label) { if (mark) mark(label); };
     part("statistics: the heads' norms, components, unit vectors");
@@ -655,7 +873,7 @@ inline void telemetry_layer(double* sums, const TelemetrySums& lay, float* parti
     part("statistics: each attention row's, summed per head");
     attention_statistics(sums, lay, partial, row_stats, B, T, c, layer, s);
     part("statistics: the keys' Gram matrices");
-    key_gram(sums, lay, partial, keys_f64, mm, qk_normed, N, c, layer, s);
+    key_gram(sums, lay, partial, keys_f64, mm, qk_normed, N, c, layer, s, true, gram_dmma_k);
     part("statistics: the gains");
     gains_to_sums_kernel<<<1, 128, 0, s>>>(sums, lay, g_q, g_k, c.head_dim, layer);
     cuda_check_launch();

@@ -86,8 +86,25 @@ static void check_gram_from_float32(Matmul& mm, const float* d_qk, int N, int H,
                      return true;
                  }},
                 {"on the float64 tensor cores, upper tiles from registers (./train's)", gram_sym_slices(N, Hkv),
-                 gram_products_sym}};
+                 gram_products_sym},
+                // the candidate gram_dmma, Hopper's products of 16 x 8 at each K (./train_candidates' kGramDmmaK)
+                {"as m16n8k4 (gram_dmma)", gram_dmma_slices(N, Hkv, 4),
+                 [](double* g, double* p, const float* q, int N, int H, int Hkv, int D, cudaStream_t s) {
+                     return gram_products_dmma(g, p, q, N, H, Hkv, D, s, 4);
+                 }},
+                {"as m16n8k8 (gram_dmma)", gram_dmma_slices(N, Hkv, 8),
+                 [](double* g, double* p, const float* q, int N, int H, int Hkv, int D, cudaStream_t s) {
+                     return gram_products_dmma(g, p, q, N, H, Hkv, D, s, 8);
+                 }},
+                {"as m16n8k16 (gram_dmma)", gram_dmma_slices(N, Hkv, 16),
+                 [](double* g, double* p, const float* q, int N, int H, int Hkv, int D, cudaStream_t s) {
+                     return gram_products_dmma(g, p, q, N, H, Hkv, D, s, 16);
+                 }}};
     for (const Way& way : ways) {
+        if (strstr(way.name, "gram_dmma") && !gram_dmma_compiled()) {
+            printf("   gram products %s%s: skipped, this build has no sm_90 code for this device\n", way.name, tag.c_str());
+            continue;
+        }
         bool ran = true;
         auto run = [&] {
             cudaCheck(cudaMemset(d_got, 0, n * sizeof(double)));
@@ -329,8 +346,61 @@ static void check_layer(int B, int T, int H, int Hkv, int layer, int D = 64) {
     matmul_free(mm);
 }
 
+// The float64 tensor cores' rate at each shape of mma.sync, Ampere's m8n8k4 (the Gram kernels of
+// ./train) and Hopper's m16n8k4, k8 and k16 (the candidate gram_dmma): 8 blocks of 4 warps an SM,
+// each warp kRateChains independent products kRateRounds times over (enough in flight to hide an
+// instruction's latency), the products' count over the time. Printed, not checked.
+static const int kRateChains = 8, kRateRounds = 4096;
+template <int K>  // 0: m8n8k4
+__global__ void dmma_rate_kernel(double* out) {
+    constexpr int A = K ? K / 2 : 1, B = K ? K / 4 : 1;
+    double acc[kRateChains][4] = {}, a[A], b[B];
+    for (int v = 0; v < A; v++) a[v] = 1e-3 * (threadIdx.x % 7 + v);
+    for (int v = 0; v < B; v++) b[v] = 1e-3 * (threadIdx.x % 5 + v);
+    for (int r = 0; r < kRateRounds; r++)
+#pragma unroll
+        for (int c = 0; c < kRateChains; c++) {
+            if constexpr (K == 0) {
+                double d[2] = {acc[c][0], acc[c][1]};
+                mma_f64_8x8x4(d, a[0], b[0]);
+                acc[c][0] = d[0], acc[c][1] = d[1];
+            } else {
+                mma_f64_16x8<K>(acc[c], a, b);
+            }
+        }
+    double sum = 0;
+    for (int c = 0; c < kRateChains; c++) sum += acc[c][0] + acc[c][1] + acc[c][2] + acc[c][3];
+    out[blockIdx.x * blockDim.x + threadIdx.x] = sum;
+}
+static void dmma_rates() {
+    int device = 0, sms = 0;
+    cudaCheck(cudaGetDevice(&device));
+    cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    const int blocks = 8 * sms, threads = 128;
+    double* d_out;
+    cudaCheck(cudaMalloc(&d_out, (size_t)blocks * threads * sizeof(double)));
+    auto rate = [&](const char* shape, int products, void (*kernel)(double*)) {
+        const float ms = time_ms([&] {
+            kernel<<<blocks, threads>>>(d_out);
+            cuda_check_launch();
+        }, 5);
+        const double flops = 2.0 * products * kRateChains * kRateRounds * ((double)blocks * threads / 32);
+        printf("   float64 tensor cores, mma.sync %s: %.1f TFLOP/s\n", shape, flops / (ms * 1e-3) / 1e12);
+    };
+    rate("m8n8k4 (./train's Gram products)", 8 * 8 * 4, dmma_rate_kernel<0>);
+    if (gram_dmma_compiled()) {
+        rate("m16n8k4", 16 * 8 * 4, dmma_rate_kernel<4>);
+        rate("m16n8k8", 16 * 8 * 8, dmma_rate_kernel<8>);
+        rate("m16n8k16", 16 * 8 * 16, dmma_rate_kernel<16>);
+    } else {
+        printf("   float64 tensor cores, Hopper's shapes: skipped, this build has no sm_90 code for this device\n");
+    }
+    cudaCheck(cudaFree(d_out));
+}
+
 int main() {
     if (!require_gpu()) return 0;
+    dmma_rates();
     check_layer(2, 33, 4, 2, 1);
     check_layer(1, 67, 4, 2, 0);  // an odd count of rows: the candidate's warps with one group idle
     check_layer(3, 700, 8, 4, 0);  // the candidate attention statistics: 3 chunks of rows, the last partial
