@@ -56,8 +56,9 @@ inline bool aligned_16(std::initializer_list<const void*> arrays) {
 }
 
 // The code this build holds for the device in use, as the device reports it: the __CUDA_ARCH__ it
-// was compiled for (0: none) and whether it has sm_90a's own instructions (wgmma). Kernels that
-// need either trap elsewhere; the host asks this once before it launches them.
+// was compiled for and whether it has sm_90a's own instructions (wgmma). Kernels that need either
+// trap elsewhere; the host asks this once, before it launches them or captures a graph (a build
+// with no code for the device ends at this launch with CUDA's error).
 struct DeviceCode {
     int arch = 0;
     bool sm90a = false;

@@ -743,11 +743,12 @@ __global__ void __launch_bounds__(kGramDmmaWarps * 32, gram_dmma_blocks_per_sm(K
     else gram_dmma_write<1>(out, acc, column, g, t, end - first);
 }
 
-// Slices of at least 64 keys, as many as make one wave of blocks on the 132 SMs of an H100 or H200
-// at the blocks an SM the kernel's registers allow, at most kGramMmaSlices (the scratch's room): a
-// count that depends on the shape alone, so that any device gives the same bits.
+// Slices of at least 64 keys, as many as the blocks of one wave on the 132 SMs of an H100 or H200
+// allow (at the blocks an SM the kernel's registers allow), at most kGramMmaSlices (the scratch's
+// room): a count that depends on the shape alone, so that any device gives the same bits. d22: 49
+// slices at K = 4 and 8 (392 blocks of 396), 33 at 16 (264).
 inline int gram_dmma_slices(int N, int Hkv, int K) {
-    return std::max(1, std::min({kGramMmaSlices, N / 64, ceil_div(132 * gram_dmma_blocks_per_sm(K), Hkv)}));
+    return std::max(1, std::min({kGramMmaSlices, N / 64, 132 * gram_dmma_blocks_per_sm(K) / Hkv}));
 }
 
 // Whether this build runs gram_products_dmma_kernel on the device in use (its code for sm_90 or

@@ -298,30 +298,42 @@ static void check_layer(int B, int T, int H, int Hkv, int layer, int D = 64) {
     cudaCheck(cudaMalloc(&d_partial, telemetry_partial_floats(N, c) * sizeof(float)));
     Matmul mm;
     matmul_init(mm);
+    int gram_dmma_k = 0;  // the candidate gram_dmma's K, 0 for ./train's Gram products
     auto run_layer = [&] {  // a stats step of one micro-batch: the sums cleared, then this layer's added
         telemetry_sums_clear_kernel<<<64, 256>>>(d_sums, lay);
         cuda_check_launch();
-        telemetry_layer(d_sums, lay, d_partial, d_keys_f64, mm, d_qk, d_rows, d_gq, d_gk, B, T, c, layer, 0);
+        telemetry_layer(d_sums, lay, d_partial, d_keys_f64, mm, d_qk, d_rows, d_gq, d_gk, B, T, c, layer, 0, {}, false,
+                        gram_dmma_k);
     };
-    run_layer();
-    std::vector<double> host = download(d_sums, lay.total);
-    host[lay.count] = N;
-    host[lay.doc_view] = N / 3;
-    Telemetry got;
-    telemetry_from_sums(got, host.data(), lay, c);
     std::string tag = " B" + std::to_string(B) + " T" + std::to_string(T) + " H" + std::to_string(H) + ":" + std::to_string(Hkv) +
                       " D" + std::to_string(D);
-    for (int m = 0; m < M_NUM_METRICS; m++) {
-        int row = kMetrics[m].shape == PER_STEP ? 0 : layer;
-        const float* g = got.row(m, row, c);
-        const float* w = want.row(m, row, c);
-        int cols = metric_cols(c, kMetrics[m].shape);
-        // Per-token float32 terms summed in float32 partial sums (the CPU sums them otherwise):
-        // at most N u32 = 1e-3 relative for N = 16384 tokens (sqrt(N) u32 = 8e-6 typically), and
-        // 1e-5 absolute for the statistics near zero (k_cos, k_mean_share). The effective ranks
-        // come from float64 Gram matrices on both sides.
-        check_close(std::string("telemetry ") + kMetrics[m].name + tag, g, w, cols, 1e-3, 1e-5);
+    Telemetry got;
+    // The layer's statistics against the CPU's; `what` names the way of the Gram products.
+    auto check_statistics = [&](const std::string& what) {
+        run_layer();
+        std::vector<double> host = download(d_sums, lay.total);
+        host[lay.count] = N;
+        host[lay.doc_view] = N / 3;
+        telemetry_from_sums(got, host.data(), lay, c);
+        for (int m = 0; m < M_NUM_METRICS; m++) {
+            int row = kMetrics[m].shape == PER_STEP ? 0 : layer;
+            const float* g = got.row(m, row, c);
+            const float* w = want.row(m, row, c);
+            int cols = metric_cols(c, kMetrics[m].shape);
+            // Per-token float32 terms summed in float32 partial sums (the CPU sums them otherwise):
+            // at most N u32 = 1e-3 relative for N = 16384 tokens (sqrt(N) u32 = 8e-6 typically), and
+            // 1e-5 absolute for the statistics near zero (k_cos, k_mean_share). The effective ranks
+            // come from float64 Gram matrices on both sides.
+            check_close(std::string("telemetry ") + kMetrics[m].name + what + tag, g, w, cols, 1e-3, 1e-5);
+        }
+        return host;
+    };
+    if (D == 64 && gram_dmma_compiled()) {  // the candidate's, through telemetry_layer as train_candidates runs it
+        gram_dmma_k = kGramDmmaK;
+        check_statistics(", Gram products of gram_dmma");
+        gram_dmma_k = 0;
     }
+    std::vector<double> host = check_statistics("");
     run_layer();
     std::vector<double> again = download(d_sums, lay.total);
     again[lay.count] = N;
@@ -347,9 +359,10 @@ static void check_layer(int B, int T, int H, int Hkv, int layer, int D = 64) {
 }
 
 // The float64 tensor cores' rate at each shape of mma.sync, Ampere's m8n8k4 (the Gram kernels of
-// ./train) and Hopper's m16n8k4, k8 and k16 (the candidate gram_dmma): 8 blocks of 4 warps an SM,
-// each warp kRateChains independent products kRateRounds times over (enough in flight to hide an
-// instruction's latency), the products' count over the time. Printed, not checked.
+// ./train) and Hopper's m16n8k4, k8 and k16 (the candidate gram_dmma): one wave of blocks of 4
+// warps, as many an SM as the kernel's registers allow, each warp kRateChains independent products
+// kRateRounds times over (enough in flight to hide an instruction's latency), the products' count
+// over the time. Printed, not checked.
 static const int kRateChains = 8, kRateRounds = 4096;
 template <int K>  // 0: m8n8k4
 __global__ void dmma_rate_kernel(double* out) {
@@ -376,16 +389,20 @@ static void dmma_rates() {
     int device = 0, sms = 0;
     cudaCheck(cudaGetDevice(&device));
     cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    const int blocks = 8 * sms, threads = 128;
+    const int threads = 128, most_blocks = 32 * sms;
     double* d_out;
-    cudaCheck(cudaMalloc(&d_out, (size_t)blocks * threads * sizeof(double)));
+    cudaCheck(cudaMalloc(&d_out, (size_t)most_blocks * threads * sizeof(double)));
     auto rate = [&](const char* shape, int products, void (*kernel)(double*)) {
+        int per_sm = 0;
+        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+        const int blocks = std::min(most_blocks, std::max(1, per_sm) * sms);
         const float ms = time_ms([&] {
             kernel<<<blocks, threads>>>(d_out);
             cuda_check_launch();
         }, 5);
         const double flops = 2.0 * products * kRateChains * kRateRounds * ((double)blocks * threads / 32);
-        printf("   float64 tensor cores, mma.sync %s: %.1f TFLOP/s\n", shape, flops / (ms * 1e-3) / 1e12);
+        printf("   float64 tensor cores, mma.sync %s: %.1f TFLOP/s (%d blocks of 4 warps an SM)\n", shape,
+               flops / (ms * 1e-3) / 1e12, per_sm);
     };
     rate("m8n8k4 (./train's Gram products)", 8 * 8 * 4, dmma_rate_kernel<0>);
     if (gram_dmma_compiled()) {
