@@ -239,10 +239,12 @@ struct GpuModel : ModelShape {  // and backend.h's ModelShape
     // the tiles that need no mask apart (stats_rows_plain), their scores from wgmma's products
     // (stats_rows_wgmma, where the build has sm_90a's code: model_init decides).
     bool stats_rows_plain = candidate_on("stats_rows_plain"), stats_rows_wgmma = false;
-    // Candidate (telemetry.cuh's gram_products_dmma_kernel): the keys' Gram products through Hopper's
-    // float64 products of 16 x 8 (gram_dmma), the K of their instruction (0: ./train's kernel; where
-    // the build has sm_90's code: model_init decides).
+    // Candidates (telemetry.cuh's gram_products_dmma_kernel): the keys' Gram products through
+    // Hopper's float64 products of 16 x 8 (gram_dmma), the K of their instruction (0: ./train's
+    // kernel; where the build has sm_90's code: model_init decides); with them, the key heads'
+    // records from the same reads of the keys (gram_key_records).
     int gram_dmma_k = 0;
+    bool gram_key_records = candidate_on("gram_key_records");
     // Everything on the device lives in one allocation, `memory`, carved by gpu_carve.
     void* memory = nullptr;
     float *params, *grads, *adam_m, *adam_v;  // float32, the layout of config.h
@@ -694,7 +696,7 @@ static void forward_pass(GpuModel& g, bool targets, int B, int T, bool tm) {
             if (rows_left) layer_attention_row_stats(g, la, B, T, ts);
             telemetry_layer(g.stat_sums, g.stats_layout, g.stats_partial, a.keys_f64, g.mm, la.qk_normed, la.row_stats,
                             gpu_param_f32(g, P_Q_GAIN, l), gpu_param_f32(g, P_K_GAIN, l), B, T, c, l, ts, mark,
-                            query_norms, g.gram_dmma_k);
+                            {query_norms, g.gram_dmma_k, g.gram_key_records});
             if (beside) cudaCheck(cudaEventRecord(g.beside.done[l % 2], ts));
         }
         mark("matrix products of the layers, forward");

@@ -69,7 +69,7 @@ smoke() { run_d22 smoke train_candidates 1 2 "$@"; }  # env's assignments
 if [ -x "$g/bin/train_candidates" ] && ! smoke; then
     echo "  ./train_candidates, d22 at 1 x 2048: a short run FAILED: $(tail -1 "$runs/smoke.log" | cut -c1-150)"
     for name in adamw_beside stats_pass_graph stats_deferred grads_beside query_norms qk_forward_ahead adamw_tiles \
-        stats_rows_plain stats_rows_wgmma embedding_ahead gram_dmma; do
+        stats_rows_plain stats_rows_wgmma embedding_ahead gram_dmma gram_key_records; do
         smoke "TRAIN_CANDIDATES_OFF=${TRAIN_CANDIDATES_OFF:+$TRAIN_CANDIDATES_OFF,}$name" || continue
         export TRAIN_CANDIDATES_OFF=${TRAIN_CANDIDATES_OFF:+$TRAIN_CANDIDATES_OFF,}$name
         echo "  ./train_candidates runs without $name: turned off in every run below"
@@ -88,9 +88,10 @@ for B in ${SPEED_BATCHES:-8 4}; do
             if run_d22 "$name" "$binary" "$B" "$every"; then
                 touch "$runs/$name.ok"
                 # every candidate is meant to give ./train's bits, the statistics of stats_rows_wgmma
-                # and gram_dmma aside (other instructions' sums may round otherwise: "STATISTICS
-                # DIFFER" can be that; the run without both, below, is compared with ./train's too):
-                # the whole run says whether they do
+                # and gram_dmma aside (other instructions' sums may round otherwise, and with
+                # gram_dmma gram_key_records sums the key records in another order: "STATISTICS
+                # DIFFER" can be that; the run without the first two, below, is compared with
+                # ./train's too): the whole run says whether they do
                 against="" train_run=$runs/d22_b${B}_s${every}_train
                 if [ "$binary" != train ] && [ -e "$train_run.ok" ]; then
                     against=", against ./train: $(same_bits "$train_run/run.attnlog" "$runs/$name/run.attnlog")"
@@ -156,7 +157,7 @@ done
 # as a graph, so stats_pass_graph's share is the run without both against the run without the first.
 for entry in ${SPEED_CANDIDATES_OFF-adamw_beside:10:8 grads_beside:10:8 stats_deferred:1:8 query_norms:1:8 \
     stats_deferred:1:4 stats_deferred,stats_pass_graph:1:4 adamw_beside:10:4 adamw_tiles:10:4 stats_rows_plain:1:8 \
-    stats_rows_wgmma,gram_dmma:1:8 gram_dmma:1:8}; do
+    stats_rows_wgmma,gram_dmma:1:8 gram_dmma:1:8 gram_key_records:1:8}; do
     IFS=: read -r off every B <<<"$entry"
     all=d22_b${B}_s${every}_train_candidates
     [ -e "$runs/$all.ok" ] && [ $((deadline - SECONDS)) -gt 90 ] || continue

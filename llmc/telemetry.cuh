@@ -409,10 +409,13 @@ __global__ void __launch_bounds__(D * 4) gram_products_mma_kernel(double* partia
 
 // Scratch of the telemetry, in floats, used by one part after another: the per-chunk records of the
 // head statistics, the split records of the attention statistics, and at head_dim 64 the slices'
-// Gram matrices of gram_products_mma (and of gram_products_sym, fewer).
+// Gram matrices of gram_products_mma (and of gram_products_sym and gram_products_dmma, fewer), with
+// room after them for gram_products_dmma's slices' key records.
 inline size_t telemetry_partial_floats(int N, const ModelConfig& c) {
     size_t records = (size_t)(c.n_head + c.n_kv_head) * ceil_div(N, kStatRowsPerBlock) * head_record_size(c.head_dim);
-    size_t slices = c.head_dim == 64 ? 2 * gram_split_doubles(c.n_kv_head, c.head_dim + 1, kGramMmaSlices) : 0;
+    size_t slices = c.head_dim == 64 ? 2 * (gram_split_doubles(c.n_kv_head, c.head_dim + 1, kGramMmaSlices) +
+                                            (size_t)c.n_kv_head * kGramMmaSlices * head_record_size(c.head_dim))
+                                     : 0;
     size_t attention = (size_t)c.n_head * ceil_div(N, kAttnStatRows) * ATTN_NUM_ROW_STATS;
     return std::max({records, slices, attention});
 }
@@ -602,17 +605,20 @@ __device__ __forceinline__ void mma_f64_16x8(double (&d)[4], const double (&a)[K
 // take 10 tiles each: role 0 the row tiles 0 and 3 (and the column sums), role 1 the row tiles 1
 // and 2; 40 accumulators a lane, where gram_products_sym_kernel has 72. Block (slice, key head) of
 // 4 warps: warp w has role w % 2 and takes every other step of the slice from step w / 2, 16 keys
-// loaded ahead of the step in use (so the two warps of a step load the same keys, the second from
-// L1); the second half's sums are added into the first's through shared memory, then the slices'
+// loaded ahead of the step in use (8 with the key records; the two warps of a step load the same
+// keys, the second from L1); the second half's sums are added into the first's through shared memory, then the slices'
 // in slice order (gram_slices_sum): the same keys give the same bits, not those of the kernels
 // above.
 static const int kGramDmmaWarps = 4;
 static const int kGramDmmaTiles = 10;  // a role's
 static const int kGramDmmaAheadKeys = 16;
-static const int kGramDmmaK = 8;  // ./train_candidates' (dev_telemetry times K = 4, 8 and 16)
+// ./train_candidates' K (dev_telemetry times K = 4, 8 and 16): the one at which both forms, with
+// and without the key records, hold 3 blocks an SM without spilling (at 8 with the records ptxas
+// spills 80 bytes; at 16 they hold 2 blocks).
+static const int kGramDmmaK = 4;
 
 // Blocks an SM: three at K = 4 and 8 (168 registers a lane, one value spilled), two at 16
-// (228 registers; at 168 ptxas spills 464 bytes).
+// (228 registers, 240 with the key records; at 168 ptxas spills 464 bytes).
 __host__ __device__ constexpr int gram_dmma_blocks_per_sm(int K) { return K == 16 ? 2 : 3; }
 
 // Role ROLE's tile i: row tile gram_dmma_r, column class gram_dmma_c.
@@ -621,12 +627,56 @@ __host__ __device__ constexpr int gram_dmma_c(int role, int i) {
     return i < 8 - 2 * role ? 2 * role + i : 2 * (3 - role) + i - (8 - 2 * role);
 }
 
+// The candidate gram_key_records: the key heads' records (telemetry_sums.h's HeadSum) taken by the
+// kernel below from the keys it reads for the Gram products, where head_row_stats_vec_kernel reads
+// them again. A key's 64 columns lie in the 8 lanes of its t (lanes t, t + 4, .., 8 columns each):
+// its sum of squares, of fourth powers and its largest |x| reduce over them by shuffles across g
+// (a butterfly: each of the 8 gets the same bits), so each holds the key's norm and participation
+// ratio, and adds its 8 columns of the unit vector x / ||x||. A lane's sums, float32 as in the
+// records' kernel, over its keys of a slice (about 40 at d22); of a key past the slice's end,
+// nothing.
+struct KeyRecordSums {
+    float norm = 0.0f, maxabs = 0.0f, pr = 0.0f, unit[8] = {};
+};
+__device__ __forceinline__ void key_record_add(KeyRecordSums& r, const float4& lo, const float4& hi, bool valid) {
+    const float x[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    float sq = 0.0f, quad = 0.0f, mx = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const float x2 = __fmul_rn(x[j], x[j]);
+        sq += x2;
+        quad += x2 * x2;
+        mx = fmaxf(mx, fabsf(x[j]));
+    }
+#pragma unroll
+    for (int lanes = 4; lanes < 32; lanes *= 2) {
+        sq += __shfl_xor_sync(0xffffffffu, sq, lanes);
+        quad += __shfl_xor_sync(0xffffffffu, quad, lanes);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, lanes));
+    }
+    if (!valid) return;
+    const float norm = sqrtf(sq);
+    r.norm += norm;
+    r.maxabs += mx;
+    r.pr += (float)participation_ratio(sq, quad);
+    if (norm > 0.0f) {
+        const float inverse = 1.0f / norm;
+#pragma unroll
+        for (int j = 0; j < 8; j++) r.unit[j] += x[j] * inverse;
+    }
+}
+
 // A warp of role ROLE over its steps of keys [n0, end), n0 += 2 K: its tiles into acc and, for role
-// 0, the sums of its lane's columns (over its keys) into column.
-template <int K, int ROLE>
+// 0, the sums of its lane's columns (over its keys) into column; for role 1 with RECORDS, the keys'
+// records into records.
+template <int K, int ROLE, bool RECORDS>
 __device__ __forceinline__ void gram_dmma_steps(double (&acc)[kGramDmmaTiles][4], double (&column)[8],
-                                                const float* lane_columns, size_t stride, int n0, int end, int t) {
-    constexpr int U = K / 4, AHEAD = kGramDmmaAheadKeys / K;  // a lane's keys a step; the steps loaded ahead
+                                                KeyRecordSums& records, const float* lane_columns, size_t stride,
+                                                int n0, int end, int t) {
+    // a lane's keys a step; the steps loaded ahead, half as many keys with RECORDS (at K = 4 ptxas
+    // spills 28 bytes with 16 keys ahead, none with 8)
+    constexpr int U = K / 4, AHEAD_KEYS = RECORDS ? kGramDmmaAheadKeys / 2 : kGramDmmaAheadKeys;
+    constexpr int AHEAD = AHEAD_KEYS > K ? AHEAD_KEYS / K : 1;
     // Columns 8g .. 8g + 7 of the lane's keys of the step from n, zeros at or beyond the slice's end
     // (the load always runs, key 0's there, so that no branch stands before the warp's mma.sync).
     auto load = [&](int n, float4 (&x)[U][2]) {
@@ -644,6 +694,9 @@ __device__ __forceinline__ void gram_dmma_steps(double (&acc)[kGramDmmaTiles][4]
 #pragma unroll
     for (int s = 0; s < AHEAD; s++) load(n0 + s * 2 * K, ahead[s]);
     for (; n0 < end; n0 += 2 * K) {
+        if (RECORDS && ROLE == 1)
+#pragma unroll
+            for (int u = 0; u < U; u++) key_record_add(records, ahead[0][u][0], ahead[0][u][1], n0 + t + 4 * u < end);
         double x[U][8];
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -696,12 +749,17 @@ __device__ __forceinline__ void gram_dmma_write(double* out, const double (&acc)
     if (ROLE == 0 && g == 0 && t == 0) out[(size_t)D * W + D] = (double)count;
 }
 
-template <int K>
+// RECORDS (the candidate gram_key_records): role 1 also takes the key records (KeyRecordSums), its
+// lanes' sums added over t in double, the second half's into the first's, and writes them as the
+// slice's record, records [key head][slice][head_record_size(64)].
+template <int K, bool RECORDS>
 __global__ void __launch_bounds__(kGramDmmaWarps * 32, gram_dmma_blocks_per_sm(K))
-    gram_products_dmma_kernel(double* partial, const float* qk_normed, int N, int H, int Hkv, int slices) {
+    gram_products_dmma_kernel(double* partial, double* records, const float* qk_normed, int N, int H, int Hkv,
+                              int slices) {
     constexpr int D = 64, W = D + 1;
     __shared__ double tile_sums[2][kGramDmmaTiles * 4][32];  // the second half's, by role
     __shared__ double column_sums[8][8];                    // [g][j], role 0's second half
+    __shared__ double record_sums[KS_UNIT + D];             // role 1's second half (RECORDS)
     const int h = blockIdx.y, slice = blockIdx.x, rows = (N + slices - 1) / slices;
     const int first = min(N, slice * rows), end = min(N, first + rows);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -710,14 +768,25 @@ __global__ void __launch_bounds__(kGramDmmaWarps * 32, gram_dmma_blocks_per_sm(K
     const float* lane_columns = qk_normed + (size_t)(H + h) * D + 8 * g;  // key n's columns 8g .. at n * stride
 
     double acc[kGramDmmaTiles][4] = {};
-    double column[8] = {};
-    if (role == 0) gram_dmma_steps<K, 0>(acc, column, lane_columns, stride, first + half * K, end, t);
-    else gram_dmma_steps<K, 1>(acc, column, lane_columns, stride, first + half * K, end, t);
-    if (role == 0)
+    double column[8] = {};  // role 0: its columns' sums; role 1 with RECORDS: its columns' unit-vector sums
+    KeyRecordSums rec;
+    if (role == 0) gram_dmma_steps<K, 0, RECORDS>(acc, column, rec, lane_columns, stride, first + half * K, end, t);
+    else gram_dmma_steps<K, 1, RECORDS>(acc, column, rec, lane_columns, stride, first + half * K, end, t);
+    double row_sums[3] = {rec.norm, rec.maxabs, rec.pr};  // role 1 with RECORDS: the sums over its keys
+    if (RECORDS && role == 1)
+#pragma unroll
+        for (int j = 0; j < 8; j++) column[j] = rec.unit[j];
+    if (role == 0 || RECORDS)  // over t: the lanes of a g hold the same columns of other keys
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             column[j] += __shfl_xor_sync(0xffffffffu, column[j], 1);
             column[j] += __shfl_xor_sync(0xffffffffu, column[j], 2);
+        }
+    if (RECORDS && role == 1)
+#pragma unroll
+        for (int i = 0; i < 3; i++) {
+            row_sums[i] += __shfl_xor_sync(0xffffffffu, row_sums[i], 1);
+            row_sums[i] += __shfl_xor_sync(0xffffffffu, row_sums[i], 2);
         }
     if (half == 1) {
 #pragma unroll
@@ -727,6 +796,13 @@ __global__ void __launch_bounds__(kGramDmmaWarps * 32, gram_dmma_blocks_per_sm(K
         if (role == 0 && t == 0)
 #pragma unroll
             for (int j = 0; j < 8; j++) column_sums[g][j] = column[j];
+        if (RECORDS && role == 1 && t == 0) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) record_sums[KS_UNIT + 8 * g + j] = column[j];
+            if (g == 0)
+#pragma unroll
+                for (int i = 0; i < 3; i++) record_sums[i] = row_sums[i];
+        }
     }
     __syncthreads();
     if (half == 1) return;
@@ -739,8 +815,19 @@ __global__ void __launch_bounds__(kGramDmmaWarps * 32, gram_dmma_blocks_per_sm(K
         for (int j = 0; j < 8; j++) column[j] += column_sums[g][j];
 
     double* out = partial + ((size_t)h * slices + slice) * W * W;  // row-major W x W (symmetric)
-    if (role == 0) gram_dmma_write<0>(out, acc, column, g, t, end - first);
-    else gram_dmma_write<1>(out, acc, column, g, t, end - first);
+    if (role == 0) {
+        gram_dmma_write<0>(out, acc, column, g, t, end - first);
+        return;
+    }
+    gram_dmma_write<1>(out, acc, column, g, t, end - first);
+    if (RECORDS && t == 0) {  // the slice's record: [HeadSum]
+        double* record = records + ((size_t)h * slices + slice) * (KS_UNIT + D);
+#pragma unroll
+        for (int j = 0; j < 8; j++) record[KS_UNIT + 8 * g + j] = column[j] + record_sums[KS_UNIT + 8 * g + j];
+        if (g == 0)
+#pragma unroll
+            for (int i = 0; i < 3; i++) record[i] = row_sums[i] + record_sums[i];
+    }
 }
 
 // Slices of at least 64 keys, as many as the blocks of one wave on the 132 SMs of an H100 or H200
@@ -755,22 +842,32 @@ inline int gram_dmma_slices(int N, int Hkv, int K) {
 // later).
 inline bool gram_dmma_compiled() { return device_code().arch >= 900; }
 
+// Whether gram_products_dmma takes these keys: D = 64, qk_normed 16-byte aligned, and the build has
+// sm_90 code for the device.
+inline bool gram_dmma_applies(int D, const float* qk_normed) {
+    return D == 64 && aligned_16({qk_normed}) && gram_dmma_compiled();
+}
+
 // As gram_products_sym, with gram_products_dmma_kernel<K> (K = 4, 8 or 16); false, with nothing
-// done, where qk_normed is not 16-byte aligned, D is not 64 or the build has no sm_90 code for the
-// device.
+// done, where gram_dmma_applies does not. key_records, where given (the candidate
+// gram_key_records): the key heads' records (telemetry_sums.h's key_sums of the layer) added to as
+// well, the slices' records in partial after their Gram matrices (gram_dmma_partial_doubles).
 inline bool gram_products_dmma(double* gram_sums, double* partial, const float* qk_normed, int N, int H, int Hkv, int D,
-                               cudaStream_t s, int K) {
-    if (D != 64 || !aligned_16({qk_normed}) || !gram_dmma_compiled()) return false;
-    const int slices = gram_dmma_slices(N, Hkv, K);
-    auto launch = [&](auto kernel) {
-        kernel<<<dim3(slices, Hkv), kGramDmmaWarps * 32, 0, s>>>(partial, qk_normed, N, H, Hkv, slices);
+                               cudaStream_t s, int K, double* key_records = nullptr) {
+    if (!gram_dmma_applies(D, qk_normed)) return false;
+    const int slices = gram_dmma_slices(N, Hkv, K), W = D + 1;
+    double* records = partial + (size_t)Hkv * slices * W * W;
+    auto launch = [&](auto plain, auto with_records) {
+        auto kernel = key_records ? with_records : plain;
+        kernel<<<dim3(slices, Hkv), kGramDmmaWarps * 32, 0, s>>>(partial, records, qk_normed, N, H, Hkv, slices);
         cuda_check_launch();
     };
-    if (K == 4) launch(gram_products_dmma_kernel<4>);
-    else if (K == 8) launch(gram_products_dmma_kernel<8>);
-    else if (K == 16) launch(gram_products_dmma_kernel<16>);
+    if (K == 4) launch(gram_products_dmma_kernel<4, false>, gram_products_dmma_kernel<4, true>);
+    else if (K == 8) launch(gram_products_dmma_kernel<8, false>, gram_products_dmma_kernel<8, true>);
+    else if (K == 16) launch(gram_products_dmma_kernel<16, false>, gram_products_dmma_kernel<16, true>);
     else fail("internal: the float64 tensor cores' products take K = 4, 8 or 16, not %d", K);
-    gram_slices_sum(gram_sums, partial, Hkv, slices, (D + 1) * (D + 1), s);
+    gram_slices_sum(gram_sums, partial, Hkv, slices, W * W, s);
+    if (key_records) gram_slices_sum(key_records, records, Hkv, slices, head_record_size(D), s);
     return true;
 }
 
@@ -792,9 +889,12 @@ inline void gram_products_split(double* gram_sums, double* partial, const double
 //
 // The per-head records (norms; for keys largest component, participation ratio, unit-vector sums):
 // partial takes the blocks' records. `vec` takes head_row_stats_vec_kernel where it applies.
+// `keys` false: the query heads' alone (the Gram products take the keys', gram_key_records).
 inline void head_statistics(double* sums, const TelemetrySums& lay, float* partial, const float* qk_normed, int N,
-                            const ModelConfig& c, int layer, cudaStream_t s, bool vec = true, bool query_norms = false) {
+                            const ModelConfig& c, int layer, cudaStream_t s, bool vec = true, bool query_norms = false,
+                            bool keys = true) {
     int H = c.n_head, NH = H + c.n_kv_head, D = c.head_dim, chunks = ceil_div(N, kStatRowsPerBlock);
+    const int heads = keys ? NH : H;  // the first `heads`
     if (N > kStatMaxTokens) fail("internal: %d tokens in a micro-batch is more than the statistics take", N);
     const int threads = kStatWarps * 32;
     if (query_norms && !(vec && head_row_stats_vec_supports(D, qk_normed)))
@@ -802,16 +902,16 @@ inline void head_statistics(double* sums, const TelemetrySums& lay, float* parti
     if (vec && head_row_stats_vec_supports(D, qk_normed)) {
         size_t smem = (size_t)(threads / (D / 4)) * head_record_size(D) * sizeof(float);
         auto launch = [&](auto kernel) {
-            kernel<<<dim3(NH, chunks), threads, smem, s>>>(partial, qk_normed, N, H, NH);
+            kernel<<<dim3(heads, chunks), threads, smem, s>>>(partial, qk_normed, N, H, NH);
         };
         if (D == 64) launch(query_norms ? head_row_stats_vec_kernel<64, true> : head_row_stats_vec_kernel<64>);
         else launch(query_norms ? head_row_stats_vec_kernel<128, true> : head_row_stats_vec_kernel<128>);
     } else {
         size_t smem = (size_t)kStatWarps * head_record_size(D) * sizeof(float);
-        head_row_stats_kernel<<<dim3(NH, chunks), threads, smem, s>>>(partial, qk_normed, N, H, NH, D);
+        head_row_stats_kernel<<<dim3(heads, chunks), threads, smem, s>>>(partial, qk_normed, N, H, NH, D);
     }
     cuda_check_launch();
-    head_stats_finish_kernel<<<NH, 32, 0, s>>>(sums, lay, partial, chunks, H, D, layer);
+    head_stats_finish_kernel<<<heads, 32, 0, s>>>(sums, lay, partial, chunks, H, D, layer);
     cuda_check_launch();
 }
 
@@ -839,14 +939,18 @@ inline void attention_statistics(double* sums, const TelemetrySums& lay, float* 
 // dev_telemetry checks and times the products split over slices beside it. `sym` takes
 // gram_products_sym where it applies (0.047 against gram_products_mma's 0.063 ms a d22 layer at
 // 8 x 2048 on an H200). dmma_k, where not 0, takes gram_products_dmma with that K (the candidate
-// gram_dmma) where it applies.
+// gram_dmma) where it applies, and with key_records the key heads' records too (gram_key_records:
+// the caller's head_statistics left them out, which it may only where gram_dmma_applies).
 inline void key_gram(double* sums, const TelemetrySums& lay, float* partial, double* keys_f64, Matmul& mm,
                      const float* qk_normed, int N, const ModelConfig& c, int layer, cudaStream_t s,
-                     bool sym = true, int dmma_k = 0) {
+                     bool sym = true, int dmma_k = 0, bool key_records = false) {
     int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, W = D + 1;
     double* gram = sums + lay.gram(layer, 0);
-    if (dmma_k && gram_products_dmma(gram, reinterpret_cast<double*>(partial), qk_normed, N, H, Hkv, D, s, dmma_k))
+    double* records = key_records ? sums + lay.key(layer, 0) : nullptr;
+    if (dmma_k &&
+        gram_products_dmma(gram, reinterpret_cast<double*>(partial), qk_normed, N, H, Hkv, D, s, dmma_k, records))
         return;
+    if (key_records) fail("internal: the key heads' records need the Gram products of gram_dmma");
     if (sym && gram_products_sym(gram, reinterpret_cast<double*>(partial), qk_normed, N, H, Hkv, D, s)) return;
     if (D == 64) {
         gram_products_mma(gram, reinterpret_cast<double*>(partial), qk_normed, N, H, Hkv, D, s);
@@ -860,21 +964,26 @@ inline void key_gram(double* sums, const TelemetrySums& lay, float* partial, dou
 // pre-RoPE, float32), row_stats from the attention forward pass, g_q and g_k the layer's float
 // gains; partial and keys_f64 are scratch (telemetry_partial_floats, Hkv * N * (D+1) doubles).
 // mark(label), where given, is called before each part with its name (./train's --profile 2 times
-// them apart). query_norms: the query heads' rows of qk_normed hold only their norms
-// (head_row_stats_vec_kernel's QUERY_NORMS). gram_dmma_k: key_gram's dmma_k.
+// them apart). `ways`: the candidates' kernels.
+struct TelemetryWays {
+    bool query_norms = false;         // the query heads' rows of qk_normed hold only their norms
+                                      // (head_row_stats_vec_kernel's QUERY_NORMS)
+    int gram_dmma_k = 0;              // key_gram's dmma_k (gram_dmma)
+    bool gram_key_records = false;    // the key heads' records from the Gram products where they apply
+};
 inline void telemetry_layer(double* sums, const TelemetrySums& lay, float* partial, double* keys_f64,
                             Matmul& mm, const float* qk_normed, const float* row_stats, const float* g_q,
                             const float* g_k, int B, int T, const ModelConfig& c, int layer, cudaStream_t s,
-                            const std::function<void(const char*)>& mark = {}, bool query_norms = false,
-                            int gram_dmma_k = 0) {
+                            const std::function<void(const char*)>& mark = {}, const TelemetryWays& ways = {}) {
     int N = B * T;
     auto part = [&](const char* label) { if (mark) mark(label); };
+    const bool records_in_gram = ways.gram_key_records && ways.gram_dmma_k && gram_dmma_applies(c.head_dim, qk_normed);
     part("statistics: the heads' norms, components, unit vectors");
-    head_statistics(sums, lay, partial, qk_normed, N, c, layer, s, true, query_norms);
+    head_statistics(sums, lay, partial, qk_normed, N, c, layer, s, true, ways.query_norms, !records_in_gram);
     part("statistics: each attention row's, summed per head");
     attention_statistics(sums, lay, partial, row_stats, B, T, c, layer, s);
     part("statistics: the keys' Gram matrices");
-    key_gram(sums, lay, partial, keys_f64, mm, qk_normed, N, c, layer, s, true, gram_dmma_k);
+    key_gram(sums, lay, partial, keys_f64, mm, qk_normed, N, c, layer, s, true, ways.gram_dmma_k, records_in_gram);
     part("statistics: the gains");
     gains_to_sums_kernel<<<1, 128, 0, s>>>(sums, lay, g_q, g_k, c.head_dim, layer);
     cuda_check_launch();

@@ -175,6 +175,29 @@ static void check_head_stats_vec(const ModelConfig& c, const TelemetrySums& lay,
     });
 }
 
+// The candidate gram_key_records: the key heads' records from gram_products_dmma_kernel (the query
+// heads' alone from the records' kernel) against the records' kernel's for every head, each with the
+// Gram products of gram_dmma (which the records leave as they are). The records
+// in the same float32 terms but for a key's sum of squares (8 columns a lane and 8 lanes, against 4
+// and 16: a few u32 apart), summed in float32 over about 40 keys a lane and then in double, against
+// 32 rows a lane, the block's groups in float32, then double: within 1e-5 relative and 1e-6 N
+// absolute, as check_head_stats_vec; times both.
+static void check_gram_key_records(const ModelConfig& c, const TelemetrySums& lay, const float* d_qk, int N, int layer,
+                                   const std::string& tag) {
+    if (!gram_dmma_applies(c.head_dim, d_qk)) {
+        printf("   key records of gram_dmma%s: skipped, this build has no sm_90 code for this device\n", tag.c_str());
+        return;
+    }
+    Matmul mm;
+    matmul_init(mm);
+    check_candidate_part("head statistics and Gram products, key records from the Gram products", c, lay, N, 1e-5,
+                         1e-6 * N, tag, [&](double* sums, float* partial, bool in_gram) {
+                             head_statistics(sums, lay, partial, d_qk, N, c, layer, 0, true, false, !in_gram);
+                             key_gram(sums, lay, partial, nullptr, mm, d_qk, N, c, layer, 0, true, kGramDmmaK, in_gram);
+                         });
+    matmul_free(mm);
+}
+
 // The candidate attention statistics (attention_row_sums_kernel and its finish): float32 sums of up
 // to 64 terms a thread, then over the block's warps, against 4 terms a thread, the block's warps, and
 // the chunks in double, so within 1e-5 relative (the default's 72 u32 = 4.3e-6 at worst) and 1e-6 N
@@ -298,12 +321,11 @@ static void check_layer(int B, int T, int H, int Hkv, int layer, int D = 64) {
     cudaCheck(cudaMalloc(&d_partial, telemetry_partial_floats(N, c) * sizeof(float)));
     Matmul mm;
     matmul_init(mm);
-    int gram_dmma_k = 0;  // the candidate gram_dmma's K, 0 for ./train's Gram products
+    TelemetryWays ways;  // ./train's; the candidates gram_dmma and gram_key_records below
     auto run_layer = [&] {  // a stats step of one micro-batch: the sums cleared, then this layer's added
         telemetry_sums_clear_kernel<<<64, 256>>>(d_sums, lay);
         cuda_check_launch();
-        telemetry_layer(d_sums, lay, d_partial, d_keys_f64, mm, d_qk, d_rows, d_gq, d_gk, B, T, c, layer, 0, {}, false,
-                        gram_dmma_k);
+        telemetry_layer(d_sums, lay, d_partial, d_keys_f64, mm, d_qk, d_rows, d_gq, d_gk, B, T, c, layer, 0, {}, ways);
     };
     std::string tag = " B" + std::to_string(B) + " T" + std::to_string(T) + " H" + std::to_string(H) + ":" + std::to_string(Hkv) +
                       " D" + std::to_string(D);
@@ -328,10 +350,12 @@ static void check_layer(int B, int T, int H, int Hkv, int layer, int D = 64) {
         }
         return host;
     };
-    if (D == 64 && gram_dmma_compiled()) {  // the candidate's, through telemetry_layer as train_candidates runs it
-        gram_dmma_k = kGramDmmaK;
+    if (gram_dmma_applies(D, d_qk)) {  // the candidates', through telemetry_layer as train_candidates runs them
+        ways.gram_dmma_k = kGramDmmaK;
         check_statistics(", Gram products of gram_dmma");
-        gram_dmma_k = 0;
+        ways.gram_key_records = true;
+        check_statistics(", Gram products and key records of gram_dmma");
+        ways = TelemetryWays();
     }
     std::vector<double> host = check_statistics("");
     run_layer();
@@ -349,6 +373,7 @@ static void check_layer(int B, int T, int H, int Hkv, int layer, int D = 64) {
            time_ms([&] { attention_statistics(d_sums, lay, d_partial, d_rows, B, T, c, layer, 0); }),
            time_ms([&] { key_gram(d_sums, lay, d_partial, d_keys_f64, mm, d_qk, N, c, layer, 0); }));
     check_head_stats_vec(c, lay, d_qk, N, layer, tag);
+    check_gram_key_records(c, lay, d_qk, N, layer, tag);
     check_query_norms(c, lay, B, T, layer, tag);
     check_attention_stats_split(c, lay, d_rows, row_stats, B, T, layer, tag);
     if (D == 64) check_gram_from_float32(mm, d_qk, N, H, Hkv, D, tag);
