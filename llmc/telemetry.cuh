@@ -612,13 +612,12 @@ __device__ __forceinline__ void mma_f64_16x8(double (&d)[4], const double (&a)[K
 static const int kGramDmmaWarps = 4;
 static const int kGramDmmaTiles = 10;  // a role's
 static const int kGramDmmaAheadKeys = 16;
-// ./train_candidates' K (dev_telemetry times K = 4, 8 and 16): the one at which both forms, with
-// and without the key records, hold 3 blocks an SM without spilling (at 8 with the records ptxas
-// spills 80 bytes; at 16 they hold 2 blocks).
-static const int kGramDmmaK = 4;
+// ./train_candidates' K (dev_telemetry times K = 4, 8 and 16): of the two whose forms, with and
+// without the key records, hold 3 blocks an SM (16: 2), the one of fewer instructions.
+static const int kGramDmmaK = 8;
 
-// Blocks an SM: three at K = 4 and 8 (168 registers a lane, one value spilled), two at 16
-// (228 registers, 240 with the key records; at 168 ptxas spills 464 bytes).
+// Blocks an SM: three at K = 4 and 8 (168 registers a lane: one value spilled, none with the key
+// records), two at 16 (228 registers, 232 with the key records; at 168 ptxas spills 464 bytes).
 __host__ __device__ constexpr int gram_dmma_blocks_per_sm(int K) { return K == 16 ? 2 : 3; }
 
 // Role ROLE's tile i: row tile gram_dmma_r, column class gram_dmma_c.
@@ -673,8 +672,8 @@ template <int K, int ROLE, bool RECORDS>
 __device__ __forceinline__ void gram_dmma_steps(double (&acc)[kGramDmmaTiles][4], double (&column)[8],
                                                 KeyRecordSums& records, const float* lane_columns, size_t stride,
                                                 int n0, int end, int t) {
-    // a lane's keys a step; the steps loaded ahead, half as many keys with RECORDS (at K = 4 ptxas
-    // spills 28 bytes with 16 keys ahead, none with 8)
+    // a lane's keys a step; the steps loaded ahead, half as many keys with RECORDS (with 16 keys
+    // ahead ptxas spills 80 bytes at K = 8, 12 at K = 4; with 8, none)
     constexpr int U = K / 4, AHEAD_KEYS = RECORDS ? kGramDmmaAheadKeys / 2 : kGramDmmaAheadKeys;
     constexpr int AHEAD = AHEAD_KEYS > K ? AHEAD_KEYS / K : 1;
     // Columns 8g .. 8g + 7 of the lane's keys of the step from n, zeros at or beyond the slice's end
@@ -694,22 +693,25 @@ __device__ __forceinline__ void gram_dmma_steps(double (&acc)[kGramDmmaTiles][4]
 #pragma unroll
     for (int s = 0; s < AHEAD; s++) load(n0 + s * 2 * K, ahead[s]);
     for (; n0 < end; n0 += 2 * K) {
-        if (RECORDS && ROLE == 1)
+        float4 step[U][2];  // this step's keys; the next load issued before any work on them
 #pragma unroll
-            for (int u = 0; u < U; u++) key_record_add(records, ahead[0][u][0], ahead[0][u][1], n0 + t + 4 * u < end);
-        double x[U][8];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const float4 lo = ahead[0][u][0], hi = ahead[0][u][1];
-            const double values[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-#pragma unroll
-            for (int j = 0; j < 8; j++) x[u][j] = values[j];
-        }
+        for (int u = 0; u < U; u++) step[u][0] = ahead[0][u][0], step[u][1] = ahead[0][u][1];
 #pragma unroll
         for (int s = 0; s + 1 < AHEAD; s++)
 #pragma unroll
             for (int u = 0; u < U; u++) ahead[s][u][0] = ahead[s + 1][u][0], ahead[s][u][1] = ahead[s + 1][u][1];
         load(n0 + AHEAD * 2 * K, ahead[AHEAD - 1]);
+        if (RECORDS && ROLE == 1)
+#pragma unroll
+            for (int u = 0; u < U; u++) key_record_add(records, step[u][0], step[u][1], n0 + t + 4 * u < end);
+        double x[U][8];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const float4 lo = step[u][0], hi = step[u][1];
+            const double values[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+            for (int j = 0; j < 8; j++) x[u][j] = values[j];
+        }
         if (ROLE == 0)
 #pragma unroll
             for (int u = 0; u < U; u++)
@@ -851,7 +853,7 @@ inline bool gram_dmma_applies(int D, const float* qk_normed) {
 // As gram_products_sym, with gram_products_dmma_kernel<K> (K = 4, 8 or 16); false, with nothing
 // done, where gram_dmma_applies does not. key_records, where given (the candidate
 // gram_key_records): the key heads' records (telemetry_sums.h's key_sums of the layer) added to as
-// well, the slices' records in partial after their Gram matrices (gram_dmma_partial_doubles).
+// well, the slices' records in partial after their Gram matrices (telemetry_partial_floats has room).
 inline bool gram_products_dmma(double* gram_sums, double* partial, const float* qk_normed, int N, int H, int Hkv, int D,
                                cudaStream_t s, int K, double* key_records = nullptr) {
     if (!gram_dmma_applies(D, qk_normed)) return false;

@@ -52,6 +52,13 @@ static void check_gram_split(Matmul& mm, const float* d_qk, int N, int H, int Hk
     for (void* p : {(void*)d_dgemm, (void*)d_split, (void*)d_partial, (void*)d_keys_f64}) cudaCheck(cudaFree(p));
 }
 
+// Why gram_dmma does not apply to these keys, or "" where it does.
+static std::string gram_dmma_skipped(int D, const float* d_qk) {
+    if (D != 64) return "head_dim " + std::to_string(D);
+    if (!gram_dmma_compiled()) return "this build has no sm_90 code for this device";
+    return gram_dmma_applies(D, d_qk) ? "" : "the keys are not 16-byte aligned";
+}
+
 // The float64 tensor-core products from the float32 keys, all tiles (gram_products_mma) and the upper
 // tiles only (gram_products_sym, ./train's at D = 64), against the copy to float64 and one DGEMM (./train's at
 // other widths): as for the split products, they differ only by the order of the sums. The scratch
@@ -101,8 +108,8 @@ static void check_gram_from_float32(Matmul& mm, const float* d_qk, int N, int H,
                      return gram_products_dmma(g, p, q, N, H, Hkv, D, s, 16);
                  }}};
     for (const Way& way : ways) {
-        if (strstr(way.name, "gram_dmma") && !gram_dmma_compiled()) {
-            printf("   gram products %s%s: skipped, this build has no sm_90 code for this device\n", way.name, tag.c_str());
+        if (strstr(way.name, "gram_dmma") && !gram_dmma_applies(D, d_qk)) {
+            printf("   gram products %s%s: skipped, %s\n", way.name, tag.c_str(), gram_dmma_skipped(D, d_qk).c_str());
             continue;
         }
         bool ran = true;
@@ -184,19 +191,18 @@ static void check_head_stats_vec(const ModelConfig& c, const TelemetrySums& lay,
 // absolute, as check_head_stats_vec; times both.
 static void check_gram_key_records(const ModelConfig& c, const TelemetrySums& lay, const float* d_qk, int N, int layer,
                                    const std::string& tag) {
-    if (!gram_dmma_applies(c.head_dim, d_qk)) {
-        printf("   key records of gram_dmma%s: skipped, this build has no sm_90 code for this device\n", tag.c_str());
-        return;
-    }
     Matmul mm;
     matmul_init(mm);
-    check_candidate_part("head statistics and Gram products, key records from the Gram products", c, lay, N, 1e-5,
-                         1e-6 * N, tag, [&](double* sums, float* partial, bool in_gram) {
-                             head_statistics(sums, lay, partial, d_qk, N, c, layer, 0, true, false, !in_gram);
-                             key_gram(sums, lay, partial, nullptr, mm, d_qk, N, c, layer, 0, true, kGramDmmaK, in_gram);
-                         });
+    for (int K : {4, 8, 16})
+        check_candidate_part("head statistics and Gram products at K = " + std::to_string(K) +
+                                 ", key records from the Gram products",
+                             c, lay, N, 1e-5, 1e-6 * N, tag, [&](double* sums, float* partial, bool in_gram) {
+                                 head_statistics(sums, lay, partial, d_qk, N, c, layer, 0, true, false, !in_gram);
+                                 key_gram(sums, lay, partial, nullptr, mm, d_qk, N, c, layer, 0, true, K, in_gram);
+                             });
     matmul_free(mm);
 }
+
 
 // The candidate attention statistics (attention_row_sums_kernel and its finish): float32 sums of up
 // to 64 terms a thread, then over the block's warps, against 4 terms a thread, the block's warps, and
@@ -291,6 +297,8 @@ static void check_layer(int B, int T, int H, int Hkv, int layer, int D = 64) {
     std::vector<float> qk = random_values((size_t)N * NH * D, 1.0f, rng);
     for (size_t i = 0; i < qk.size(); i++)
         if (i % D < 3) qk[i] = qk[i] * 6.0f + 2.0f;
+    // and a key of norm 0 now and then (no unit vector to add), in the last key head
+    for (int n = 5; n < N; n += 97) std::fill_n(qk.begin() + ((size_t)n * NH + NH - 1) * D, D, 0.0f);
     size_t rows = (size_t)B * H * T;
     std::vector<float> row_stats(ATTN_NUM_ROW_STATS * rows);
     for (size_t r = 0; r < rows; r++) {
@@ -350,12 +358,15 @@ static void check_layer(int B, int T, int H, int Hkv, int layer, int D = 64) {
         }
         return host;
     };
-    if (gram_dmma_applies(D, d_qk)) {  // the candidates', through telemetry_layer as train_candidates runs them
+    const std::string skipped = gram_dmma_skipped(D, d_qk);
+    if (skipped.empty()) {  // the candidates', through telemetry_layer as train_candidates runs them
         ways.gram_dmma_k = kGramDmmaK;
         check_statistics(", Gram products of gram_dmma");
         ways.gram_key_records = true;
         check_statistics(", Gram products and key records of gram_dmma");
         ways = TelemetryWays();
+    } else {
+        printf("   the candidates gram_dmma and gram_key_records%s: skipped, %s\n", tag.c_str(), skipped.c_str());
     }
     std::vector<double> host = check_statistics("");
     run_layer();
@@ -373,7 +384,7 @@ static void check_layer(int B, int T, int H, int Hkv, int layer, int D = 64) {
            time_ms([&] { attention_statistics(d_sums, lay, d_partial, d_rows, B, T, c, layer, 0); }),
            time_ms([&] { key_gram(d_sums, lay, d_partial, d_keys_f64, mm, d_qk, N, c, layer, 0); }));
     check_head_stats_vec(c, lay, d_qk, N, layer, tag);
-    check_gram_key_records(c, lay, d_qk, N, layer, tag);
+    if (skipped.empty()) check_gram_key_records(c, lay, d_qk, N, layer, tag);
     check_query_norms(c, lay, B, T, layer, tag);
     check_attention_stats_split(c, lay, d_rows, row_stats, B, T, layer, tag);
     if (D == 64) check_gram_from_float32(mm, d_qk, N, H, Hkv, D, tag);
