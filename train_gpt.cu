@@ -245,6 +245,10 @@ struct GpuModel : ModelShape {  // and backend.h's ModelShape
     // records from the same reads of the keys (gram_key_records).
     int gram_dmma_k = 0;
     bool gram_key_records = candidate_on("gram_key_records");
+    // Candidate (with both above): on a stats step the QK-norm forward writes no float32 keys, and
+    // the Gram products compute the same keys from the projections and their rstd
+    // (gram_from_projection).
+    bool gram_from_projection = candidate_on("gram_from_projection");
     // Everything on the device lives in one allocation, `memory`, carved by gpu_carve.
     void* memory = nullptr;
     float *params, *grads, *adam_m, *adam_v;  // float32, the layout of config.h
@@ -679,10 +683,15 @@ static void forward_pass(GpuModel& g, bool targets, int B, int T, bool tm) {
         const bool vec = qk_norm_rope_vec_supports(D, {la.qk_rope, la.qkv, la.qk_normed, gpu_param(g, P_Q_GAIN, l),
                                                        gpu_param(g, P_K_GAIN, l), g.rope_cos, g.rope_sin});
         const bool query_norms = tm && vec && g.query_norms && head_row_stats_vec_supports(D, la.qk_normed);
+        TelemetryWays ways{query_norms, g.gram_dmma_k, g.gram_key_records, {}};
+        if (tm && vec && g.gram_from_projection) {  // the keys for the statistics from their projections
+            ways.projection = {nullptr, la.qkv, la.qk_rstd, gpu_param(g, P_K_GAIN, l)};
+            if (!gram_from_projection_applies(ways, D, la.qk_normed)) ways.projection = GramKeys();
+        }
         qk_norm_rope_forward(la.qk_rope, tm ? la.qk_normed : nullptr, la.qk_rstd, la.qkv, gpu_param(g, P_Q_GAIN, l),
                              gpu_param(g, P_K_GAIN, l), g.rope_cos, g.rope_sin, N, T, H, Hkv, D, c.norm_eps,
                              qk_norm_normalises(c.qk_norm), s, vec && g.qk_forward_ahead ? kQkForwardAheadItems : 0,
-                             query_norms);
+                             query_norms, !ways.projection.qkv);
         mark("attention forward");
         const bool rows_left = layer_attention_forward(g, la, tm, cudnn, B, T);
         if (tm) {
@@ -695,8 +704,7 @@ static void forward_pass(GpuModel& g, bool targets, int B, int T, bool tm) {
             }
             if (rows_left) layer_attention_row_stats(g, la, B, T, ts);
             telemetry_layer(g.stat_sums, g.stats_layout, g.stats_partial, a.keys_f64, g.mm, la.qk_normed, la.row_stats,
-                            gpu_param_f32(g, P_Q_GAIN, l), gpu_param_f32(g, P_K_GAIN, l), B, T, c, l, ts, mark,
-                            {query_norms, g.gram_dmma_k, g.gram_key_records});
+                            gpu_param_f32(g, P_Q_GAIN, l), gpu_param_f32(g, P_K_GAIN, l), B, T, c, l, ts, mark, ways);
             if (beside) cudaCheck(cudaEventRecord(g.beside.done[l % 2], ts));
         }
         mark("matrix products of the layers, forward");

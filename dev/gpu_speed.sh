@@ -69,7 +69,7 @@ smoke() { run_d22 smoke train_candidates 1 2 "$@"; }  # env's assignments
 if [ -x "$g/bin/train_candidates" ] && ! smoke; then
     echo "  ./train_candidates, d22 at 1 x 2048: a short run FAILED: $(tail -1 "$runs/smoke.log" | cut -c1-150)"
     for name in adamw_beside stats_pass_graph stats_deferred grads_beside query_norms qk_forward_ahead adamw_tiles \
-        stats_rows_plain stats_rows_wgmma embedding_ahead gram_dmma gram_key_records; do
+        stats_rows_plain stats_rows_wgmma embedding_ahead gram_dmma gram_key_records gram_from_projection; do
         smoke "TRAIN_CANDIDATES_OFF=${TRAIN_CANDIDATES_OFF:+$TRAIN_CANDIDATES_OFF,}$name" || continue
         export TRAIN_CANDIDATES_OFF=${TRAIN_CANDIDATES_OFF:+$TRAIN_CANDIDATES_OFF,}$name
         echo "  ./train_candidates runs without $name: turned off in every run below"
@@ -157,7 +157,7 @@ done
 # as a graph, so stats_pass_graph's share is the run without both against the run without the first.
 for entry in ${SPEED_CANDIDATES_OFF-adamw_beside:10:8 grads_beside:10:8 stats_deferred:1:8 query_norms:1:8 \
     stats_deferred:1:4 stats_deferred,stats_pass_graph:1:4 adamw_beside:10:4 adamw_tiles:10:4 stats_rows_plain:1:8 \
-    stats_rows_wgmma,gram_dmma:1:8 gram_dmma:1:8 gram_key_records:1:8}; do
+    stats_rows_wgmma,gram_dmma:1:8 gram_dmma:1:8 gram_key_records:1:8 gram_from_projection:1:8}; do
     IFS=: read -r off every B <<<"$entry"
     all=d22_b${B}_s${every}_train_candidates
     [ -e "$runs/$all.ok" ] && [ $((deadline - SECONDS)) -gt 90 ] || continue

@@ -29,8 +29,8 @@ constexpr bool kCandidateKernels = false;
 // each candidate's share of a step with one binary (dev/gpu_speed.sh). The names: adamw_tiles
 // (adamw.cuh), adamw_beside, grads_beside, stats_pass_graph and stats_deferred (train_gpt.cu),
 // qk_forward_ahead and query_norms (qknorm_rope.cuh, train_gpt.cu), stats_rows_plain and
-// stats_rows_wgmma (attention.cuh, train_gpt.cu), embedding_ahead (encoder.cuh), gram_dmma and
-// gram_key_records (telemetry.cuh, train_gpt.cu).
+// stats_rows_wgmma (attention.cuh, train_gpt.cu), embedding_ahead (encoder.cuh), gram_dmma,
+// gram_key_records and gram_from_projection (telemetry.cuh, train_gpt.cu).
 inline bool candidate_on(const char* name) {
     if (!kCandidateKernels) return false;
     const char* off = getenv("TRAIN_CANDIDATES_OFF");

@@ -217,11 +217,15 @@ __global__ void qk_norm_rope_forward_vec_kernel(bf16* qk_rope, float* qk_normed,
 // from the vector (lanes of four elements there, of eight here: a lane's two halves summed over the
 // group apart, which is the order of the butterfly there, then added), so the statistics keep their
 // bits while a stats step writes and reads half the float32 vectors.
+//
+// key_vectors 0 (gram_from_projection, on a stats step): the key heads' float32 rows are not written
+// either; the Gram products compute the same keys from the projections and rstd (telemetry.cuh's
+// ProjectedKeyColumns).
 template <int D, int ITEMS>
 __global__ void __launch_bounds__(256, ITEMS == 1 ? 5 : 4) qk_norm_rope_forward_ahead_kernel(
     bf16* qk_rope, float* qk_normed, float* qk_rstd, const bf16* qkv, const bf16* g_q, const bf16* g_k,
     const float* rope_cos, const float* rope_sin, int N, int T, int H, int NH, int QKV, float eps, int normalise,
-    int query_norms) {
+    int query_norms, int key_vectors) {
     constexpr int G = D / 8, half = D / 2;
     const int groups = blockDim.x / G, j = threadIdx.x % G, i = j % (G / 2) * 8;
     const long long items = (long long)N * NH, first = (long long)blockIdx.x * ITEMS * groups + threadIdx.x / G;
@@ -252,7 +256,7 @@ __global__ void __launch_bounds__(256, ITEMS == 1 ? 5 : 4) qk_norm_rope_forward_
         if (j == 0) qk_rstd[item] = r;
         if (qk_normed && query_norms && h < H) {
             if (j == 0) qk_normed[item * D] = norm;
-        } else if (qk_normed) {
+        } else if (qk_normed && (key_vectors || h < H)) {
             float4* out = reinterpret_cast<float4*>(qk_normed + item * D + 8 * j);
             out[0] = make_float4(y[0], y[1], y[2], y[3]);
             out[1] = make_float4(y[4], y[5], y[6], y[7]);
@@ -401,7 +405,7 @@ inline void qk_norm_rope_backward_vec(bf16* dqkv, float* dg_q, float* dg_k, floa
 inline void qk_norm_rope_forward_ahead(bf16* qk_rope, float* qk_normed, float* qk_rstd, const bf16* qkv,
                                        const bf16* g_q, const bf16* g_k, const float* rope_cos, const float* rope_sin,
                                        int N, int T, int H, int Hkv, int D, float eps, bool normalise, int items,
-                                       bool query_norms, cudaStream_t s) {
+                                       bool query_norms, bool key_vectors, cudaStream_t s) {
     if (!qk_norm_rope_vec_supports(D, {qk_rope, qk_normed, qkv, g_q, g_k, rope_cos, rope_sin}))
         fail("qk_norm_rope_forward_ahead: head_dim %d or an array not 16-byte aligned", D);
     if (items != 1 && items != kQkForwardAheadItems)
@@ -414,21 +418,21 @@ inline void qk_norm_rope_forward_ahead(bf16* qk_rope, float* qk_normed, float* q
                                  : qk_norm_rope_forward_ahead_kernel<W, kQkForwardAheadItems>;
         kernel<<<ceil_div((long long)N * NH, per_block), kQkVecThreads, 0, s>>>(
             qk_rope, qk_normed, qk_rstd, qkv, g_q, g_k, rope_cos, rope_sin, N, T, H, NH, QKV, eps, normalise,
-            query_norms);
+            query_norms, key_vectors);
     });
     cuda_check_launch();
 }
 
 // What the model calls: the vectorised kernels where they apply, else the simple ones. ahead_items
-// (0: ./train's kernel) and query_norms: the candidates' kernel above, which needs the vectorised
-// kernels' shapes.
+// (0: ./train's kernel), query_norms and key_vectors false: the candidates' kernel above, which
+// needs the vectorised kernels' shapes.
 inline void qk_norm_rope_forward(bf16* qk_rope, float* qk_normed, float* qk_rstd, const bf16* qkv, const bf16* g_q,
                                  const bf16* g_k, const float* rope_cos, const float* rope_sin, int N, int T, int H,
                                  int Hkv, int D, float eps, bool normalise, cudaStream_t s, int ahead_items = 0,
-                                 bool query_norms = false) {
-    if (ahead_items || query_norms)
+                                 bool query_norms = false, bool key_vectors = true) {
+    if (ahead_items || query_norms || !key_vectors)
         qk_norm_rope_forward_ahead(qk_rope, qk_normed, qk_rstd, qkv, g_q, g_k, rope_cos, rope_sin, N, T, H, Hkv, D, eps,
-                                   normalise, std::max(ahead_items, 1), query_norms, s);
+                                   normalise, std::max(ahead_items, 1), query_norms, key_vectors, s);
     else if (qk_norm_rope_vec_supports(D, {qk_rope, qk_normed, qkv, g_q, g_k, rope_cos, rope_sin}))
         qk_norm_rope_forward_vec(qk_rope, qk_normed, qk_rstd, qkv, g_q, g_k, rope_cos, rope_sin, N, T, H, Hkv, D, eps,
                                  normalise, s);

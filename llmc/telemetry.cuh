@@ -612,12 +612,13 @@ __device__ __forceinline__ void mma_f64_16x8(double (&d)[4], const double (&a)[K
 static const int kGramDmmaWarps = 4;
 static const int kGramDmmaTiles = 10;  // a role's
 static const int kGramDmmaAheadKeys = 16;
-// ./train_candidates' K (dev_telemetry times K = 4, 8 and 16): of the two whose forms, with and
-// without the key records, hold 3 blocks an SM (16: 2), the one of fewer instructions.
+// ./train_candidates' K (dev_telemetry times K = 4, 8 and 16): of the two that hold 3 blocks an SM
+// (16: 2), the one of fewer instructions.
 static const int kGramDmmaK = 8;
 
-// Blocks an SM: three at K = 4 and 8 (168 registers a lane: one value spilled, none with the key
-// records), two at 16 (228 registers, 232 with the key records; at 168 ptxas spills 464 bytes).
+// Blocks an SM: three at K = 4 and 8 (168 registers a lane; ptxas spills up to 32 bytes, at K = 8
+// from the float32 keys: 20, 32 with the key records; from the projections with the records, none),
+// two at 16 (212-246 registers; at 168 ptxas spills 464 bytes).
 __host__ __device__ constexpr int gram_dmma_blocks_per_sm(int K) { return K == 16 ? 2 : 3; }
 
 // Role ROLE's tile i: row tile gram_dmma_r, column class gram_dmma_c.
@@ -665,41 +666,86 @@ __device__ __forceinline__ void key_record_add(KeyRecordSums& r, const float4& l
     }
 }
 
-// A warp of role ROLE over its steps of keys [n0, end), n0 += 2 K: its tiles into acc and, for role
-// 0, the sums of its lane's columns (over its keys) into column; for role 1 with RECORDS, the keys'
-// records into records.
-template <int K, int ROLE, bool RECORDS>
+// Where gram_products_dmma_kernel reads key head h's keys: the float32 keys qk_normed [N, NH, D] the
+// QK-norm forward wrote (./train's, and the candidate's by default), or (the candidate
+// gram_from_projection) the key projections in qkv [N, QKV] (bf16), their rstd [N, NH] and the
+// layer's k gain (bf16), from which it computes the same float32 keys as the QK-norm forward
+// (rmsnorm_out of the same inputs: the same bits), so that the forward need not write them.
+struct GramKeys {
+    const float* normed = nullptr;
+    const bf16* qkv = nullptr;
+    const float* rstd = nullptr;
+    const bf16* gain = nullptr;
+};
+// A lane's source of columns 8g .. 8g + 7 of a key: a load that issues the reads (raw values, zeros
+// for a key past the slice's end) and values() that makes the 8 floats of them when they are used.
+struct NormedKeyColumns {
+    struct Raw {
+        float4 lo, hi;
+    };
+    const float* columns;  // key 0's columns 8g ..
+    size_t stride;         // from one key to the next
+    __device__ Raw load(int key, bool valid) const {
+        const float4* p = reinterpret_cast<const float4*>(columns + (size_t)(valid ? key : 0) * stride);
+        const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f), lo = p[0], hi = p[1];
+        return {valid ? lo : zero, valid ? hi : zero};
+    }
+    __device__ void values(const Raw& raw, float4& lo, float4& hi) const { lo = raw.lo, hi = raw.hi; }
+};
+struct ProjectedKeyColumns {
+    struct Raw {
+        uint4 x;  // 8 bf16
+        float r;
+    };
+    const bf16* columns;  // key 0's projection, columns 8g ..
+    size_t stride;        // QKV
+    const float* rstd;    // key 0's
+    int rstd_stride;      // NH
+    float gain[8];
+    __device__ Raw load(int key, bool valid) const {
+        const uint4 x = *reinterpret_cast<const uint4*>(columns + (size_t)(valid ? key : 0) * stride);
+        const float r = rstd[(size_t)(valid ? key : 0) * rstd_stride];
+        return {valid ? x : make_uint4(0, 0, 0, 0), valid ? r : 0.0f};
+    }
+    __device__ void values(const Raw& raw, float4& lo, float4& hi) const {
+        float x[8], y[8];
+        bf16x8_to_float(raw.x, x);
+#pragma unroll
+        for (int j = 0; j < 8; j++) y[j] = rmsnorm_out(x[j], raw.r, gain[j]);  // qk_norm_rope_group's
+        lo = make_float4(y[0], y[1], y[2], y[3]);
+        hi = make_float4(y[4], y[5], y[6], y[7]);
+    }
+};
+
+// A warp of role ROLE over its steps of keys [n0, end), n0 += 2 K, read through `keys` (a
+// NormedKeyColumns or ProjectedKeyColumns): its tiles into acc and, for role 0, the sums of its
+// lane's columns (over its keys) into column; for role 1 with RECORDS, the keys' records into
+// records.
+template <int K, int ROLE, bool RECORDS, typename Keys>
 __device__ __forceinline__ void gram_dmma_steps(double (&acc)[kGramDmmaTiles][4], double (&column)[8],
-                                                KeyRecordSums& records, const float* lane_columns, size_t stride,
-                                                int n0, int end, int t) {
+                                                KeyRecordSums& records, const Keys& keys, int n0, int end, int t) {
     // a lane's keys a step; the steps loaded ahead, half as many keys with RECORDS (with 16 keys
-    // ahead ptxas spills 80 bytes at K = 8, 12 at K = 4; with 8, none)
+    // ahead ptxas spills 80 bytes at K = 8, 12 at K = 4)
     constexpr int U = K / 4, AHEAD_KEYS = RECORDS ? kGramDmmaAheadKeys / 2 : kGramDmmaAheadKeys;
     constexpr int AHEAD = AHEAD_KEYS > K ? AHEAD_KEYS / K : 1;
     // Columns 8g .. 8g + 7 of the lane's keys of the step from n, zeros at or beyond the slice's end
     // (the load always runs, key 0's there, so that no branch stands before the warp's mma.sync).
-    auto load = [&](int n, float4 (&x)[U][2]) {
+    using Raw = typename Keys::Raw;
+    auto load = [&](int n, Raw (&raw)[U]) {
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int key = n + t + 4 * u;
-            const bool valid = key < end;
-            const float4* p = reinterpret_cast<const float4*>(lane_columns + (size_t)(valid ? key : 0) * stride);
-            const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f), lo = p[0], hi = p[1];
-            x[u][0] = valid ? lo : zero;
-            x[u][1] = valid ? hi : zero;
-        }
+        for (int u = 0; u < U; u++) raw[u] = keys.load(n + t + 4 * u, n + t + 4 * u < end);
     };
-    float4 ahead[AHEAD][U][2];
+    Raw ahead[AHEAD][U];
 #pragma unroll
     for (int s = 0; s < AHEAD; s++) load(n0 + s * 2 * K, ahead[s]);
     for (; n0 < end; n0 += 2 * K) {
-        float4 step[U][2];  // this step's keys; the next load issued before any work on them
+        float4 step[U][2];  // this step's keys; the next load issued before any other work on them
 #pragma unroll
-        for (int u = 0; u < U; u++) step[u][0] = ahead[0][u][0], step[u][1] = ahead[0][u][1];
+        for (int u = 0; u < U; u++) keys.values(ahead[0][u], step[u][0], step[u][1]);
 #pragma unroll
         for (int s = 0; s + 1 < AHEAD; s++)
 #pragma unroll
-            for (int u = 0; u < U; u++) ahead[s][u][0] = ahead[s + 1][u][0], ahead[s][u][1] = ahead[s + 1][u][1];
+            for (int u = 0; u < U; u++) ahead[s][u] = ahead[s + 1][u];
         load(n0 + AHEAD * 2 * K, ahead[AHEAD - 1]);
         if (RECORDS && ROLE == 1)
 #pragma unroll
@@ -754,10 +800,11 @@ __device__ __forceinline__ void gram_dmma_write(double* out, const double (&acc)
 // RECORDS (the candidate gram_key_records): role 1 also takes the key records (KeyRecordSums), its
 // lanes' sums added over t in double, the second half's into the first's, and writes them as the
 // slice's record, records [key head][slice][head_record_size(64)].
-template <int K, bool RECORDS>
+// FROM_PROJECTION (the candidate gram_from_projection): the keys from GramKeys' projections, not
+// its float32 keys.
+template <int K, bool RECORDS, bool FROM_PROJECTION>
 __global__ void __launch_bounds__(kGramDmmaWarps * 32, gram_dmma_blocks_per_sm(K))
-    gram_products_dmma_kernel(double* partial, double* records, const float* qk_normed, int N, int H, int Hkv,
-                              int slices) {
+    gram_products_dmma_kernel(double* partial, double* records, GramKeys source, int N, int H, int Hkv, int slices) {
     constexpr int D = 64, W = D + 1;
     __shared__ double tile_sums[2][kGramDmmaTiles * 4][32];  // the second half's, by role
     __shared__ double column_sums[8][8];                    // [g][j], role 0's second half
@@ -766,14 +813,22 @@ __global__ void __launch_bounds__(kGramDmmaWarps * 32, gram_dmma_blocks_per_sm(K
     const int first = min(N, slice * rows), end = min(N, first + rows);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int role = warp % 2, half = warp / 2;
-    const size_t stride = (size_t)(H + Hkv) * D;
-    const float* lane_columns = qk_normed + (size_t)(H + h) * D + 8 * g;  // key n's columns 8g .. at n * stride
+    const int NH = H + Hkv, QKV = (H + 2 * Hkv) * D;
 
     double acc[kGramDmmaTiles][4] = {};
     double column[8] = {};  // role 0: its columns' sums; role 1 with RECORDS: its columns' unit-vector sums
     KeyRecordSums rec;
-    if (role == 0) gram_dmma_steps<K, 0, RECORDS>(acc, column, rec, lane_columns, stride, first + half * K, end, t);
-    else gram_dmma_steps<K, 1, RECORDS>(acc, column, rec, lane_columns, stride, first + half * K, end, t);
+    auto steps = [&](const auto& keys) {
+        if (role == 0) gram_dmma_steps<K, 0, RECORDS>(acc, column, rec, keys, first + half * K, end, t);
+        else gram_dmma_steps<K, 1, RECORDS>(acc, column, rec, keys, first + half * K, end, t);
+    };
+    if constexpr (FROM_PROJECTION) {
+        ProjectedKeyColumns keys{source.qkv + (size_t)(H + h) * D + 8 * g, (size_t)QKV, source.rstd + H + h, NH, {}};
+        bf16x8_to_float(*reinterpret_cast<const uint4*>(source.gain + 8 * g), keys.gain);
+        steps(keys);
+    } else {
+        steps(NormedKeyColumns{source.normed + (size_t)(H + h) * D + 8 * g, (size_t)NH * D});
+    }
     double row_sums[3] = {rec.norm, rec.maxabs, rec.pr};  // role 1 with RECORDS: the sums over its keys
     if (RECORDS && role == 1)
 #pragma unroll
@@ -844,29 +899,35 @@ inline int gram_dmma_slices(int N, int Hkv, int K) {
 // later).
 inline bool gram_dmma_compiled() { return device_code().arch >= 900; }
 
-// Whether gram_products_dmma takes these keys: D = 64, qk_normed 16-byte aligned, and the build has
-// sm_90 code for the device.
-inline bool gram_dmma_applies(int D, const float* qk_normed) {
-    return D == 64 && aligned_16({qk_normed}) && gram_dmma_compiled();
+// Whether gram_products_dmma takes these keys: D = 64, their arrays 16-byte aligned (the rstd aside),
+// and the build has sm_90 code for the device.
+inline bool gram_dmma_applies(int D, const GramKeys& keys) {
+    return D == 64 && aligned_16({keys.normed, keys.qkv, keys.gain}) && gram_dmma_compiled();
 }
 
 // As gram_products_sym, with gram_products_dmma_kernel<K> (K = 4, 8 or 16); false, with nothing
 // done, where gram_dmma_applies does not. key_records, where given (the candidate
 // gram_key_records): the key heads' records (telemetry_sums.h's key_sums of the layer) added to as
 // well, the slices' records in partial after their Gram matrices (telemetry_partial_floats has room).
-inline bool gram_products_dmma(double* gram_sums, double* partial, const float* qk_normed, int N, int H, int Hkv, int D,
+inline bool gram_products_dmma(double* gram_sums, double* partial, const GramKeys& keys, int N, int H, int Hkv, int D,
                                cudaStream_t s, int K, double* key_records = nullptr) {
-    if (!gram_dmma_applies(D, qk_normed)) return false;
+    if (!gram_dmma_applies(D, keys)) return false;
     const int slices = gram_dmma_slices(N, Hkv, K), W = D + 1;
     double* records = partial + (size_t)Hkv * slices * W * W;
-    auto launch = [&](auto plain, auto with_records) {
-        auto kernel = key_records ? with_records : plain;
-        kernel<<<dim3(slices, Hkv), kGramDmmaWarps * 32, 0, s>>>(partial, records, qk_normed, N, H, Hkv, slices);
+    const bool projection = keys.qkv != nullptr;
+    if (projection ? !keys.rstd || !keys.gain : !keys.normed) fail("internal: gram_products_dmma has no keys to read");
+    auto launch = [&](auto width) {
+        constexpr int KW = decltype(width)::value;
+        auto kernel = projection ? (key_records ? gram_products_dmma_kernel<KW, true, true>
+                                                : gram_products_dmma_kernel<KW, false, true>)
+                                 : (key_records ? gram_products_dmma_kernel<KW, true, false>
+                                                : gram_products_dmma_kernel<KW, false, false>);
+        kernel<<<dim3(slices, Hkv), kGramDmmaWarps * 32, 0, s>>>(partial, records, keys, N, H, Hkv, slices);
         cuda_check_launch();
     };
-    if (K == 4) launch(gram_products_dmma_kernel<4, false>, gram_products_dmma_kernel<4, true>);
-    else if (K == 8) launch(gram_products_dmma_kernel<8, false>, gram_products_dmma_kernel<8, true>);
-    else if (K == 16) launch(gram_products_dmma_kernel<16, false>, gram_products_dmma_kernel<16, true>);
+    if (K == 4) launch(std::integral_constant<int, 4>());
+    else if (K == 8) launch(std::integral_constant<int, 8>());
+    else if (K == 16) launch(std::integral_constant<int, 16>());
     else fail("internal: the float64 tensor cores' products take K = 4, 8 or 16, not %d", K);
     gram_slices_sum(gram_sums, partial, Hkv, slices, W * W, s);
     if (key_records) gram_slices_sum(key_records, records, Hkv, slices, head_record_size(D), s);
@@ -942,17 +1003,20 @@ inline void attention_statistics(double* sums, const TelemetrySums& lay, float* 
 // gram_products_sym where it applies (0.047 against gram_products_mma's 0.063 ms a d22 layer at
 // 8 x 2048 on an H200). dmma_k, where not 0, takes gram_products_dmma with that K (the candidate
 // gram_dmma) where it applies, and with key_records the key heads' records too (gram_key_records:
-// the caller's head_statistics left them out, which it may only where gram_dmma_applies).
+// the caller's head_statistics left them out, which it may only where gram_dmma_applies);
+// `projection`, where given, the keys' projections it reads in place of qk_normed's keys
+// (gram_from_projection: the forward wrote none, which it may only where gram_dmma_applies).
 inline void key_gram(double* sums, const TelemetrySums& lay, float* partial, double* keys_f64, Matmul& mm,
                      const float* qk_normed, int N, const ModelConfig& c, int layer, cudaStream_t s,
-                     bool sym = true, int dmma_k = 0, bool key_records = false) {
+                     bool sym = true, int dmma_k = 0, bool key_records = false, const GramKeys* projection = nullptr) {
     int H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim, W = D + 1;
     double* gram = sums + lay.gram(layer, 0);
     double* records = key_records ? sums + lay.key(layer, 0) : nullptr;
-    if (dmma_k &&
-        gram_products_dmma(gram, reinterpret_cast<double*>(partial), qk_normed, N, H, Hkv, D, s, dmma_k, records))
+    const GramKeys keys = projection ? *projection : GramKeys{qk_normed};
+    if (dmma_k && gram_products_dmma(gram, reinterpret_cast<double*>(partial), keys, N, H, Hkv, D, s, dmma_k, records))
         return;
-    if (key_records) fail("internal: the key heads' records need the Gram products of gram_dmma");
+    if (key_records || projection)
+        fail("internal: the key heads' records or the keys from their projections need the Gram products of gram_dmma");
     if (sym && gram_products_sym(gram, reinterpret_cast<double*>(partial), qk_normed, N, H, Hkv, D, s)) return;
     if (D == 64) {
         gram_products_mma(gram, reinterpret_cast<double*>(partial), qk_normed, N, H, Hkv, D, s);
@@ -972,20 +1036,34 @@ struct TelemetryWays {
                                       // (head_row_stats_vec_kernel's QUERY_NORMS)
     int gram_dmma_k = 0;              // key_gram's dmma_k (gram_dmma)
     bool gram_key_records = false;    // the key heads' records from the Gram products where they apply
+    // gram_from_projection: the layer's qkv, qk_rstd and k gain (GramKeys, normed unused), where the
+    // key heads' rows of qk_normed were not written (qkv null: they were); with gram_dmma and
+    // gram_key_records, where they apply (gram_from_projection_applies)
+    GramKeys projection;
 };
+// Whether the keys may come from their projections: the Gram products of gram_dmma, with the key
+// records, apply to them (the float32 keys' buffer qk_normed, 16-byte aligned, aside).
+inline bool gram_from_projection_applies(const TelemetryWays& ways, int D, const float* qk_normed) {
+    return ways.gram_dmma_k && ways.gram_key_records && ways.projection.qkv &&
+           gram_dmma_applies(D, {qk_normed, ways.projection.qkv, ways.projection.rstd, ways.projection.gain});
+}
 inline void telemetry_layer(double* sums, const TelemetrySums& lay, float* partial, double* keys_f64,
                             Matmul& mm, const float* qk_normed, const float* row_stats, const float* g_q,
                             const float* g_k, int B, int T, const ModelConfig& c, int layer, cudaStream_t s,
                             const std::function<void(const char*)>& mark = {}, const TelemetryWays& ways = {}) {
     int N = B * T;
     auto part = [&](const char* label) { if (mark) mark(label); };
-    const bool records_in_gram = ways.gram_key_records && ways.gram_dmma_k && gram_dmma_applies(c.head_dim, qk_normed);
+    const bool records_in_gram =
+        ways.gram_key_records && ways.gram_dmma_k && gram_dmma_applies(c.head_dim, GramKeys{qk_normed});
+    if (ways.projection.qkv && !gram_from_projection_applies(ways, c.head_dim, qk_normed))
+        fail("internal: the keys from their projections where the Gram products of gram_dmma do not apply");
     part("statistics: the heads' norms, components, unit vectors");
     head_statistics(sums, lay, partial, qk_normed, N, c, layer, s, true, ways.query_norms, !records_in_gram);
     part("statistics: each attention row's, summed per head");
     attention_statistics(sums, lay, partial, row_stats, B, T, c, layer, s);
     part("statistics: the keys' Gram matrices");
-    key_gram(sums, lay, partial, keys_f64, mm, qk_normed, N, c, layer, s, true, ways.gram_dmma_k, records_in_gram);
+    key_gram(sums, lay, partial, keys_f64, mm, qk_normed, N, c, layer, s, true, ways.gram_dmma_k, records_in_gram,
+             ways.projection.qkv ? &ways.projection : nullptr);
     part("statistics: the gains");
     gains_to_sums_kernel<<<1, 128, 0, s>>>(sums, lay, g_q, g_k, c.head_dim, layer);
     cuda_check_launch();

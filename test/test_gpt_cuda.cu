@@ -185,11 +185,13 @@ static void check_stats_beside(GpuModel& g, const std::string& label, const std:
 }
 
 // The candidate build's QK-norm + RoPE forward with four items a group loaded ahead (qk_forward_ahead)
-// and, on a stats step, the queries' norms in place of their float32 vectors (query_norms), against
-// ./train's kernel and vectors: the same loss and statistics, bit for bit, from a stats pass with
-// both candidates and one with neither. Where the shape takes them (head_dim 64 or 128), the
-// candidates' pass must have left a query's float32 row unwritten but for its norm (the buffers
-// set to NaN first): the norms were what the statistics read.
+// and, on a stats step, the queries' norms in place of their float32 vectors (query_norms) and the
+// keys' left unwritten for the Gram products to compute from their projections
+// (gram_from_projection, where gram_dmma and gram_key_records apply), against ./train's kernel and
+// vectors: the same loss and statistics, bit for bit, from a stats pass with the three candidates
+// and one with none. Where the shape takes them (head_dim 64 or 128), the candidates' pass must have
+// left a query's float32 row unwritten but for its norm (the buffers set to NaN first): the norms
+// were what the statistics read; and where gram_from_projection applies, a key's row unwritten.
 static void check_qk_forward_candidates(GpuModel& g, const std::string& label, const std::vector<int>& tokens,
                                         const std::vector<int>& targets, int B, int T) {
     const ModelConfig& c = g.cfg;
@@ -197,7 +199,7 @@ static void check_qk_forward_candidates(GpuModel& g, const std::string& label, c
     const size_t vectors = (size_t)B * T * NH * D;
     g.beside.defer = false;  // the float32 vectors in the buffers read below
     auto pass = [&](bool candidates, Telemetry& stats) {
-        g.qk_forward_ahead = g.query_norms = candidates;
+        g.qk_forward_ahead = g.query_norms = g.gram_from_projection = candidates;
         for (float* p : {g.acts.qk_normed, g.beside.qk_normed})
             cudaCheck(cudaMemsetAsync(p, 0xff, vectors * sizeof(float), g.stream));
         return forward_with_stats(g, tokens.data(), targets.data(), B, T, stats);
@@ -206,8 +208,8 @@ static void check_qk_forward_candidates(GpuModel& g, const std::string& label, c
     const float plain_loss = pass(false, plain), loss = pass(true, both);
     bool same = memcmp(&loss, &plain_loss, sizeof loss) == 0;
     for (int k = 0; k < M_NUM_METRICS; k++) same &= both.values[k] == plain.values[k];
-    report(same, label + "QK-norm forward loading ahead, the queries' norms in place of their vectors: the loss and "
-                         "statistics of ./train's kernel, bit for bit");
+    report(same, label + "QK-norm forward loading ahead, the queries' norms in place of their vectors, the keys from "
+                         "their projections: the loss and statistics of ./train's kernel, bit for bit");
     if (D == 64 || D == 128) {  // the float32 vectors of the last layer that used the buffer: its first query's row
         std::vector<float> row(D);
         cudaCheck(cudaStreamSynchronize(g.stream));
@@ -215,9 +217,17 @@ static void check_qk_forward_candidates(GpuModel& g, const std::string& label, c
         bool norm_only = std::isfinite(row[0]) && row[0] > 0.0f;
         for (int i = 1; i < D; i++) norm_only &= std::isnan(row[i]);
         report(norm_only, label + "with the queries' norms, a query's float32 row holds its norm and nothing more");
+        if (D == 64 && g.gram_dmma_k && g.gram_key_records) {  // gram_from_projection's: the first key head's row
+            cudaCheck(cudaMemcpy(row.data(), g.acts.qk_normed + (size_t)c.n_head * D, D * sizeof(float),
+                                 cudaMemcpyDeviceToHost));
+            bool unwritten = true;
+            for (int i = 0; i < D; i++) unwritten &= std::isnan(row[i]);
+            report(unwritten, label + "with the keys from their projections, a key's float32 row is not written");
+        }
     }
     g.qk_forward_ahead = candidate_on("qk_forward_ahead");
     g.query_norms = candidate_on("query_norms");
+    g.gram_from_projection = candidate_on("gram_from_projection");
     g.beside.defer = candidate_on("stats_deferred");
 }
 

@@ -56,7 +56,7 @@ static void check_gram_split(Matmul& mm, const float* d_qk, int N, int H, int Hk
 static std::string gram_dmma_skipped(int D, const float* d_qk) {
     if (D != 64) return "head_dim " + std::to_string(D);
     if (!gram_dmma_compiled()) return "this build has no sm_90 code for this device";
-    return gram_dmma_applies(D, d_qk) ? "" : "the keys are not 16-byte aligned";
+    return gram_dmma_applies(D, GramKeys{d_qk}) ? "" : "the keys are not 16-byte aligned";
 }
 
 // The float64 tensor-core products from the float32 keys, all tiles (gram_products_mma) and the upper
@@ -97,18 +97,18 @@ static void check_gram_from_float32(Matmul& mm, const float* d_qk, int N, int H,
                 // the candidate gram_dmma, Hopper's products of 16 x 8 at each K (./train_candidates' kGramDmmaK)
                 {"as m16n8k4 (gram_dmma)", gram_dmma_slices(N, Hkv, 4),
                  [](double* g, double* p, const float* q, int N, int H, int Hkv, int D, cudaStream_t s) {
-                     return gram_products_dmma(g, p, q, N, H, Hkv, D, s, 4);
+                     return gram_products_dmma(g, p, GramKeys{q}, N, H, Hkv, D, s, 4);
                  }},
                 {"as m16n8k8 (gram_dmma)", gram_dmma_slices(N, Hkv, 8),
                  [](double* g, double* p, const float* q, int N, int H, int Hkv, int D, cudaStream_t s) {
-                     return gram_products_dmma(g, p, q, N, H, Hkv, D, s, 8);
+                     return gram_products_dmma(g, p, GramKeys{q}, N, H, Hkv, D, s, 8);
                  }},
                 {"as m16n8k16 (gram_dmma)", gram_dmma_slices(N, Hkv, 16),
                  [](double* g, double* p, const float* q, int N, int H, int Hkv, int D, cudaStream_t s) {
-                     return gram_products_dmma(g, p, q, N, H, Hkv, D, s, 16);
+                     return gram_products_dmma(g, p, GramKeys{q}, N, H, Hkv, D, s, 16);
                  }}};
     for (const Way& way : ways) {
-        if (strstr(way.name, "gram_dmma") && !gram_dmma_applies(D, d_qk)) {
+        if (strstr(way.name, "gram_dmma") && !gram_dmma_applies(D, GramKeys{d_qk})) {
             printf("   gram products %s%s: skipped, %s\n", way.name, tag.c_str(), gram_dmma_skipped(D, d_qk).c_str());
             continue;
         }
@@ -227,11 +227,67 @@ static void check_attention_stats_split(const ModelConfig& c, const TelemetrySum
     report(same_max, "attention statistics, candidate: the largest logits exactly" + tag);
 }
 
+// The candidate gram_from_projection, from check_query_norms' projections and ./train's forward's
+// float32 vectors and rstd (d_vectors, d_rstd): the Gram matrices and key records (gram_key_records)
+// computed from the key projections, their rstd and the k gain are those from the float32 keys, bit
+// for bit, at K = 4, 8 and 16 (the keys are computed as the forward computes them); and the
+// candidates' forward with key_vectors false writes none of the key heads' float32 rows (a buffer
+// set to NaN first stays NaN there) and the query heads' as ./train's. Times the Gram products both
+// ways.
+static void check_gram_from_projection(const ModelConfig& c, const TelemetrySums& lay, int N, int T, int layer,
+                                       const std::string& tag, const bf16* d_qkv, const bf16* d_gq, const bf16* d_gk,
+                                       const float* d_cs, const float* d_sn, const float* d_rstd,
+                                       const float* d_vectors) {
+    const int H = c.n_head, Hkv = c.n_kv_head, NH = H + Hkv, D = c.head_dim;
+    const size_t vectors = (size_t)N * NH * D;
+    const GramKeys projection{nullptr, d_qkv, d_rstd, d_gk};
+    float* d_partial;
+    double* d_sums;
+    cudaCheck(cudaMalloc(&d_partial, telemetry_partial_floats(N, c) * sizeof(float)));
+    cudaCheck(cudaMalloc(&d_sums, lay.total * sizeof(double)));
+    Matmul mm;
+    matmul_init(mm);
+    for (int K : {4, 8, 16}) {
+        auto sums = [&](const GramKeys* keys) {
+            telemetry_sums_clear_kernel<<<64, 256>>>(d_sums, lay);
+            cuda_check_launch();
+            key_gram(d_sums, lay, d_partial, nullptr, mm, d_vectors, N, c, layer, 0, true, K, true, keys);
+            return download(d_sums, lay.total);
+        };
+        const std::vector<double> from_vectors = sums(nullptr), from_projection = sums(&projection);
+        report(memcmp(from_vectors.data(), from_projection.data(), lay.total * sizeof(double)) == 0,
+               strprintf("Gram products and key records at K = %d from the keys' projections: those from the float32 "
+                         "keys, bit for bit%s", K, tag.c_str()));
+        if (K == kGramDmmaK)
+            printf("   Gram products and key records%s at K = %d: from the float32 keys %.3f ms, from their projections "
+                   "%.3f ms\n", tag.c_str(), K, time_ms([&] { sums(nullptr); }), time_ms([&] { sums(&projection); }));
+    }
+    // the forward without the keys' float32 rows
+    bf16* d_rope;
+    float *d_rstd_again, *d_out;
+    cudaCheck(cudaMalloc(&d_rope, vectors * sizeof(bf16)));
+    cudaCheck(cudaMalloc(&d_out, vectors * sizeof(float)));
+    cudaCheck(cudaMalloc(&d_rstd_again, (size_t)N * NH * sizeof(float)));
+    cudaCheck(cudaMemset(d_out, 0xFF, vectors * sizeof(float)));
+    qk_norm_rope_forward(d_rope, d_out, d_rstd_again, d_qkv, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 1e-5f, true, 0,
+                         kQkForwardAheadItems, false, false);
+    const std::vector<float> got = download(d_out, vectors), want = download(d_vectors, vectors);
+    bool keys_untouched = true, queries_same = true;
+    for (size_t e = 0; e < vectors; e++) {
+        if ((int)(e / D % NH) >= H) keys_untouched &= std::isnan(got[e]);
+        else queries_same &= memcmp(&got[e], &want[e], sizeof(float)) == 0;
+    }
+    report(keys_untouched && queries_same, "QK-norm forward without the keys' float32 rows: none written, the "
+                                           "queries' those of ./train's forward, bit for bit" + tag);
+    matmul_free(mm);
+    for (void* p : {(void*)d_partial, (void*)d_sums, (void*)d_rope, (void*)d_rstd_again, (void*)d_out}) cudaCheck(cudaFree(p));
+}
+
 // The candidate query_norms: the heads' records from the QK-norm forward's queries' norms (each in
 // its row's first element, qk_norm_rope_forward_ahead_kernel) against those from the float32 vectors
 // of ./train's forward, on the same projections: the same sums, bit for bit (the forward computes a
 // norm as the records' kernel does). Both forwards' buffers are set to NaN first. Times the records
-// both ways.
+// both ways. Then, where gram_dmma applies, the candidate gram_from_projection (check_gram_from_projection).
 static void check_query_norms(const ModelConfig& c, const TelemetrySums& lay, int B, int T, int layer,
                               const std::string& tag) {
     const int N = B * T, H = c.n_head, Hkv = c.n_kv_head, NH = H + Hkv, D = c.head_dim, half = D / 2;
@@ -275,6 +331,8 @@ static void check_query_norms(const ModelConfig& c, const TelemetrySums& lay, in
                strprintf("head statistics from the queries' norms of the QK-norm forward (%d item(s) a group): those from "
                          "their vectors, bit for bit%s", items, tag.c_str()));
     }
+    if (gram_dmma_skipped(D, d_vectors).empty())
+        check_gram_from_projection(c, lay, N, T, layer, tag, d_qkv, d_gq, d_gk, d_cs, d_sn, d_rstd, d_vectors);
     const float ms_vectors = time_ms([&] { head_statistics(d_sums, lay, d_partial, d_vectors, N, c, layer, 0); });
     const float ms_norms = time_ms([&] { head_statistics(d_sums, lay, d_partial, d_norms, N, c, layer, 0, true, true); });
     printf("   head statistics%s: from the queries' vectors %.3f ms, from their norms %.3f ms (%.2fx)\n", tag.c_str(),
