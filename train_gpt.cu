@@ -99,8 +99,10 @@ struct KernelClock {
 // A statistics step's per-layer statistics run on a second stream, beside the next layers' forward
 // pass, not between them on the model's stream, where they took 6.2 ms of a d22 step at 8 x 2048 (an
 // H200 at b31e86d: the rows' statistics beside cuDNN's forward 2.5, the heads' records 1.2, the Gram
-// products 1.1, the rest 1.4). They read what their layer's forward pass wrote, the document starts
-// and the gains, none of which the model's stream writes again before the pass ends, and they write
+// products 1.1, the rest 1.4). They read what their layer's forward pass wrote (with the candidate
+// gram_from_projection its qkv and qk_rstd as well), the document starts and the gains (float32,
+// and with that candidate the bf16 k gain), none of which the model's stream writes again before
+// the pass ends, and they write
 // only scratch and sums that nothing else touches during a forward pass (stats_partial, keys_f64,
 // stat_sums; att_delta and datty where the rows' statistics need their own forward pass): a change
 // must keep it so. They are memory-bound where most of the forward pass is bound by the tensor cores,

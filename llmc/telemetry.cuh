@@ -616,9 +616,9 @@ static const int kGramDmmaAheadKeys = 16;
 // (16: 2), the one of fewer instructions.
 static const int kGramDmmaK = 8;
 
-// Blocks an SM: three at K = 4 and 8 (168 registers a lane; ptxas spills up to 32 bytes, at K = 8
-// from the float32 keys: 20, 32 with the key records; from the projections with the records, none),
-// two at 16 (212-246 registers; at 168 ptxas spills 464 bytes).
+// Blocks an SM: three at K = 4 and 8 (168 registers a lane: one value spilled without the key
+// records, none with them), two at 16 (218-232 registers; at 168 ptxas spills 464 bytes). The
+// forms' spills move with small changes of the code: ptxas -v says.
 __host__ __device__ constexpr int gram_dmma_blocks_per_sm(int K) { return K == 16 ? 2 : 3; }
 
 // Role ROLE's tile i: row tile gram_dmma_r, column class gram_dmma_c.
@@ -677,18 +677,20 @@ struct GramKeys {
     const float* rstd = nullptr;
     const bf16* gain = nullptr;
 };
-// A lane's source of columns 8g .. 8g + 7 of a key: a load that issues the reads (raw values, zeros
-// for a key past the slice's end) and values() that makes the 8 floats of them when they are used.
+// A lane's source of columns 8g .. 8g + 7 of a key: load() issues the reads into raw (zeros for a
+// key past the slice's end), values() makes the 8 floats of them when they are used. (Written
+// through a reference, whole: returned by value, ptxas spilled 20-32 bytes at K = 8.)
 struct NormedKeyColumns {
     struct Raw {
         float4 lo, hi;
     };
     const float* columns;  // key 0's columns 8g ..
     size_t stride;         // from one key to the next
-    __device__ Raw load(int key, bool valid) const {
+    __device__ void load(Raw& raw, int key, bool valid) const {
         const float4* p = reinterpret_cast<const float4*>(columns + (size_t)(valid ? key : 0) * stride);
         const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f), lo = p[0], hi = p[1];
-        return {valid ? lo : zero, valid ? hi : zero};
+        raw.lo = valid ? lo : zero;
+        raw.hi = valid ? hi : zero;
     }
     __device__ void values(const Raw& raw, float4& lo, float4& hi) const { lo = raw.lo, hi = raw.hi; }
 };
@@ -702,10 +704,10 @@ struct ProjectedKeyColumns {
     const float* rstd;    // key 0's
     int rstd_stride;      // NH
     float gain[8];
-    __device__ Raw load(int key, bool valid) const {
+    __device__ void load(Raw& raw, int key, bool valid) const {
         const uint4 x = *reinterpret_cast<const uint4*>(columns + (size_t)(valid ? key : 0) * stride);
         const float r = rstd[(size_t)(valid ? key : 0) * rstd_stride];
-        return {valid ? x : make_uint4(0, 0, 0, 0), valid ? r : 0.0f};
+        raw = Raw{valid ? x : make_uint4(0, 0, 0, 0), valid ? r : 0.0f};
     }
     __device__ void values(const Raw& raw, float4& lo, float4& hi) const {
         float x[8], y[8];
@@ -733,7 +735,7 @@ __device__ __forceinline__ void gram_dmma_steps(double (&acc)[kGramDmmaTiles][4]
     using Raw = typename Keys::Raw;
     auto load = [&](int n, Raw (&raw)[U]) {
 #pragma unroll
-        for (int u = 0; u < U; u++) raw[u] = keys.load(n + t + 4 * u, n + t + 4 * u < end);
+        for (int u = 0; u < U; u++) keys.load(raw[u], n + t + 4 * u, n + t + 4 * u < end);
     };
     Raw ahead[AHEAD][U];
 #pragma unroll

@@ -217,7 +217,9 @@ static void check_qk_forward_candidates(GpuModel& g, const std::string& label, c
         bool norm_only = std::isfinite(row[0]) && row[0] > 0.0f;
         for (int i = 1; i < D; i++) norm_only &= std::isnan(row[i]);
         report(norm_only, label + "with the queries' norms, a query's float32 row holds its norm and nothing more");
-        if (D == 64 && g.gram_dmma_k && g.gram_key_records) {  // gram_from_projection's: the first key head's row
+        bool projection = D == 64 && g.gram_dmma_k && g.gram_key_records;  // where gram_from_projection applies
+        for (int l = 0; l < c.n_layer; l++) projection &= aligned_16({gpu_param(g, P_K_GAIN, l)});
+        if (projection) {  // the first key head's row
             cudaCheck(cudaMemcpy(row.data(), g.acts.qk_normed + (size_t)c.n_head * D, D * sizeof(float),
                                  cudaMemcpyDeviceToHost));
             bool unwritten = true;

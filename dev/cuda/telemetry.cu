@@ -258,9 +258,11 @@ static void check_gram_from_projection(const ModelConfig& c, const TelemetrySums
         report(memcmp(from_vectors.data(), from_projection.data(), lay.total * sizeof(double)) == 0,
                strprintf("Gram products and key records at K = %d from the keys' projections: those from the float32 "
                          "keys, bit for bit%s", K, tag.c_str()));
-        if (K == kGramDmmaK)
-            printf("   Gram products and key records%s at K = %d: from the float32 keys %.3f ms, from their projections "
-                   "%.3f ms\n", tag.c_str(), K, time_ms([&] { sums(nullptr); }), time_ms([&] { sums(&projection); }));
+        auto products = [&](const GramKeys* keys) {
+            key_gram(d_sums, lay, d_partial, nullptr, mm, d_vectors, N, c, layer, 0, true, K, true, keys);
+        };
+        printf("   Gram products and key records%s at K = %d: from the float32 keys %.3f ms, from their projections "
+               "%.3f ms\n", tag.c_str(), K, time_ms([&] { products(nullptr); }), time_ms([&] { products(&projection); }));
     }
     // the forward without the keys' float32 rows
     bf16* d_rope;
@@ -268,17 +270,21 @@ static void check_gram_from_projection(const ModelConfig& c, const TelemetrySums
     cudaCheck(cudaMalloc(&d_rope, vectors * sizeof(bf16)));
     cudaCheck(cudaMalloc(&d_out, vectors * sizeof(float)));
     cudaCheck(cudaMalloc(&d_rstd_again, (size_t)N * NH * sizeof(float)));
-    cudaCheck(cudaMemset(d_out, 0xFF, vectors * sizeof(float)));
-    qk_norm_rope_forward(d_rope, d_out, d_rstd_again, d_qkv, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 1e-5f, true, 0,
-                         kQkForwardAheadItems, false, false);
-    const std::vector<float> got = download(d_out, vectors), want = download(d_vectors, vectors);
-    bool keys_untouched = true, queries_same = true;
-    for (size_t e = 0; e < vectors; e++) {
-        if ((int)(e / D % NH) >= H) keys_untouched &= std::isnan(got[e]);
-        else queries_same &= memcmp(&got[e], &want[e], sizeof(float)) == 0;
+    const std::vector<float> want = download(d_vectors, vectors), want_rstd = download(d_rstd, (size_t)N * NH);
+    for (int items : {1, kQkForwardAheadItems}) {  // ITEMS 1 runs where qk_forward_ahead is off
+        cudaCheck(cudaMemset(d_out, 0xFF, vectors * sizeof(float)));
+        qk_norm_rope_forward(d_rope, d_out, d_rstd_again, d_qkv, d_gq, d_gk, d_cs, d_sn, N, T, H, Hkv, D, 1e-5f, true, 0,
+                             items, false, false);
+        const std::vector<float> got = download(d_out, vectors);
+        bool keys_untouched = true, queries_same = true;
+        for (size_t e = 0; e < vectors; e++) {
+            if ((int)(e / D % NH) >= H) keys_untouched &= std::isnan(got[e]);
+            else queries_same &= memcmp(&got[e], &want[e], sizeof(float)) == 0;
+        }
+        report(keys_untouched && queries_same && download(d_rstd_again, (size_t)N * NH) == want_rstd,
+               strprintf("QK-norm forward without the keys' float32 rows (%d item(s) a group): none written, the "
+                         "queries' rows and every rstd those of ./train's forward, bit for bit%s", items, tag.c_str()));
     }
-    report(keys_untouched && queries_same, "QK-norm forward without the keys' float32 rows: none written, the "
-                                           "queries' those of ./train's forward, bit for bit" + tag);
     matmul_free(mm);
     for (void* p : {(void*)d_partial, (void*)d_sums, (void*)d_rope, (void*)d_rstd_again, (void*)d_out}) cudaCheck(cudaFree(p));
 }
