@@ -606,9 +606,9 @@ __device__ __forceinline__ void mma_f64_16x8(double (&d)[4], const double (&a)[K
 // and 2; 40 accumulators a lane, where gram_products_sym_kernel has 72. Block (slice, key head) of
 // 4 warps: warp w has role w % 2 and takes every other step of the slice from step w / 2, 16 keys
 // loaded ahead of the step in use (8 with the key records; the two warps of a step load the same
-// keys, the second from L1); the second half's sums are added into the first's through shared memory, then the slices'
-// in slice order (gram_slices_sum): the same keys give the same bits, not those of the kernels
-// above.
+// keys, the second from L1); the second half's sums are added into the first's through shared
+// memory, then the slices' in slice order (gram_slices_sum): the same keys give the same bits, not
+// those of the kernels above.
 static const int kGramDmmaWarps = 4;
 static const int kGramDmmaTiles = 10;  // a role's
 static const int kGramDmmaAheadKeys = 16;
@@ -678,8 +678,8 @@ struct GramKeys {
     const bf16* gain = nullptr;
 };
 // A lane's source of columns 8g .. 8g + 7 of a key: load() issues the reads into raw (zeros for a
-// key past the slice's end), values() makes the 8 floats of them when they are used. (Written
-// through a reference, whole: returned by value, ptxas spilled 20-32 bytes at K = 8.)
+// key past the slice's end), values() makes the 8 floats of them when they are used. (The loads'
+// forms are those ptxas allocates best: others spilled 20-32 bytes at K = 8.)
 struct NormedKeyColumns {
     struct Raw {
         float4 lo, hi;
