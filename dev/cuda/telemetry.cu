@@ -248,19 +248,19 @@ static void check_gram_from_projection(const ModelConfig& c, const TelemetrySums
     Matmul mm;
     matmul_init(mm);
     for (int K : {4, 8, 16}) {
+        auto products = [&](const GramKeys* keys) {  // null: from the float32 keys
+            key_gram(d_sums, lay, d_partial, nullptr, mm, d_vectors, N, c, layer, 0, true, K, true, keys);
+        };
         auto sums = [&](const GramKeys* keys) {
             telemetry_sums_clear_kernel<<<64, 256>>>(d_sums, lay);
             cuda_check_launch();
-            key_gram(d_sums, lay, d_partial, nullptr, mm, d_vectors, N, c, layer, 0, true, K, true, keys);
+            products(keys);
             return download(d_sums, lay.total);
         };
         const std::vector<double> from_vectors = sums(nullptr), from_projection = sums(&projection);
         report(memcmp(from_vectors.data(), from_projection.data(), lay.total * sizeof(double)) == 0,
                strprintf("Gram products and key records at K = %d from the keys' projections: those from the float32 "
                          "keys, bit for bit%s", K, tag.c_str()));
-        auto products = [&](const GramKeys* keys) {
-            key_gram(d_sums, lay, d_partial, nullptr, mm, d_vectors, N, c, layer, 0, true, K, true, keys);
-        };
         printf("   Gram products and key records%s at K = %d: from the float32 keys %.3f ms, from their projections "
                "%.3f ms\n", tag.c_str(), K, time_ms([&] { products(nullptr); }), time_ms([&] { products(&projection); }));
     }
